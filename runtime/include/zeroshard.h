@@ -1,0 +1,563 @@
+/*
+ * zeroshard.h — the public C API of ZeroShard: ZeRO / FSDP-style sharded
+ * data-parallel training for existing C (and CUDA) model code.
+ *
+ * One umbrella header, C99, usable from C++. MPI types stay out of it:
+ * zs_mpi.h adds the entry point that takes a caller's MPI communicator.
+ *
+ * The model in one paragraph (docs/design.md has the long form): the user
+ * registers UNITS (the sharding granularity, like an FSDP wrap unit: a layer
+ * or a block), each a list of named TENSORS. After zs_model_finalize the
+ * runtime owns their storage: each unit is one FLAT BUFFER padded to a
+ * multiple of the world size and split into equal SHARDS, one per rank. Per
+ * step the user gathers a unit (all-gather at stage 3), runs its forward,
+ * releases it, acquires its gradient buffers in backward, releases them (the
+ * reduce-scatter starts after the last release of the step), and calls
+ * zs_step (optimizer on the local shard; all-gather of updated parameters
+ * where the stage keeps full parameters).
+ *
+ * Stages follow the ZeRO paper (Rajbhandari et al., "ZeRO: Memory
+ * Optimizations Toward Training Trillion Parameter Models", arXiv:1910.02054,
+ * section 5): 0 replicates everything, 1 shards optimizer states, 2 also
+ * shards gradients, 3 also shards parameters.
+ *
+ * Conventions used by every comment below:
+ *  - "elements" and "bytes" are always said explicitly.
+ *  - Every fallible call returns zs_status; on failure zs_last_error() holds
+ *    a message naming what failed (unit, tensor, rank, file) and what to do.
+ *  - "Collective" means every rank of the context must make the same call in
+ *    the same order (as with MPI); a collective call returns the same status
+ *    on every rank unless the comment says otherwise.
+ *  - Calls are blocking and synchronous on the host unless marked otherwise.
+ *  - The library never calls exit() or abort().
+ */
+#ifndef ZEROSHARD_H_
+#define ZEROSHARD_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ==== Version ============================================================ */
+
+#define ZS_VERSION_MAJOR 0
+#define ZS_VERSION_MINOR 1
+#define ZS_VERSION_PATCH 0
+/* MAJOR*10000 + MINOR*100 + PATCH, e.g. 100 for 0.1.0. */
+#define ZS_VERSION_CODE \
+  (ZS_VERSION_MAJOR * 10000 + ZS_VERSION_MINOR * 100 + ZS_VERSION_PATCH)
+
+/* Version of the library actually linked (compare with ZS_VERSION_CODE). */
+int zs_version(void);
+/* The same as "MAJOR.MINOR.PATCH". Static storage; never NULL. */
+const char* zs_version_string(void);
+
+/* ==== Status codes ======================================================= */
+
+/* One list generates the enum and the strings. Values are explicit and are
+ * never renumbered. */
+#define ZS_STATUS_LIST(X)                                                      \
+  X(ZS_OK, 0, "success")                                                       \
+  X(ZS_ERR_INVALID_ARGUMENT, 1, "invalid argument")                            \
+  X(ZS_ERR_OUT_OF_MEMORY, 2, "out of memory")                                  \
+  X(ZS_ERR_INVALID_STATE, 3, "invalid state (API misuse)")                     \
+  X(ZS_ERR_MISMATCH, 4, "ranks disagree")                                      \
+  X(ZS_ERR_COMM, 5, "communication backend error")                             \
+  X(ZS_ERR_DEVICE, 6, "device backend error")                                  \
+  X(ZS_ERR_IO, 7, "I/O error")                                                 \
+  X(ZS_ERR_UNSUPPORTED, 8, "unsupported")                                      \
+  X(ZS_ERR_INTERNAL, 9, "internal error")                                      \
+  X(ZS_ERR_REMOTE, 10, "another rank failed")                                  \
+  X(ZS_ERR_TIMEOUT, 11, "timed out")                                           \
+  X(ZS_ERR_DIVERGED, 12, "training diverged")                                  \
+  X(ZS_ERR_CORRUPT, 13, "corrupt or inconsistent data")
+
+#define ZS__STATUS_ENUM(name, value, text) name = value,
+typedef enum zs_status { ZS_STATUS_LIST(ZS__STATUS_ENUM) } zs_status;
+#undef ZS__STATUS_ENUM
+
+/* Short fixed name of a status ("invalid argument"). Static storage; an
+ * unknown value gives "unknown status". */
+const char* zs_status_string(zs_status status);
+
+/* Detailed message of the last failed call on the calling thread (empty
+ * string when none). Thread-local storage, valid until the next failing
+ * call on this thread; never NULL. */
+const char* zs_last_error(void);
+
+/* ==== Data types and memory categories =================================== */
+
+/* Element types. Tensors may be FLOAT32, BFLOAT16 or FLOAT16; the others
+ * exist for metadata collectives and reports. */
+typedef enum zs_dtype {
+  ZS_FLOAT32 = 0,
+  ZS_BFLOAT16 = 1,
+  ZS_FLOAT16 = 2,
+  ZS_UINT8 = 3,
+  ZS_INT64 = 4,
+  ZS_UINT64 = 5,
+  ZS_FLOAT64 = 6,
+  ZS_DTYPE_COUNT = 7
+} zs_dtype;
+
+/* Size of one element in bytes; 0 for an invalid value. */
+size_t zs_dtype_size(zs_dtype dtype);
+/* "fp32", "bf16", "fp16", "u8", "i64", "u64", "f64"; "invalid" otherwise. */
+const char* zs_dtype_name(zs_dtype dtype);
+
+/* Every byte the runtime allocates is counted under one category, per rank.
+ * model_state_bytes = PARAMS + GRADS + MASTER_WEIGHTS + OPTIMIZER_STATES. */
+typedef enum zs_mem_category {
+  ZS_MEM_PARAMS = 0,           /* persistent parameters: full (stages 0-2) or shard (3) */
+  ZS_MEM_PARAMS_GATHERED = 1,  /* transient full units at stage 3 */
+  ZS_MEM_GRADS = 2,            /* persistent gradients: full (0-1) or shard (2-3) */
+  ZS_MEM_MASTER_WEIGHTS = 3,   /* fp32 master copy of low-precision parameters */
+  ZS_MEM_OPTIMIZER_STATES = 4, /* Adam moments, SGD momentum */
+  ZS_MEM_COMM_BUFFERS = 5,     /* reduction buffers, staging for collectives */
+  ZS_MEM_ACTIVATIONS = 6,      /* buffers the user registers */
+  ZS_MEM_OFFLOAD_HOST = 7,     /* host memory of CPU offload */
+  ZS_MEM_NVME_STAGING = 8,     /* pinned staging pool of NVMe offload */
+  ZS_MEM_OTHER = 9,            /* anything else (temporaries, metadata) */
+  ZS_MEM_CATEGORY_COUNT = 10
+} zs_mem_category;
+
+/* "params", "params_gathered", "grads", "master_weights",
+ * "optimizer_states", "comm_buffers", "activations", "offload_host",
+ * "nvme_staging", "other"; "invalid" otherwise. Static storage. */
+const char* zs_mem_category_name(zs_mem_category category);
+
+/* ==== Configuration ====================================================== */
+
+typedef enum zs_device_kind {
+  ZS_DEVICE_HOST = 0, /* buffers in host memory, collectives over MPI */
+  ZS_DEVICE_CUDA = 1  /* buffers in GPU memory, collectives over NCCL */
+} zs_device_kind;
+
+typedef enum zs_optimizer_kind {
+  ZS_OPTIM_ADAMW = 0, /* Loshchilov & Hutter, decoupled weight decay */
+  ZS_OPTIM_ADAM = 1,  /* Kingma & Ba; weight decay added to the gradient */
+  ZS_OPTIM_SGD = 2    /* momentum, dampening, nesterov as in PyTorch */
+} zs_optimizer_kind;
+
+/* Optimizer hyperparameters; the defaults are PyTorch's (lr 1e-3, betas
+ * (0.9, 0.999), eps 1e-8, weight_decay 0.01 for AdamW, 0 otherwise).
+ * Doubles because PyTorch computes the scalar coefficients (bias
+ * corrections, 1 - lr*wd) in double before the fp32 element math. */
+typedef struct zs_optimizer_config {
+  zs_optimizer_kind kind;
+  double lr;           /* default learning rate of param group 0 */
+  double beta1;        /* Adam/AdamW */
+  double beta2;        /* Adam/AdamW */
+  double eps;          /* Adam/AdamW */
+  double weight_decay; /* default weight decay of param group 0 */
+  double momentum;     /* SGD */
+  double dampening;    /* SGD */
+  int nesterov;        /* SGD: 0 or 1; needs momentum > 0, dampening 0 */
+} zs_optimizer_config;
+
+/* The runtime configuration. Versioned like ncclConfig_t: always start from
+ * ZS_CONFIG_INIT (or zs_config_init) so struct_size and version are set,
+ * then change fields. Ranges are checked by zs_context_create (and by
+ * zs_config_validate), and the error names the field. */
+typedef struct zs_config {
+  size_t struct_size;    /* sizeof(zs_config) of the caller's header */
+  unsigned int version;  /* ZS_VERSION_CODE of the caller's header */
+  int stage;             /* ZeRO stage 0..3 */
+  zs_device_kind device; /* where buffers live */
+  zs_optimizer_config optimizer;
+  int log_level; /* 0 errors, 1 warnings (default), 2 info, 3 debug; the
+                    environment variable ZS_LOG_LEVEL overrides it */
+} zs_config;
+
+#define ZS_CONFIG_INIT                                                         \
+  {                                                                            \
+    sizeof(zs_config), ZS_VERSION_CODE, 0, ZS_DEVICE_HOST,                     \
+        {ZS_OPTIM_ADAMW, 1e-3, 0.9, 0.999, 1e-8, 0.01, 0.0, 0.0, 0}, 1         \
+  }
+
+/* Fills *config with the defaults (the same values as ZS_CONFIG_INIT).
+ * Errors: ZS_ERR_INVALID_ARGUMENT if config is NULL. */
+zs_status zs_config_init(zs_config* config);
+
+/* Checks every field's range. Errors: ZS_ERR_INVALID_ARGUMENT naming the
+ * field, its value and the allowed range. No side effects. */
+zs_status zs_config_validate(const zs_config* config);
+
+/* Reads a DeepSpeed-style JSON configuration (parsed with cJSON) on top of
+ * the values already in *config (start from ZS_CONFIG_INIT). Recognized keys
+ * (docs/config.md): "zero_optimization.stage", "device" ("host"|"cuda"),
+ * "optimizer.type" ("AdamW"|"Adam"|"SGD"), "optimizer.params.{lr, betas,
+ * eps, weight_decay, momentum, dampening, nesterov}", "log_level".
+ * text: NUL-terminated JSON, not retained. Unknown keys are an error (a typo
+ * must not be silently ignored). Errors: ZS_ERR_INVALID_ARGUMENT naming the
+ * key (e.g. "zero_optimization.stage: expected an integer 0..3, got 5") or
+ * the parse position; *config is unchanged on error. */
+zs_status zs_config_from_json(const char* text, zs_config* config);
+
+/* Like zs_config_from_json on the contents of the file at path.
+ * Errors additionally: ZS_ERR_IO naming the file. */
+zs_status zs_config_from_json_file(const char* path, zs_config* config);
+
+/* ==== Context ============================================================ */
+
+/* One per process and data-parallel group: rank, world size, device,
+ * communicator, configuration, memory accounting. */
+typedef struct zs_context zs_context;
+
+/* Creates a context over MPI_COMM_WORLD (zs_mpi.h takes any communicator).
+ * If MPI is not initialized yet, calls MPI_Init_thread (requesting
+ * MPI_THREAD_MULTIPLE) and the matching MPI_Finalize happens in
+ * zs_context_destroy; a program run without mpirun is a world of size 1.
+ * Collective: also checks that every rank passed the same configuration
+ * (one all-gather of a hash); a difference is ZS_ERR_MISMATCH on every rank
+ * naming the first differing field and rank.
+ * config: copied, not retained. *out: owned by the caller, free with
+ * zs_context_destroy. Errors: ZS_ERR_INVALID_ARGUMENT (a config field),
+ * ZS_ERR_MISMATCH, ZS_ERR_COMM, ZS_ERR_UNSUPPORTED (a device not built in). */
+zs_status zs_context_create(const zs_config* config, zs_context** out);
+
+/* Destroys the context (NULL is accepted). All models created on it must be
+ * destroyed first; outstanding runtime allocations are reported as a
+ * warning (a leak). Not collective unless it finalizes MPI. */
+void zs_context_destroy(zs_context* ctx);
+
+/* This process's rank in the context's communicator (0 for NULL). */
+int zs_context_rank(const zs_context* ctx);
+/* Number of ranks in the context's communicator (0 for NULL). */
+int zs_context_world_size(const zs_context* ctx);
+/* The validated configuration (owned by the context). NULL for NULL. */
+const zs_config* zs_context_config(const zs_context* ctx);
+
+/* ==== Memory accounting ================================================== */
+
+/* Per-rank byte counts. total_peak is the peak of the sum over categories
+ * (not the sum of per-category peaks). */
+typedef struct zs_memory_stats {
+  size_t current[ZS_MEM_CATEGORY_COUNT]; /* bytes now */
+  size_t peak[ZS_MEM_CATEGORY_COUNT];    /* bytes, max since reset */
+  size_t total_current;                  /* bytes now, all categories */
+  size_t total_peak;                     /* bytes, max of the sum */
+  size_t model_state_bytes; /* current params+grads+master+optimizer states */
+  size_t allocations;       /* live allocations (user registrations too) */
+} zs_memory_stats;
+
+/* Copies this rank's counters. Not collective. Errors: INVALID_ARGUMENT. */
+zs_status zs_memory_stats_get(const zs_context* ctx, zs_memory_stats* out);
+
+/* Sets every peak (per category and total) to its current value, e.g. to
+ * measure the peak of one phase. Not collective. NULL is ignored. */
+void zs_memory_reset_peak(zs_context* ctx);
+
+/* Counts a buffer the user allocated (e.g. activations) under category.
+ * ptr: a key only, never dereferenced or freed by ZeroShard; must be
+ * unique among live registrations. bytes: its size in bytes.
+ * Errors: INVALID_ARGUMENT (NULL ptr, category out of range, ptr already
+ * registered). Not collective. */
+zs_status zs_memory_register(zs_context* ctx, zs_mem_category category,
+                             const void* ptr, size_t bytes);
+
+/* Stops counting a buffer registered with zs_memory_register.
+ * Errors: INVALID_ARGUMENT if ptr is not registered. */
+zs_status zs_memory_unregister(zs_context* ctx, const void* ptr);
+
+/* ==== Communication counters ============================================= */
+
+typedef enum zs_coll_op {
+  ZS_COLL_ALL_GATHER = 0,
+  ZS_COLL_REDUCE_SCATTER = 1,
+  ZS_COLL_ALL_REDUCE = 2,
+  ZS_COLL_BROADCAST = 3,
+  ZS_COLL_OP_COUNT = 4
+} zs_coll_op;
+
+/* "all_gather", "reduce_scatter", "all_reduce", "broadcast". */
+const char* zs_coll_op_name(zs_coll_op op);
+
+/* Counters of every collective this rank issued on the context since
+ * creation. bytes counts the full (gathered) size per rank, as nccl-tests
+ * does: count_per_rank * world_size * element size for all-gather and
+ * reduce-scatter, count * element size for all-reduce and broadcast. */
+typedef struct zs_comm_counters {
+  uint64_t calls[ZS_COLL_OP_COUNT];
+  uint64_t bytes[ZS_COLL_OP_COUNT];
+  double seconds[ZS_COLL_OP_COUNT]; /* wall time inside the calls */
+} zs_comm_counters;
+
+/* Copies this rank's counters. Not collective. Errors: INVALID_ARGUMENT. */
+zs_status zs_comm_counters_get(const zs_context* ctx, zs_comm_counters* out);
+
+/* ==== Model registration ================================================= */
+
+typedef struct zs_model zs_model;
+
+#define ZS_MAX_DIMS 8
+#define ZS_NAME_MAX 128 /* bytes, including the terminating NUL */
+
+/* Tensor flags for zs_model_add_tensor. */
+#define ZS_TENSOR_FROZEN 1u /* not trained: gathered, never updated, no
+                               optimizer state, gradient ignored */
+
+/* Creates an empty model on ctx. Not collective. *out: owned by the
+ * caller, free with zs_model_destroy before destroying ctx.
+ * Errors: INVALID_ARGUMENT, OUT_OF_MEMORY. */
+zs_status zs_model_create(zs_context* ctx, zs_model** out);
+
+/* Frees the model and all its storage (NULL accepted). Not collective. */
+void zs_model_destroy(zs_model* model);
+
+/* Adds a unit (the sharding granularity: one flat buffer) and returns its
+ * id in *unit (0, 1, 2, ... in registration order). name: unique, 1 to
+ * ZS_NAME_MAX-1 bytes, copied. Before finalize only.
+ * Errors: INVALID_ARGUMENT (empty, too long or duplicate name), INVALID_STATE
+ * (after finalize). A registration error also poisons the model: finalize
+ * then fails on every rank, naming this rank, instead of hanging. */
+zs_status zs_model_add_unit(zs_model* model, const char* name, int* unit);
+
+/* Adds a tensor to a unit and returns its model-wide id in *tensor (0, 1,
+ * ... in registration order). name: unique in the model, copied. shape:
+ * ndim (0..ZS_MAX_DIMS) extents >= 0, copied; 0-d is a scalar, a zero
+ * extent gives an empty tensor. dtype: ZS_FLOAT32 (16-bit types are
+ * rejected with ZS_ERR_UNSUPPORTED in this version); all tensors of a unit
+ * share one dtype. flags: 0 or ZS_TENSOR_FROZEN.
+ * Errors: INVALID_ARGUMENT naming the tensor, UNSUPPORTED, INVALID_STATE.
+ * Poisons the model on error (see zs_model_add_unit). */
+zs_status zs_model_add_tensor(zs_model* model, int unit, const char* name,
+                              int ndim, const int64_t* shape, zs_dtype dtype,
+                              unsigned int flags, int* tensor);
+
+/* Adds to `unit` a tensor tied to `owner` (e.g. an output projection
+ * sharing the token embedding's weight): it has the owner's shape and dtype,
+ * occupies no storage, and its views are the owner's. Gathering `unit` also
+ * gathers the owner's unit; acquiring its gradients acquires the owner
+ * unit's gradients, so both uses accumulate into one buffer that is reduced
+ * once. owner: an untied tensor of another unit.
+ * Errors: INVALID_ARGUMENT naming the tensor; poisons the model on error. */
+zs_status zs_model_add_tied_tensor(zs_model* model, int unit, const char* name,
+                                   int owner, int* tensor);
+
+/* Adds an optimizer parameter group (PyTorch's param_groups): a learning
+ * rate and weight decay for the tensors assigned to it. Group 0 exists from
+ * the start with the config's lr and weight_decay. *group receives the id.
+ * Errors: INVALID_ARGUMENT (negative or non-finite values), INVALID_STATE. */
+zs_status zs_model_add_param_group(zs_model* model, double lr,
+                                   double weight_decay, int* group);
+
+/* Assigns an owner tensor to a param group (default 0), e.g. biases and
+ * norm weights to a group without weight decay. Before finalize only.
+ * Errors: INVALID_ARGUMENT (unknown tensor or group, a tied tensor). */
+zs_status zs_model_set_tensor_group(zs_model* model, int tensor, int group);
+
+/* Declares how many times a unit's gradients are acquired and released per
+ * step (a unit used twice, e.g. shared weights: 2). The reduce-scatter then
+ * starts at the uses-th release. Without it the runtime records the count in
+ * the first step (reducing that step's gradients in zs_step) and keeps the
+ * largest count seen. A step with fewer uses reduces the unit in zs_step; a
+ * step with more re-opens the reduced unit (exact, one extra collective) and
+ * raises the count. uses: >= 1, or 0 to go back to recording. A tied tensor
+ * counts as a use of its owner's unit. Errors: INVALID_ARGUMENT. */
+zs_status zs_unit_set_grad_uses(zs_model* model, int unit, int uses);
+
+/* Freezes the layout and allocates storage (parameters zeroed). Collective.
+ * Checks that every rank registered the same units, tensors (names, shapes,
+ * dtypes, flags, ties, groups) and configuration, with one all-gather of a
+ * hash; on a difference every rank returns ZS_ERR_MISMATCH naming the first
+ * differing tensor and the rank, before any data collective. A model
+ * poisoned by a registration error fails on every rank the same way.
+ * Errors: MISMATCH, OUT_OF_MEMORY, COMM, INVALID_STATE (twice). */
+zs_status zs_model_finalize(zs_model* model);
+
+/* ==== Model queries (any time after registration) ======================= */
+
+typedef struct zs_tensor_desc {
+  const char* name; /* owned by the model */
+  int unit;         /* the unit it was registered in */
+  int ndim;
+  int64_t shape[ZS_MAX_DIMS];
+  size_t numel; /* elements */
+  zs_dtype dtype;
+  unsigned int flags;
+  int tied_to; /* owner tensor id, or -1 */
+  int group;   /* param group (the owner's for a tied tensor) */
+} zs_tensor_desc;
+
+int zs_model_unit_count(const zs_model* model);   /* 0 for NULL */
+int zs_model_tensor_count(const zs_model* model); /* 0 for NULL */
+
+/* Describes a tensor. Errors: INVALID_ARGUMENT (unknown id). */
+zs_status zs_model_tensor_desc(const zs_model* model, int tensor,
+                               zs_tensor_desc* out);
+
+/* Looks a tensor up by name. Errors: INVALID_ARGUMENT (not found). */
+zs_status zs_model_find_tensor(const zs_model* model, const char* name,
+                               int* tensor);
+
+/* Name of a unit (owned by the model), or NULL for an unknown id. */
+const char* zs_model_unit_name(const zs_model* model, int unit);
+
+/* Layout of a unit after finalize, in elements: used (tensor data plus
+ * alignment gaps), padded (a multiple of world size), shard (padded / world
+ * size). Errors: INVALID_ARGUMENT, INVALID_STATE (before finalize). */
+zs_status zs_unit_layout(const zs_model* model, int unit, size_t* used,
+                         size_t* padded, size_t* shard);
+
+/* ==== Initialization and export (after finalize; collective) ============= */
+
+/* Fills one tensor on rank 0 before it is broadcast. data: the full tensor
+ * (numel elements of the tensor's dtype, row-major, zeroed), owned by the
+ * runtime, valid during the call. Return ZS_OK, or an error that
+ * zs_model_init reports on every rank. */
+typedef zs_status (*zs_init_fn)(void* user, int tensor,
+                                const zs_tensor_desc* desc, void* data);
+
+/* Initializes every untied tensor: `fn` runs on rank 0 only, for each tensor
+ * in registration order, and the result is broadcast unit by unit, so every
+ * rank starts identical whatever its random state. Optimizer state is not
+ * touched. Collective. Errors: the callback's status (ZS_ERR_REMOTE on the
+ * other ranks), COMM, OUT_OF_MEMORY, INVALID_STATE (a unit gathered). */
+zs_status zs_model_init(zs_model* model, zs_init_fn fn, void* user);
+
+/* Sets one tensor from a full array on rank 0 (data: numel elements of its
+ * dtype; ignored, may be NULL, on other ranks; not retained). Collective.
+ * Errors: INVALID_ARGUMENT (NULL data on rank 0: every rank fails), COMM. */
+zs_status zs_tensor_set(zs_model* model, int tensor, const void* data);
+
+/* What zs_tensor_get reads. */
+typedef enum zs_field {
+  ZS_FIELD_PARAM = 0,      /* parameters (the updated values after a step) */
+  ZS_FIELD_GRAD = 1,       /* the last reduced gradient (mean over ranks) */
+  ZS_FIELD_EXP_AVG = 2,    /* Adam/AdamW first moment */
+  ZS_FIELD_EXP_AVG_SQ = 3, /* Adam/AdamW second moment */
+  ZS_FIELD_MOMENTUM = 4    /* SGD momentum buffer */
+} zs_field;
+
+/* Copies the full tensor's field into out (numel elements; every rank
+ * receives it). A tied tensor reads its owner. Collective (one all-gather of
+ * the owning unit's shards). Errors: INVALID_ARGUMENT (unknown tensor, a
+ * field the optimizer does not have, a frozen tensor's optimizer field),
+ * INVALID_STATE (before finalize), COMM. */
+zs_status zs_tensor_get(zs_model* model, int tensor, zs_field field,
+                        void* out);
+
+/* ==== The per-step API (after finalize) ================================== */
+
+/* Makes the unit's full parameters available (stage 3: all-gather of the
+ * shards into a transient buffer; stages 0-2: they are resident). Also
+ * gathers the units owning its tied tensors. Collective, blocking.
+ * Errors: INVALID_STATE if the unit is already gathered by the user (name
+ * given), OUT_OF_MEMORY, COMM. */
+zs_status zs_unit_gather(zs_model* model, int unit);
+
+/* Ends the use of a gathered unit: at stage 3 its transient buffer is freed
+ * (unless a tie still holds it); pointers from zs_tensor_data become
+ * invalid at every stage. Not collective.
+ * Errors: INVALID_STATE if the unit is not gathered. */
+zs_status zs_unit_release(zs_model* model, int unit);
+
+/* Pointer to a tensor's full parameters (numel elements of its dtype,
+ * row-major), valid from zs_unit_gather of its unit until the matching
+ * zs_unit_release. The memory is the runtime's: read it; do not free it.
+ * Writing changes the parameters (stages 0-2) or only this gathered copy
+ * (stage 3): don't. Errors: INVALID_ARGUMENT, INVALID_STATE (its unit is not
+ * gathered). */
+zs_status zs_tensor_data(zs_model* model, int tensor, void** data);
+
+/* Opens the unit's gradient buffers for the backward pass. The first
+ * acquire of a step returns zeroed buffers; later acquires in the same step
+ * return the same buffers to accumulate into. Also acquires the units owning
+ * its tied tensors. Not collective. Errors: INVALID_STATE (already acquired
+ * and not released), OUT_OF_MEMORY. */
+zs_status zs_unit_grad_acquire(zs_model* model, int unit);
+
+/* Pointer to a tensor's gradient buffer (numel elements of its dtype),
+ * valid while its unit's gradients are acquired. Accumulate into it (+=):
+ * a tied tensor's gradient and its owner's are the same memory.
+ * Errors: INVALID_ARGUMENT, INVALID_STATE (not acquired). */
+zs_status zs_tensor_grad(zs_model* model, int tensor, void** grad);
+
+/* Closes the unit's gradient buffers. When this is the unit's last use in
+ * the step (zs_unit_set_grad_uses, or the count recorded in the first
+ * step), its reduce-scatter runs now: collective, and every rank must
+ * release in the same order. Otherwise not collective.
+ * Errors: INVALID_STATE (not acquired), COMM, OUT_OF_MEMORY. */
+zs_status zs_unit_grad_release(zs_model* model, int unit);
+
+/* Learning rate of a param group for the next steps (ZS_ALL_GROUPS: every
+ * group). Errors: INVALID_ARGUMENT (unknown group, negative or non-finite
+ * lr). Not collective, but every rank should set the same value. */
+#define ZS_ALL_GROUPS (-1)
+zs_status zs_model_set_lr(zs_model* model, int group, double lr);
+
+typedef struct zs_step_info {
+  int applied;        /* 1 if the optimizer ran, 0 if the step was skipped */
+  int64_t step;       /* optimizer steps applied so far */
+  double grad_norm;   /* reserved: -1 until clipping lands */
+  double loss_scale;  /* reserved: 1 until loss scaling lands */
+} zs_step_info;
+
+/* Ends the step: reduces every unit not reduced yet (a unit not used this
+ * step contributes zero gradients), checks that every rank issued the same
+ * collectives this step (one small all-reduce), runs the optimizer on this
+ * rank's part (the whole buffer at stage 0, the shard at 1-3), and at
+ * stages 1-2 all-gathers the updated parameters. Collective. info may be
+ * NULL. Errors: INVALID_STATE naming the unit if a unit is still gathered
+ * or its gradients are open; MISMATCH if ranks issued different collectives;
+ * COMM, OUT_OF_MEMORY. Algorithm: ZeRO (arXiv:1910.02054) section 5. */
+zs_status zs_step(zs_model* model, zs_step_info* info);
+
+/* ==== Optimizer kernels (optim/) ========================================= */
+/* The element-wise updates the runtime runs on a shard, exposed so that a
+ * plain (unsharded) trainer can use exactly the same math. Each works on n
+ * contiguous fp32 elements in host memory, in place, synchronously on the
+ * calling thread. Operation order follows PyTorch 1.13's single-tensor
+ * (for-loop) implementations (torch/optim/{adamw,adam,sgd}.py), bias
+ * correction included. */
+
+typedef struct zs_adam_hparams {
+  double lr;
+  double beta1;
+  double beta2;
+  double eps;
+  double weight_decay;
+} zs_adam_hparams;
+
+typedef struct zs_sgd_hparams {
+  double lr;
+  double momentum;
+  double dampening;
+  double weight_decay;
+  int nesterov;
+} zs_sgd_hparams;
+
+/* AdamW (arXiv:1711.05101): param *= 1 - lr*wd; exp_avg, exp_avg_sq updated
+ * from grad; param -= lr/bc1 * exp_avg / (sqrt(exp_avg_sq)/sqrt(bc2) + eps).
+ * param, exp_avg, exp_avg_sq: n elements, read and written; grad: n
+ * elements, read. step: the step number of this update, >= 1 (1 on the
+ * first update; the caller increments it). The arrays must not overlap.
+ * Errors: INVALID_ARGUMENT (NULL array with n > 0, step < 1). */
+zs_status zs_optim_adamw(float* param, const float* grad, float* exp_avg,
+                         float* exp_avg_sq, size_t n,
+                         const zs_adam_hparams* hp, int64_t step);
+
+/* Adam (arXiv:1412.6980) with L2 weight decay added to the gradient
+ * (grad + wd*param), as torch.optim.Adam. Arguments as zs_optim_adamw. */
+zs_status zs_optim_adam(float* param, const float* grad, float* exp_avg,
+                        float* exp_avg_sq, size_t n, const zs_adam_hparams* hp,
+                        int64_t step);
+
+/* SGD with momentum, dampening, nesterov and weight decay, as torch.optim.SGD
+ * (Sutskever et al. 2013 for the momentum form). momentum_buffer: n
+ * elements, read and written; may be NULL only when hp->momentum == 0. On
+ * step 1 the buffer is set to the gradient (no dampening), as PyTorch does.
+ * Errors: INVALID_ARGUMENT (NULL arrays, step < 1, nesterov with momentum
+ * <= 0 or dampening != 0). */
+zs_status zs_optim_sgd(float* param, const float* grad, float* momentum_buffer,
+                       size_t n, const zs_sgd_hparams* hp, int64_t step);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* ZEROSHARD_H_ */

@@ -1,0 +1,31 @@
+/*
+ * zs_mpi.h — the MPI entry point of ZeroShard, kept out of zeroshard.h so
+ * that code which never sees an MPI type need not include mpi.h.
+ */
+#ifndef ZS_MPI_H_
+#define ZS_MPI_H_
+
+#include <mpi.h>
+
+#include "zeroshard.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Creates a context over `comm`, the data-parallel group (e.g. one of the
+ * sub-communicators of a tensor/pipeline-parallel layout). The communicator
+ * is duplicated (MPI_Comm_dup), so ZeroShard's traffic never matches the
+ * caller's messages; the caller keeps ownership of `comm` and may free it
+ * after this call. MPI must already be initialized (with MPI_Init_thread at
+ * least MPI_THREAD_FUNNELED; the caller then also finalizes it). Collective
+ * over comm. Otherwise as zs_context_create. Errors: INVALID_ARGUMENT
+ * (MPI_COMM_NULL, MPI not initialized), and those of zs_context_create. */
+zs_status zs_context_create_mpi(const zs_config* config, MPI_Comm comm,
+                                zs_context** out);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* ZS_MPI_H_ */
