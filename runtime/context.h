@@ -1,0 +1,36 @@
+/*
+ * context.h — the context object shared by the engine layers: validated
+ * configuration, rank and world size, accounting, device and communicator.
+ */
+#ifndef ZS_RUNTIME_CONTEXT_H_
+#define ZS_RUNTIME_CONTEXT_H_
+
+#include "runtime/comm.h"
+#include "runtime/core.h"
+#include "runtime/device.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct zs_context {
+  zs_config config;
+  int rank;
+  int world;
+  zs__accounting* acct; /* owned */
+  zs__device* device;   /* owned */
+  zs__comm* comm;       /* owned; may finalize MPI when destroyed */
+  int live_models;      /* models not destroyed yet */
+};
+
+/* Builds a context around an existing communicator (takes ownership of comm
+ * even on failure). Validates the config and checks it is identical on every
+ * rank (collective). */
+zs_status zs__context_create(const zs_config* config, zs__comm* comm,
+                             zs_context** out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZS_RUNTIME_CONTEXT_H_ */

@@ -1,0 +1,113 @@
+/*
+ * core.h — the lowest internal layer: error reporting, logging, the memory
+ * accounting tables, configuration helpers. Depends on nothing but libc and
+ * the public header. Internal names use the zs__ prefix.
+ */
+#ifndef ZS_RUNTIME_CORE_H_
+#define ZS_RUNTIME_CORE_H_
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <zeroshard.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Errors -------------------------------------------------------------- */
+
+/* Formats the thread's last-error message ("[rank R] " + text), logs it at
+ * debug level and returns status, so call sites read
+ *   return zs__error(ZS_ERR_INVALID_ARGUMENT, "unit %d: ...", u);      */
+zs_status zs__error(zs_status status, const char* fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Keeps the current message but prefixes context ("finalize: ..."). */
+zs_status zs__error_prefix(zs_status status, const char* fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* The rank written into messages and log lines (set by the context). */
+void zs__set_log_rank(int rank);
+
+/* One error-propagation idiom: a function declares `zs_status st = ZS_OK;`,
+ * has a single `cleanup:` label that frees in reverse order of allocation,
+ * and returns st. */
+#define ZS_CHECK(expr)          \
+  do {                          \
+    st = (expr);                \
+    if (st != ZS_OK) goto cleanup; \
+  } while (0)
+
+/* Sets st from an error helper and jumps to cleanup. */
+#define ZS_FAIL(...)             \
+  do {                           \
+    st = zs__error(__VA_ARGS__); \
+    goto cleanup;                \
+  } while (0)
+
+/* Argument check at the API boundary: returns immediately (no cleanup). */
+#define ZS_REQUIRE(cond, ...)                              \
+  do {                                                     \
+    if (!(cond)) return zs__error(ZS_ERR_INVALID_ARGUMENT, __VA_ARGS__); \
+  } while (0)
+
+/* ---- Logging ------------------------------------------------------------- */
+
+enum { ZS_LOG_ERROR = 0, ZS_LOG_WARN = 1, ZS_LOG_INFO = 2, ZS_LOG_DEBUG = 3 };
+
+/* Current threshold: the ZS_LOG_LEVEL environment variable if set, else the
+ * last value given to zs__log_set_level (default: warnings). */
+void zs__log_set_level(int level);
+int zs__log_level(void);
+/* Writes "[zs rank R LEVEL] text\n" to stderr if level <= threshold. */
+void zs__log(int level, const char* fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* ---- Memory accounting ---------------------------------------------------- */
+
+/* Byte counters per category plus a registry of live allocations, keyed by
+ * pointer, so that frees need no size and leaks are reported by name. */
+typedef struct zs__accounting zs__accounting;
+
+zs_status zs__accounting_create(zs__accounting** out);
+/* Logs a warning per live entry (a leak) and frees the tables. */
+void zs__accounting_destroy(zs__accounting* acct);
+/* Records `bytes` under category for key `ptr` (not dereferenced). label is
+ * a static or long-lived string used in leak reports (may be NULL).
+ * Errors: INVALID_ARGUMENT (duplicate key), OUT_OF_MEMORY. */
+zs_status zs__accounting_add(zs__accounting* acct, zs_mem_category category,
+                             const void* ptr, size_t bytes, const char* label);
+/* Removes the entry of ptr; *category and *bytes (may be NULL) receive it.
+ * Errors: INVALID_ARGUMENT if ptr is not recorded. */
+zs_status zs__accounting_remove(zs__accounting* acct, const void* ptr,
+                                zs_mem_category* category, size_t* bytes);
+void zs__accounting_stats(const zs__accounting* acct, zs_memory_stats* out);
+void zs__accounting_reset_peak(zs__accounting* acct);
+
+/* ---- Configuration --------------------------------------------------------- */
+
+/* A stable text form of the fields that must agree across ranks, one
+ * "config.<field>=<value>" line each, for the cross-rank check. Writes
+ * at most cap bytes including NUL; returns the length it needed. */
+size_t zs__config_describe(const zs_config* config, char* buf, size_t cap);
+
+/* ---- Small helpers -------------------------------------------------------- */
+
+/* FNV-1a 64-bit over bytes, chained from `seed` (use ZS__FNV_SEED). */
+#define ZS__FNV_SEED 1469598103934665603ull
+uint64_t zs__hash_bytes(uint64_t seed, const void* data, size_t n);
+
+/* Monotonic wall clock in seconds. */
+double zs__now(void);
+
+static inline size_t zs__round_up(size_t x, size_t m) {
+  return m == 0 ? x : (x + m - 1) / m * m;
+}
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* ZS_RUNTIME_CORE_H_ */

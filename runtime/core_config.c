@@ -1,0 +1,267 @@
+/*
+ * core_config.c — configuration defaults, range checks (errors name the
+ * field) and the DeepSpeed-style JSON form, parsed with cJSON.
+ */
+#define _GNU_SOURCE
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/core.h"
+
+zs_status zs_config_init(zs_config* config) {
+  ZS_REQUIRE(config != NULL, "zs_config_init: config is NULL");
+  const zs_config defaults = ZS_CONFIG_INIT;
+  *config = defaults;
+  return ZS_OK;
+}
+
+static int zs__finite_nonneg(double x) { return isfinite(x) && x >= 0.0; }
+
+zs_status zs_config_validate(const zs_config* c) {
+  ZS_REQUIRE(c != NULL, "config is NULL");
+  ZS_REQUIRE(c->struct_size == sizeof(zs_config),
+             "config.struct_size is %zu, expected %zu: initialize the config "
+             "with ZS_CONFIG_INIT or zs_config_init (header/library mismatch?)",
+             c->struct_size, sizeof(zs_config));
+  ZS_REQUIRE(c->version / 100 == ZS_VERSION_CODE / 100,
+             "config.version %u is from an incompatible header (library %d)",
+             c->version, ZS_VERSION_CODE);
+  ZS_REQUIRE(c->stage >= 0 && c->stage <= 3,
+             "config.stage: expected 0..3, got %d", c->stage);
+  ZS_REQUIRE(c->device == ZS_DEVICE_HOST || c->device == ZS_DEVICE_CUDA,
+             "config.device: expected ZS_DEVICE_HOST (0) or ZS_DEVICE_CUDA "
+             "(1), got %d", (int)c->device);
+  const zs_optimizer_config* o = &c->optimizer;
+  ZS_REQUIRE(o->kind == ZS_OPTIM_ADAMW || o->kind == ZS_OPTIM_ADAM ||
+                 o->kind == ZS_OPTIM_SGD,
+             "config.optimizer.kind: expected 0 (AdamW), 1 (Adam) or 2 (SGD), "
+             "got %d", (int)o->kind);
+  ZS_REQUIRE(zs__finite_nonneg(o->lr), "config.optimizer.lr: expected a "
+             "finite value >= 0, got %g", o->lr);
+  ZS_REQUIRE(zs__finite_nonneg(o->weight_decay),
+             "config.optimizer.weight_decay: expected a finite value >= 0, "
+             "got %g", o->weight_decay);
+  if (o->kind != ZS_OPTIM_SGD) {
+    ZS_REQUIRE(o->beta1 >= 0.0 && o->beta1 < 1.0,
+               "config.optimizer.beta1: expected [0, 1), got %g", o->beta1);
+    ZS_REQUIRE(o->beta2 >= 0.0 && o->beta2 < 1.0,
+               "config.optimizer.beta2: expected [0, 1), got %g", o->beta2);
+    ZS_REQUIRE(isfinite(o->eps) && o->eps > 0.0,
+               "config.optimizer.eps: expected a finite value > 0, got %g",
+               o->eps);
+  } else {
+    ZS_REQUIRE(zs__finite_nonneg(o->momentum),
+               "config.optimizer.momentum: expected a finite value >= 0, got "
+               "%g", o->momentum);
+    ZS_REQUIRE(isfinite(o->dampening), "config.optimizer.dampening: expected "
+               "a finite value, got %g", o->dampening);
+    ZS_REQUIRE(o->nesterov == 0 || o->nesterov == 1,
+               "config.optimizer.nesterov: expected 0 or 1, got %d",
+               o->nesterov);
+    ZS_REQUIRE(!o->nesterov || (o->momentum > 0.0 && o->dampening == 0.0),
+               "config.optimizer.nesterov needs momentum > 0 and dampening 0 "
+               "(got momentum %g, dampening %g)", o->momentum, o->dampening);
+  }
+  ZS_REQUIRE(c->log_level >= 0 && c->log_level <= 3,
+             "config.log_level: expected 0..3, got %d", c->log_level);
+  return ZS_OK;
+}
+
+size_t zs__config_describe(const zs_config* c, char* buf, size_t cap) {
+  const zs_optimizer_config* o = &c->optimizer;
+  int n = snprintf(buf, cap,
+                   "config.stage=%d\nconfig.device=%d\n"
+                   "config.optimizer.kind=%d\nconfig.optimizer.lr=%a\n"
+                   "config.optimizer.beta1=%a\nconfig.optimizer.beta2=%a\n"
+                   "config.optimizer.eps=%a\n"
+                   "config.optimizer.weight_decay=%a\n"
+                   "config.optimizer.momentum=%a\n"
+                   "config.optimizer.dampening=%a\n"
+                   "config.optimizer.nesterov=%d\n",
+                   c->stage, (int)c->device, (int)o->kind, o->lr, o->beta1,
+                   o->beta2, o->eps, o->weight_decay, o->momentum,
+                   o->dampening, o->nesterov);
+  return n < 0 ? 0 : (size_t)n;
+}
+
+/* ==== JSON ================================================================ */
+
+/* Checks that every key of obj is in `allowed` (NULL-terminated), so a typo
+ * is an error rather than a silently ignored setting. */
+static zs_status zs__json_known_keys(const cJSON* obj, const char* path,
+                                     const char* const* allowed) {
+  for (const cJSON* it = obj->child; it != NULL; it = it->next) {
+    int ok = 0;
+    for (const char* const* a = allowed; *a != NULL; a++)
+      if (strcmp(*a, it->string) == 0) ok = 1;
+    if (!ok)
+      return zs__error(ZS_ERR_INVALID_ARGUMENT,
+                       "config JSON: unknown key \"%s%s%s\"", path,
+                       path[0] != '\0' ? "." : "", it->string);
+  }
+  return ZS_OK;
+}
+
+static zs_status zs__json_number(const cJSON* obj, const char* key,
+                                 const char* path, double* out) {
+  const cJSON* v = cJSON_GetObjectItemCaseSensitive(obj, key);
+  if (v == NULL) return ZS_OK;
+  if (!cJSON_IsNumber(v))
+    return zs__error(ZS_ERR_INVALID_ARGUMENT,
+                     "config JSON: %s.%s: expected a number", path, key);
+  *out = v->valuedouble;
+  return ZS_OK;
+}
+
+static zs_status zs__json_int(const cJSON* obj, const char* key,
+                              const char* path, int lo, int hi, int* out) {
+  const cJSON* v = cJSON_GetObjectItemCaseSensitive(obj, key);
+  if (v == NULL) return ZS_OK;
+  if (cJSON_IsBool(v)) {
+    *out = cJSON_IsTrue(v) ? 1 : 0;
+  } else if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) ||
+             v->valuedouble < lo || v->valuedouble > hi) {
+    return zs__error(ZS_ERR_INVALID_ARGUMENT,
+                     "config JSON: %s%s%s: expected an integer %d..%d", path,
+                     path[0] != '\0' ? "." : "", key, lo, hi);
+  } else {
+    *out = (int)v->valuedouble;
+  }
+  return ZS_OK;
+}
+
+static zs_status zs__json_optimizer(const cJSON* opt, zs_optimizer_config* o) {
+  zs_status st = ZS_OK;
+  static const char* const keys[] = {"type", "params", NULL};
+  ZS_CHECK(zs__json_known_keys(opt, "optimizer", keys));
+  const cJSON* type = cJSON_GetObjectItemCaseSensitive(opt, "type");
+  if (type != NULL) {
+    if (!cJSON_IsString(type))
+      ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+              "config JSON: optimizer.type: expected a string");
+    if (strcasecmp(type->valuestring, "AdamW") == 0) o->kind = ZS_OPTIM_ADAMW;
+    else if (strcasecmp(type->valuestring, "Adam") == 0) o->kind = ZS_OPTIM_ADAM;
+    else if (strcasecmp(type->valuestring, "SGD") == 0) o->kind = ZS_OPTIM_SGD;
+    else
+      ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+              "config JSON: optimizer.type: expected \"AdamW\", \"Adam\" or "
+              "\"SGD\", got \"%s\"", type->valuestring);
+  }
+  const cJSON* p = cJSON_GetObjectItemCaseSensitive(opt, "params");
+  if (p == NULL) goto cleanup;
+  if (!cJSON_IsObject(p))
+    ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+            "config JSON: optimizer.params: expected an object");
+  static const char* const pkeys[] = {"lr",       "betas",     "eps",
+                                      "weight_decay", "momentum", "dampening",
+                                      "nesterov", NULL};
+  ZS_CHECK(zs__json_known_keys(p, "optimizer.params", pkeys));
+  const char* path = "optimizer.params";
+  ZS_CHECK(zs__json_number(p, "lr", path, &o->lr));
+  ZS_CHECK(zs__json_number(p, "eps", path, &o->eps));
+  ZS_CHECK(zs__json_number(p, "weight_decay", path, &o->weight_decay));
+  ZS_CHECK(zs__json_number(p, "momentum", path, &o->momentum));
+  ZS_CHECK(zs__json_number(p, "dampening", path, &o->dampening));
+  ZS_CHECK(zs__json_int(p, "nesterov", path, 0, 1, &o->nesterov));
+  const cJSON* betas = cJSON_GetObjectItemCaseSensitive(p, "betas");
+  if (betas != NULL) {
+    if (!cJSON_IsArray(betas) || cJSON_GetArraySize(betas) != 2 ||
+        !cJSON_IsNumber(cJSON_GetArrayItem(betas, 0)) ||
+        !cJSON_IsNumber(cJSON_GetArrayItem(betas, 1)))
+      ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+              "config JSON: optimizer.params.betas: expected [beta1, beta2]");
+    o->beta1 = cJSON_GetArrayItem(betas, 0)->valuedouble;
+    o->beta2 = cJSON_GetArrayItem(betas, 1)->valuedouble;
+  }
+cleanup:
+  return st;
+}
+
+static zs_status zs__json_apply(const cJSON* root, zs_config* c) {
+  zs_status st = ZS_OK;
+  if (!cJSON_IsObject(root))
+    return zs__error(ZS_ERR_INVALID_ARGUMENT,
+                     "config JSON: the top level must be an object");
+  static const char* const keys[] = {"zero_optimization", "device", "optimizer",
+                                     "log_level", NULL};
+  ZS_CHECK(zs__json_known_keys(root, "", keys));
+  const cJSON* zero = cJSON_GetObjectItemCaseSensitive(root, "zero_optimization");
+  if (zero != NULL) {
+    if (!cJSON_IsObject(zero))
+      ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+              "config JSON: zero_optimization: expected an object");
+    static const char* const zkeys[] = {"stage", NULL};
+    ZS_CHECK(zs__json_known_keys(zero, "zero_optimization", zkeys));
+    ZS_CHECK(zs__json_int(zero, "stage", "zero_optimization", 0, 3, &c->stage));
+  }
+  const cJSON* dev = cJSON_GetObjectItemCaseSensitive(root, "device");
+  if (dev != NULL) {
+    if (cJSON_IsString(dev) && strcmp(dev->valuestring, "host") == 0)
+      c->device = ZS_DEVICE_HOST;
+    else if (cJSON_IsString(dev) && strcmp(dev->valuestring, "cuda") == 0)
+      c->device = ZS_DEVICE_CUDA;
+    else
+      ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+              "config JSON: device: expected \"host\" or \"cuda\"");
+  }
+  const cJSON* opt = cJSON_GetObjectItemCaseSensitive(root, "optimizer");
+  if (opt != NULL) {
+    if (!cJSON_IsObject(opt))
+      ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+              "config JSON: optimizer: expected an object");
+    ZS_CHECK(zs__json_optimizer(opt, &c->optimizer));
+  }
+  ZS_CHECK(zs__json_int(root, "log_level", "", 0, 3, &c->log_level));
+cleanup:
+  return st;
+}
+
+zs_status zs_config_from_json(const char* text, zs_config* config) {
+  ZS_REQUIRE(text != NULL && config != NULL,
+             "zs_config_from_json: text and config must not be NULL");
+  const char* end = NULL;
+  cJSON* root = cJSON_ParseWithOpts(text, &end, 1);
+  if (root == NULL) {
+    size_t off = end != NULL && end >= text ? (size_t)(end - text) : 0;
+    return zs__error(ZS_ERR_INVALID_ARGUMENT,
+                     "config JSON: parse error at byte %zu", off);
+  }
+  zs_config work = *config; /* unchanged on error */
+  zs_status st = zs__json_apply(root, &work);
+  if (st == ZS_OK) st = zs_config_validate(&work);
+  if (st == ZS_OK) *config = work;
+  cJSON_Delete(root);
+  return st;
+}
+
+zs_status zs_config_from_json_file(const char* path, zs_config* config) {
+  ZS_REQUIRE(path != NULL && config != NULL,
+             "zs_config_from_json_file: path and config must not be NULL");
+  zs_status st = ZS_OK;
+  char* text = NULL;
+  FILE* f = fopen(path, "rb");
+  if (f == NULL)
+    ZS_FAIL(ZS_ERR_IO, "config file %s: %s", path, strerror(errno));
+  if (fseek(f, 0, SEEK_END) != 0)
+    ZS_FAIL(ZS_ERR_IO, "config file %s: cannot seek", path);
+  long size = ftell(f);
+  if (size < 0 || size > (1L << 24))
+    ZS_FAIL(ZS_ERR_IO, "config file %s: unreadable or larger than 16 MiB",
+            path);
+  rewind(f);
+  text = (char*)malloc((size_t)size + 1);
+  if (text == NULL) ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "config file %s", path);
+  if (fread(text, 1, (size_t)size, f) != (size_t)size)
+    ZS_FAIL(ZS_ERR_IO, "config file %s: short read", path);
+  text[size] = '\0';
+  st = zs_config_from_json(text, config);
+  if (st != ZS_OK) st = zs__error_prefix(st, "%s: ", path);
+cleanup:
+  free(text);
+  if (f != NULL) fclose(f);
+  return st;
+}

@@ -1,0 +1,83 @@
+/*
+ * device.h — the device backend interface: where flat buffers live and how
+ * bytes move. One vtable per backend (host here; CUDA in device_cuda.c).
+ * The engine calls only these functions, never CUDA directly. Every
+ * allocation is counted in the accounting tables under a category.
+ *
+ * Streams and events order work on a device; on the host they are no-ops
+ * (every operation completes before it returns), so host code paths and
+ * device code paths are the same sequence of calls.
+ */
+#ifndef ZS_RUNTIME_DEVICE_H_
+#define ZS_RUNTIME_DEVICE_H_
+
+#include "runtime/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct zs__device zs__device;
+typedef struct zs__stream zs__stream; /* opaque; NULL means the default stream */
+typedef struct zs__event zs__event;
+
+typedef struct zs__device_ops {
+  const char* name;
+  /* Device memory of `bytes` bytes, 64-byte aligned (bytes may be 0: a
+   * unique non-NULL pointer is returned). */
+  zs_status (*alloc)(zs__device* dev, size_t bytes, void** out);
+  void (*free)(zs__device* dev, void* ptr);
+  /* Copies bytes between any two buffers of this device or host memory,
+   * ordered on `stream`. */
+  zs_status (*copy)(zs__device* dev, void* dst, const void* src, size_t bytes,
+                    zs__stream* stream);
+  zs_status (*memset)(zs__device* dev, void* dst, int value, size_t bytes,
+                      zs__stream* stream);
+  /* dst[i] = (base ? base[i] : 0) + src[i] / divisor for n elements of
+   * dtype (fp32 only for now); dst may alias base or src. Used to turn a
+   * reduce-scatter's sum into the mean over ranks. */
+  zs_status (*div_add)(zs__device* dev, void* dst, const void* base,
+                       const void* src, float divisor, size_t n,
+                       zs_dtype dtype, zs__stream* stream);
+  zs_status (*stream_create)(zs__device* dev, zs__stream** out);
+  void (*stream_destroy)(zs__device* dev, zs__stream* stream);
+  zs_status (*stream_sync)(zs__device* dev, zs__stream* stream);
+  zs_status (*event_create)(zs__device* dev, zs__event** out);
+  void (*event_destroy)(zs__device* dev, zs__event* event);
+  zs_status (*event_record)(zs__device* dev, zs__event* event,
+                            zs__stream* stream);
+  /* Makes `stream` wait for `event` without blocking the host. */
+  zs_status (*stream_wait_event)(zs__device* dev, zs__stream* stream,
+                                 zs__event* event);
+  void (*destroy)(zs__device* dev);
+} zs__device_ops;
+
+struct zs__device {
+  const zs__device_ops* ops;
+  zs_device_kind kind;
+  zs__accounting* acct; /* not owned */
+  void* impl;           /* backend state */
+};
+
+/* The host backend: 64-byte aligned malloc, memcpy, memset, no-op streams. */
+zs_status zs__device_host_create(zs__accounting* acct, zs__device** out);
+
+/* Creates the backend for `kind`. Errors: UNSUPPORTED for a backend that is
+ * not built in or has no device. */
+zs_status zs__device_create(zs_device_kind kind, zs__accounting* acct,
+                            zs__device** out);
+void zs__device_destroy(zs__device* dev);
+
+/* Allocates `bytes` device bytes counted under category (label names the
+ * buffer in leak reports and errors). Zero-filled when zero is set.
+ * Errors: OUT_OF_MEMORY naming the label and size. */
+zs_status zs__dev_alloc(zs__device* dev, zs_mem_category category,
+                        size_t bytes, int zero, const char* label, void** out);
+/* Frees and uncounts; NULL is ignored. */
+void zs__dev_free(zs__device* dev, void* ptr);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZS_RUNTIME_DEVICE_H_ */

@@ -1,0 +1,173 @@
+/*
+ * device_host.c — the host device backend (buffers in host memory, plain
+ * memcpy/memset, streams and events that are no-ops because every operation
+ * is complete when it returns), plus the accounted allocation wrappers all
+ * backends share.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/device.h"
+
+enum { ZS__HOST_ALIGN = 64 };
+
+/* A distinct non-NULL pointer for zero-byte requests. */
+static zs_status zs__host_alloc(zs__device* dev, size_t bytes, void** out) {
+  (void)dev;
+  size_t rounded = zs__round_up(bytes == 0 ? 1 : bytes, ZS__HOST_ALIGN);
+  void* p = aligned_alloc(ZS__HOST_ALIGN, rounded);
+  if (p == NULL)
+    return zs__error(ZS_ERR_OUT_OF_MEMORY, "host alloc of %zu bytes failed",
+                     bytes);
+  *out = p;
+  return ZS_OK;
+}
+
+static void zs__host_free(zs__device* dev, void* ptr) {
+  (void)dev;
+  free(ptr);
+}
+
+static zs_status zs__host_copy(zs__device* dev, void* dst, const void* src,
+                               size_t bytes, zs__stream* stream) {
+  (void)dev;
+  (void)stream;
+  if (bytes > 0 && dst != src) memmove(dst, src, bytes);
+  return ZS_OK;
+}
+
+static zs_status zs__host_memset(zs__device* dev, void* dst, int value,
+                                 size_t bytes, zs__stream* stream) {
+  (void)dev;
+  (void)stream;
+  if (bytes > 0) memset(dst, value, bytes);
+  return ZS_OK;
+}
+
+static zs_status zs__host_div_add(zs__device* dev, void* dst, const void* base,
+                                  const void* src, float divisor, size_t n,
+                                  zs_dtype dtype, zs__stream* stream) {
+  (void)dev;
+  (void)stream;
+  if (dtype != ZS_FLOAT32)
+    return zs__error(ZS_ERR_UNSUPPORTED, "host div_add: dtype %s",
+                     zs_dtype_name(dtype));
+  float* d = (float*)dst;
+  const float* b = (const float*)base;
+  const float* s = (const float*)src;
+  if (b == NULL)
+    for (size_t i = 0; i < n; i++) d[i] = s[i] / divisor;
+  else
+    for (size_t i = 0; i < n; i++) d[i] = b[i] + s[i] / divisor;
+  return ZS_OK;
+}
+
+/* Streams and events carry no state on the host; a static byte gives them
+ * a non-NULL identity. */
+static char zs__host_token;
+
+static zs_status zs__host_stream_create(zs__device* dev, zs__stream** out) {
+  (void)dev;
+  *out = (zs__stream*)&zs__host_token;
+  return ZS_OK;
+}
+static void zs__host_stream_destroy(zs__device* dev, zs__stream* s) {
+  (void)dev;
+  (void)s;
+}
+static zs_status zs__host_stream_sync(zs__device* dev, zs__stream* s) {
+  (void)dev;
+  (void)s;
+  return ZS_OK;
+}
+static zs_status zs__host_event_create(zs__device* dev, zs__event** out) {
+  (void)dev;
+  *out = (zs__event*)&zs__host_token;
+  return ZS_OK;
+}
+static void zs__host_event_destroy(zs__device* dev, zs__event* e) {
+  (void)dev;
+  (void)e;
+}
+static zs_status zs__host_event_record(zs__device* dev, zs__event* e,
+                                       zs__stream* s) {
+  (void)dev;
+  (void)e;
+  (void)s;
+  return ZS_OK;
+}
+static zs_status zs__host_stream_wait_event(zs__device* dev, zs__stream* s,
+                                            zs__event* e) {
+  (void)dev;
+  (void)s;
+  (void)e;
+  return ZS_OK;
+}
+static void zs__host_destroy(zs__device* dev) { free(dev); }
+
+static const zs__device_ops zs__host_ops = {
+    "host",
+    zs__host_alloc,
+    zs__host_free,
+    zs__host_copy,
+    zs__host_memset,
+    zs__host_div_add,
+    zs__host_stream_create,
+    zs__host_stream_destroy,
+    zs__host_stream_sync,
+    zs__host_event_create,
+    zs__host_event_destroy,
+    zs__host_event_record,
+    zs__host_stream_wait_event,
+    zs__host_destroy,
+};
+
+zs_status zs__device_host_create(zs__accounting* acct, zs__device** out) {
+  zs__device* dev = (zs__device*)calloc(1, sizeof *dev);
+  if (dev == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "device: calloc");
+  dev->ops = &zs__host_ops;
+  dev->kind = ZS_DEVICE_HOST;
+  dev->acct = acct;
+  *out = dev;
+  return ZS_OK;
+}
+
+zs_status zs__device_create(zs_device_kind kind, zs__accounting* acct,
+                            zs__device** out) {
+  if (kind == ZS_DEVICE_HOST) return zs__device_host_create(acct, out);
+  return zs__error(ZS_ERR_UNSUPPORTED,
+                   "device kind %d: only the host backend (0) is available in "
+                   "this build", (int)kind);
+}
+
+void zs__device_destroy(zs__device* dev) {
+  if (dev != NULL) dev->ops->destroy(dev);
+}
+
+/* ==== Accounted allocation =============================================== */
+
+zs_status zs__dev_alloc(zs__device* dev, zs_mem_category category,
+                        size_t bytes, int zero, const char* label,
+                        void** out) {
+  void* p = NULL;
+  zs_status st = dev->ops->alloc(dev, bytes, &p);
+  if (st != ZS_OK)
+    return zs__error(st, "cannot allocate %zu bytes of %s for %s on %s",
+                     bytes, zs_mem_category_name(category),
+                     label != NULL ? label : "?", dev->ops->name);
+  if (zero && bytes > 0) st = dev->ops->memset(dev, p, 0, bytes, NULL);
+  if (st == ZS_OK) st = zs__accounting_add(dev->acct, category, p, bytes, label);
+  if (st != ZS_OK) {
+    dev->ops->free(dev, p);
+    return st;
+  }
+  *out = p;
+  return ZS_OK;
+}
+
+void zs__dev_free(zs__device* dev, void* ptr) {
+  if (ptr == NULL) return;
+  if (zs__accounting_remove(dev->acct, ptr, NULL, NULL) != ZS_OK)
+    zs__log(ZS_LOG_ERROR, "internal: freeing untracked device pointer %p", ptr);
+  dev->ops->free(dev, ptr);
+}

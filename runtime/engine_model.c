@@ -1,0 +1,595 @@
+/*
+ * engine_model.c — model registration (units, tensors, ties, param groups),
+ * the cross-rank registration check, layout and per-stage storage at
+ * finalize, queries, and destruction.
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/engine.h"
+
+/* ==== Registration helpers ================================================ */
+
+/* Records the first registration error so that finalize fails on every rank
+ * (naming this rank) instead of leaving the others waiting. */
+static zs_status zs__poison(zs_model* m, zs_status st) {
+  if (m != NULL && !m->poisoned) {
+    m->poisoned = 1;
+    snprintf(m->poison_msg, sizeof m->poison_msg, "%s", zs_last_error());
+  }
+  return st;
+}
+
+static zs_status zs__check_open(zs_model* m, const char* fn) {
+  ZS_REQUIRE(m != NULL, "%s: model is NULL", fn);
+  if (m->finalized)
+    return zs__error(ZS_ERR_INVALID_STATE,
+                     "%s: the model is finalized; register everything before "
+                     "zs_model_finalize", fn);
+  return ZS_OK;
+}
+
+zs_status zs__check_finalized(const zs_model* m, const char* fn) {
+  ZS_REQUIRE(m != NULL, "%s: model is NULL", fn);
+  if (!m->finalized)
+    return zs__error(ZS_ERR_INVALID_STATE,
+                     "%s: call zs_model_finalize first", fn);
+  return ZS_OK;
+}
+
+static zs_status zs__check_name(const zs_model* m, const char* name,
+                                const char* what, int is_unit) {
+  ZS_REQUIRE(name != NULL && name[0] != '\0', "%s name is NULL or empty",
+             what);
+  ZS_REQUIRE(strlen(name) < ZS_NAME_MAX, "%s name '%.40s...' is longer than "
+             "%d bytes", what, name, ZS_NAME_MAX - 1);
+  ZS_REQUIRE(strchr(name, '\n') == NULL, "%s name '%s' contains a newline",
+             what, name);
+  if (is_unit) {
+    for (int i = 0; i < m->nunits; i++)
+      ZS_REQUIRE(strcmp(m->units[i].name, name) != 0,
+                 "unit name '%s' is already registered (unit %d)", name, i);
+  } else {
+    for (int i = 0; i < m->ntensors; i++)
+      ZS_REQUIRE(strcmp(m->tensors[i].name, name) != 0,
+                 "tensor name '%s' is already registered (tensor %d in unit "
+                 "'%s')", name, i, m->units[m->tensors[i].unit].name);
+  }
+  return ZS_OK;
+}
+
+/* Grows *arr (elements of size `size`) to hold at least need entries. */
+static zs_status zs__reserve(void** arr, int* cap, int need, size_t size) {
+  if (need <= *cap) return ZS_OK;
+  int ncap = *cap == 0 ? 8 : *cap * 2;
+  while (ncap < need) ncap *= 2;
+  void* p = realloc(*arr, (size_t)ncap * size);
+  if (p == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "registration: realloc");
+  memset((char*)p + (size_t)*cap * size, 0, (size_t)(ncap - *cap) * size);
+  *arr = p;
+  *cap = ncap;
+  return ZS_OK;
+}
+
+/* ==== Create / destroy ==================================================== */
+
+zs_status zs_model_create(zs_context* ctx, zs_model** out) {
+  ZS_REQUIRE(ctx != NULL && out != NULL,
+             "zs_model_create: ctx and out must not be NULL");
+  zs_model* m = (zs_model*)calloc(1, sizeof *m);
+  if (m == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "zs_model_create");
+  m->ctx = ctx;
+  m->group_lr = (double*)malloc(sizeof(double));
+  m->group_wd = (double*)malloc(sizeof(double));
+  if (m->group_lr == NULL || m->group_wd == NULL) {
+    zs_model_destroy(m);
+    return zs__error(ZS_ERR_OUT_OF_MEMORY, "zs_model_create");
+  }
+  m->group_lr[0] = ctx->config.optimizer.lr;
+  m->group_wd[0] = ctx->config.optimizer.weight_decay;
+  m->ngroups = 1;
+  m->counted = 1;
+  ctx->live_models++;
+  *out = m;
+  return ZS_OK;
+}
+
+static void zs__unit_free_storage(zs__device* dev, zs__unit* u) {
+  if (u->grad_accum != u->grads_full) zs__dev_free(dev, u->grad_accum);
+  zs__dev_free(dev, u->grad_saved);
+  for (int k = 0; k < 2; k++) zs__dev_free(dev, u->state[k]);
+  zs__dev_free(dev, u->grads_shard);
+  zs__dev_free(dev, u->grads_full);
+  zs__dev_free(dev, u->params_shard);
+  zs__dev_free(dev, u->params_full);
+  u->grad_accum = u->grad_saved = u->state[0] = u->state[1] = NULL;
+  u->grads_shard = u->grads_full = u->params_shard = u->params_full = NULL;
+}
+
+void zs_model_destroy(zs_model* m) {
+  if (m == NULL) return;
+  for (int i = 0; i < m->nunits; i++) {
+    zs__unit* u = &m->units[i];
+    if (m->ctx != NULL && m->ctx->device != NULL)
+      zs__unit_free_storage(m->ctx->device, u);
+    free(u->tensors);
+    free(u->owners);
+    free(u->opt_pieces);
+  }
+  free(m->units);
+  free(m->tensors);
+  free(m->group_lr);
+  free(m->group_wd);
+  if (m->counted) m->ctx->live_models--;
+  free(m);
+}
+
+/* ==== Registration ======================================================== */
+
+zs_status zs_model_add_unit(zs_model* m, const char* name, int* unit) {
+  zs_status st = zs__check_open(m, "zs_model_add_unit");
+  if (st == ZS_OK) st = zs__check_name(m, name, "unit", 1);
+  if (st == ZS_OK && unit == NULL)
+    st = zs__error(ZS_ERR_INVALID_ARGUMENT, "zs_model_add_unit: unit is NULL");
+  if (st == ZS_OK)
+    st = zs__reserve((void**)&m->units, &m->units_cap, m->nunits + 1,
+                     sizeof *m->units);
+  if (st != ZS_OK) return zs__poison(m, st);
+  zs__unit* u = &m->units[m->nunits];
+  memset(u, 0, sizeof *u);
+  snprintf(u->name, sizeof u->name, "%s", name);
+  u->dtype = ZS_DTYPE_COUNT; /* set by the first tensor */
+  *unit = m->nunits++;
+  return ZS_OK;
+}
+
+/* Appends tensor id t to unit u's list. */
+static zs_status zs__unit_append(zs__unit* u, int t, int* slot) {
+  zs_status st = zs__reserve((void**)&u->tensors, &u->cap, u->ntensors + 1,
+                             sizeof *u->tensors);
+  if (st != ZS_OK) return st;
+  *slot = u->ntensors;
+  u->tensors[u->ntensors++] = t;
+  return ZS_OK;
+}
+
+static zs_status zs__validate_tensor(zs_model* m, int unit, const char* name,
+                                     int ndim, const int64_t* shape,
+                                     zs_dtype dtype, unsigned int flags,
+                                     size_t* numel) {
+  zs_status st = zs__check_open(m, "zs_model_add_tensor");
+  if (st != ZS_OK) return st;
+  ZS_REQUIRE(unit >= 0 && unit < m->nunits,
+             "zs_model_add_tensor '%s': unit %d does not exist (%d units)",
+             name != NULL ? name : "(null)", unit, m->nunits);
+  st = zs__check_name(m, name, "tensor", 0);
+  if (st != ZS_OK) return st;
+  ZS_REQUIRE(ndim >= 0 && ndim <= ZS_MAX_DIMS,
+             "tensor '%s': ndim %d out of range 0..%d", name, ndim,
+             ZS_MAX_DIMS);
+  ZS_REQUIRE(ndim == 0 || shape != NULL, "tensor '%s': shape is NULL", name);
+  ZS_REQUIRE((flags & ~ZS_TENSOR_FROZEN) == 0,
+             "tensor '%s': unknown flags 0x%x", name, flags);
+  size_t n = 1;
+  for (int d = 0; d < ndim; d++) {
+    ZS_REQUIRE(shape[d] >= 0, "tensor '%s': shape[%d] = %lld is negative",
+               name, d, (long long)shape[d]);
+    if (shape[d] != 0 && n > SIZE_MAX / 8 / (size_t)shape[d])
+      return zs__error(ZS_ERR_INVALID_ARGUMENT,
+                       "tensor '%s': element count overflows", name);
+    n *= (size_t)shape[d];
+  }
+  if (dtype == ZS_BFLOAT16 || dtype == ZS_FLOAT16)
+    return zs__error(ZS_ERR_UNSUPPORTED,
+                     "tensor '%s': %s parameters are not supported yet (they "
+                     "need fp32 master weights); register it as fp32", name,
+                     zs_dtype_name(dtype));
+  ZS_REQUIRE(dtype == ZS_FLOAT32,
+             "tensor '%s': dtype %d is not a tensor type (use ZS_FLOAT32)",
+             name, (int)dtype);
+  const zs__unit* u = &m->units[unit];
+  ZS_REQUIRE(u->dtype == ZS_DTYPE_COUNT || u->dtype == dtype,
+             "tensor '%s': dtype %s differs from unit '%s' (%s); a unit is "
+             "one flat buffer of one dtype", name, zs_dtype_name(dtype),
+             u->name, zs_dtype_name(u->dtype));
+  *numel = n;
+  return ZS_OK;
+}
+
+zs_status zs_model_add_tensor(zs_model* m, int unit, const char* name,
+                              int ndim, const int64_t* shape, zs_dtype dtype,
+                              unsigned int flags, int* tensor) {
+  size_t numel = 0;
+  zs_status st =
+      zs__validate_tensor(m, unit, name, ndim, shape, dtype, flags, &numel);
+  if (st == ZS_OK && tensor == NULL)
+    st = zs__error(ZS_ERR_INVALID_ARGUMENT,
+                   "zs_model_add_tensor '%s': tensor is NULL", name);
+  if (st == ZS_OK)
+    st = zs__reserve((void**)&m->tensors, &m->tensors_cap, m->ntensors + 1,
+                     sizeof *m->tensors);
+  int slot = 0;
+  if (st == ZS_OK) st = zs__unit_append(&m->units[unit], m->ntensors, &slot);
+  if (st != ZS_OK) return zs__poison(m, st);
+  zs__tensor* t = &m->tensors[m->ntensors];
+  memset(t, 0, sizeof *t);
+  snprintf(t->name, sizeof t->name, "%s", name);
+  t->unit = unit;
+  t->slot = slot;
+  t->ndim = ndim;
+  for (int d = 0; d < ndim; d++) t->shape[d] = shape[d];
+  t->numel = numel;
+  t->dtype = dtype;
+  t->flags = flags;
+  t->tied_to = -1;
+  m->units[unit].dtype = dtype;
+  *tensor = m->ntensors++;
+  return ZS_OK;
+}
+
+zs_status zs_model_add_tied_tensor(zs_model* m, int unit, const char* name,
+                                   int owner, int* tensor) {
+  zs_status st = zs__check_open(m, "zs_model_add_tied_tensor");
+  if (st == ZS_OK && (owner < 0 || owner >= m->ntensors))
+    st = zs__error(ZS_ERR_INVALID_ARGUMENT,
+                   "tied tensor '%s': owner %d does not exist (%d tensors)",
+                   name != NULL ? name : "(null)", owner, m->ntensors);
+  if (st == ZS_OK && m->tensors[owner].tied_to >= 0)
+    st = zs__error(ZS_ERR_INVALID_ARGUMENT,
+                   "tied tensor '%s': owner '%s' is itself tied; tie to '%s'",
+                   name != NULL ? name : "(null)", m->tensors[owner].name,
+                   m->tensors[m->tensors[owner].tied_to].name);
+  if (st != ZS_OK) return zs__poison(m, st);
+  const zs__tensor* o = &m->tensors[owner];
+  int64_t shape[ZS_MAX_DIMS];
+  memcpy(shape, o->shape, sizeof shape);
+  int id = -1;
+  /* Validation and storage as an ordinary tensor, then mark it an alias. A
+   * tie may cross units of different dtypes only if equal: checked here. */
+  st = zs_model_add_tensor(m, unit, name, o->ndim, shape, o->dtype, o->flags,
+                           &id);
+  if (st != ZS_OK) return st;
+  m->tensors[id].tied_to = owner;
+  if (tensor != NULL) *tensor = id;
+  return ZS_OK;
+}
+
+zs_status zs_model_add_param_group(zs_model* m, double lr, double weight_decay,
+                                   int* group) {
+  zs_status st = zs__check_open(m, "zs_model_add_param_group");
+  if (st == ZS_OK && (!isfinite(lr) || lr < 0 || !isfinite(weight_decay) ||
+                      weight_decay < 0 || group == NULL))
+    st = zs__error(ZS_ERR_INVALID_ARGUMENT,
+                   "zs_model_add_param_group: lr %g and weight_decay %g must "
+                   "be finite and >= 0, group non-NULL", lr, weight_decay);
+  if (st != ZS_OK) return zs__poison(m, st);
+  double* lr2 = (double*)realloc(m->group_lr, sizeof(double) * (m->ngroups + 1));
+  if (lr2 != NULL) m->group_lr = lr2;
+  double* wd2 = (double*)realloc(m->group_wd, sizeof(double) * (m->ngroups + 1));
+  if (wd2 != NULL) m->group_wd = wd2;
+  if (lr2 == NULL || wd2 == NULL)
+    return zs__poison(m, zs__error(ZS_ERR_OUT_OF_MEMORY, "param group"));
+  m->group_lr[m->ngroups] = lr;
+  m->group_wd[m->ngroups] = weight_decay;
+  *group = m->ngroups++;
+  return ZS_OK;
+}
+
+zs_status zs_model_set_tensor_group(zs_model* m, int tensor, int group) {
+  zs_status st = zs__check_open(m, "zs_model_set_tensor_group");
+  if (st == ZS_OK && (tensor < 0 || tensor >= m->ntensors))
+    st = zs__error(ZS_ERR_INVALID_ARGUMENT,
+                   "zs_model_set_tensor_group: tensor %d does not exist",
+                   tensor);
+  if (st == ZS_OK && (group < 0 || group >= m->ngroups))
+    st = zs__error(ZS_ERR_INVALID_ARGUMENT,
+                   "zs_model_set_tensor_group: tensor '%s': group %d does not "
+                   "exist (%d groups)", m->tensors[tensor].name, group,
+                   m->ngroups);
+  if (st == ZS_OK && m->tensors[tensor].tied_to >= 0)
+    st = zs__error(ZS_ERR_INVALID_ARGUMENT,
+                   "zs_model_set_tensor_group: tensor '%s' is tied; set the "
+                   "group of its owner '%s'", m->tensors[tensor].name,
+                   m->tensors[m->tensors[tensor].tied_to].name);
+  if (st != ZS_OK) return zs__poison(m, st);
+  m->tensors[tensor].group = group;
+  return ZS_OK;
+}
+
+zs_status zs_unit_set_grad_uses(zs_model* m, int unit, int uses) {
+  ZS_REQUIRE(m != NULL, "zs_unit_set_grad_uses: model is NULL");
+  ZS_REQUIRE(unit >= 0 && unit < m->nunits,
+             "zs_unit_set_grad_uses: unit %d does not exist", unit);
+  ZS_REQUIRE(uses >= 0, "zs_unit_set_grad_uses: unit '%s': uses %d < 0",
+             m->units[unit].name, uses);
+  m->units[unit].uses_explicit = uses;
+  return ZS_OK;
+}
+
+/* ==== Finalize ============================================================ */
+
+/* Appends printf output to a growing buffer. */
+typedef struct zs__sbuf {
+  char* data;
+  size_t len, cap;
+  int oom;
+} zs__sbuf;
+
+static void zs__sbuf_printf(zs__sbuf* b, const char* fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void zs__sbuf_printf(zs__sbuf* b, const char* fmt, ...) {
+  for (;;) {
+    va_list ap;
+    va_start(ap, fmt);
+    size_t room = b->cap - b->len;
+    int n = b->data != NULL ? vsnprintf(b->data + b->len, room, fmt, ap) : -1;
+    va_end(ap);
+    if (n >= 0 && (size_t)n < room) {
+      b->len += (size_t)n;
+      return;
+    }
+    size_t ncap = b->cap == 0 ? 4096 : b->cap * 2;
+    if (n >= 0 && b->len + (size_t)n + 1 > ncap) ncap = b->len + (size_t)n + 1;
+    char* p = (char*)realloc(b->data, ncap);
+    if (p == NULL) {
+      b->oom = 1;
+      return;
+    }
+    b->data = p;
+    b->cap = ncap;
+  }
+}
+
+/* The text every rank must agree on: one line per unit, tensor and group. */
+static zs_status zs__describe(const zs_model* m, zs__sbuf* b) {
+  if (m->poisoned)
+    zs__sbuf_printf(b, "registration failed: %s\n", m->poison_msg);
+  zs__sbuf_printf(b, "units=%d tensors=%d groups=%d\n", m->nunits,
+                  m->ntensors, m->ngroups);
+  for (int g = 0; g < m->ngroups; g++)
+    zs__sbuf_printf(b, "group %d lr=%a weight_decay=%a\n", g, m->group_lr[g],
+                    m->group_wd[g]);
+  for (int i = 0; i < m->nunits; i++)
+    zs__sbuf_printf(b, "unit %d '%s' tensors=%d grad_uses=%d\n", i,
+                    m->units[i].name, m->units[i].ntensors,
+                    m->units[i].uses_explicit);
+  for (int i = 0; i < m->ntensors; i++) {
+    const zs__tensor* t = &m->tensors[i];
+    zs__sbuf_printf(b, "tensor %d '%s' unit=%d shape=[", i, t->name, t->unit);
+    for (int d = 0; d < t->ndim; d++)
+      zs__sbuf_printf(b, "%s%lld", d ? "," : "", (long long)t->shape[d]);
+    zs__sbuf_printf(b, "] dtype=%s flags=%u tied_to=%d group=%d\n",
+                    zs_dtype_name(t->dtype), t->flags, t->tied_to, t->group);
+  }
+  if (b->oom)
+    return zs__error(ZS_ERR_OUT_OF_MEMORY, "finalize: model description");
+  return ZS_OK;
+}
+
+/* Offsets, flags and the optimizer pieces of one unit. */
+static zs_status zs__layout_one(zs_model* m, zs__unit* u) {
+  zs_status st = ZS_OK;
+  int n = u->ntensors;
+  size_t* numels = (size_t*)calloc((size_t)n + 1, sizeof *numels);
+  size_t* offsets = (size_t*)calloc((size_t)n + 1, sizeof *offsets);
+  int* alias = (int*)calloc((size_t)n + 1, sizeof *alias);
+  int* frozen = (int*)calloc((size_t)n + 1, sizeof *frozen);
+  if (!numels || !offsets || !alias || !frozen)
+    ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "finalize: layout of unit '%s'", u->name);
+  u->trainable = 0;
+  for (int i = 0; i < n; i++) {
+    const zs__tensor* t = &m->tensors[u->tensors[i]];
+    numels[i] = t->numel;
+    alias[i] = t->tied_to >= 0;
+    frozen[i] = (t->flags & ZS_TENSOR_FROZEN) != 0;
+    if (!alias[i] && !frozen[i]) u->trainable = 1;
+  }
+  if (u->dtype == ZS_DTYPE_COUNT) u->dtype = ZS_FLOAT32; /* empty unit */
+  u->elem = zs_dtype_size(u->dtype);
+  ZS_CHECK(zs__layout_unit(numels, alias, n, zs__layout_align(u->elem),
+                           m->ctx->world, offsets, &u->layout));
+  for (int i = 0; i < n; i++)
+    if (!alias[i]) m->tensors[u->tensors[i]].offset = offsets[i];
+  /* The optimizer's span: the whole buffer at stage 0, the shard at 1-3. */
+  size_t begin = 0, end = u->layout.padded;
+  if (m->ctx->config.stage >= 1) {
+    begin = zs__layout_shard_begin(&u->layout, m->ctx->rank);
+    end = begin + u->layout.shard;
+  }
+  size_t np = zs__layout_pieces(offsets, numels, alias, frozen, n, begin, end,
+                                NULL, 0);
+  u->opt_pieces = (zs__piece*)calloc(np + 1, sizeof *u->opt_pieces);
+  if (u->opt_pieces == NULL)
+    ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "finalize: pieces of unit '%s'", u->name);
+  u->nopt_pieces = zs__layout_pieces(offsets, numels, alias, frozen, n, begin,
+                                     end, u->opt_pieces, np);
+cleanup:
+  free(frozen);
+  free(alias);
+  free(offsets);
+  free(numels);
+  return st;
+}
+
+/* Distinct other units whose tensors this unit ties to. */
+static zs_status zs__find_owners(zs_model* m, zs__unit* u, int self) {
+  u->owners = (int*)calloc((size_t)u->ntensors + 1, sizeof *u->owners);
+  if (u->owners == NULL)
+    return zs__error(ZS_ERR_OUT_OF_MEMORY, "finalize: owners of '%s'", u->name);
+  for (int i = 0; i < u->ntensors; i++) {
+    int t = u->tensors[i];
+    if (m->tensors[t].tied_to < 0) continue;
+    int o = m->tensors[m->tensors[t].tied_to].unit;
+    int seen = o == self;
+    for (int k = 0; k < u->nowners; k++) seen |= u->owners[k] == o;
+    if (!seen) u->owners[u->nowners++] = o;
+  }
+  return ZS_OK;
+}
+
+/* Persistent buffers of one unit for the configured stage. */
+static zs_status zs__alloc_unit(zs_model* m, zs__unit* u) {
+  zs__device* dev = m->ctx->device;
+  const int stage = m->ctx->config.stage;
+  const size_t P = u->layout.padded * u->elem, S = u->layout.shard * u->elem;
+  zs_status st = ZS_OK;
+  if (stage <= 2)
+    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_PARAMS, P, 1, u->name, &u->params_full));
+  else
+    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_PARAMS, S, 1, u->name, &u->params_shard));
+  if (!u->trainable) return ZS_OK;
+  if (stage <= 1)
+    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_GRADS, P, 1, u->name, &u->grads_full));
+  else
+    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_GRADS, S, 1, u->name, &u->grads_shard));
+  const zs_optimizer_config* o = &m->ctx->config.optimizer;
+  u->nstates = o->kind == ZS_OPTIM_SGD ? (o->momentum != 0.0 ? 1 : 0) : 2;
+  for (int k = 0; k < u->nstates; k++)
+    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_OPTIMIZER_STATES, stage == 0 ? P : S, 1,
+                           u->name, &u->state[k]));
+cleanup:
+  return st;
+}
+
+zs_status zs_model_finalize(zs_model* m) {
+  ZS_REQUIRE(m != NULL, "zs_model_finalize: model is NULL");
+  if (m->finalized)
+    return zs__error(ZS_ERR_INVALID_STATE, "zs_model_finalize: called twice");
+  zs_status st = ZS_OK;
+  zs__sbuf desc = {0};
+  ZS_CHECK(zs__describe(m, &desc));
+  /* The first collective of a model: nothing touches data before it. */
+  st = zs__comm_check_same(m->ctx->comm, "model registration", desc.data,
+                           desc.len);
+  if (st != ZS_OK) {
+    st = zs__error_prefix(st, "zs_model_finalize: ");
+    goto cleanup;
+  }
+  if (m->poisoned)
+    ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+            "zs_model_finalize: registration failed earlier on every rank: %s",
+            m->poison_msg);
+  zs_status local = ZS_OK;
+  for (int i = 0; i < m->nunits && local == ZS_OK; i++) {
+    local = zs__layout_one(m, &m->units[i]);
+    if (local == ZS_OK) local = zs__find_owners(m, &m->units[i], i);
+  }
+  for (int i = 0; i < m->ntensors; i++)
+    if (m->tensors[i].tied_to >= 0) {
+      m->tensors[i].offset = m->tensors[m->tensors[i].tied_to].offset;
+      m->tensors[i].group = m->tensors[m->tensors[i].tied_to].group;
+    }
+  for (int i = 0; i < m->nunits && local == ZS_OK; i++)
+    local = zs__alloc_unit(m, &m->units[i]);
+  /* Agree on success so that a rank out of memory fails everyone now,
+   * rather than hanging them in the first gather. */
+  char saved[1024];
+  snprintf(saved, sizeof saved, "%s", zs_last_error());
+  int64_t worst = (int64_t)local;
+  ZS_CHECK(zs__comm_all_reduce(m->ctx->comm, ZS__IN_PLACE, &worst, 1,
+                               ZS_INT64, ZS__RED_MAX));
+  if (local != ZS_OK) ZS_FAIL(local, "zs_model_finalize: %s", saved);
+  if (worst != ZS_OK)
+    ZS_FAIL(ZS_ERR_REMOTE,
+            "zs_model_finalize: another rank failed to lay out or allocate "
+            "the model (%s); see its error", zs_status_string((zs_status)worst));
+  m->finalized = 1;
+cleanup:
+  if (st != ZS_OK)
+    for (int i = 0; i < m->nunits; i++)
+      zs__unit_free_storage(m->ctx->device, &m->units[i]);
+  free(desc.data);
+  return st;
+}
+
+/* ==== Shard pointers ====================================================== */
+
+void* zs__param_shard_ptr(zs_model* m, zs__unit* u) {
+  if (m->ctx->config.stage == 3) return u->params_shard;
+  return zs__at(u->params_full,
+                zs__layout_shard_begin(&u->layout, m->ctx->rank), u->elem);
+}
+
+void* zs__grad_shard_ptr(zs_model* m, zs__unit* u) {
+  if (m->ctx->config.stage >= 2) return u->grads_shard;
+  return zs__at(u->grads_full, zs__layout_shard_begin(&u->layout, m->ctx->rank),
+                u->elem);
+}
+
+void* zs__state_shard_ptr(zs_model* m, zs__unit* u, int k) {
+  if (m->ctx->config.stage >= 1) return u->state[k];
+  return zs__at(u->state[k], zs__layout_shard_begin(&u->layout, m->ctx->rank),
+                u->elem);
+}
+
+/* ==== Queries ============================================================= */
+
+int zs_model_unit_count(const zs_model* m) { return m ? m->nunits : 0; }
+int zs_model_tensor_count(const zs_model* m) { return m ? m->ntensors : 0; }
+
+const char* zs_model_unit_name(const zs_model* m, int unit) {
+  if (m == NULL || unit < 0 || unit >= m->nunits) return NULL;
+  return m->units[unit].name;
+}
+
+zs_status zs_model_tensor_desc(const zs_model* m, int tensor,
+                               zs_tensor_desc* out) {
+  ZS_REQUIRE(m != NULL && out != NULL,
+             "zs_model_tensor_desc: model and out must not be NULL");
+  ZS_REQUIRE(tensor >= 0 && tensor < m->ntensors,
+             "zs_model_tensor_desc: tensor %d does not exist (%d tensors)",
+             tensor, m->ntensors);
+  const zs__tensor* t = &m->tensors[tensor];
+  memset(out, 0, sizeof *out);
+  out->name = t->name;
+  out->unit = t->unit;
+  out->ndim = t->ndim;
+  memcpy(out->shape, t->shape, sizeof out->shape);
+  out->numel = t->numel;
+  out->dtype = t->dtype;
+  out->flags = t->flags;
+  out->tied_to = t->tied_to;
+  out->group = t->tied_to >= 0 ? m->tensors[t->tied_to].group : t->group;
+  return ZS_OK;
+}
+
+zs_status zs_model_find_tensor(const zs_model* m, const char* name,
+                               int* tensor) {
+  ZS_REQUIRE(m != NULL && name != NULL && tensor != NULL,
+             "zs_model_find_tensor: arguments must not be NULL");
+  for (int i = 0; i < m->ntensors; i++)
+    if (strcmp(m->tensors[i].name, name) == 0) {
+      *tensor = i;
+      return ZS_OK;
+    }
+  return zs__error(ZS_ERR_INVALID_ARGUMENT, "no tensor named '%s'", name);
+}
+
+zs_status zs_unit_layout(const zs_model* m, int unit, size_t* used,
+                         size_t* padded, size_t* shard) {
+  zs_status st = zs__check_finalized(m, "zs_unit_layout");
+  if (st != ZS_OK) return st;
+  ZS_REQUIRE(unit >= 0 && unit < m->nunits,
+             "zs_unit_layout: unit %d does not exist (%d units)", unit,
+             m->nunits);
+  const zs__unit_layout* l = &m->units[unit].layout;
+  if (used != NULL) *used = l->used;
+  if (padded != NULL) *padded = l->padded;
+  if (shard != NULL) *shard = l->shard;
+  return ZS_OK;
+}
+
+zs_status zs_model_set_lr(zs_model* m, int group, double lr) {
+  ZS_REQUIRE(m != NULL, "zs_model_set_lr: model is NULL");
+  ZS_REQUIRE(isfinite(lr) && lr >= 0,
+             "zs_model_set_lr: lr %g must be finite and >= 0", lr);
+  ZS_REQUIRE(group == ZS_ALL_GROUPS || (group >= 0 && group < m->ngroups),
+             "zs_model_set_lr: group %d does not exist (%d groups)", group,
+             m->ngroups);
+  for (int g = 0; g < m->ngroups; g++)
+    if (group == ZS_ALL_GROUPS || g == group) m->group_lr[g] = lr;
+  return ZS_OK;
+}

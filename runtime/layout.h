@@ -1,0 +1,74 @@
+/*
+ * layout.h — pure layout math: tensors -> offsets in a unit's flat buffer,
+ * padding to a multiple of the world size, each rank's shard, and the
+ * pieces of tensors that fall into any span of the buffer. No MPI, no
+ * allocation, no global state: every function is testable on its own.
+ *
+ * All sizes and offsets are in ELEMENTS of the unit's dtype.
+ *
+ * A unit's flat buffer:  [t0][gap][t1][gap]...[tn-1][padding]
+ *   - each tensor starts at a multiple of `align` elements (64 bytes);
+ *   - `used` ends after the last tensor;
+ *   - `padded` = round_up(used, world * align), so the buffer splits into
+ *     `world` equal shards of `shard` = padded / world elements, each
+ *     starting aligned. Gaps and padding belong to no tensor: they are
+ *     zero, never read as data, and never counted in norms or checkpoints.
+ */
+#ifndef ZS_RUNTIME_LAYOUT_H_
+#define ZS_RUNTIME_LAYOUT_H_
+
+#include <stddef.h>
+
+#include <zeroshard.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bytes every tensor start (and every shard start) is aligned to. */
+#define ZS_LAYOUT_ALIGN_BYTES 64
+
+typedef struct zs__unit_layout {
+  size_t used;   /* elements up to the end of the last tensor */
+  size_t padded; /* elements, a multiple of world * align */
+  size_t shard;  /* elements per rank: padded / world */
+} zs__unit_layout;
+
+/* A contiguous run of one tensor inside a span of the flat buffer. */
+typedef struct zs__piece {
+  int tensor;           /* index into the unit's tensor arrays */
+  size_t tensor_offset; /* elements from the tensor's start */
+  size_t span_offset;   /* elements from the span's start */
+  size_t count;         /* elements */
+} zs__piece;
+
+/* Alignment in elements for an element size in bytes (64 / elem_size). */
+size_t zs__layout_align(size_t elem_size);
+
+/* Lays out n tensors of a unit. numels[i]: elements of tensor i. alias[i]:
+ * nonzero for a tied tensor, which takes no storage (offsets[i] is set to
+ * (size_t)-1). align >= 1, world >= 1. offsets: n entries, written.
+ * Errors: INVALID_ARGUMENT (bad align/world, size_t overflow). */
+zs_status zs__layout_unit(const size_t* numels, const int* alias, int n,
+                          size_t align, int world, size_t* offsets,
+                          zs__unit_layout* out);
+
+/* First element of rank's shard: rank * shard. */
+static inline size_t zs__layout_shard_begin(const zs__unit_layout* l,
+                                            int rank) {
+  return (size_t)rank * l->shard;
+}
+
+/* Writes the pieces of the storage-owning tensors (alias[i] == 0, and
+ * skip[i] == 0 when skip is not NULL) that intersect [begin, end), in
+ * buffer order, to out (at most cap of them). Returns how many pieces
+ * intersect (which may exceed cap: call with cap 0 to size the array). */
+size_t zs__layout_pieces(const size_t* offsets, const size_t* numels,
+                         const int* alias, const int* skip, int n,
+                         size_t begin, size_t end, zs__piece* out, size_t cap);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZS_RUNTIME_LAYOUT_H_ */

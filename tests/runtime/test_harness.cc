@@ -1,0 +1,336 @@
+// test_harness.cc — reference and sharded training of the test models.
+#include "tests/runtime/test_harness.h"
+
+#include <mpi.h>
+#include <zs_mpi.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "runtime/engine.h"
+
+namespace zstest {
+
+static double BaseLr(const TrainConfig& cfg) {
+  if (cfg.lr > 0) return cfg.lr;
+  return cfg.optimizer == ZS_OPTIM_SGD ? 0.1 : 1e-2;
+}
+
+zs_optimizer_config OptimizerFor(const TrainConfig& cfg) {
+  zs_config c = ZS_CONFIG_INIT;
+  zs_optimizer_config o = c.optimizer;
+  o.kind = cfg.optimizer;
+  o.lr = BaseLr(cfg);
+  if (cfg.optimizer == ZS_OPTIM_SGD) {
+    o.momentum = 0.9;
+    o.dampening = 0.1;
+    o.weight_decay = 1e-3;
+  } else {
+    o.weight_decay = cfg.optimizer == ZS_OPTIM_ADAMW ? 0.05 : 0.01;
+  }
+  return o;
+}
+
+// The learning rate of step s: a linear decay, so zs_model_set_lr is used.
+static double LrAt(const TrainConfig& cfg, int s) {
+  return BaseLr(cfg) * (1.0 - 0.02 * s);
+}
+
+// ==== Reference ============================================================
+
+namespace {
+
+class PlainAccess : public Access {
+ public:
+  PlainAccess(Model& m) : m_(m), p_(m.tensors.size()), g_(m.tensors.size()) {
+    for (size_t t = 0; t < m.tensors.size(); t++) {
+      if (m.tensors[t].tie >= 0) continue;
+      p_[t].resize(m.tensors[t].numel());
+      g_[t].resize(m.tensors[t].numel());
+      m.Init((int)t, p_[t].data());
+    }
+  }
+  void BeginForward(int) override {}
+  void EndForward(int) override {}
+  void BeginBackward(int) override {}
+  void EndBackward(int) override {}
+  float* Param(int t) override { return p_[Own(t)].data(); }
+  float* Grad(int t) override { return g_[Own(t)].data(); }
+  void ZeroGrads() {
+    for (auto& g : g_) std::fill(g.begin(), g.end(), 0.f);
+  }
+  std::vector<float>& P(int t) { return p_[Own(t)]; }
+  std::vector<float>& G(int t) { return g_[Own(t)]; }
+
+ private:
+  int Own(int t) const { return m_.tensors[t].tie >= 0 ? m_.tensors[t].tie : t; }
+  Model& m_;
+  std::vector<std::vector<float>> p_, g_;
+};
+
+}  // namespace
+
+TrainResult TrainReference(Model& model, const TrainConfig& cfg) {
+  TrainResult r;
+  PlainAccess a(model);
+  const zs_optimizer_config o = OptimizerFor(cfg);
+  const size_t n = model.tensors.size();
+  std::vector<std::vector<float>> s0(n), s1(n);
+  std::vector<int64_t> steps(n, 0);
+  for (size_t t = 0; t < n; t++) {
+    s0[t].assign(model.tensors[t].numel(), 0.f);
+    s1[t].assign(model.tensors[t].numel(), 0.f);
+  }
+  for (int s = 0; s < cfg.steps; s++) {
+    a.ZeroGrads();
+    r.losses.push_back(model.Step(a, s, 0, kGlobalBatch));
+    for (size_t t = 0; t < n; t++) {
+      const TensorSpec& ts = model.tensors[t];
+      if (ts.tie >= 0 || ts.frozen) continue;
+      double wd = ts.no_decay ? 0.0 : o.weight_decay;
+      float* p = a.P((int)t).data();
+      const float* g = a.G((int)t).data();
+      size_t cnt = ts.numel();
+      zs_status st;
+      if (o.kind == ZS_OPTIM_SGD) {
+        zs_sgd_hparams hp = {LrAt(cfg, s), o.momentum, o.dampening, wd, o.nesterov};
+        st = zs_optim_sgd(p, g, s0[t].data(), cnt, &hp, ++steps[t]);
+      } else {
+        zs_adam_hparams hp = {LrAt(cfg, s), o.beta1, o.beta2, o.eps, wd};
+        st = (o.kind == ZS_OPTIM_ADAMW ? zs_optim_adamw : zs_optim_adam)(
+            p, g, s0[t].data(), s1[t].data(), cnt, &hp, ++steps[t]);
+      }
+      if (st != ZS_OK && r.status == ZS_OK) {
+        r.status = st;
+        r.error = zs_last_error();
+      }
+    }
+  }
+  for (size_t t = 0; t < n; t++) {
+    r.params.push_back(a.P((int)t));
+    int own = model.tensors[t].tie >= 0 ? model.tensors[t].tie : (int)t;
+    r.state0.push_back(s0[own]);
+  }
+  return r;
+}
+
+// ==== Sharded ==============================================================
+
+namespace {
+
+class ShardedAccess : public Access {
+ public:
+  ShardedAccess(zs_model* zm, Model& m) : zm_(zm), m_(m) {
+    size_t mx = 1;
+    for (auto& t : m.tensors) mx = std::max(mx, t.numel());
+    dummy_.assign(mx, 0.f);
+  }
+  void BeginForward(int u) override { Check(zs_unit_gather(zm_, u), "gather"); }
+  void EndForward(int u) override { Check(zs_unit_release(zm_, u), "release"); }
+  void BeginBackward(int u) override {
+    Check(zs_unit_gather(zm_, u), "gather");
+    Check(zs_unit_grad_acquire(zm_, u), "grad_acquire");
+  }
+  void EndBackward(int u) override {
+    Check(zs_unit_grad_release(zm_, u), "grad_release");
+    Check(zs_unit_release(zm_, u), "release");
+  }
+  float* Param(int t) override {
+    void* p = nullptr;
+    if (!Check(zs_tensor_data(zm_, t, &p), "tensor_data")) return dummy_.data();
+    return static_cast<float*>(p);
+  }
+  float* Grad(int t) override {
+    void* p = nullptr;
+    if (!Check(zs_tensor_grad(zm_, t, &p), "tensor_grad")) return dummy_.data();
+    return static_cast<float*>(p);
+  }
+
+ private:
+  bool Check(zs_status st, const char* what) {
+    if (st == ZS_OK) return true;
+    ADD_FAILURE() << what << ": " << zs_status_string(st) << ": "
+                  << zs_last_error();
+    return false;
+  }
+  zs_model* zm_;
+  Model& m_;
+  std::vector<float> dummy_;
+};
+
+zs_status InitCallback(void* user, int tensor, const zs_tensor_desc*,
+                       void* data) {
+  static_cast<Model*>(user)->Init(tensor, static_cast<float*>(data));
+  return ZS_OK;
+}
+
+// Writes NaN into every element of a unit's local buffers that belongs to
+// no tensor (alignment gaps and the padding of the last shard).
+void FillPaddingNaN(zs_model* zm) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const int stage = zm->ctx->config.stage, rank = zm->ctx->rank;
+  for (int ui = 0; ui < zm->nunits; ui++) {
+    zs__unit* u = &zm->units[ui];
+    std::vector<char> owned(u->layout.padded, 0);
+    for (int i = 0; i < u->ntensors; i++) {
+      const zs__tensor* t = &zm->tensors[u->tensors[i]];
+      if (t->tied_to >= 0) continue;
+      std::fill(owned.begin() + t->offset, owned.begin() + t->offset + t->numel, 1);
+    }
+    auto fill = [&](void* buf, size_t begin, size_t len) {
+      if (buf == nullptr) return;
+      float* f = static_cast<float*>(buf);
+      for (size_t i = 0; i < len; i++)
+        if (!owned[begin + i]) f[i] = nan;
+    };
+    size_t S = u->layout.shard, P = u->layout.padded, s0 = (size_t)rank * S;
+    if (stage <= 2) fill(u->params_full, 0, P); else fill(u->params_shard, s0, S);
+    if (stage <= 1) fill(u->grads_full, 0, P); else fill(u->grads_shard, s0, S);
+    for (int k = 0; k < u->nstates; k++)
+      if (stage == 0) fill(u->state[k], 0, P); else fill(u->state[k], s0, S);
+  }
+}
+
+zs_comm_counters Diff(const zs_comm_counters& a, const zs_comm_counters& b) {
+  zs_comm_counters d{};
+  for (int k = 0; k < ZS_COLL_OP_COUNT; k++) {
+    d.calls[k] = a.calls[k] - b.calls[k];
+    d.bytes[k] = a.bytes[k] - b.bytes[k];
+  }
+  return d;
+}
+
+}  // namespace
+
+zs_status RegisterModel(Model& model, zs_model* zm) {
+  for (auto& u : model.units) {
+    int id = -1;
+    zs_status st = zs_model_add_unit(zm, u.name.c_str(), &id);
+    if (st != ZS_OK) return st;
+  }
+  std::vector<int> unit_of(model.tensors.size(), -1);
+  for (size_t u = 0; u < model.units.size(); u++)
+    for (int t : model.units[u].tensors) unit_of[t] = (int)u;
+  int nodecay = -1;
+  for (size_t t = 0; t < model.tensors.size(); t++) {
+    const TensorSpec& s = model.tensors[t];
+    int id = -1;
+    zs_status st;
+    if (s.tie >= 0) {
+      st = zs_model_add_tied_tensor(zm, unit_of[t], s.name.c_str(), s.tie, &id);
+    } else {
+      st = zs_model_add_tensor(zm, unit_of[t], s.name.c_str(), (int)s.shape.size(),
+                               s.shape.data(), ZS_FLOAT32,
+                               s.frozen ? ZS_TENSOR_FROZEN : 0u, &id);
+      if (st == ZS_OK && s.no_decay) {
+        if (nodecay < 0)
+          st = zs_model_add_param_group(
+              zm, zs_context_config(zm->ctx)->optimizer.lr, 0.0, &nodecay);
+        if (st == ZS_OK) st = zs_model_set_tensor_group(zm, id, nodecay);
+      }
+    }
+    if (st != ZS_OK) return st;
+    if (id != (int)t) return ZS_ERR_INTERNAL;
+  }
+  return ZS_OK;
+}
+
+TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
+  TrainResult r;
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  zs_config c = ZS_CONFIG_INIT;
+  c.stage = cfg.stage;
+  c.optimizer = OptimizerFor(cfg);
+  zs_context* ctx = nullptr;
+  zs_model* zm = nullptr;
+  auto fail = [&](zs_status st) {
+    r.status = st;
+    r.error = zs_last_error();
+  };
+  zs_status st = zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx);
+  if (st == ZS_OK) st = zs_model_create(ctx, &zm);
+  if (st == ZS_OK) st = RegisterModel(model, zm);
+  for (size_t u = 0; st == ZS_OK && u < cfg.uses.size(); u++)
+    if (cfg.uses[u] > 0) st = zs_unit_set_grad_uses(zm, (int)u, cfg.uses[u]);
+  if (st == ZS_OK) st = zs_model_finalize(zm);
+  if (st == ZS_OK) st = zs_model_init(zm, InitCallback, &model);
+  if (st == ZS_OK && cfg.sentinel) FillPaddingNaN(zm);
+  const int nb = kGlobalBatch / world, b0 = rank * nb;
+  ShardedAccess access(zm, model);
+  for (int s = 0; st == ZS_OK && s < cfg.steps; s++) {
+    zs_comm_counters before{}, after{};
+    zs_comm_counters_get(ctx, &before);
+    st = zs_model_set_lr(zm, ZS_ALL_GROUPS, LrAt(cfg, s));
+    float local = model.Step(access, s, b0, nb);
+    if (st == ZS_OK) st = zs_step(zm, nullptr);
+    zs_comm_counters_get(ctx, &after);
+    r.step_counters.push_back(Diff(after, before));
+    double sum = (double)local * nb, total = 0;
+    MPI_Allreduce(&sum, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    r.losses.push_back((float)(total / kGlobalBatch));
+  }
+  if (st != ZS_OK) fail(st);
+  for (size_t t = 0; st == ZS_OK && t < model.tensors.size(); t++) {
+    std::vector<float> p(model.tensors[t].numel()), s0(p.size());
+    st = zs_tensor_get(zm, (int)t, ZS_FIELD_PARAM, p.data());
+    const TensorSpec& ts = model.tensors[t];
+    const TensorSpec& own = ts.tie >= 0 ? model.tensors[ts.tie] : ts;
+    zs_field f = cfg.optimizer == ZS_OPTIM_SGD ? ZS_FIELD_MOMENTUM : ZS_FIELD_EXP_AVG;
+    if (st == ZS_OK && !own.frozen) st = zs_tensor_get(zm, (int)t, f, s0.data());
+    r.params.push_back(p);
+    r.state0.push_back(s0);
+    if (st != ZS_OK) fail(st);
+  }
+  if (ctx != nullptr) zs_memory_stats_get(ctx, &r.memory);
+  zs_model_destroy(zm);
+  zs_context_destroy(ctx);
+  return r;
+}
+
+// ==== Comparisons ==========================================================
+
+::testing::AssertionResult CloseByNorm(const std::vector<float>& a,
+                                       const std::vector<float>& b,
+                                       double rel) {
+  if (a.size() != b.size())
+    return ::testing::AssertionFailure()
+           << "sizes differ: " << a.size() << " vs " << b.size();
+  double d2 = 0, b2 = 0, dmax = 0, bmax = 0;
+  size_t worst = 0;
+  for (size_t i = 0; i < a.size(); i++) {
+    double d = std::fabs((double)a[i] - (double)b[i]);
+    if (!(d <= dmax) || std::isnan(d)) {
+      dmax = std::isnan(d) ? INFINITY : d;
+      worst = i;
+    }
+    d2 += d * d;
+    b2 += (double)b[i] * b[i];
+    bmax = std::max(bmax, std::fabs((double)b[i]));
+  }
+  if (std::sqrt(d2) <= rel * std::sqrt(b2) && dmax <= rel * bmax)
+    return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << "||a-b|| = " << std::sqrt(d2) << " > " << rel << " * ||b|| = "
+         << rel * std::sqrt(b2) << " or max|a-b| = " << dmax << " > " << rel
+         << " * max|b| = " << rel * bmax << "; worst element " << worst
+         << ": a = " << (a.empty() ? 0.f : a[worst])
+         << ", b = " << (b.empty() ? 0.f : b[worst]);
+}
+
+::testing::AssertionResult Bitwise(const std::vector<float>& a,
+                                   const std::vector<float>& b) {
+  if (a.size() != b.size())
+    return ::testing::AssertionFailure()
+           << "sizes differ: " << a.size() << " vs " << b.size();
+  for (size_t i = 0; i < a.size(); i++)
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0)
+      return ::testing::AssertionFailure()
+             << "element " << i << " differs: " << a[i] << " vs " << b[i]
+             << " (hex " << std::hexfloat << a[i] << " vs " << b[i] << ")";
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace zstest

@@ -1,0 +1,59 @@
+// test_harness.h — trains a test model (test_models.h) either as a plain
+// single-process reference (plain arrays, the optim/ kernels per tensor) or
+// sharded through ZeroShard on MPI_COMM_WORLD, and compares the results.
+#ifndef ZS_TESTS_RUNTIME_TEST_HARNESS_H_
+#define ZS_TESTS_RUNTIME_TEST_HARNESS_H_
+
+#include <gtest/gtest.h>
+#include <zeroshard.h>
+
+#include <string>
+#include <vector>
+
+#include "tests/runtime/test_models.h"
+
+namespace zstest {
+
+struct TrainConfig {
+  int stage = 0;
+  zs_optimizer_kind optimizer = ZS_OPTIM_ADAMW;
+  int steps = 20;
+  double lr = 0;  // 0: 1e-2 for Adam/AdamW, 0.1 for SGD
+  // 0: record use counts in the first step; > 0: zs_unit_set_grad_uses for
+  // every unit that has a count in `uses`.
+  std::vector<int> uses;
+  bool sentinel = false;  // fill padding and gaps with NaN after finalize
+};
+
+struct TrainResult {
+  std::vector<std::vector<float>> params;  // per tensor, after training
+  std::vector<std::vector<float>> state0;  // exp_avg / momentum per tensor
+  std::vector<float> losses;               // global mean loss per step
+  std::vector<zs_comm_counters> step_counters;  // counters diff per step
+  zs_memory_stats memory{};                // after training
+  zs_status status = ZS_OK;                // first failure, if any
+  std::string error;
+};
+
+zs_optimizer_config OptimizerFor(const TrainConfig& cfg);
+
+// Single process, whole global batch, plain arrays.
+TrainResult TrainReference(Model& model, const TrainConfig& cfg);
+
+// Sharded over MPI_COMM_WORLD (collective).
+TrainResult TrainSharded(Model& model, const TrainConfig& cfg);
+
+// Registers `model` on a finalized zs_model (helper for other tests).
+zs_status RegisterModel(Model& model, zs_model* zm);
+
+// Per-tensor tolerance check of the foundation issue: ||a-b||_2 <= rel *
+// ||b||_2 and max|a-b| <= rel * max|b| (both zero when b is zero).
+::testing::AssertionResult CloseByNorm(const std::vector<float>& a,
+                                       const std::vector<float>& b,
+                                       double rel);
+::testing::AssertionResult Bitwise(const std::vector<float>& a,
+                                   const std::vector<float>& b);
+
+}  // namespace zstest
+
+#endif  // ZS_TESTS_RUNTIME_TEST_HARNESS_H_

@@ -1,0 +1,83 @@
+// test_models.h — small models for the runtime's parity tests, written once
+// against an abstract parameter access so that the same forward/backward
+// code runs (a) as a plain single-process reference on plain arrays and
+// (b) sharded through the ZeroShard per-step API.
+//
+// Data is a seeded synthetic source: sample j of step s is a pure function
+// of (seed, s, j), so every rank can make its own slice of the global batch
+// and the global batch is the same at every world size.
+#ifndef ZS_TESTS_RUNTIME_TEST_MODELS_H_
+#define ZS_TESTS_RUNTIME_TEST_MODELS_H_
+
+#include <zeroshard.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace zstest {
+
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  int tie = -1;       // index of the owner tensor, or -1
+  bool frozen = false;
+  bool no_decay = false;  // in param group 1 (weight decay 0)
+  size_t numel() const {
+    size_t n = 1;
+    for (int64_t d : shape) n *= (size_t)d;
+    return n;
+  }
+};
+
+struct UnitSpec {
+  std::string name;
+  std::vector<int> tensors;  // indices into Model::tensors
+};
+
+// How a model reaches its parameters and gradients during one step. The
+// model brackets each unit's use: BeginForward/EndForward around its
+// forward, BeginBackward/EndBackward around its backward.
+class Access {
+ public:
+  virtual ~Access() = default;
+  virtual void BeginForward(int unit) = 0;
+  virtual void EndForward(int unit) = 0;
+  virtual void BeginBackward(int unit) = 0;
+  virtual void EndBackward(int unit) = 0;
+  virtual float* Param(int tensor) = 0;  // valid inside a Begin/End pair
+  virtual float* Grad(int tensor) = 0;   // valid inside BeginBackward/End
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  std::vector<TensorSpec> tensors;
+  std::vector<UnitSpec> units;
+  // Deterministic initial values of tensor t (numel floats).
+  virtual void Init(int t, float* data) const;
+  // One forward + backward over samples [b0, b0 + nb) of the global batch
+  // of `step`; gradients are of the mean loss over those nb samples.
+  // Returns that mean loss.
+  virtual float Step(Access& a, int step, int b0, int nb) = 0;
+};
+
+// The models of the parity tests.
+std::unique_ptr<Model> MakeMlp();          // 3 linear layers, GELU, MSE
+std::unique_ptr<Model> MakeTransformer();  // embed, 1 block, tied LM head
+std::unique_ptr<Model> MakeDegenerate();   // odd, tiny and empty tensors
+std::unique_ptr<Model> MakeTwiceUsed();    // one unit applied twice
+std::unique_ptr<Model> MakeBranch();       // a unit used on odd steps only
+// A unit used once in step 0 and twice from step 1 on: the recorded use
+// count is too low, exercising the re-open path.
+std::unique_ptr<Model> MakeGrowingUse();
+
+// splitmix64-based uniform float in [-1, 1) from a key.
+float HashUniform(uint64_t a, uint64_t b, uint64_t c);
+
+constexpr int kGlobalBatch = 24;  // divisible by 1, 2, 3, 4 and 8
+
+}  // namespace zstest
+
+#endif  // ZS_TESTS_RUNTIME_TEST_MODELS_H_
