@@ -26,16 +26,16 @@
 #include <stdint.h>
 #include <zeroshard.h>
 
+#include "runtime/core.h"
+
 /* Excess precision (x87) would keep intermediates wider than float. */
 #if FLT_EVAL_METHOD != 0
 #error "optim_ref.c needs FLT_EVAL_METHOD == 0 (float math in float)"
 #endif
 
-/* The one exit for errors: the lead will route msg into zs_last_error()
- * through the runtime's error helper here, in this one place. */
+/* The one exit for errors: the message goes to zs_last_error(). */
 static zs_status optim_error(zs_status status, const char* msg) {
-  (void)msg;
-  return status;
+  return zs__error(status, "%s", msg);
 }
 
 /* ==== Adam and AdamW ===================================================== */

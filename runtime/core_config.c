@@ -121,13 +121,20 @@ static zs_status zs__json_int(const cJSON* obj, const char* key,
                               const char* path, int lo, int hi, int* out) {
   const cJSON* v = cJSON_GetObjectItemCaseSensitive(obj, key);
   if (v == NULL) return ZS_OK;
-  if (cJSON_IsBool(v)) {
+  if (cJSON_IsBool(v) && lo == 0 && hi == 1) { /* a flag (nesterov) only */
     *out = cJSON_IsTrue(v) ? 1 : 0;
   } else if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) ||
              v->valuedouble < lo || v->valuedouble > hi) {
+    char got[64];
+    if (cJSON_IsNumber(v))
+      snprintf(got, sizeof got, "%g", v->valuedouble);
+    else
+      snprintf(got, sizeof got, "a %s", cJSON_IsBool(v)     ? "boolean"
+                                        : cJSON_IsString(v) ? "string"
+                                                            : "non-number");
     return zs__error(ZS_ERR_INVALID_ARGUMENT,
-                     "config JSON: %s%s%s: expected an integer %d..%d", path,
-                     path[0] != '\0' ? "." : "", key, lo, hi);
+                     "config JSON: %s%s%s: expected an integer %d..%d, got %s",
+                     path, path[0] != '\0' ? "." : "", key, lo, hi, got);
   } else {
     *out = (int)v->valuedouble;
   }
@@ -200,9 +207,9 @@ static zs_status zs__json_apply(const cJSON* root, zs_config* c) {
   }
   const cJSON* dev = cJSON_GetObjectItemCaseSensitive(root, "device");
   if (dev != NULL) {
-    if (cJSON_IsString(dev) && strcmp(dev->valuestring, "host") == 0)
+    if (cJSON_IsString(dev) && strcasecmp(dev->valuestring, "host") == 0)
       c->device = ZS_DEVICE_HOST;
-    else if (cJSON_IsString(dev) && strcmp(dev->valuestring, "cuda") == 0)
+    else if (cJSON_IsString(dev) && strcasecmp(dev->valuestring, "cuda") == 0)
       c->device = ZS_DEVICE_CUDA;
     else
       ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,

@@ -14,6 +14,10 @@ enum { ZS__HOST_ALIGN = 64 };
 /* A distinct non-NULL pointer for zero-byte requests. */
 static zs_status zs__host_alloc(zs__device* dev, size_t bytes, void** out) {
   (void)dev;
+  /* Rounding up near SIZE_MAX would wrap to a tiny block. */
+  if (bytes > SIZE_MAX - (ZS__HOST_ALIGN - 1))
+    return zs__error(ZS_ERR_OUT_OF_MEMORY, "host alloc of %zu bytes failed",
+                     bytes);
   size_t rounded = zs__round_up(bytes == 0 ? 1 : bytes, ZS__HOST_ALIGN);
   void* p = aligned_alloc(ZS__HOST_ALIGN, rounded);
   if (p == NULL)

@@ -536,7 +536,9 @@ typedef struct zs_sgd_hparams {
  * param, exp_avg, exp_avg_sq: n elements, read and written; grad: n
  * elements, read. step: the step number of this update, >= 1 (1 on the
  * first update; the caller increments it). The arrays must not overlap.
- * Errors: INVALID_ARGUMENT (NULL array with n > 0, step < 1). */
+ * Errors: INVALID_ARGUMENT (NULL hp, NULL array with n > 0, step < 1, and
+ * the ranges torch.optim's constructors enforce: lr, eps, weight_decay >= 0,
+ * betas in [0, 1), no NaN); the arrays are unchanged on error. */
 zs_status zs_optim_adamw(float* param, const float* grad, float* exp_avg,
                          float* exp_avg_sq, size_t n,
                          const zs_adam_hparams* hp, int64_t step);
@@ -551,8 +553,9 @@ zs_status zs_optim_adam(float* param, const float* grad, float* exp_avg,
  * (Sutskever et al. 2013 for the momentum form). momentum_buffer: n
  * elements, read and written; may be NULL only when hp->momentum == 0. On
  * step 1 the buffer is set to the gradient (no dampening), as PyTorch does.
- * Errors: INVALID_ARGUMENT (NULL arrays, step < 1, nesterov with momentum
- * <= 0 or dampening != 0). */
+ * Errors: INVALID_ARGUMENT (NULL hp or arrays, step < 1, lr, momentum or
+ * weight_decay < 0 or NaN, nesterov with momentum <= 0 or dampening != 0);
+ * the arrays are unchanged on error. */
 zs_status zs_optim_sgd(float* param, const float* grad, float* momentum_buffer,
                        size_t n, const zs_sgd_hparams* hp, int64_t step);
 

@@ -239,8 +239,8 @@ zs_status RegisterModel(Model& model, zs_model* zm) {
 TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
   TrainResult r;
   int rank = 0, world = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(cfg.comm, &rank);
+  MPI_Comm_size(cfg.comm, &world);
   zs_config c = ZS_CONFIG_INIT;
   c.stage = cfg.stage;
   c.optimizer = OptimizerFor(cfg);
@@ -250,7 +250,7 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
     r.status = st;
     r.error = zs_last_error();
   };
-  zs_status st = zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx);
+  zs_status st = zs_context_create_mpi(&c, cfg.comm, &ctx);
   if (st == ZS_OK) st = zs_model_create(ctx, &zm);
   if (st == ZS_OK) st = RegisterModel(model, zm);
   for (size_t u = 0; st == ZS_OK && u < cfg.uses.size(); u++)
@@ -269,7 +269,7 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
     zs_comm_counters_get(ctx, &after);
     r.step_counters.push_back(Diff(after, before));
     double sum = (double)local * nb, total = 0;
-    MPI_Allreduce(&sum, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(&sum, &total, 1, MPI_DOUBLE, MPI_SUM, cfg.comm);
     r.losses.push_back((float)(total / kGlobalBatch));
   }
   if (st != ZS_OK) fail(st);
@@ -286,6 +286,7 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
   }
   if (ctx != nullptr) zs_memory_stats_get(ctx, &r.memory);
   zs_model_destroy(zm);
+  if (ctx != nullptr) zs_memory_stats_get(ctx, &r.memory_after_destroy);
   zs_context_destroy(ctx);
   return r;
 }

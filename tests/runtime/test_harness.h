@@ -5,6 +5,7 @@
 #define ZS_TESTS_RUNTIME_TEST_HARNESS_H_
 
 #include <gtest/gtest.h>
+#include <mpi.h>
 #include <zeroshard.h>
 
 #include <string>
@@ -23,6 +24,7 @@ struct TrainConfig {
   // every unit that has a count in `uses`.
   std::vector<int> uses;
   bool sentinel = false;  // fill padding and gaps with NaN after finalize
+  MPI_Comm comm = MPI_COMM_WORLD;  // the data-parallel group
 };
 
 struct TrainResult {
@@ -31,6 +33,7 @@ struct TrainResult {
   std::vector<float> losses;               // global mean loss per step
   std::vector<zs_comm_counters> step_counters;  // counters diff per step
   zs_memory_stats memory{};                // after training
+  zs_memory_stats memory_after_destroy{};  // after zs_model_destroy
   zs_status status = ZS_OK;                // first failure, if any
   std::string error;
 };

@@ -1,0 +1,1335 @@
+// core_test.cc — the lowest runtime layers, single process, no MPI:
+//  - runtime/core_status.c: status strings, the thread-local last error,
+//    version, dtype / memory category / collective names;
+//  - runtime/core_config.c: zs_config_init, zs_config_validate, the JSON
+//    form (zs_config_from_json, zs_config_from_json_file);
+//  - runtime/core_mem.c: the accounting tables (zs__accounting_*);
+//  - runtime/device_host.c: the host device backend and the accounted
+//    allocation wrappers (zs__dev_alloc, zs__dev_free).
+#include <gtest/gtest.h>
+#include <zeroshard.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/core.h"
+#include "runtime/device.h"
+
+// The huge-allocation tests expect a NULL from the allocator, not a
+// sanitizer abort.
+#if defined(__SANITIZE_ADDRESS__)
+extern "C" const char* __asan_default_options() {
+  return "allocator_may_return_null=1";
+}
+#endif
+
+namespace {
+
+bool Contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+// Asserts that the thread's last error contains `needle`, printing both.
+#define EXPECT_LAST_ERROR_HAS(needle)                                    \
+  EXPECT_PRED2(Contains, std::string(zs_last_error()), std::string(needle))
+
+// ==== Status strings and the last error ==================================
+
+TEST(Status, EveryCodeHasItsString) {
+  struct Row {
+    zs_status status;
+    int value;
+    const char* text;
+  };
+#define ZS_TEST_ROW(name, value, text) {name, value, text},
+  const Row rows[] = {ZS_STATUS_LIST(ZS_TEST_ROW)};
+#undef ZS_TEST_ROW
+  ASSERT_EQ(sizeof rows / sizeof rows[0], 14u);
+  for (const Row& r : rows) {
+    EXPECT_EQ(static_cast<int>(r.status), r.value);
+    EXPECT_STREQ(zs_status_string(r.status), r.text) << "value " << r.value;
+  }
+  // The values are fixed forever; spot-check a few by number.
+  EXPECT_STREQ(zs_status_string(static_cast<zs_status>(0)), "success");
+  EXPECT_STREQ(zs_status_string(static_cast<zs_status>(1)),
+               "invalid argument");
+  EXPECT_STREQ(zs_status_string(static_cast<zs_status>(13)),
+               "corrupt or inconsistent data");
+  // Strings are distinct.
+  for (const Row& a : rows) {
+    for (const Row& b : rows) {
+      if (a.value != b.value) {
+        EXPECT_STRNE(zs_status_string(a.status), zs_status_string(b.status));
+      }
+    }
+  }
+}
+
+TEST(Status, UnknownValue) {
+  for (int v : {14, 99, -1, 1 << 20}) {
+    EXPECT_STREQ(zs_status_string(static_cast<zs_status>(v)),
+                 "unknown status")
+        << "value " << v;
+  }
+}
+
+TEST(LastError, SetByErrorAndReturnsStatus) {
+  EXPECT_EQ(zs__error(ZS_ERR_IO, "file %s at byte %d", "a.json", 42),
+            ZS_ERR_IO);
+  EXPECT_STREQ(zs_last_error(), "file a.json at byte 42");
+  EXPECT_EQ(zs__error(ZS_ERR_MISMATCH, "second"), ZS_ERR_MISMATCH);
+  EXPECT_STREQ(zs_last_error(), "second");
+}
+
+TEST(LastError, PrefixAndRank) {
+  zs__error(ZS_ERR_IO, "inner detail");
+  EXPECT_EQ(zs__error_prefix(ZS_ERR_CORRUPT, "outer %d: ", 7), ZS_ERR_CORRUPT);
+  EXPECT_STREQ(zs_last_error(), "outer 7: inner detail");
+
+  zs__set_log_rank(2);
+  zs__error(ZS_ERR_COMM, "peer gone");
+  EXPECT_STREQ(zs_last_error(), "[rank 2] peer gone");
+  zs__error_prefix(ZS_ERR_COMM, "step: ");
+  EXPECT_STREQ(zs_last_error(), "[rank 2] step: peer gone")
+      << "the rank prefix must not be doubled";
+  zs__set_log_rank(-1);
+  zs__error(ZS_ERR_COMM, "no rank");
+  EXPECT_STREQ(zs_last_error(), "no rank");
+}
+
+TEST(LastError, LongMessagesAreTruncatedNotOverrun) {
+  std::string big(10000, 'x');
+  zs__error(ZS_ERR_INTERNAL, "%s", big.c_str());
+  size_t len = std::strlen(zs_last_error());
+  EXPECT_GT(len, 1000u);
+  EXPECT_LT(len, 4096u);
+  zs__error(ZS_ERR_INTERNAL, "short");
+  zs__error_prefix(ZS_ERR_INTERNAL, "%s", big.c_str());
+  EXPECT_LT(std::strlen(zs_last_error()), 4096u);
+}
+
+TEST(LastError, IsThreadLocal) {
+  zs__error(ZS_ERR_IO, "main thread message");
+  std::string seen_before, seen_after;
+  std::thread t([&] {
+    seen_before = zs_last_error();
+    zs__error(ZS_ERR_TIMEOUT, "worker thread message");
+    seen_after = zs_last_error();
+  });
+  t.join();
+  EXPECT_EQ(seen_before, "") << "a new thread starts with an empty message";
+  EXPECT_EQ(seen_after, "worker thread message");
+  EXPECT_STREQ(zs_last_error(), "main thread message");
+}
+
+// ==== Version and names ==================================================
+
+TEST(Version, MatchesTheMacros) {
+  EXPECT_EQ(zs_version(), ZS_VERSION_CODE);
+  EXPECT_EQ(ZS_VERSION_CODE,
+            ZS_VERSION_MAJOR * 10000 + ZS_VERSION_MINOR * 100 +
+                ZS_VERSION_PATCH);
+  std::string want = std::to_string(ZS_VERSION_MAJOR) + "." +
+                     std::to_string(ZS_VERSION_MINOR) + "." +
+                     std::to_string(ZS_VERSION_PATCH);
+  ASSERT_NE(zs_version_string(), nullptr);
+  EXPECT_EQ(std::string(zs_version_string()), want);
+}
+
+TEST(Names, Dtypes) {
+  struct {
+    zs_dtype dtype;
+    size_t size;
+    const char* name;
+  } rows[] = {{ZS_FLOAT32, 4, "fp32"}, {ZS_BFLOAT16, 2, "bf16"},
+              {ZS_FLOAT16, 2, "fp16"}, {ZS_UINT8, 1, "u8"},
+              {ZS_INT64, 8, "i64"},    {ZS_UINT64, 8, "u64"},
+              {ZS_FLOAT64, 8, "f64"}};
+  ASSERT_EQ(sizeof rows / sizeof rows[0], static_cast<size_t>(ZS_DTYPE_COUNT));
+  for (const auto& r : rows) {
+    EXPECT_EQ(zs_dtype_size(r.dtype), r.size) << r.name;
+    EXPECT_STREQ(zs_dtype_name(r.dtype), r.name);
+  }
+  for (int v : {static_cast<int>(ZS_DTYPE_COUNT), -1, 100}) {
+    EXPECT_EQ(zs_dtype_size(static_cast<zs_dtype>(v)), 0u) << "value " << v;
+    EXPECT_STREQ(zs_dtype_name(static_cast<zs_dtype>(v)), "invalid")
+        << "value " << v;
+  }
+}
+
+TEST(Names, MemoryCategories) {
+  const char* want[] = {"params",         "params_gathered",  "grads",
+                        "master_weights", "optimizer_states", "comm_buffers",
+                        "activations",    "offload_host",     "nvme_staging",
+                        "other"};
+  ASSERT_EQ(sizeof want / sizeof want[0],
+            static_cast<size_t>(ZS_MEM_CATEGORY_COUNT));
+  for (int c = 0; c < ZS_MEM_CATEGORY_COUNT; c++)
+    EXPECT_STREQ(zs_mem_category_name(static_cast<zs_mem_category>(c)),
+                 want[c])
+        << "category " << c;
+  EXPECT_STREQ(zs_mem_category_name(ZS_MEM_OPTIMIZER_STATES),
+               "optimizer_states");
+  for (int v : {static_cast<int>(ZS_MEM_CATEGORY_COUNT), -1, 1000})
+    EXPECT_STREQ(zs_mem_category_name(static_cast<zs_mem_category>(v)),
+                 "invalid")
+        << "value " << v;
+}
+
+TEST(Names, CollectiveOps) {
+  EXPECT_STREQ(zs_coll_op_name(ZS_COLL_ALL_GATHER), "all_gather");
+  EXPECT_STREQ(zs_coll_op_name(ZS_COLL_REDUCE_SCATTER), "reduce_scatter");
+  EXPECT_STREQ(zs_coll_op_name(ZS_COLL_ALL_REDUCE), "all_reduce");
+  EXPECT_STREQ(zs_coll_op_name(ZS_COLL_BROADCAST), "broadcast");
+  for (int v : {static_cast<int>(ZS_COLL_OP_COUNT), -1, 77})
+    EXPECT_STREQ(zs_coll_op_name(static_cast<zs_coll_op>(v)), "invalid")
+        << "value " << v;
+}
+
+// ==== Configuration: init and validate ===================================
+
+// Equal values, or both NaN (a NaN field must compare equal to itself).
+bool SameDouble(double a, double b) {
+  return a == b || (std::isnan(a) && std::isnan(b));
+}
+
+// Field-by-field comparison that prints every differing field.
+void ExpectConfigEq(const zs_config& a, const zs_config& b) {
+  EXPECT_EQ(a.struct_size, b.struct_size);
+  EXPECT_EQ(a.version, b.version);
+  EXPECT_EQ(a.stage, b.stage);
+  EXPECT_EQ(a.device, b.device);
+  EXPECT_EQ(a.optimizer.kind, b.optimizer.kind);
+  EXPECT_PRED2(SameDouble, a.optimizer.lr, b.optimizer.lr);
+  EXPECT_PRED2(SameDouble, a.optimizer.beta1, b.optimizer.beta1);
+  EXPECT_PRED2(SameDouble, a.optimizer.beta2, b.optimizer.beta2);
+  EXPECT_PRED2(SameDouble, a.optimizer.eps, b.optimizer.eps);
+  EXPECT_PRED2(SameDouble, a.optimizer.weight_decay, b.optimizer.weight_decay);
+  EXPECT_PRED2(SameDouble, a.optimizer.momentum, b.optimizer.momentum);
+  EXPECT_PRED2(SameDouble, a.optimizer.dampening, b.optimizer.dampening);
+  EXPECT_EQ(a.optimizer.nesterov, b.optimizer.nesterov);
+  EXPECT_EQ(a.log_level, b.log_level);
+}
+
+TEST(Config, InitEqualsInitializerMacro) {
+  zs_config macro = ZS_CONFIG_INIT;
+  zs_config init;
+  std::memset(&init, 0x5A, sizeof init);
+  ASSERT_EQ(zs_config_init(&init), ZS_OK) << zs_last_error();
+  ExpectConfigEq(init, macro);
+  // The documented defaults.
+  EXPECT_EQ(init.struct_size, sizeof(zs_config));
+  EXPECT_EQ(init.version, static_cast<unsigned>(ZS_VERSION_CODE));
+  EXPECT_EQ(init.stage, 0);
+  EXPECT_EQ(init.device, ZS_DEVICE_HOST);
+  EXPECT_EQ(init.optimizer.kind, ZS_OPTIM_ADAMW);
+  EXPECT_EQ(init.optimizer.lr, 1e-3);
+  EXPECT_EQ(init.optimizer.beta1, 0.9);
+  EXPECT_EQ(init.optimizer.beta2, 0.999);
+  EXPECT_EQ(init.optimizer.eps, 1e-8);
+  EXPECT_EQ(init.optimizer.weight_decay, 0.01);
+  EXPECT_EQ(init.log_level, 1);
+  EXPECT_EQ(zs_config_init(nullptr), ZS_ERR_INVALID_ARGUMENT);
+}
+
+TEST(Config, ValidateAcceptsGoodConfigs) {
+  zs_config c = ZS_CONFIG_INIT;
+  EXPECT_EQ(zs_config_validate(&c), ZS_OK) << zs_last_error();
+  for (int stage = 0; stage <= 3; stage++) {
+    c = ZS_CONFIG_INIT;
+    c.stage = stage;
+    EXPECT_EQ(zs_config_validate(&c), ZS_OK) << "stage " << stage << ": "
+                                             << zs_last_error();
+  }
+  for (int level = 0; level <= 3; level++) {
+    c = ZS_CONFIG_INIT;
+    c.log_level = level;
+    EXPECT_EQ(zs_config_validate(&c), ZS_OK) << "log_level " << level << ": "
+                                             << zs_last_error();
+  }
+  c = ZS_CONFIG_INIT;
+  c.device = ZS_DEVICE_CUDA;
+  EXPECT_EQ(zs_config_validate(&c), ZS_OK) << zs_last_error();
+  c = ZS_CONFIG_INIT;
+  c.optimizer.kind = ZS_OPTIM_ADAM;
+  c.optimizer.lr = 0.0;
+  c.optimizer.beta1 = 0.0;
+  c.optimizer.weight_decay = 0.0;
+  EXPECT_EQ(zs_config_validate(&c), ZS_OK) << zs_last_error();
+  c = ZS_CONFIG_INIT;
+  c.optimizer.kind = ZS_OPTIM_SGD;
+  c.optimizer.momentum = 0.9;
+  c.optimizer.nesterov = 1;
+  EXPECT_EQ(zs_config_validate(&c), ZS_OK) << zs_last_error();
+  c.optimizer.nesterov = 0;
+  c.optimizer.dampening = 0.5;
+  EXPECT_EQ(zs_config_validate(&c), ZS_OK) << zs_last_error();
+}
+
+TEST(Config, ValidateRejectsEachBadFieldByName) {
+  const double kNaN = std::numeric_limits<double>::quiet_NaN();
+  const double kInf = std::numeric_limits<double>::infinity();
+  struct Case {
+    const char* what;
+    void (*mutate)(zs_config*);
+    const char* field;  // must appear in the message
+  };
+  static double nan_v, inf_v;
+  nan_v = kNaN;
+  inf_v = kInf;
+  const Case cases[] = {
+      {"stage 4", [](zs_config* c) { c->stage = 4; }, "config.stage"},
+      {"stage -1", [](zs_config* c) { c->stage = -1; }, "config.stage"},
+      {"device 7",
+       [](zs_config* c) { c->device = static_cast<zs_device_kind>(7); },
+       "config.device"},
+      {"optimizer kind 9",
+       [](zs_config* c) {
+         c->optimizer.kind = static_cast<zs_optimizer_kind>(9);
+       },
+       "config.optimizer.kind"},
+      {"lr -1", [](zs_config* c) { c->optimizer.lr = -1; },
+       "config.optimizer.lr"},
+      {"lr NaN", [](zs_config* c) { c->optimizer.lr = nan_v; },
+       "config.optimizer.lr"},
+      {"lr inf", [](zs_config* c) { c->optimizer.lr = inf_v; },
+       "config.optimizer.lr"},
+      {"weight_decay -0.1",
+       [](zs_config* c) { c->optimizer.weight_decay = -0.1; },
+       "config.optimizer.weight_decay"},
+      {"beta1 1.0", [](zs_config* c) { c->optimizer.beta1 = 1.0; },
+       "config.optimizer.beta1"},
+      {"beta1 -0.5", [](zs_config* c) { c->optimizer.beta1 = -0.5; },
+       "config.optimizer.beta1"},
+      {"beta2 1.5", [](zs_config* c) { c->optimizer.beta2 = 1.5; },
+       "config.optimizer.beta2"},
+      {"eps 0", [](zs_config* c) { c->optimizer.eps = 0; },
+       "config.optimizer.eps"},
+      {"eps NaN", [](zs_config* c) { c->optimizer.eps = nan_v; },
+       "config.optimizer.eps"},
+      {"sgd momentum -1",
+       [](zs_config* c) {
+         c->optimizer.kind = ZS_OPTIM_SGD;
+         c->optimizer.momentum = -1;
+       },
+       "config.optimizer.momentum"},
+      {"sgd nesterov with dampening",
+       [](zs_config* c) {
+         c->optimizer.kind = ZS_OPTIM_SGD;
+         c->optimizer.momentum = 0.9;
+         c->optimizer.dampening = 0.1;
+         c->optimizer.nesterov = 1;
+       },
+       "config.optimizer.nesterov"},
+      {"sgd nesterov without momentum",
+       [](zs_config* c) {
+         c->optimizer.kind = ZS_OPTIM_SGD;
+         c->optimizer.nesterov = 1;
+       },
+       "config.optimizer.nesterov"},
+      {"sgd nesterov 2",
+       [](zs_config* c) {
+         c->optimizer.kind = ZS_OPTIM_SGD;
+         c->optimizer.momentum = 0.9;
+         c->optimizer.nesterov = 2;
+       },
+       "config.optimizer.nesterov"},
+      {"struct_size mismatch",
+       [](zs_config* c) { c->struct_size = sizeof(zs_config) - 8; },
+       "config.struct_size"},
+      {"version from another major",
+       [](zs_config* c) { c->version = ZS_VERSION_CODE + 10000; },
+       "config.version"},
+      {"log_level 5", [](zs_config* c) { c->log_level = 5; },
+       "config.log_level"},
+      {"log_level -1", [](zs_config* c) { c->log_level = -1; },
+       "config.log_level"},
+  };
+  for (const Case& k : cases) {
+    zs_config c = ZS_CONFIG_INIT;
+    k.mutate(&c);
+    zs_config before = c;
+    EXPECT_EQ(zs_config_validate(&c), ZS_ERR_INVALID_ARGUMENT) << k.what;
+    EXPECT_PRED2(Contains, std::string(zs_last_error()),
+                 std::string(k.field))
+        << k.what;
+    SCOPED_TRACE(k.what);
+    ExpectConfigEq(c, before);  // validate has no side effects
+  }
+  EXPECT_EQ(zs_config_validate(nullptr), ZS_ERR_INVALID_ARGUMENT);
+}
+
+// ==== Configuration: JSON ================================================
+
+// A config with every field away from its default, to detect changes.
+zs_config Distinctive() {
+  zs_config c = ZS_CONFIG_INIT;
+  c.stage = 1;
+  c.optimizer.kind = ZS_OPTIM_ADAM;
+  c.optimizer.lr = 0.25;
+  c.optimizer.beta1 = 0.5;
+  c.optimizer.beta2 = 0.75;
+  c.optimizer.eps = 1e-5;
+  c.optimizer.weight_decay = 0.125;
+  c.optimizer.momentum = 0.3;
+  c.optimizer.dampening = 0.2;
+  c.log_level = 0;
+  return c;
+}
+
+// Copies src field by field into *dst after zeroing it, so that every byte
+// of *dst (padding too) is defined and memcmp can prove that a failed call
+// left the config bit-for-bit unchanged.
+void DefinedCopy(const zs_config& src, zs_config* dst) {
+  std::memset(dst, 0, sizeof *dst);
+  dst->struct_size = src.struct_size;
+  dst->version = src.version;
+  dst->stage = src.stage;
+  dst->device = src.device;
+  dst->optimizer.kind = src.optimizer.kind;
+  dst->optimizer.lr = src.optimizer.lr;
+  dst->optimizer.beta1 = src.optimizer.beta1;
+  dst->optimizer.beta2 = src.optimizer.beta2;
+  dst->optimizer.eps = src.optimizer.eps;
+  dst->optimizer.weight_decay = src.optimizer.weight_decay;
+  dst->optimizer.momentum = src.optimizer.momentum;
+  dst->optimizer.dampening = src.optimizer.dampening;
+  dst->optimizer.nesterov = src.optimizer.nesterov;
+  dst->log_level = src.log_level;
+}
+
+TEST(ConfigJson, FullDeepSpeedStyleExample) {
+  const char* text = R"({
+    "zero_optimization": {"stage": 3},
+    "optimizer": {
+      "type": "AdamW",
+      "params": {"lr": 3e-4, "betas": [0.8, 0.95], "eps": 1e-6,
+                 "weight_decay": 0.1}
+    },
+    "device": "cuda",
+    "log_level": 2
+  })";
+  zs_config c = ZS_CONFIG_INIT;
+  ASSERT_EQ(zs_config_from_json(text, &c), ZS_OK) << zs_last_error();
+  zs_config want = ZS_CONFIG_INIT;
+  want.stage = 3;
+  want.device = ZS_DEVICE_CUDA;
+  want.optimizer.kind = ZS_OPTIM_ADAMW;
+  want.optimizer.lr = 3e-4;
+  want.optimizer.beta1 = 0.8;
+  want.optimizer.beta2 = 0.95;
+  want.optimizer.eps = 1e-6;
+  want.optimizer.weight_decay = 0.1;
+  want.log_level = 2;
+  ExpectConfigEq(c, want);
+}
+
+TEST(ConfigJson, SgdParamsAndBooleanNesterov) {
+  const char* text = R"({"optimizer": {"type": "SGD", "params": {
+      "lr": 0.1, "momentum": 0.9, "dampening": 0, "nesterov": true,
+      "weight_decay": 0.0005}}, "device": "host"})";
+  zs_config c = Distinctive();
+  c.device = ZS_DEVICE_CUDA;
+  ASSERT_EQ(zs_config_from_json(text, &c), ZS_OK) << zs_last_error();
+  zs_config want = Distinctive();
+  want.device = ZS_DEVICE_HOST;
+  want.optimizer.kind = ZS_OPTIM_SGD;
+  want.optimizer.lr = 0.1;
+  want.optimizer.momentum = 0.9;
+  want.optimizer.dampening = 0;
+  want.optimizer.nesterov = 1;
+  want.optimizer.weight_decay = 0.0005;
+  ExpectConfigEq(c, want);
+  // nesterov also takes 0/1 and false.
+  ASSERT_EQ(zs_config_from_json(
+                R"({"optimizer": {"params": {"nesterov": false}}})", &c),
+            ZS_OK)
+      << zs_last_error();
+  EXPECT_EQ(c.optimizer.nesterov, 0);
+  ASSERT_EQ(zs_config_from_json(R"({"optimizer": {"params": {"nesterov": 1}}})",
+                                &c),
+            ZS_OK)
+      << zs_last_error();
+  EXPECT_EQ(c.optimizer.nesterov, 1);
+}
+
+TEST(ConfigJson, OptimizerTypeIsCaseInsensitive) {
+  struct {
+    const char* type;
+    zs_optimizer_kind kind;
+  } rows[] = {{"AdamW", ZS_OPTIM_ADAMW}, {"adamw", ZS_OPTIM_ADAMW},
+              {"ADAMW", ZS_OPTIM_ADAMW}, {"Adam", ZS_OPTIM_ADAM},
+              {"adam", ZS_OPTIM_ADAM},   {"aDaM", ZS_OPTIM_ADAM},
+              {"SGD", ZS_OPTIM_SGD},     {"sgd", ZS_OPTIM_SGD},
+              {"Sgd", ZS_OPTIM_SGD}};
+  for (const auto& r : rows) {
+    std::string text =
+        std::string(R"({"optimizer": {"type": ")") + r.type + "\"}}";
+    zs_config c = ZS_CONFIG_INIT;
+    c.optimizer.kind = static_cast<zs_optimizer_kind>(
+        (static_cast<int>(r.kind) + 1) % 3);
+    ASSERT_EQ(zs_config_from_json(text.c_str(), &c), ZS_OK)
+        << r.type << ": " << zs_last_error();
+    EXPECT_EQ(c.optimizer.kind, r.kind) << r.type;
+  }
+}
+
+TEST(ConfigJson, EmptyObjectKeepsEverything) {
+  zs_config c;
+  DefinedCopy(Distinctive(), &c);
+  zs_config before;
+  std::memcpy(&before, &c, sizeof c);
+  ASSERT_EQ(zs_config_from_json("{}", &c), ZS_OK) << zs_last_error();
+  ExpectConfigEq(c, before);
+  ASSERT_EQ(zs_config_from_json(R"({"zero_optimization": {}, "optimizer": {}})",
+                                &c),
+            ZS_OK)
+      << zs_last_error();
+  ExpectConfigEq(c, before);
+}
+
+TEST(ConfigJson, StageValues) {
+  for (int stage = 0; stage <= 3; stage++) {
+    std::string text = "{\"zero_optimization\": {\"stage\": " +
+                       std::to_string(stage) + "}}";
+    zs_config c = ZS_CONFIG_INIT;
+    ASSERT_EQ(zs_config_from_json(text.c_str(), &c), ZS_OK) << text;
+    EXPECT_EQ(c.stage, stage);
+  }
+  // 2.0 is an integer in JSON's number model.
+  zs_config c = ZS_CONFIG_INIT;
+  ASSERT_EQ(zs_config_from_json(R"({"zero_optimization": {"stage": 2.0}})",
+                                &c),
+            ZS_OK)
+      << zs_last_error();
+  EXPECT_EQ(c.stage, 2);
+}
+
+// Expects text to fail with INVALID_ARGUMENT, a message containing each of
+// `needles`, and a config that is bit-for-bit unchanged.
+void ExpectJsonError(const char* text, std::vector<std::string> needles) {
+  zs_config c;
+  DefinedCopy(Distinctive(), &c);
+  zs_config before;
+  std::memcpy(&before, &c, sizeof c);
+  EXPECT_EQ(zs_config_from_json(text, &c), ZS_ERR_INVALID_ARGUMENT) << text;
+  for (const std::string& n : needles)
+    EXPECT_PRED2(Contains, std::string(zs_last_error()), n) << text;
+  EXPECT_EQ(std::memcmp(&c, &before, sizeof c), 0)
+      << text << ": config changed on error";
+  ExpectConfigEq(c, before);
+}
+
+TEST(ConfigJson, UnknownKeysNameTheFullPath) {
+  ExpectJsonError(R"({"zero_optimisation": {"stage": 1}})",
+                  {"unknown key", "\"zero_optimisation\""});
+  ExpectJsonError(R"({"zero_optimization": {"stag": 1}})",
+                  {"unknown key", "\"zero_optimization.stag\""});
+  ExpectJsonError(R"({"zero_optimization": {"stage": 1, "offload": {}}})",
+                  {"\"zero_optimization.offload\""});
+  ExpectJsonError(R"({"optimizer": {"typ": "Adam"}})",
+                  {"unknown key", "\"optimizer.typ\""});
+  ExpectJsonError(R"({"optimizer": {"type": "Adam", "params": {"lr": 0.1,
+                      "learning_rate": 0.1}}})",
+                  {"unknown key", "\"optimizer.params.learning_rate\""});
+  ExpectJsonError(R"({"optimizer": {"params": {"beta1": 0.9}}})",
+                  {"\"optimizer.params.beta1\""});
+  ExpectJsonError(R"({"train_batch_size": 8})", {"\"train_batch_size\""});
+  // Keys are case-sensitive.
+  ExpectJsonError(R"({"Device": "host"})", {"\"Device\""});
+}
+
+TEST(ConfigJson, WrongTypesNameTheKey) {
+  ExpectJsonError(R"({"zero_optimization": 3})", {"zero_optimization"});
+  ExpectJsonError(R"({"zero_optimization": {"stage": "3"}})",
+                  {"zero_optimization.stage"});
+  ExpectJsonError(R"({"zero_optimization": {"stage": 2.5}})",
+                  {"zero_optimization.stage"});
+  ExpectJsonError(R"({"zero_optimization": {"stage": true}})",
+                  {"zero_optimization.stage"});
+  ExpectJsonError(R"({"zero_optimization": {"stage": null}})",
+                  {"zero_optimization.stage"});
+  ExpectJsonError(R"({"optimizer": "adam"})", {"optimizer"});
+  ExpectJsonError(R"({"optimizer": {"type": 1}})", {"optimizer.type"});
+  ExpectJsonError(R"({"optimizer": {"type": "Lamb"}})",
+                  {"optimizer.type", "Lamb"});
+  ExpectJsonError(R"({"optimizer": {"params": [0.1]}})",
+                  {"optimizer.params"});
+  ExpectJsonError(R"({"optimizer": {"params": {"lr": "0.1"}}})",
+                  {"optimizer.params.lr"});
+  ExpectJsonError(R"({"optimizer": {"params": {"eps": null}}})",
+                  {"optimizer.params.eps"});
+  ExpectJsonError(R"({"optimizer": {"params": {"weight_decay": [0]}}})",
+                  {"optimizer.params.weight_decay"});
+  ExpectJsonError(R"({"optimizer": {"params": {"momentum": {}}}})",
+                  {"optimizer.params.momentum"});
+  ExpectJsonError(R"({"optimizer": {"params": {"dampening": false}}})",
+                  {"optimizer.params.dampening"});
+  ExpectJsonError(R"({"optimizer": {"params": {"betas": 0.9}}})",
+                  {"optimizer.params.betas"});
+  ExpectJsonError(R"({"optimizer": {"params": {"betas": [0.9]}}})",
+                  {"optimizer.params.betas"});
+  ExpectJsonError(R"({"optimizer": {"params": {"betas": [0.9, 0.99, 0.5]}}})",
+                  {"optimizer.params.betas"});
+  ExpectJsonError(R"({"optimizer": {"params": {"betas": [0.9, "x"]}}})",
+                  {"optimizer.params.betas"});
+  ExpectJsonError(R"({"optimizer": {"params": {"nesterov": 2}}})",
+                  {"optimizer.params.nesterov"});
+  ExpectJsonError(R"({"optimizer": {"params": {"nesterov": "yes"}}})",
+                  {"optimizer.params.nesterov"});
+  ExpectJsonError(R"({"device": "gpu"})", {"device"});
+  ExpectJsonError(R"({"device": "cuda0"})", {"device"});
+  ExpectJsonError(R"({"device": 1})", {"device"});
+  ExpectJsonError(R"({"zero_optimization": {"stage": 5}})",
+                  {"zero_optimization.stage", "0..3", "got 5"});
+  ExpectJsonError(R"({"log_level": true})", {"log_level", "got a boolean"});
+  ExpectJsonError(R"({"log_level": "2"})", {"log_level"});
+  ExpectJsonError(R"({"log_level": true})", {"log_level"});
+  ExpectJsonError("[]", {"top level"});
+  ExpectJsonError("3", {"top level"});
+  ExpectJsonError("\"stage\"", {"top level"});
+  ExpectJsonError("null", {"top level"});
+}
+
+TEST(ConfigJson, OutOfRangeValues) {
+  ExpectJsonError(R"({"zero_optimization": {"stage": 5}})",
+                  {"zero_optimization.stage", "0..3"});
+  ExpectJsonError(R"({"zero_optimization": {"stage": -1}})",
+                  {"zero_optimization.stage", "0..3"});
+  ExpectJsonError(R"({"zero_optimization": {"stage": 1e10}})",
+                  {"zero_optimization.stage"});
+  ExpectJsonError(R"({"log_level": 7})", {"log_level", "0..3"});
+  // Range checks of zs_config_validate apply to the merged result.
+  ExpectJsonError(R"({"optimizer": {"params": {"lr": -1}}})",
+                  {"config.optimizer.lr"});
+  ExpectJsonError(R"({"optimizer": {"params": {"betas": [1.0, 0.999]}}})",
+                  {"config.optimizer.beta1"});
+  ExpectJsonError(R"({"optimizer": {"params": {"eps": 0}}})",
+                  {"config.optimizer.eps"});
+  ExpectJsonError(R"({"optimizer": {"type": "SGD", "params": {
+                      "momentum": 0.9, "dampening": 0.1, "nesterov": true}}})",
+                  {"config.optimizer.nesterov"});
+}
+
+TEST(ConfigJson, ErrorAfterValidSettingsChangesNothing) {
+  // Valid keys come first; the error is in the last one read.
+  ExpectJsonError(R"({"zero_optimization": {"stage": 3}, "device": "cuda",
+                      "optimizer": {"type": "SGD", "params": {"lr": 0.2,
+                      "momentum": "x"}}})",
+                  {"optimizer.params.momentum"});
+  ExpectJsonError(R"({"zero_optimization": {"stage": 3},
+                      "optimizer": {"type": "SGD"}, "log_level": 9})",
+                  {"log_level"});
+}
+
+TEST(ConfigJson, ParseErrorsGiveTheBytePosition) {
+  struct {
+    const char* text;
+    size_t bad;  // index of the offending byte
+  } cases[] = {
+      {"", 0},
+      {"{} x", 3},
+      {R"({"stage": })", 10},
+      {R"({"a" 1})", 5},
+      {"{\n  \"zero_optimization\": {\"stage\": 2,}\n}", 37},
+      {"{\"optimizer\": {\"type\": \"Adam\"", 29},
+  };
+  for (const auto& k : cases) {
+    zs_config c;
+    DefinedCopy(Distinctive(), &c);
+    zs_config before;
+    std::memcpy(&before, &c, sizeof c);
+    EXPECT_EQ(zs_config_from_json(k.text, &c), ZS_ERR_INVALID_ARGUMENT)
+        << k.text;
+    std::string msg = zs_last_error();
+    size_t at = msg.find("parse error at byte ");
+    ASSERT_NE(at, std::string::npos) << msg;
+    size_t pos = std::strtoul(msg.c_str() + at + 20, nullptr, 10);
+    // cJSON reports the offending byte or the one after it.
+    EXPECT_GE(pos, k.bad) << "text: " << k.text << "\nmessage: " << msg;
+    EXPECT_LE(pos, k.bad + 1) << "text: " << k.text << "\nmessage: " << msg;
+    EXPECT_EQ(std::memcmp(&c, &before, sizeof c), 0) << k.text;
+  }
+}
+
+TEST(ConfigJson, NullArguments) {
+  zs_config c = ZS_CONFIG_INIT;
+  EXPECT_EQ(zs_config_from_json(nullptr, &c), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(zs_config_from_json("{}", nullptr), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(zs_config_from_json_file(nullptr, &c), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(zs_config_from_json_file("x.json", nullptr),
+            ZS_ERR_INVALID_ARGUMENT);
+}
+
+std::string TempDir() {
+  const char* d = std::getenv("TEST_TMPDIR");
+  return d != nullptr && d[0] != '\0' ? d : "/tmp";
+}
+
+// Writes text to a fresh file under the temp dir; returns its path.
+std::string WriteTemp(const std::string& text) {
+  std::string tmpl = TempDir() + "/zs_config_XXXXXX";
+  std::vector<char> path(tmpl.begin(), tmpl.end());
+  path.push_back('\0');
+  int fd = mkstemp(path.data());
+  EXPECT_GE(fd, 0) << "mkstemp " << tmpl << ": " << std::strerror(errno);
+  if (fd < 0) return "";
+  EXPECT_EQ(write(fd, text.data(), text.size()),
+            static_cast<ssize_t>(text.size()));
+  close(fd);
+  return path.data();
+}
+
+TEST(ConfigJsonFile, MissingFileIsAnIoErrorNamingIt) {
+  std::string path = TempDir() + "/no_such_dir/zs_missing_config.json";
+  zs_config c;
+  DefinedCopy(Distinctive(), &c);
+  zs_config before;
+  std::memcpy(&before, &c, sizeof c);
+  EXPECT_EQ(zs_config_from_json_file(path.c_str(), &c), ZS_ERR_IO);
+  EXPECT_LAST_ERROR_HAS(path);
+  EXPECT_EQ(std::memcmp(&c, &before, sizeof c), 0);
+}
+
+TEST(ConfigJsonFile, ReadsARealFile) {
+  std::string path = WriteTemp(R"({"zero_optimization": {"stage": 2},
+      "optimizer": {"type": "adam", "params": {"lr": 0.002}}})");
+  ASSERT_FALSE(path.empty());
+  zs_config c = ZS_CONFIG_INIT;
+  ASSERT_EQ(zs_config_from_json_file(path.c_str(), &c), ZS_OK)
+      << zs_last_error();
+  zs_config want = ZS_CONFIG_INIT;
+  want.stage = 2;
+  want.optimizer.kind = ZS_OPTIM_ADAM;
+  want.optimizer.lr = 0.002;
+  ExpectConfigEq(c, want);
+  unlink(path.c_str());
+}
+
+TEST(ConfigJsonFile, ErrorsInsideAFileNameTheFileAndTheKey) {
+  std::string path = WriteTemp(R"({"zero_optimization": {"stag": 2}})");
+  ASSERT_FALSE(path.empty());
+  zs_config c;
+  DefinedCopy(Distinctive(), &c);
+  zs_config before;
+  std::memcpy(&before, &c, sizeof c);
+  EXPECT_EQ(zs_config_from_json_file(path.c_str(), &c),
+            ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_LAST_ERROR_HAS(path);
+  EXPECT_LAST_ERROR_HAS("zero_optimization.stag");
+  EXPECT_EQ(std::memcmp(&c, &before, sizeof c), 0);
+  unlink(path.c_str());
+
+  std::string empty = WriteTemp("");
+  ASSERT_FALSE(empty.empty());
+  EXPECT_EQ(zs_config_from_json_file(empty.c_str(), &c),
+            ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_LAST_ERROR_HAS(empty);
+  EXPECT_LAST_ERROR_HAS("parse error at byte 0");
+  EXPECT_EQ(std::memcmp(&c, &before, sizeof c), 0);
+  unlink(empty.c_str());
+}
+
+// ==== Memory accounting ==================================================
+
+// Owns an accounting table for one test.
+class Accounting : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(zs__accounting_create(&acct_), ZS_OK) << zs_last_error();
+  }
+  void TearDown() override { zs__accounting_destroy(acct_); }
+  zs_memory_stats Stats() {
+    zs_memory_stats s;
+    std::memset(&s, 0xEE, sizeof s);
+    zs__accounting_stats(acct_, &s);
+    return s;
+  }
+  zs__accounting* acct_ = nullptr;
+  // Distinct keys; never dereferenced by the tables.
+  char keys_[64] = {};
+};
+
+TEST_F(Accounting, StartsEmpty) {
+  zs_memory_stats s = Stats();
+  for (int c = 0; c < ZS_MEM_CATEGORY_COUNT; c++) {
+    EXPECT_EQ(s.current[c], 0u) << zs_mem_category_name((zs_mem_category)c);
+    EXPECT_EQ(s.peak[c], 0u) << zs_mem_category_name((zs_mem_category)c);
+  }
+  EXPECT_EQ(s.total_current, 0u);
+  EXPECT_EQ(s.total_peak, 0u);
+  EXPECT_EQ(s.model_state_bytes, 0u);
+  EXPECT_EQ(s.allocations, 0u);
+}
+
+TEST_F(Accounting, AddAndRemove) {
+  ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_PARAMS, &keys_[0], 100, "w"),
+            ZS_OK);
+  ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_GRADS, &keys_[1], 30, "g"),
+            ZS_OK);
+  zs_memory_stats s = Stats();
+  EXPECT_EQ(s.current[ZS_MEM_PARAMS], 100u);
+  EXPECT_EQ(s.current[ZS_MEM_GRADS], 30u);
+  EXPECT_EQ(s.total_current, 130u);
+  EXPECT_EQ(s.allocations, 2u);
+
+  zs_mem_category cat = ZS_MEM_OTHER;
+  size_t bytes = 0;
+  ASSERT_EQ(zs__accounting_remove(acct_, &keys_[0], &cat, &bytes), ZS_OK);
+  EXPECT_EQ(cat, ZS_MEM_PARAMS);
+  EXPECT_EQ(bytes, 100u);
+  s = Stats();
+  EXPECT_EQ(s.current[ZS_MEM_PARAMS], 0u);
+  EXPECT_EQ(s.peak[ZS_MEM_PARAMS], 100u);
+  EXPECT_EQ(s.current[ZS_MEM_GRADS], 30u);
+  EXPECT_EQ(s.total_current, 30u);
+  EXPECT_EQ(s.total_peak, 130u);
+  EXPECT_EQ(s.allocations, 1u);
+  // The out parameters may be NULL.
+  ASSERT_EQ(zs__accounting_remove(acct_, &keys_[1], nullptr, nullptr), ZS_OK);
+  EXPECT_EQ(Stats().total_current, 0u);
+  EXPECT_EQ(Stats().allocations, 0u);
+}
+
+TEST_F(Accounting, ZeroByteEntriesAreCounted) {
+  ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_OTHER, &keys_[0], 0, "empty"),
+            ZS_OK);
+  EXPECT_EQ(Stats().allocations, 1u);
+  EXPECT_EQ(Stats().total_current, 0u);
+  size_t bytes = 99;
+  ASSERT_EQ(zs__accounting_remove(acct_, &keys_[0], nullptr, &bytes), ZS_OK);
+  EXPECT_EQ(bytes, 0u);
+  EXPECT_EQ(Stats().allocations, 0u);
+}
+
+TEST_F(Accounting, DuplicateKeyIsAnError) {
+  ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_PARAMS, &keys_[0], 100, "w"),
+            ZS_OK);
+  EXPECT_EQ(zs__accounting_add(acct_, ZS_MEM_GRADS, &keys_[0], 7, "again"),
+            ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_LAST_ERROR_HAS("already registered");
+  EXPECT_LAST_ERROR_HAS("again");
+  zs_memory_stats s = Stats();
+  EXPECT_EQ(s.current[ZS_MEM_PARAMS], 100u);
+  EXPECT_EQ(s.current[ZS_MEM_GRADS], 0u) << "the failed add was counted";
+  EXPECT_EQ(s.total_current, 100u);
+  EXPECT_EQ(s.allocations, 1u);
+  ASSERT_EQ(zs__accounting_remove(acct_, &keys_[0], nullptr, nullptr), ZS_OK);
+}
+
+TEST_F(Accounting, RemovingAnUnknownKeyIsAnError) {
+  ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_PARAMS, &keys_[0], 100, "w"),
+            ZS_OK);
+  zs_mem_category cat = ZS_MEM_ACTIVATIONS;
+  size_t bytes = 55;
+  EXPECT_EQ(zs__accounting_remove(acct_, &keys_[1], &cat, &bytes),
+            ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_LAST_ERROR_HAS("not registered");
+  EXPECT_EQ(cat, ZS_MEM_ACTIVATIONS) << "outputs written on error";
+  EXPECT_EQ(bytes, 55u) << "outputs written on error";
+  EXPECT_EQ(zs__accounting_remove(acct_, nullptr, nullptr, nullptr),
+            ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(Stats().total_current, 100u);
+  EXPECT_EQ(Stats().allocations, 1u);
+  ASSERT_EQ(zs__accounting_remove(acct_, &keys_[0], nullptr, nullptr), ZS_OK);
+  // Removing twice fails the second time.
+  EXPECT_EQ(zs__accounting_remove(acct_, &keys_[0], nullptr, nullptr),
+            ZS_ERR_INVALID_ARGUMENT);
+}
+
+TEST_F(Accounting, RejectsNullKeyAndBadCategory) {
+  EXPECT_EQ(zs__accounting_add(acct_, ZS_MEM_PARAMS, nullptr, 1, "n"),
+            ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(zs__accounting_add(acct_, ZS_MEM_CATEGORY_COUNT, &keys_[0], 1, "c"),
+            ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_LAST_ERROR_HAS("category 10");
+  EXPECT_EQ(zs__accounting_add(acct_, static_cast<zs_mem_category>(-1),
+                               &keys_[0], 1, "c"),
+            ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(Stats().allocations, 0u);
+  EXPECT_EQ(Stats().total_current, 0u);
+}
+
+TEST_F(Accounting, CurrentAndPeakPerCategory) {
+  ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_PARAMS, &keys_[0], 10, "a"),
+            ZS_OK);
+  ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_PARAMS, &keys_[1], 20, "b"),
+            ZS_OK);
+  ASSERT_EQ(zs__accounting_remove(acct_, &keys_[0], nullptr, nullptr), ZS_OK);
+  ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_PARAMS, &keys_[2], 5, "c"),
+            ZS_OK);
+  ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_COMM_BUFFERS, &keys_[3], 7, "d"),
+            ZS_OK);
+  zs_memory_stats s = Stats();
+  EXPECT_EQ(s.current[ZS_MEM_PARAMS], 25u);
+  EXPECT_EQ(s.peak[ZS_MEM_PARAMS], 30u);
+  EXPECT_EQ(s.current[ZS_MEM_COMM_BUFFERS], 7u);
+  EXPECT_EQ(s.peak[ZS_MEM_COMM_BUFFERS], 7u);
+  EXPECT_EQ(s.current[ZS_MEM_GRADS], 0u);
+  EXPECT_EQ(s.peak[ZS_MEM_GRADS], 0u);
+  EXPECT_EQ(s.total_current, 32u);
+  EXPECT_EQ(s.total_peak, 32u);
+  for (int i = 1; i <= 3; i++)
+    ASSERT_EQ(zs__accounting_remove(acct_, &keys_[i], nullptr, nullptr), ZS_OK);
+}
+
+TEST_F(Accounting, TotalPeakIsThePeakOfTheSum) {
+  // params peaks at 100 while grads is 0; grads peaks at 80 after params
+  // is freed: sum of peaks 180, peak of the sum 100.
+  ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_PARAMS, &keys_[0], 100, "p"),
+            ZS_OK);
+  ASSERT_EQ(zs__accounting_remove(acct_, &keys_[0], nullptr, nullptr), ZS_OK);
+  ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_GRADS, &keys_[1], 80, "g"),
+            ZS_OK);
+  zs_memory_stats s = Stats();
+  size_t sum_of_peaks = 0;
+  for (int c = 0; c < ZS_MEM_CATEGORY_COUNT; c++) sum_of_peaks += s.peak[c];
+  EXPECT_EQ(sum_of_peaks, 180u);
+  EXPECT_EQ(s.total_peak, 100u);
+  EXPECT_NE(s.total_peak, sum_of_peaks);
+  EXPECT_EQ(s.total_current, 80u);
+  // Overlap grows the total past the earlier peak.
+  ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_PARAMS, &keys_[2], 30, "p2"),
+            ZS_OK);
+  s = Stats();
+  EXPECT_EQ(s.total_peak, 110u);
+  EXPECT_EQ(s.peak[ZS_MEM_PARAMS], 100u);
+  ASSERT_EQ(zs__accounting_remove(acct_, &keys_[1], nullptr, nullptr), ZS_OK);
+  ASSERT_EQ(zs__accounting_remove(acct_, &keys_[2], nullptr, nullptr), ZS_OK);
+}
+
+TEST_F(Accounting, ResetPeak) {
+  ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_PARAMS, &keys_[0], 100, "p"),
+            ZS_OK);
+  ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_GRADS, &keys_[1], 80, "g"),
+            ZS_OK);
+  ASSERT_EQ(zs__accounting_remove(acct_, &keys_[0], nullptr, nullptr), ZS_OK);
+  zs_memory_stats s = Stats();
+  EXPECT_EQ(s.peak[ZS_MEM_PARAMS], 100u);
+  EXPECT_EQ(s.total_peak, 180u);
+  zs__accounting_reset_peak(acct_);
+  s = Stats();
+  EXPECT_EQ(s.peak[ZS_MEM_PARAMS], 0u);
+  EXPECT_EQ(s.peak[ZS_MEM_GRADS], 80u);
+  EXPECT_EQ(s.total_peak, 80u);
+  EXPECT_EQ(s.total_current, 80u);
+  // Peaks grow again from the reset point.
+  ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_PARAMS, &keys_[2], 5, "p"),
+            ZS_OK);
+  s = Stats();
+  EXPECT_EQ(s.peak[ZS_MEM_PARAMS], 5u);
+  EXPECT_EQ(s.total_peak, 85u);
+  ASSERT_EQ(zs__accounting_remove(acct_, &keys_[1], nullptr, nullptr), ZS_OK);
+  ASSERT_EQ(zs__accounting_remove(acct_, &keys_[2], nullptr, nullptr), ZS_OK);
+}
+
+TEST_F(Accounting, ModelStateBytes) {
+  // One entry per category with bytes 2^category: model state is the sum of
+  // params (1), grads (4), master weights (8) and optimizer states (16).
+  for (int c = 0; c < ZS_MEM_CATEGORY_COUNT; c++)
+    ASSERT_EQ(zs__accounting_add(acct_, static_cast<zs_mem_category>(c),
+                                 &keys_[c], size_t{1} << c, "x"),
+              ZS_OK);
+  zs_memory_stats s = Stats();
+  EXPECT_EQ(s.model_state_bytes, 1u + 4u + 8u + 16u);
+  EXPECT_EQ(s.total_current, (size_t{1} << ZS_MEM_CATEGORY_COUNT) - 1);
+  EXPECT_EQ(s.allocations, static_cast<size_t>(ZS_MEM_CATEGORY_COUNT));
+  for (int c = 0; c < ZS_MEM_CATEGORY_COUNT; c++)
+    ASSERT_EQ(zs__accounting_remove(acct_, &keys_[c], nullptr, nullptr),
+              ZS_OK);
+  EXPECT_EQ(Stats().model_state_bytes, 0u);
+}
+
+TEST_F(Accounting, ManyEntriesInRandomOrder) {
+  constexpr size_t kN = 10000;
+  std::vector<char> storage(kN);
+  std::vector<size_t> order(kN);
+  size_t want_current[ZS_MEM_CATEGORY_COUNT] = {};
+  size_t want_total = 0;
+  for (size_t i = 0; i < kN; i++) order[i] = i;
+  std::mt19937 rng(12345);
+  std::shuffle(order.begin(), order.end(), rng);
+  auto category_of = [](size_t i) {
+    return static_cast<zs_mem_category>(i % ZS_MEM_CATEGORY_COUNT);
+  };
+  for (size_t i : order) {
+    ASSERT_EQ(zs__accounting_add(acct_, category_of(i), &storage[i], i + 1,
+                                 "many"),
+              ZS_OK)
+        << "entry " << i << ": " << zs_last_error();
+    want_current[category_of(i)] += i + 1;
+    want_total += i + 1;
+  }
+  zs_memory_stats s = Stats();
+  EXPECT_EQ(s.allocations, kN);
+  EXPECT_EQ(s.total_current, want_total);
+  EXPECT_EQ(s.total_peak, want_total);
+  for (int c = 0; c < ZS_MEM_CATEGORY_COUNT; c++)
+    EXPECT_EQ(s.current[c], want_current[c]) << "category " << c;
+  // Every key is still found after the table grew.
+  for (size_t i = 0; i < kN; i++)
+    ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_OTHER, &storage[i], 1, "dup"),
+              ZS_ERR_INVALID_ARGUMENT)
+        << "entry " << i << " lost";
+
+  std::shuffle(order.begin(), order.end(), rng);
+  for (size_t k = 0; k < kN; k++) {
+    size_t i = order[k];
+    zs_mem_category cat = ZS_MEM_CATEGORY_COUNT;
+    size_t bytes = 0;
+    ASSERT_EQ(zs__accounting_remove(acct_, &storage[i], &cat, &bytes), ZS_OK)
+        << "entry " << i << " (removal " << k << "): " << zs_last_error();
+    ASSERT_EQ(cat, category_of(i)) << "entry " << i;
+    ASSERT_EQ(bytes, i + 1) << "entry " << i;
+    want_current[cat] -= bytes;
+    want_total -= bytes;
+    if (k == kN / 2) {
+      s = Stats();
+      EXPECT_EQ(s.allocations, kN - k - 1);
+      EXPECT_EQ(s.total_current, want_total);
+      for (int c = 0; c < ZS_MEM_CATEGORY_COUNT; c++)
+        EXPECT_EQ(s.current[c], want_current[c]) << "category " << c;
+      // The entries not yet removed are all still there.
+      for (size_t j = k + 1; j < kN; j++)
+        ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_OTHER, &storage[order[j]],
+                                     1, "dup"),
+                  ZS_ERR_INVALID_ARGUMENT)
+            << "entry " << order[j] << " lost after deletions";
+    }
+  }
+  s = Stats();
+  EXPECT_EQ(s.allocations, 0u);
+  EXPECT_EQ(s.total_current, 0u);
+  EXPECT_EQ(s.model_state_bytes, 0u);
+  for (int c = 0; c < ZS_MEM_CATEGORY_COUNT; c++)
+    EXPECT_EQ(s.current[c], 0u) << "category " << c;
+  EXPECT_EQ(s.total_peak, static_cast<size_t>(kN) * (kN + 1) / 2);
+}
+
+TEST_F(Accounting, InterleavedAddsAndRemovesMatchAModel) {
+  // Random adds and removes over a small key space exercise probe chains
+  // and backward-shift deletion; a std::map is the reference.
+  constexpr size_t kKeys = 3000;
+  std::vector<char> storage(kKeys);
+  std::map<size_t, size_t> live;  // key index -> bytes
+  std::mt19937 rng(777);
+  size_t want_total = 0;
+  for (int op = 0; op < 60000; op++) {
+    size_t i = rng() % kKeys;
+    auto it = live.find(i);
+    if (it == live.end()) {
+      size_t bytes = rng() % 1000;
+      ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_ACTIVATIONS, &storage[i],
+                                   bytes, "x"),
+                ZS_OK)
+          << "op " << op;
+      live[i] = bytes;
+      want_total += bytes;
+    } else {
+      size_t bytes = 0;
+      ASSERT_EQ(zs__accounting_remove(acct_, &storage[i], nullptr, &bytes),
+                ZS_OK)
+          << "op " << op << " key " << i;
+      ASSERT_EQ(bytes, it->second) << "op " << op << " key " << i;
+      want_total -= bytes;
+      live.erase(it);
+    }
+  }
+  zs_memory_stats s = Stats();
+  EXPECT_EQ(s.allocations, live.size());
+  EXPECT_EQ(s.total_current, want_total);
+  EXPECT_EQ(s.current[ZS_MEM_ACTIVATIONS], want_total);
+  for (const auto& kv : live)
+    ASSERT_EQ(zs__accounting_remove(acct_, &storage[kv.first], nullptr,
+                                    nullptr),
+              ZS_OK);
+  EXPECT_EQ(Stats().allocations, 0u);
+}
+
+TEST_F(Accounting, ConcurrentThreads) {
+  constexpr int kThreads = 4;
+  constexpr size_t kPer = 2000;
+  std::vector<char> storage(kThreads * kPer);
+  std::vector<std::thread> threads;
+  std::vector<int> failures(kThreads, 0);
+  for (int t = 0; t < kThreads; t++) {
+    threads.emplace_back([&, t] {
+      for (size_t i = 0; i < kPer; i++)
+        if (zs__accounting_add(acct_, ZS_MEM_COMM_BUFFERS,
+                               &storage[t * kPer + i], 3, "t") != ZS_OK)
+          failures[t]++;
+      for (size_t i = 0; i < kPer; i += 2)
+        if (zs__accounting_remove(acct_, &storage[t * kPer + i], nullptr,
+                                  nullptr) != ZS_OK)
+          failures[t]++;
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (int t = 0; t < kThreads; t++) EXPECT_EQ(failures[t], 0) << "thread " << t;
+  zs_memory_stats s = Stats();
+  EXPECT_EQ(s.allocations, kThreads * kPer / 2);
+  EXPECT_EQ(s.current[ZS_MEM_COMM_BUFFERS], 3 * kThreads * kPer / 2);
+  for (size_t k = 1; k < storage.size(); k += 2)
+    ASSERT_EQ(zs__accounting_remove(acct_, &storage[k], nullptr, nullptr),
+              ZS_OK);
+}
+
+TEST(AccountingDestroy, WithLiveEntriesLogsLeaksAndDoesNotCrash) {
+  zs__accounting* acct = nullptr;
+  ASSERT_EQ(zs__accounting_create(&acct), ZS_OK);
+  static char a, b;
+  ASSERT_EQ(zs__accounting_add(acct, ZS_MEM_GRADS, &a, 4096, "leaky_grads"),
+            ZS_OK);
+  ASSERT_EQ(zs__accounting_add(acct, ZS_MEM_OTHER, &b, 8, nullptr), ZS_OK);
+  int old_level = zs__log_level();
+  zs__log_set_level(ZS_LOG_WARN);
+  ::testing::internal::CaptureStderr();
+  zs__accounting_destroy(acct);
+  std::string err = ::testing::internal::GetCapturedStderr();
+  zs__log_set_level(old_level);
+  if (std::getenv("ZS_LOG_LEVEL") == nullptr) {
+    EXPECT_PRED2(Contains, err, std::string("leak"));
+    EXPECT_PRED2(Contains, err, std::string("4096 bytes of grads"));
+    EXPECT_PRED2(Contains, err, std::string("leaky_grads"));
+    EXPECT_PRED2(Contains, err, std::string("unlabelled"));
+  }
+  zs__accounting_destroy(nullptr);  // accepted
+}
+
+// ==== Host device ========================================================
+
+class HostDevice : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(zs__accounting_create(&acct_), ZS_OK) << zs_last_error();
+    ASSERT_EQ(zs__device_create(ZS_DEVICE_HOST, acct_, &dev_), ZS_OK)
+        << zs_last_error();
+  }
+  void TearDown() override {
+    if (dev_ != nullptr) {
+      zs_memory_stats s;
+      zs__accounting_stats(acct_, &s);
+      EXPECT_EQ(s.allocations, 0u) << "the test leaked device allocations";
+    }
+    zs__device_destroy(dev_);
+    zs__accounting_destroy(acct_);
+  }
+  zs_memory_stats Stats() {
+    zs_memory_stats s;
+    zs__accounting_stats(acct_, &s);
+    return s;
+  }
+  zs__accounting* acct_ = nullptr;
+  zs__device* dev_ = nullptr;
+};
+
+TEST_F(HostDevice, Identity) {
+  EXPECT_EQ(dev_->kind, ZS_DEVICE_HOST);
+  ASSERT_NE(dev_->ops, nullptr);
+  EXPECT_STREQ(dev_->ops->name, "host");
+  EXPECT_EQ(dev_->acct, acct_);
+}
+
+TEST_F(HostDevice, AllocZeroFillsWhenAsked) {
+  for (size_t bytes : {size_t{1}, size_t{63}, size_t{4096}, size_t{100000}}) {
+    // Dirty memory first so a reused block would show stale bytes.
+    void* dirty = nullptr;
+    ASSERT_EQ(zs__dev_alloc(dev_, ZS_MEM_OTHER, bytes, 0, "dirty", &dirty),
+              ZS_OK);
+    std::memset(dirty, 0xAB, bytes);
+    zs__dev_free(dev_, dirty);
+    void* p = nullptr;
+    ASSERT_EQ(zs__dev_alloc(dev_, ZS_MEM_GRADS, bytes, 1, "zeroed", &p),
+              ZS_OK)
+        << zs_last_error();
+    const unsigned char* u = static_cast<const unsigned char*>(p);
+    size_t nonzero = 0;
+    for (size_t i = 0; i < bytes; i++) nonzero += u[i] != 0;
+    EXPECT_EQ(nonzero, 0u) << bytes << " bytes";
+    zs__dev_free(dev_, p);
+  }
+}
+
+TEST_F(HostDevice, AllocCountsUnderTheCategoryAndFreeUncounts) {
+  void* a = nullptr;
+  void* b = nullptr;
+  ASSERT_EQ(zs__dev_alloc(dev_, ZS_MEM_OPTIMIZER_STATES, 1000, 0, "m", &a),
+            ZS_OK);
+  ASSERT_EQ(zs__dev_alloc(dev_, ZS_MEM_PARAMS, 24, 1, "w", &b), ZS_OK);
+  zs_memory_stats s = Stats();
+  EXPECT_EQ(s.current[ZS_MEM_OPTIMIZER_STATES], 1000u);
+  EXPECT_EQ(s.current[ZS_MEM_PARAMS], 24u);
+  EXPECT_EQ(s.total_current, 1024u);
+  EXPECT_EQ(s.model_state_bytes, 1024u);
+  EXPECT_EQ(s.allocations, 2u);
+  zs__dev_free(dev_, a);
+  s = Stats();
+  EXPECT_EQ(s.current[ZS_MEM_OPTIMIZER_STATES], 0u);
+  EXPECT_EQ(s.peak[ZS_MEM_OPTIMIZER_STATES], 1000u);
+  EXPECT_EQ(s.total_current, 24u);
+  EXPECT_EQ(s.allocations, 1u);
+  zs__dev_free(dev_, b);
+  EXPECT_EQ(Stats().total_current, 0u);
+  zs__dev_free(dev_, nullptr);  // ignored
+  EXPECT_EQ(Stats().allocations, 0u);
+}
+
+TEST_F(HostDevice, AllocationsAre64ByteAligned) {
+  std::vector<void*> ptrs;
+  for (size_t bytes : {size_t{0}, size_t{1}, size_t{3}, size_t{63},
+                       size_t{64}, size_t{65}, size_t{1000}, size_t{4097}}) {
+    for (int rep = 0; rep < 4; rep++) {
+      void* p = nullptr;
+      ASSERT_EQ(zs__dev_alloc(dev_, ZS_MEM_OTHER, bytes, rep % 2, "a", &p),
+                ZS_OK);
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u)
+          << bytes << " bytes at " << p;
+      // The whole requested range is writable.
+      if (bytes > 0) std::memset(p, 0x11, bytes);
+      ptrs.push_back(p);
+    }
+  }
+  for (void* p : ptrs) zs__dev_free(dev_, p);
+}
+
+TEST_F(HostDevice, ZeroByteAllocationsAreDistinctAndNonNull) {
+  void* p[3] = {nullptr, nullptr, nullptr};
+  for (int i = 0; i < 3; i++)
+    ASSERT_EQ(zs__dev_alloc(dev_, ZS_MEM_ACTIVATIONS, 0, 1, "empty", &p[i]),
+              ZS_OK)
+        << zs_last_error();
+  for (int i = 0; i < 3; i++) {
+    EXPECT_NE(p[i], nullptr) << i;
+    for (int j = 0; j < i; j++) EXPECT_NE(p[i], p[j]) << i << " vs " << j;
+  }
+  zs_memory_stats s = Stats();
+  EXPECT_EQ(s.allocations, 3u);
+  EXPECT_EQ(s.current[ZS_MEM_ACTIVATIONS], 0u);
+  for (void* q : p) zs__dev_free(dev_, q);
+  EXPECT_EQ(Stats().allocations, 0u);
+}
+
+TEST_F(HostDevice, ImpossibleSizesAreOutOfMemoryNotACrash) {
+  // SIZE_MAX must not wrap to a small block when rounded to 64 bytes.
+  for (size_t bytes : {SIZE_MAX, SIZE_MAX - 1, SIZE_MAX - 63,
+                       SIZE_MAX / 2 + 1}) {
+    void* p = reinterpret_cast<void*>(0x1);
+    EXPECT_EQ(zs__dev_alloc(dev_, ZS_MEM_PARAMS, bytes, 1, "giant", &p),
+              ZS_ERR_OUT_OF_MEMORY)
+        << bytes << " bytes";
+    EXPECT_EQ(p, reinterpret_cast<void*>(0x1)) << "out written on error";
+    EXPECT_LAST_ERROR_HAS("giant");
+    EXPECT_LAST_ERROR_HAS(std::to_string(bytes));
+  }
+  zs_memory_stats s = Stats();
+  EXPECT_EQ(s.allocations, 0u);
+  EXPECT_EQ(s.total_current, 0u);
+}
+
+TEST_F(HostDevice, CopyMemsetStreamsAndEvents) {
+  const zs__device_ops* ops = dev_->ops;
+  unsigned char buf[32];
+  for (int i = 0; i < 32; i++) buf[i] = static_cast<unsigned char>(i);
+  // Overlapping copy behaves like memmove.
+  ASSERT_EQ(ops->copy(dev_, buf + 4, buf, 16, nullptr), ZS_OK);
+  for (int i = 0; i < 16; i++) EXPECT_EQ(buf[4 + i], i) << "byte " << 4 + i;
+  ASSERT_EQ(ops->memset(dev_, buf, 0x7F, 8, nullptr), ZS_OK);
+  for (int i = 0; i < 8; i++) EXPECT_EQ(buf[i], 0x7F) << "byte " << i;
+  EXPECT_EQ(buf[8], 4);
+  zs__stream* stream = nullptr;
+  zs__event* event = nullptr;
+  ASSERT_EQ(ops->stream_create(dev_, &stream), ZS_OK);
+  ASSERT_EQ(ops->event_create(dev_, &event), ZS_OK);
+  EXPECT_NE(stream, nullptr);
+  EXPECT_NE(event, nullptr);
+  EXPECT_EQ(ops->event_record(dev_, event, stream), ZS_OK);
+  EXPECT_EQ(ops->stream_wait_event(dev_, nullptr, event), ZS_OK);
+  EXPECT_EQ(ops->stream_sync(dev_, stream), ZS_OK);
+  EXPECT_EQ(ops->stream_sync(dev_, nullptr), ZS_OK);
+  ops->event_destroy(dev_, event);
+  ops->stream_destroy(dev_, stream);
+}
+
+TEST_F(HostDevice, DivAdd) {
+  constexpr size_t kN = 37;
+  std::vector<float> base(kN), src(kN), dst(kN, -1.0f);
+  for (size_t i = 0; i < kN; i++) {
+    base[i] = 0.5f * static_cast<float>(i) - 3.0f;
+    src[i] = 1.0f / static_cast<float>(i + 1) + static_cast<float>(i % 5);
+  }
+  const float d = 3.0f;
+  ASSERT_EQ(dev_->ops->div_add(dev_, dst.data(), base.data(), src.data(), d,
+                               kN, ZS_FLOAT32, nullptr),
+            ZS_OK)
+      << zs_last_error();
+  for (size_t i = 0; i < kN; i++) {
+    float q = src[i] / d;  // one rounding
+    float want = base[i] + q;  // a second rounding
+    EXPECT_EQ(dst[i], want) << "element " << i;
+  }
+  // NULL base: dst = src / divisor.
+  ASSERT_EQ(dev_->ops->div_add(dev_, dst.data(), nullptr, src.data(), 4.0f, kN,
+                               ZS_FLOAT32, nullptr),
+            ZS_OK);
+  for (size_t i = 0; i < kN; i++)
+    EXPECT_EQ(dst[i], src[i] / 4.0f) << "element " << i;
+  // dst may alias base (accumulate) or src (in-place mean).
+  std::vector<float> acc = base;
+  ASSERT_EQ(dev_->ops->div_add(dev_, acc.data(), acc.data(), src.data(), 2.0f,
+                               kN, ZS_FLOAT32, nullptr),
+            ZS_OK);
+  for (size_t i = 0; i < kN; i++) {
+    float q = src[i] / 2.0f;
+    EXPECT_EQ(acc[i], base[i] + q) << "element " << i;
+  }
+  std::vector<float> inplace = src;
+  ASSERT_EQ(dev_->ops->div_add(dev_, inplace.data(), nullptr, inplace.data(),
+                               8.0f, kN, ZS_FLOAT32, nullptr),
+            ZS_OK);
+  for (size_t i = 0; i < kN; i++)
+    EXPECT_EQ(inplace[i], src[i] / 8.0f) << "element " << i;
+  // n = 0 touches nothing.
+  std::vector<float> untouched = dst;
+  EXPECT_EQ(dev_->ops->div_add(dev_, dst.data(), base.data(), src.data(), 2.0f,
+                               0, ZS_FLOAT32, nullptr),
+            ZS_OK);
+  EXPECT_EQ(dst, untouched);
+  // Only fp32 for now.
+  EXPECT_EQ(dev_->ops->div_add(dev_, dst.data(), nullptr, src.data(), 2.0f,
+                               kN, ZS_BFLOAT16, nullptr),
+            ZS_ERR_UNSUPPORTED);
+  EXPECT_LAST_ERROR_HAS("bf16");
+  EXPECT_EQ(dst, untouched);
+}
+
+TEST(DeviceCreate, CudaIsUnsupportedInThisBuild) {
+  zs__accounting* acct = nullptr;
+  ASSERT_EQ(zs__accounting_create(&acct), ZS_OK);
+  zs__device* dev = nullptr;
+  EXPECT_EQ(zs__device_create(ZS_DEVICE_CUDA, acct, &dev),
+            ZS_ERR_UNSUPPORTED);
+  EXPECT_EQ(dev, nullptr);
+  EXPECT_NE(std::string(zs_last_error()), "");
+  EXPECT_LAST_ERROR_HAS("device kind 1");
+  EXPECT_EQ(zs__device_create(static_cast<zs_device_kind>(5), acct, &dev),
+            ZS_ERR_UNSUPPORTED);
+  EXPECT_LAST_ERROR_HAS("device kind 5");
+  EXPECT_EQ(dev, nullptr);
+  zs__device_destroy(nullptr);  // accepted
+  zs__accounting_destroy(acct);
+}
+
+}  // namespace
