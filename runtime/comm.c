@@ -5,62 +5,173 @@
  */
 #include "runtime/comm.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static void zs__comm_note(zs__comm* c, zs_coll_op op, size_t count,
-                          zs_dtype dtype, int root, double seconds) {
-  size_t elem = zs_dtype_size(dtype);
-  size_t bytes = count * elem;
+static void zs__comm_note(zs__comm* c, zs_coll_op op, zs__coll_tag tag,
+                          size_t count, zs_dtype dtype, int root,
+                          double seconds) {
+  size_t bytes = count * zs_dtype_size(dtype);
   if (op == ZS_COLL_ALL_GATHER || op == ZS_COLL_REDUCE_SCATTER)
     bytes *= (size_t)c->world;
   c->counters.calls[op]++;
   c->counters.bytes[op] += bytes;
   c->counters.seconds[op] += seconds;
-  uint64_t rec[4] = {(uint64_t)op, (uint64_t)count, (uint64_t)dtype,
-                     (uint64_t)(int64_t)root};
+  uint64_t rec[6] = {(uint64_t)op,     (uint64_t)count,
+                     (uint64_t)dtype,  (uint64_t)(int64_t)root,
+                     (uint64_t)tag.purpose, (uint64_t)(int64_t)tag.unit};
   c->seq_hash = zs__hash_bytes(c->seq_hash, rec, sizeof rec);
   c->seq_count++;
 }
 
-void zs__comm_seq_reset(zs__comm* c) {
-  c->seq_hash = ZS__FNV_SEED;
-  c->seq_count = 0;
+/* Waits for a started collective, polling (and yielding the core after a
+ * short spin, which matters when ranks oversubscribe the cores). */
+/* After a timeout nothing new may start on the communicator. */
+static zs_status zs__comm_usable(const zs__comm* c) {
+  if (!c->failed) return ZS_OK;
+  return zs__error(ZS_ERR_TIMEOUT,
+                   "an earlier collective timed out on this rank; the "
+                   "context cannot be used any more (end the job)");
 }
 
-zs_status zs__comm_all_gather(zs__comm* c, const void* send, void* recv,
-                              size_t count, zs_dtype dtype) {
+void zs__comm_free(const zs__comm* c, void* p) {
+  if (!c->failed) free(p);
+}
+
+static zs_status zs__comm_wait(zs__comm* c, zs__comm_req* req, zs_coll_op op,
+                               zs__coll_tag tag, size_t count, zs_dtype dtype) {
+  const double t0 = zs__now();
+  double warn_at = t0 + 60.0;
+  for (unsigned spins = 0;; spins++) {
+    int done = 0;
+    zs_status st = c->ops->test(c, req, &done);
+    if (st != ZS_OK || done) return st;
+    if (spins < 256) continue;
+    sched_yield();
+    if ((spins & 63) != 0) continue;
+    double now = zs__now();
+    if (c->timeout_s > 0 && now - t0 > c->timeout_s) {
+      c->failed = 1; /* the request stays pending: keep every buffer */
+      return zs__error(ZS_ERR_TIMEOUT,
+                       "%s of %zu %s elements for unit %s (purpose %d) did "
+                       "not complete within %.0f s: another rank is probably "
+                       "waiting in a different collective (it skipped or "
+                       "added a gather, release or step, or failed); the "
+                       "context cannot be used any more",
+                       zs_coll_op_name(op), count, zs_dtype_name(dtype),
+                       tag.name != NULL ? tag.name : "-", (int)tag.purpose,
+                       c->timeout_s);
+    }
+    if (now > warn_at) {
+      zs__log(ZS_LOG_WARN,
+              "still waiting after %.0f s in %s for unit %s; another rank "
+              "may have issued a different collective",
+              now - t0, zs_coll_op_name(op), tag.name != NULL ? tag.name : "-");
+      warn_at = now + 60.0;
+    }
+  }
+}
+
+zs_status zs__comm_all_gather(zs__comm* c, zs__coll_tag tag, const void* send,
+                              void* recv, size_t count, zs_dtype dtype) {
   double t0 = zs__now();
-  zs_status st = c->ops->all_gather(c, send, recv, count, dtype, NULL, NULL);
-  zs__comm_note(c, ZS_COLL_ALL_GATHER, count, dtype, -1, zs__now() - t0);
+  zs__comm_req* req = NULL;
+  zs_status st = zs__comm_usable(c);
+  if (st == ZS_OK)
+    st = c->ops->all_gather(c, send, recv, count, dtype, NULL, &req);
+  if (st == ZS_OK)
+    st = zs__comm_wait(c, req, ZS_COLL_ALL_GATHER, tag, count, dtype);
+  zs__comm_note(c, ZS_COLL_ALL_GATHER, tag, count, dtype, -1, zs__now() - t0);
   return st;
 }
 
-zs_status zs__comm_reduce_scatter(zs__comm* c, const void* send, void* recv,
-                                  size_t count, zs_dtype dtype,
-                                  zs__red_op op) {
+zs_status zs__comm_reduce_scatter(zs__comm* c, zs__coll_tag tag,
+                                  const void* send, void* recv, size_t count,
+                                  zs_dtype dtype, zs__red_op op) {
   double t0 = zs__now();
-  zs_status st =
-      c->ops->reduce_scatter(c, send, recv, count, dtype, op, NULL, NULL);
-  zs__comm_note(c, ZS_COLL_REDUCE_SCATTER, count, dtype, -1, zs__now() - t0);
+  zs__comm_req* req = NULL;
+  zs_status st = zs__comm_usable(c);
+  if (st == ZS_OK)
+    st = c->ops->reduce_scatter(c, send, recv, count, dtype, op, NULL, &req);
+  if (st == ZS_OK)
+    st = zs__comm_wait(c, req, ZS_COLL_REDUCE_SCATTER, tag, count, dtype);
+  zs__comm_note(c, ZS_COLL_REDUCE_SCATTER, tag, count, dtype, -1,
+                zs__now() - t0);
   return st;
 }
 
-zs_status zs__comm_all_reduce(zs__comm* c, const void* send, void* recv,
-                              size_t count, zs_dtype dtype, zs__red_op op) {
+zs_status zs__comm_all_reduce(zs__comm* c, zs__coll_tag tag, const void* send,
+                              void* recv, size_t count, zs_dtype dtype,
+                              zs__red_op op) {
   double t0 = zs__now();
-  zs_status st = c->ops->all_reduce(c, send, recv, count, dtype, op, NULL, NULL);
-  zs__comm_note(c, ZS_COLL_ALL_REDUCE, count, dtype, -1, zs__now() - t0);
+  zs__comm_req* req = NULL;
+  zs_status st = zs__comm_usable(c);
+  if (st == ZS_OK)
+    st = c->ops->all_reduce(c, send, recv, count, dtype, op, NULL, &req);
+  if (st == ZS_OK)
+    st = zs__comm_wait(c, req, ZS_COLL_ALL_REDUCE, tag, count, dtype);
+  zs__comm_note(c, ZS_COLL_ALL_REDUCE, tag, count, dtype, -1, zs__now() - t0);
   return st;
 }
 
-zs_status zs__comm_broadcast(zs__comm* c, void* buf, size_t count,
-                             zs_dtype dtype, int root) {
+zs_status zs__comm_broadcast(zs__comm* c, zs__coll_tag tag, void* buf,
+                             size_t count, zs_dtype dtype, int root) {
   double t0 = zs__now();
-  zs_status st = c->ops->broadcast(c, buf, count, dtype, root, NULL, NULL);
-  zs__comm_note(c, ZS_COLL_BROADCAST, count, dtype, root, zs__now() - t0);
+  zs__comm_req* req = NULL;
+  zs_status st = zs__comm_usable(c);
+  if (st == ZS_OK)
+    st = c->ops->broadcast(c, buf, count, dtype, root, NULL, &req);
+  if (st == ZS_OK)
+    st = zs__comm_wait(c, req, ZS_COLL_BROADCAST, tag, count, dtype);
+  zs__comm_note(c, ZS_COLL_BROADCAST, tag, count, dtype, root, zs__now() - t0);
   return st;
+}
+
+uint64_t zs__comm_agree_code(const zs__comm* c, zs_status local) {
+  return local != ZS_OK ? (uint64_t)(c->world - c->rank) : 0;
+}
+
+zs_status zs__comm_agree_finish(zs__comm* c, zs_status local,
+                                uint64_t worst_code, const char* what) {
+  if (worst_code == 0) return ZS_OK;
+  const int failing = c->world - (int)worst_code;
+  enum { CAP = 1024 };
+  char saved[CAP];
+  snprintf(saved, sizeof saved, "%s", zs__error_body());
+  char* msg = (char*)calloc(CAP, 1); /* heap: a collective's buffer */
+  if (msg == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "agree: calloc");
+  snprintf(msg, CAP, "%s", saved);
+  zs_status st = zs__comm_broadcast(c, zs__tag(ZS__P_AGREE, -1, NULL), msg,
+                                    CAP, ZS_UINT8, failing);
+  if (st == ZS_OK) {
+    msg[CAP - 1] = '\0';
+    if (local != ZS_OK)
+      st = zs__error(local, "%s", saved);
+    else
+      st = zs__error(ZS_ERR_REMOTE, "%s failed on rank %d: %s", what, failing,
+                     msg);
+  }
+  zs__comm_free(c, msg);
+  return st;
+}
+
+zs_status zs__comm_agree(zs__comm* c, zs_status local, const char* what) {
+  /* MAX of (world - rank) over failing ranks names the lowest one. */
+  uint64_t* code = (uint64_t*)malloc(sizeof *code);
+  if (code == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "agree: malloc");
+  *code = zs__comm_agree_code(c, local);
+  char saved[1024];
+  snprintf(saved, sizeof saved, "%s", zs__error_body());
+  zs_status st = zs__comm_all_reduce(c, zs__tag(ZS__P_AGREE, -1, NULL),
+                                     ZS__IN_PLACE, code, 1, ZS_UINT64,
+                                     ZS__RED_MAX);
+  uint64_t worst = *code;
+  zs__comm_free(c, code);
+  if (st != ZS_OK) return st;
+  if (local != ZS_OK) zs__error(local, "%s", saved); /* restore the message */
+  return zs__comm_agree_finish(c, local, worst, what);
 }
 
 /* Broadcasts a NUL-terminated copy of `len` bytes from root. */
@@ -69,9 +180,10 @@ static zs_status zs__bcast_copy(zs__comm* c, const char* mine, size_t len,
   char* buf = (char*)calloc(len + 1, 1);
   if (buf == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "check: calloc");
   if (c->rank == root) memcpy(buf, mine, len);
-  zs_status st = zs__comm_broadcast(c, buf, len, ZS_UINT8, root);
+  zs_status st = zs__comm_broadcast(c, zs__tag(ZS__P_CHECK, -1, NULL), buf,
+                                    len, ZS_UINT8, root);
   if (st != ZS_OK) {
-    free(buf);
+    zs__comm_free(c, buf);
     return st;
   }
   *out = buf;
@@ -106,10 +218,14 @@ zs_status zs__comm_check_same(zs__comm* c, const char* what, const char* desc,
   zs_status st = ZS_OK;
   uint64_t* all = NULL;
   char *ref = NULL, *bad = NULL;
-  uint64_t mine[2] = {zs__hash_bytes(ZS__FNV_SEED, desc, len), (uint64_t)len};
-  all = (uint64_t*)calloc(2 * (size_t)c->world, sizeof *all);
+  /* Heap, not stack: a collective's buffers (see zs__comm_free). */
+  all = (uint64_t*)calloc(2 * (size_t)c->world + 2, sizeof *all);
   if (all == NULL) ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "check: calloc");
-  ZS_CHECK(zs__comm_all_gather(c, mine, all, 2, ZS_UINT64));
+  uint64_t* mine = all + 2 * (size_t)c->world;
+  mine[0] = zs__hash_bytes(ZS__FNV_SEED, desc, len);
+  mine[1] = (uint64_t)len;
+  ZS_CHECK(zs__comm_all_gather(c, zs__tag(ZS__P_CHECK, -1, NULL), mine, all,
+                               2, ZS_UINT64));
   int bad_rank = -1;
   for (int r = 1; r < c->world && bad_rank < 0; r++)
     if (all[2 * r] != all[0] || all[2 * r + 1] != all[1]) bad_rank = r;
@@ -127,9 +243,9 @@ zs_status zs__comm_check_same(zs__comm* c, const char* what, const char* desc,
                  "%s differs across ranks: rank %d has '%s' where rank 0 has "
                  "'%s'", what, bad_rank, line_bad, line_ref);
 cleanup:
-  free(bad);
-  free(ref);
-  free(all);
+  zs__comm_free(c, bad);
+  zs__comm_free(c, ref);
+  zs__comm_free(c, all);
   return st;
 }
 

@@ -58,23 +58,73 @@ struct zs__comm {
   int world;
   void* impl;
   zs_comm_counters counters;
-  uint64_t seq_hash;  /* collectives since the last zs__comm_seq_reset */
+  uint64_t seq_hash;  /* every collective since creation, in order */
   uint64_t seq_count;
+  double timeout_s;   /* 0: wait forever */
+  int failed;         /* a collective timed out: MPI may still write into
+                         its buffers, so nothing may be freed or issued */
+  size_t max_count;   /* most elements per rank one collective can move */
 };
 
-/* ---- Wrappers the engine calls (count, hash, then dispatch) ---- */
+/* ---- Wrappers the engine calls ------------------------------------------ */
 
-zs_status zs__comm_all_gather(zs__comm* c, const void* send, void* recv,
-                              size_t count, zs_dtype dtype);
-zs_status zs__comm_reduce_scatter(zs__comm* c, const void* send, void* recv,
-                                  size_t count, zs_dtype dtype, zs__red_op op);
-zs_status zs__comm_all_reduce(zs__comm* c, const void* send, void* recv,
-                              size_t count, zs_dtype dtype, zs__red_op op);
-zs_status zs__comm_broadcast(zs__comm* c, void* buf, size_t count,
-                             zs_dtype dtype, int root);
+/* What a collective is for. Hashed together with the unit, so that ranks
+ * which issue collectives of the same sizes for different units (e.g. two
+ * equally sized blocks in a different order) are caught. */
+typedef enum zs__purpose {
+  ZS__P_CHECK = 1,        /* cross-rank consistency checks */
+  ZS__P_AGREE = 2,        /* agreeing on a status */
+  ZS__P_GATHER = 3,       /* stage-3 all-gather of a unit's parameters */
+  ZS__P_REDUCE = 4,       /* reduce-scatter of a unit's gradients */
+  ZS__P_GRAD_GATHER = 5,  /* stage-0 all-gather of reduced gradients */
+  ZS__P_PARAM_GATHER = 6, /* stage 1-2 all-gather of updated parameters */
+  ZS__P_INIT = 7,         /* initialization broadcasts */
+  ZS__P_SET = 8,          /* zs_tensor_set */
+  ZS__P_GET = 9           /* zs_tensor_get */
+} zs__purpose;
 
-/* Starts a new sequence (the engine calls it at the end of every step). */
-void zs__comm_seq_reset(zs__comm* c);
+typedef struct zs__coll_tag {
+  zs__purpose purpose;
+  int unit;         /* -1 when not about a unit */
+  const char* name; /* the unit's name, for messages (may be NULL) */
+} zs__coll_tag;
+
+static inline zs__coll_tag zs__tag(zs__purpose p, int unit, const char* name) {
+  zs__coll_tag t = {p, unit, name};
+  return t;
+}
+
+/* Each wrapper starts the collective, then waits for it while polling, so
+ * that a collective another rank never joins becomes ZS_ERR_TIMEOUT naming
+ * the collective and the unit (after c->timeout_s; a warning is logged every
+ * minute before that) instead of a silent hang. A timed-out collective
+ * cannot be cancelled: the context is unusable afterwards. Every call is
+ * counted and folded into c->seq_hash, which is cumulative since the
+ * communicator was created. */
+zs_status zs__comm_all_gather(zs__comm* c, zs__coll_tag tag, const void* send,
+                              void* recv, size_t count, zs_dtype dtype);
+zs_status zs__comm_reduce_scatter(zs__comm* c, zs__coll_tag tag,
+                                  const void* send, void* recv, size_t count,
+                                  zs_dtype dtype, zs__red_op op);
+zs_status zs__comm_all_reduce(zs__comm* c, zs__coll_tag tag, const void* send,
+                              void* recv, size_t count, zs_dtype dtype,
+                              zs__red_op op);
+zs_status zs__comm_broadcast(zs__comm* c, zs__coll_tag tag, void* buf,
+                             size_t count, zs_dtype dtype, int root);
+
+/* Collective agreement on a status: ZS_OK on every rank if `local` is ZS_OK
+ * everywhere. Otherwise the lowest failing rank's message is broadcast;
+ * that rank (and any other failing rank) returns its own status, the others
+ * ZS_ERR_REMOTE "<what> failed on rank R: <its message>". One all-reduce of
+ * two integers, plus one broadcast on failure. */
+zs_status zs__comm_agree(zs__comm* c, zs_status local, const char* what);
+
+/* The two halves of zs__comm_agree, for callers that fold the agreement
+ * into an all-reduce of their own: the code this rank contributes (reduce
+ * with MAX), and the finish given the reduced code (0: all OK). */
+uint64_t zs__comm_agree_code(const zs__comm* c, zs_status local);
+zs_status zs__comm_agree_finish(zs__comm* c, zs_status local,
+                                uint64_t worst_code, const char* what);
 
 /* Collective. ZS_OK if `desc` (len bytes of '\n'-separated lines) is
  * identical on every rank. Otherwise ZS_ERR_MISMATCH on every rank, with a
@@ -84,6 +134,10 @@ void zs__comm_seq_reset(zs__comm* c);
  * agree, plus two broadcasts when they do not. */
 zs_status zs__comm_check_same(zs__comm* c, const char* what, const char* desc,
                               size_t len);
+
+/* free() for host blocks that a collective used: after a timeout the block
+ * is kept (leaked), because the abandoned collective may still write it. */
+void zs__comm_free(const zs__comm* c, void* p);
 
 void zs__comm_destroy(zs__comm* c);
 

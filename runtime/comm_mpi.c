@@ -11,8 +11,12 @@
 
 typedef struct zs__mpi_impl {
   MPI_Comm comm;
-  int owns_mpi;
+  int owns_mpi; /* counted in zs__mpi_owners */
 } zs__mpi_impl;
+
+/* Contexts alive over an MPI that ZeroShard initialized; the last one
+ * destroyed finalizes it (zs__comm_mpi_own). */
+static int zs__mpi_owners;
 
 struct zs__comm_req {
   MPI_Request request;
@@ -183,10 +187,18 @@ static void zs__mpi_destroy(zs__comm* c) {
   MPI_Finalized(&finalized);
   if (!finalized) {
     MPI_Comm_free(&impl->comm);
-    if (impl->owns_mpi) MPI_Finalize();
+    if (impl->owns_mpi && --zs__mpi_owners == 0) MPI_Finalize();
   }
   free(impl);
   free(c);
+}
+
+void zs__comm_mpi_own(zs__comm* c) {
+  zs__mpi_impl* impl = (zs__mpi_impl*)c->impl;
+  if (!impl->owns_mpi) {
+    impl->owns_mpi = 1;
+    zs__mpi_owners++;
+  }
 }
 
 static const zs__comm_ops zs__mpi_ops = {
@@ -200,7 +212,7 @@ static const zs__comm_ops zs__mpi_ops = {
     zs__mpi_destroy,
 };
 
-zs_status zs__comm_mpi_create(MPI_Comm comm, int owns_mpi, zs__comm** out) {
+zs_status zs__comm_mpi_create(MPI_Comm comm, zs__comm** out) {
   zs__comm* c = (zs__comm*)calloc(1, sizeof *c);
   zs__mpi_impl* impl = (zs__mpi_impl*)calloc(1, sizeof *impl);
   if (c == NULL || impl == NULL) {
@@ -217,10 +229,10 @@ zs_status zs__comm_mpi_create(MPI_Comm comm, int owns_mpi, zs__comm** out) {
   MPI_Comm_set_errhandler(impl->comm, MPI_ERRORS_RETURN);
   MPI_Comm_rank(impl->comm, &c->rank);
   MPI_Comm_size(impl->comm, &c->world);
-  impl->owns_mpi = owns_mpi;
   c->ops = &zs__mpi_ops;
   c->impl = impl;
-  zs__comm_seq_reset(c);
+  c->seq_hash = ZS__FNV_SEED;
+  c->max_count = (size_t)INT_MAX; /* MPI counts are ints */
   *out = c;
   return ZS_OK;
 }

@@ -14,9 +14,12 @@ extern "C" {
 #endif
 
 /* Duplicates `comm` (so our traffic never matches the caller's), sets
- * MPI_ERRORS_RETURN on the duplicate, and wraps it. If owns_mpi is set,
- * destroying the communicator also calls MPI_Finalize. Collective. */
-zs_status zs__comm_mpi_create(MPI_Comm comm, int owns_mpi, zs__comm** out);
+ * MPI_ERRORS_RETURN on the duplicate, and wraps it. Collective. */
+zs_status zs__comm_mpi_create(MPI_Comm comm, zs__comm** out);
+
+/* Marks the communicator as one of the owners of an MPI that ZeroShard
+ * initialized: destroying the last owner calls MPI_Finalize. */
+void zs__comm_mpi_own(zs__comm* c);
 
 #ifdef __cplusplus
 }

@@ -4,6 +4,8 @@
  */
 #include "runtime/context.h"
 
+#include "runtime/engine.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,23 +24,29 @@ zs_status zs__context_create(const zs_config* config, zs__comm* comm,
   zs__set_log_rank(comm->world > 1 ? comm->rank : -1);
 
   /* A rank whose config is invalid still joins the check, describing its
-   * error instead, so every rank fails together rather than some hanging. */
+   * error instead (without the rank prefix, so that the same error on every
+   * rank is not a mismatch), so every rank fails together. */
   char desc[2048];
+  zs_config resolved;
   zs_status valid = zs_config_validate(config);
   if (valid == ZS_OK) {
-    ctx->config = *config;
-    zs__log_set_level(config->log_level);
-    zs__config_describe(config, desc, sizeof desc);
+    resolved = *config;
+    zs__config_resolve(&resolved);
+    zs__config_describe(&resolved, desc, sizeof desc);
   } else {
-    snprintf(desc, sizeof desc, "invalid config: %s\n", zs_last_error());
+    snprintf(desc, sizeof desc, "invalid config: %s\n", zs__error_body());
   }
   char saved[2048];
-  snprintf(saved, sizeof saved, "%s", zs_last_error());
+  snprintf(saved, sizeof saved, "%s", zs__error_body());
   ZS_CHECK(zs__comm_check_same(comm, "configuration", desc, strlen(desc)));
   if (valid != ZS_OK) ZS_FAIL(valid, "%s", saved);
+  ctx->config = resolved;
+  comm->timeout_s = resolved.collective_timeout_s;
+  zs__log_set_level(resolved.log_level);
 
   ZS_CHECK(zs__accounting_create(&ctx->acct));
-  ZS_CHECK(zs__device_create(config->device, ctx->acct, &ctx->device));
+  ZS_CHECK(zs__device_create(resolved.device, ctx->acct, &ctx->device));
+  ctx->device->hold_memory = &comm->failed;
   *out = ctx;
   return ZS_OK;
 cleanup:
@@ -48,10 +56,12 @@ cleanup:
 
 void zs_context_destroy(zs_context* ctx) {
   if (ctx == NULL) return;
-  if (ctx->live_models > 0)
+  if (ctx->models != NULL)
     zs__log(ZS_LOG_WARN,
-            "zs_context_destroy: %d model(s) still alive; destroy them first "
-            "(their memory is reported as leaked)", ctx->live_models);
+            "zs_context_destroy: model(s) still alive; their storage is freed "
+            "now and zs_model_destroy only releases what remains (destroy "
+            "models before their context)");
+  while (ctx->models != NULL) zs__model_detach(ctx->models);
   zs__device_destroy(ctx->device);
   zs__accounting_destroy(ctx->acct);
   zs__comm_destroy(ctx->comm);
@@ -80,12 +90,13 @@ void zs_memory_reset_peak(zs_context* ctx) {
 zs_status zs_memory_register(zs_context* ctx, zs_mem_category category,
                              const void* ptr, size_t bytes) {
   ZS_REQUIRE(ctx != NULL, "zs_memory_register: ctx is NULL");
-  return zs__accounting_add(ctx->acct, category, ptr, bytes, "user buffer");
+  return zs__accounting_add(ctx->acct, ZS__OWNER_USER, category, ptr, bytes,
+                            "user buffer");
 }
 
 zs_status zs_memory_unregister(zs_context* ctx, const void* ptr) {
   ZS_REQUIRE(ctx != NULL, "zs_memory_unregister: ctx is NULL");
-  return zs__accounting_remove(ctx->acct, ptr, NULL, NULL);
+  return zs__accounting_remove(ctx->acct, ZS__OWNER_USER, ptr, NULL, NULL);
 }
 
 zs_status zs_comm_counters_get(const zs_context* ctx, zs_comm_counters* out) {

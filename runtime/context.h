@@ -20,7 +20,7 @@ struct zs_context {
   zs__accounting* acct; /* owned */
   zs__device* device;   /* owned */
   zs__comm* comm;       /* owned; may finalize MPI when destroyed */
-  int live_models;      /* models not destroyed yet */
+  zs_model* models;     /* live models (linked through zs_model.next) */
 };
 
 /* Builds a context around an existing communicator (takes ownership of comm

@@ -3,6 +3,7 @@
  * MPI_COMM_WORLD (initializing MPI if needed) and zs_context_create_mpi over
  * a caller's communicator.
  */
+#include <stdlib.h>
 #include <zs_mpi.h>
 
 #include "runtime/comm_mpi.h"
@@ -12,16 +13,31 @@ zs_status zs_context_create_mpi(const zs_config* config, MPI_Comm comm,
                                 zs_context** out) {
   ZS_REQUIRE(config != NULL && out != NULL,
              "zs_context_create_mpi: config and out must not be NULL");
-  int initialized = 0;
+  int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
-  ZS_REQUIRE(initialized, "zs_context_create_mpi: MPI is not initialized; "
-             "call MPI_Init_thread first or use zs_context_create");
+  MPI_Finalized(&finalized);
+  ZS_REQUIRE(initialized && !finalized,
+             "zs_context_create_mpi: MPI is not initialized (or already "
+             "finalized); call MPI_Init_thread first or use zs_context_create");
   ZS_REQUIRE(comm != MPI_COMM_NULL,
              "zs_context_create_mpi: comm is MPI_COMM_NULL");
+  *out = NULL;
   zs__comm* c = NULL;
-  zs_status st = zs__comm_mpi_create(comm, 0, &c);
+  zs_status st = zs__comm_mpi_create(comm, &c);
   if (st != ZS_OK) return st;
   return zs__context_create(config, c, out);
+}
+
+/* MPI that ZeroShard initialized but no context owns at exit (every
+ * zs_context_create failed, or a context was never destroyed) is
+ * finalized here, so mpirun sees a clean exit. */
+static int zs__mpi_we_initialized;
+
+static void zs__mpi_atexit(void) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Finalize();
 }
 
 zs_status zs_context_create(const zs_config* config, zs_context** out) {
@@ -30,20 +46,24 @@ zs_status zs_context_create(const zs_config* config, zs_context** out) {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
-  ZS_REQUIRE(!finalized, "zs_context_create: MPI was already finalized");
-  int owns = 0;
+  ZS_REQUIRE(!finalized,
+             "zs_context_create: MPI was already finalized (MPI cannot be "
+             "started twice in one process)");
+  *out = NULL;
   if (!initialized) {
     int provided = 0;
     int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
     if (rc != MPI_SUCCESS)
       return zs__error(ZS_ERR_COMM, "MPI_Init_thread failed (code %d)", rc);
-    owns = 1;
+    if (!zs__mpi_we_initialized) atexit(zs__mpi_atexit);
+    zs__mpi_we_initialized = 1;
   }
   zs__comm* c = NULL;
-  zs_status st = zs__comm_mpi_create(MPI_COMM_WORLD, owns, &c);
-  if (st != ZS_OK) {
-    if (owns) MPI_Finalize();
-    return st;
-  }
-  return zs__context_create(config, c, out);
+  zs_status st = zs__comm_mpi_create(MPI_COMM_WORLD, &c);
+  if (st != ZS_OK) return st;
+  st = zs__context_create(config, c, out);
+  /* Only a context that exists owns MPI, so a failed create can be retried:
+   * MPI stays up, and is finalized at exit if nothing owns it then. */
+  if (st == ZS_OK && zs__mpi_we_initialized) zs__comm_mpi_own(c);
+  return st;
 }

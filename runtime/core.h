@@ -28,6 +28,10 @@ zs_status zs__error(zs_status status, const char* fmt, ...)
 zs_status zs__error_prefix(zs_status status, const char* fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* The last message without its "[rank R] " prefix (thread-local), for
+ * texts that are compared or forwarded across ranks. */
+const char* zs__error_body(void);
+
 /* The rank written into messages and log lines (set by the context). */
 void zs__set_log_rank(int rank);
 
@@ -71,22 +75,34 @@ void zs__log(int level, const char* fmt, ...)
  * pointer, so that frees need no size and leaks are reported by name. */
 typedef struct zs__accounting zs__accounting;
 
+/* Who made an entry: the runtime's allocations and the user's registrations
+ * live in separate registries (sharing the counters), so a user can neither
+ * unregister runtime memory nor block a runtime allocation with a stale
+ * registration. */
+typedef enum zs__owner { ZS__OWNER_RUNTIME = 0, ZS__OWNER_USER = 1 } zs__owner;
+
 zs_status zs__accounting_create(zs__accounting** out);
 /* Logs a warning per live entry (a leak) and frees the tables. */
 void zs__accounting_destroy(zs__accounting* acct);
 /* Records `bytes` under category for key `ptr` (not dereferenced). label is
  * a static or long-lived string used in leak reports (may be NULL).
  * Errors: INVALID_ARGUMENT (duplicate key), OUT_OF_MEMORY. */
-zs_status zs__accounting_add(zs__accounting* acct, zs_mem_category category,
-                             const void* ptr, size_t bytes, const char* label);
+zs_status zs__accounting_add(zs__accounting* acct, zs__owner owner,
+                             zs_mem_category category, const void* ptr,
+                             size_t bytes, const char* label);
 /* Removes the entry of ptr; *category and *bytes (may be NULL) receive it.
  * Errors: INVALID_ARGUMENT if ptr is not recorded. */
-zs_status zs__accounting_remove(zs__accounting* acct, const void* ptr,
-                                zs_mem_category* category, size_t* bytes);
+zs_status zs__accounting_remove(zs__accounting* acct, zs__owner owner,
+                                const void* ptr, zs_mem_category* category,
+                                size_t* bytes);
 void zs__accounting_stats(const zs__accounting* acct, zs_memory_stats* out);
 void zs__accounting_reset_peak(zs__accounting* acct);
 
 /* ---- Configuration --------------------------------------------------------- */
+
+/* Replaces "default" values (ZS_WEIGHT_DECAY_DEFAULT) by the optimizer's
+ * own default. The config must be valid. */
+void zs__config_resolve(zs_config* c);
 
 /* A stable text form of the fields that must agree across ranks, one
  * "config.<field>=<value>" line each, for the cross-rank check. Writes

@@ -42,9 +42,10 @@ zs_status zs_config_validate(const zs_config* c) {
              "got %d", (int)o->kind);
   ZS_REQUIRE(zs__finite_nonneg(o->lr), "config.optimizer.lr: expected a "
              "finite value >= 0, got %g", o->lr);
-  ZS_REQUIRE(zs__finite_nonneg(o->weight_decay),
-             "config.optimizer.weight_decay: expected a finite value >= 0, "
-             "got %g", o->weight_decay);
+  ZS_REQUIRE(zs__finite_nonneg(o->weight_decay) ||
+                 o->weight_decay == ZS_WEIGHT_DECAY_DEFAULT,
+             "config.optimizer.weight_decay: expected a finite value >= 0 "
+             "(or ZS_WEIGHT_DECAY_DEFAULT), got %g", o->weight_decay);
   if (o->kind != ZS_OPTIM_SGD) {
     ZS_REQUIRE(o->beta1 >= 0.0 && o->beta1 < 1.0,
                "config.optimizer.beta1: expected [0, 1), got %g", o->beta1);
@@ -68,7 +69,15 @@ zs_status zs_config_validate(const zs_config* c) {
   }
   ZS_REQUIRE(c->log_level >= 0 && c->log_level <= 3,
              "config.log_level: expected 0..3, got %d", c->log_level);
+  ZS_REQUIRE(zs__finite_nonneg(c->collective_timeout_s),
+             "config.collective_timeout_s: expected a finite value >= 0 "
+             "(0: no timeout), got %g", c->collective_timeout_s);
   return ZS_OK;
+}
+
+void zs__config_resolve(zs_config* c) {
+  if (c->optimizer.weight_decay == ZS_WEIGHT_DECAY_DEFAULT)
+    c->optimizer.weight_decay = c->optimizer.kind == ZS_OPTIM_ADAMW ? 0.01 : 0.0;
 }
 
 size_t zs__config_describe(const zs_config* c, char* buf, size_t cap) {
@@ -81,10 +90,11 @@ size_t zs__config_describe(const zs_config* c, char* buf, size_t cap) {
                    "config.optimizer.weight_decay=%a\n"
                    "config.optimizer.momentum=%a\n"
                    "config.optimizer.dampening=%a\n"
-                   "config.optimizer.nesterov=%d\n",
+                   "config.optimizer.nesterov=%d\n"
+                   "config.collective_timeout_s=%a\n",
                    c->stage, (int)c->device, (int)o->kind, o->lr, o->beta1,
                    o->beta2, o->eps, o->weight_decay, o->momentum,
-                   o->dampening, o->nesterov);
+                   o->dampening, o->nesterov, c->collective_timeout_s);
   return n < 0 ? 0 : (size_t)n;
 }
 
@@ -112,7 +122,8 @@ static zs_status zs__json_number(const cJSON* obj, const char* key,
   if (v == NULL) return ZS_OK;
   if (!cJSON_IsNumber(v))
     return zs__error(ZS_ERR_INVALID_ARGUMENT,
-                     "config JSON: %s.%s: expected a number", path, key);
+                     "config JSON: %s%s%s: expected a number", path,
+                     path[0] != '\0' ? "." : "", key);
   *out = v->valuedouble;
   return ZS_OK;
 }
@@ -193,8 +204,9 @@ static zs_status zs__json_apply(const cJSON* root, zs_config* c) {
   if (!cJSON_IsObject(root))
     return zs__error(ZS_ERR_INVALID_ARGUMENT,
                      "config JSON: the top level must be an object");
-  static const char* const keys[] = {"zero_optimization", "device", "optimizer",
-                                     "log_level", NULL};
+  static const char* const keys[] = {"zero_optimization", "device",
+                                     "optimizer", "log_level",
+                                     "collective_timeout", NULL};
   ZS_CHECK(zs__json_known_keys(root, "", keys));
   const cJSON* zero = cJSON_GetObjectItemCaseSensitive(root, "zero_optimization");
   if (zero != NULL) {
@@ -223,6 +235,8 @@ static zs_status zs__json_apply(const cJSON* root, zs_config* c) {
     ZS_CHECK(zs__json_optimizer(opt, &c->optimizer));
   }
   ZS_CHECK(zs__json_int(root, "log_level", "", 0, 3, &c->log_level));
+  ZS_CHECK(zs__json_number(root, "collective_timeout", "",
+                           &c->collective_timeout_s));
 cleanup:
   return st;
 }

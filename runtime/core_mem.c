@@ -18,11 +18,16 @@ typedef struct zs__acct_entry {
   const char* label;
 } zs__acct_entry;
 
-struct zs__accounting {
-  pthread_mutex_t lock;
+/* One registry: an open-addressing table of entries keyed by pointer. */
+typedef struct zs__registry {
   zs__acct_entry* slots;
   size_t cap;   /* power of two */
   size_t count; /* live entries */
+} zs__registry;
+
+struct zs__accounting {
+  pthread_mutex_t lock;
+  zs__registry reg[2]; /* by zs__owner */
   size_t current[ZS_MEM_CATEGORY_COUNT];
   size_t peak[ZS_MEM_CATEGORY_COUNT];
   size_t total_current;
@@ -40,11 +45,14 @@ static size_t zs__slot_of(const void* key, size_t cap) {
 zs_status zs__accounting_create(zs__accounting** out) {
   zs__accounting* a = (zs__accounting*)calloc(1, sizeof *a);
   if (a == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "accounting: calloc");
-  a->cap = 64;
-  a->slots = (zs__acct_entry*)calloc(a->cap, sizeof *a->slots);
-  if (a->slots == NULL) {
-    free(a);
-    return zs__error(ZS_ERR_OUT_OF_MEMORY, "accounting: calloc");
+  for (int o = 0; o < 2; o++) {
+    a->reg[o].cap = 64;
+    a->reg[o].slots = (zs__acct_entry*)calloc(64, sizeof(zs__acct_entry));
+    if (a->reg[o].slots == NULL) {
+      free(a->reg[0].slots);
+      free(a);
+      return zs__error(ZS_ERR_OUT_OF_MEMORY, "accounting: calloc");
+    }
   }
   pthread_mutex_init(&a->lock, NULL);
   *out = a;
@@ -53,60 +61,65 @@ zs_status zs__accounting_create(zs__accounting** out) {
 
 void zs__accounting_destroy(zs__accounting* a) {
   if (a == NULL) return;
-  for (size_t i = 0; i < a->cap; i++) {
-    const zs__acct_entry* e = &a->slots[i];
-    if (e->key == NULL) continue;
-    zs__log(ZS_LOG_WARN, "leak: %zu bytes of %s (%s) still registered at %p",
-            e->bytes, zs_mem_category_name(e->category),
-            e->label != NULL ? e->label : "unlabelled", e->key);
+  for (int o = 0; o < 2; o++) {
+    for (size_t i = 0; i < a->reg[o].cap; i++) {
+      const zs__acct_entry* e = &a->reg[o].slots[i];
+      if (e->key == NULL) continue;
+      zs__log(ZS_LOG_WARN, "leak: %zu bytes of %s (%s%s) still registered at %p",
+              e->bytes, zs_mem_category_name(e->category),
+              o == ZS__OWNER_USER ? "user registration " : "",
+              e->label != NULL ? e->label : "unlabelled", e->key);
+    }
+    free(a->reg[o].slots);
   }
   pthread_mutex_destroy(&a->lock);
-  free(a->slots);
   free(a);
 }
 
-static zs__acct_entry* zs__find(zs__accounting* a, const void* key) {
-  for (size_t i = zs__slot_of(key, a->cap);; i = (i + 1) & (a->cap - 1)) {
-    if (a->slots[i].key == key) return &a->slots[i];
-    if (a->slots[i].key == NULL) return NULL;
+static zs__acct_entry* zs__find(zs__registry* r, const void* key) {
+  for (size_t i = zs__slot_of(key, r->cap);; i = (i + 1) & (r->cap - 1)) {
+    if (r->slots[i].key == key) return &r->slots[i];
+    if (r->slots[i].key == NULL) return NULL;
   }
 }
 
-static zs_status zs__grow(zs__accounting* a) {
-  size_t cap = a->cap * 2;
+static zs_status zs__grow(zs__registry* r) {
+  size_t cap = r->cap * 2;
   zs__acct_entry* slots = (zs__acct_entry*)calloc(cap, sizeof *slots);
   if (slots == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "accounting: grow");
-  for (size_t i = 0; i < a->cap; i++) {
-    if (a->slots[i].key == NULL) continue;
-    size_t j = zs__slot_of(a->slots[i].key, cap);
+  for (size_t i = 0; i < r->cap; i++) {
+    if (r->slots[i].key == NULL) continue;
+    size_t j = zs__slot_of(r->slots[i].key, cap);
     while (slots[j].key != NULL) j = (j + 1) & (cap - 1);
-    slots[j] = a->slots[i];
+    slots[j] = r->slots[i];
   }
-  free(a->slots);
-  a->slots = slots;
-  a->cap = cap;
+  free(r->slots);
+  r->slots = slots;
+  r->cap = cap;
   return ZS_OK;
 }
 
-zs_status zs__accounting_add(zs__accounting* a, zs_mem_category category,
-                             const void* ptr, size_t bytes, const char* label) {
+zs_status zs__accounting_add(zs__accounting* a, zs__owner owner,
+                             zs_mem_category category, const void* ptr,
+                             size_t bytes, const char* label) {
   if (ptr == NULL || (int)category < 0 || category >= ZS_MEM_CATEGORY_COUNT)
     return zs__error(ZS_ERR_INVALID_ARGUMENT,
                      "memory accounting: NULL pointer or category %d out of "
                      "range 0..%d", (int)category, ZS_MEM_CATEGORY_COUNT - 1);
   zs_status st = ZS_OK;
+  zs__registry* r = &a->reg[owner == ZS__OWNER_USER];
   pthread_mutex_lock(&a->lock);
-  if (zs__find(a, ptr) != NULL) {
+  if (zs__find(r, ptr) != NULL) {
     st = zs__error(ZS_ERR_INVALID_ARGUMENT,
                    "memory accounting: %p (%s) is already registered", ptr,
                    label != NULL ? label : "unlabelled");
     goto cleanup;
   }
-  if ((a->count + 1) * 2 > a->cap) ZS_CHECK(zs__grow(a));
-  size_t i = zs__slot_of(ptr, a->cap);
-  while (a->slots[i].key != NULL) i = (i + 1) & (a->cap - 1);
-  a->slots[i] = (zs__acct_entry){ptr, bytes, category, label};
-  a->count++;
+  if ((r->count + 1) * 2 > r->cap) ZS_CHECK(zs__grow(r));
+  size_t i = zs__slot_of(ptr, r->cap);
+  while (r->slots[i].key != NULL) i = (i + 1) & (r->cap - 1);
+  r->slots[i] = (zs__acct_entry){ptr, bytes, category, label};
+  r->count++;
   a->current[category] += bytes;
   if (a->current[category] > a->peak[category])
     a->peak[category] = a->current[category];
@@ -117,33 +130,39 @@ cleanup:
   return st;
 }
 
-zs_status zs__accounting_remove(zs__accounting* a, const void* ptr,
-                                zs_mem_category* category, size_t* bytes) {
+zs_status zs__accounting_remove(zs__accounting* a, zs__owner owner,
+                                const void* ptr, zs_mem_category* category,
+                                size_t* bytes) {
+  zs__registry* r = &a->reg[owner == ZS__OWNER_USER];
   pthread_mutex_lock(&a->lock);
-  zs__acct_entry* e = ptr != NULL ? zs__find(a, ptr) : NULL;
+  zs__acct_entry* e = ptr != NULL ? zs__find(r, ptr) : NULL;
   if (e == NULL) {
     pthread_mutex_unlock(&a->lock);
     return zs__error(ZS_ERR_INVALID_ARGUMENT,
-                     "memory accounting: %p is not registered", ptr);
+                     "memory accounting: %p is not registered %s", ptr,
+                     owner == ZS__OWNER_USER
+                         ? "by the user (only buffers given to "
+                           "zs_memory_register can be unregistered)"
+                         : "as a runtime allocation");
   }
   if (category != NULL) *category = e->category;
   if (bytes != NULL) *bytes = e->bytes;
   a->current[e->category] -= e->bytes;
   a->total_current -= e->bytes;
-  a->count--;
+  r->count--;
   /* Backward-shift deletion keeps probe chains intact without tombstones. */
-  size_t hole = (size_t)(e - a->slots);
-  for (size_t j = (hole + 1) & (a->cap - 1); a->slots[j].key != NULL;
-       j = (j + 1) & (a->cap - 1)) {
-    size_t home = zs__slot_of(a->slots[j].key, a->cap);
-    size_t dist_j = (j - home) & (a->cap - 1);
-    size_t dist_hole = (hole - home) & (a->cap - 1);
+  size_t hole = (size_t)(e - r->slots);
+  for (size_t j = (hole + 1) & (r->cap - 1); r->slots[j].key != NULL;
+       j = (j + 1) & (r->cap - 1)) {
+    size_t home = zs__slot_of(r->slots[j].key, r->cap);
+    size_t dist_j = (j - home) & (r->cap - 1);
+    size_t dist_hole = (hole - home) & (r->cap - 1);
     if (dist_hole < dist_j) {
-      a->slots[hole] = a->slots[j];
+      r->slots[hole] = r->slots[j];
       hole = j;
     }
   }
-  a->slots[hole] = (zs__acct_entry){NULL, 0, ZS_MEM_OTHER, NULL};
+  r->slots[hole] = (zs__acct_entry){NULL, 0, ZS_MEM_OTHER, NULL};
   pthread_mutex_unlock(&a->lock);
   return ZS_OK;
 }
@@ -159,7 +178,7 @@ void zs__accounting_stats(const zs__accounting* a_const, zs_memory_stats* out) {
   out->model_state_bytes =
       a->current[ZS_MEM_PARAMS] + a->current[ZS_MEM_GRADS] +
       a->current[ZS_MEM_MASTER_WEIGHTS] + a->current[ZS_MEM_OPTIMIZER_STATES];
-  out->allocations = a->count;
+  out->allocations = a->reg[0].count + a->reg[1].count;
   pthread_mutex_unlock(&a->lock);
 }
 

@@ -36,15 +36,19 @@ const char* zs_status_string(zs_status status) {
 
 enum { ZS__MSG_CAP = 2048 };
 static _Thread_local char zs__last_msg[ZS__MSG_CAP];
+static _Thread_local char zs__last_body[ZS__MSG_CAP];
 static int zs__rank = -1;
 
 void zs__set_log_rank(int rank) { zs__rank = rank; }
 
 const char* zs_last_error(void) { return zs__last_msg; }
 
+const char* zs__error_body(void) { return zs__last_body; }
+
 static void zs__vset(const char* fmt, va_list ap) {
   char text[ZS__MSG_CAP];
   vsnprintf(text, sizeof text, fmt, ap);
+  snprintf(zs__last_body, sizeof zs__last_body, "%s", text);
   if (zs__rank >= 0)
     snprintf(zs__last_msg, sizeof zs__last_msg, "[rank %d] %.2000s", zs__rank,
              text);
@@ -63,19 +67,15 @@ zs_status zs__error(zs_status status, const char* fmt, ...) {
 }
 
 zs_status zs__error_prefix(zs_status status, const char* fmt, ...) {
-  /* The new text goes first; strip the old "[rank R] " to avoid doubling. */
+  /* The new text goes before the old body (not the old "[rank R] "). */
   char old[ZS__MSG_CAP];
-  const char* body = zs__last_msg;
-  if (zs__rank >= 0 && body[0] == '[') {
-    const char* close = strchr(body, ']');
-    if (close != NULL && close[1] == ' ') body = close + 2;
-  }
-  snprintf(old, sizeof old, "%s", body);
+  snprintf(old, sizeof old, "%s", zs__last_body);
   char text[ZS__MSG_CAP];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(text, sizeof text, fmt, ap);
   va_end(ap);
+  snprintf(zs__last_body, sizeof zs__last_body, "%.1000s%.1000s", text, old);
   if (zs__rank >= 0)
     snprintf(zs__last_msg, sizeof zs__last_msg, "[rank %d] %.1000s%.1000s",
              zs__rank, text, old);

@@ -57,6 +57,9 @@ struct zs__device {
   zs_device_kind kind;
   zs__accounting* acct; /* not owned */
   void* impl;           /* backend state */
+  /* When *hold_memory is nonzero (a collective timed out and may still
+   * write into runtime buffers), zs__dev_free uncounts but does not free. */
+  const int* hold_memory;
 };
 
 /* The host backend: 64-byte aligned malloc, memcpy, memset, no-op streams. */

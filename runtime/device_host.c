@@ -160,7 +160,8 @@ zs_status zs__dev_alloc(zs__device* dev, zs_mem_category category,
                      bytes, zs_mem_category_name(category),
                      label != NULL ? label : "?", dev->ops->name);
   if (zero && bytes > 0) st = dev->ops->memset(dev, p, 0, bytes, NULL);
-  if (st == ZS_OK) st = zs__accounting_add(dev->acct, category, p, bytes, label);
+  if (st == ZS_OK) st = zs__accounting_add(dev->acct, ZS__OWNER_RUNTIME, category, p,
+                                            bytes, label);
   if (st != ZS_OK) {
     dev->ops->free(dev, p);
     return st;
@@ -171,7 +172,8 @@ zs_status zs__dev_alloc(zs__device* dev, zs_mem_category category,
 
 void zs__dev_free(zs__device* dev, void* ptr) {
   if (ptr == NULL) return;
-  if (zs__accounting_remove(dev->acct, ptr, NULL, NULL) != ZS_OK)
+  if (zs__accounting_remove(dev->acct, ZS__OWNER_RUNTIME, ptr, NULL, NULL) !=
+      ZS_OK)
     zs__log(ZS_LOG_ERROR, "internal: freeing untracked device pointer %p", ptr);
-  dev->ops->free(dev, ptr);
+  if (dev->hold_memory == NULL || !*dev->hold_memory) dev->ops->free(dev, ptr);
 }

@@ -93,7 +93,7 @@ struct zs_model {
   double* group_lr; /* per param group */
   double* group_wd;
   int ngroups;
-  int counted;   /* included in ctx->live_models */
+  zs_model* next; /* in ctx->models; NULL ctx: detached (ctx destroyed) */
   int finalized;
   int poisoned; /* a registration call failed on this rank */
   char poison_msg[512];
@@ -102,6 +102,9 @@ struct zs_model {
 };
 
 /* ---- engine_model.c ---- */
+/* Frees a model's storage and unlinks it from its context, leaving only
+ * what zs_model_destroy frees (used when the context goes first). */
+void zs__model_detach(zs_model* m);
 /* The unit whose buffer holds tensor t (its owner's unit for a tie). */
 static inline int zs__storage_unit(const zs_model* m, int t) {
   const zs__tensor* x = &m->tensors[t];

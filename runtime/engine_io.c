@@ -8,27 +8,6 @@
 
 #include "runtime/engine.h"
 
-/* A status and its message, broadcast from rank 0 so that a failure there
- * (a callback, a NULL array) ends the call on every rank. */
-typedef struct zs__root_status {
-  int64_t status;
-  char msg[504];
-} zs__root_status;
-
-static zs_status zs__share_root_status(zs_model* m, zs_status local,
-                                       const char* what) {
-  zs__root_status rs;
-  memset(&rs, 0, sizeof rs);
-  rs.status = local;
-  if (local != ZS_OK) snprintf(rs.msg, sizeof rs.msg, "%s", zs_last_error());
-  zs_status st =
-      zs__comm_broadcast(m->ctx->comm, &rs, sizeof rs, ZS_UINT8, 0);
-  if (st != ZS_OK) return st;
-  if (rs.status == ZS_OK) return ZS_OK;
-  if (m->ctx->rank == 0) return (zs_status)rs.status; /* message is set */
-  return zs__error(ZS_ERR_REMOTE, "%s failed on rank 0: %s", what, rs.msg);
-}
-
 /* Refuses while a unit is gathered: at stage 3 its gathered copy would go
  * stale, and the same code must behave the same at every stage. */
 static zs_status zs__check_none_gathered(const zs_model* m, const char* fn) {
@@ -59,18 +38,21 @@ static zs_status zs__store_params(zs_model* m, zs__unit* u, const char* full,
 
 zs_status zs_model_init(zs_model* m, zs_init_fn fn, void* user) {
   zs_status st = zs__check_finalized(m, "zs_model_init");
-  if (st == ZS_OK) st = zs__check_none_gathered(m, "zs_model_init");
   if (st != ZS_OK) return st;
+  zs__comm* comm = m->ctx->comm;
+  /* Local checks are agreed on, so a rank that fails them fails everyone
+   * instead of leaving the others in a broadcast. */
+  zs_status local = zs__check_none_gathered(m, "zs_model_init");
+  if (local == ZS_OK && m->ctx->rank == 0 && fn == NULL)
+    local = zs__error(ZS_ERR_INVALID_ARGUMENT, "zs_model_init: fn is NULL");
   zs__device* dev = m->ctx->device;
   char* tmp = NULL;
+  ZS_CHECK(zs__comm_agree(comm, local, "zs_model_init"));
   for (int ui = 0; ui < m->nunits; ui++) {
     zs__unit* u = &m->units[ui];
     const size_t P = u->layout.padded;
-    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_OTHER, P * u->elem, 1, "init buffer",
-                           (void**)&tmp));
-    zs_status local = ZS_OK;
-    if (m->ctx->rank == 0 && fn == NULL)
-      local = zs__error(ZS_ERR_INVALID_ARGUMENT, "zs_model_init: fn is NULL");
+    local = zs__dev_alloc(dev, ZS_MEM_OTHER, P * u->elem, 1, "init buffer",
+                          (void**)&tmp);
     for (int i = 0; i < u->ntensors && local == ZS_OK && m->ctx->rank == 0;
          i++) {
       int t = u->tensors[i];
@@ -79,11 +61,12 @@ zs_status zs_model_init(zs_model* m, zs_init_fn fn, void* user) {
       zs_model_tensor_desc(m, t, &desc);
       local = fn(user, t, &desc, zs__at(tmp, m->tensors[t].offset, u->elem));
       if (local != ZS_OK)
-        local = zs__error_prefix(local, "init callback for tensor '%s': ",
-                                 m->tensors[t].name);
+        local = zs__error(local, "init callback for tensor '%s' returned %s",
+                          m->tensors[t].name, zs_status_string(local));
     }
-    ZS_CHECK(zs__share_root_status(m, local, "zs_model_init"));
-    ZS_CHECK(zs__comm_broadcast(m->ctx->comm, tmp, P, u->dtype, 0));
+    ZS_CHECK(zs__comm_agree(comm, local, "zs_model_init"));
+    ZS_CHECK(zs__comm_broadcast(comm, zs__tag(ZS__P_INIT, ui, u->name), tmp, P,
+                                u->dtype, 0));
     ZS_CHECK(zs__store_params(m, u, tmp, 0, P));
     zs__dev_free(dev, tmp);
     tmp = NULL;
@@ -95,39 +78,56 @@ cleanup:
 
 zs_status zs_tensor_set(zs_model* m, int tensor, const void* data) {
   zs_status st = zs__check_finalized(m, "zs_tensor_set");
-  if (st == ZS_OK && (tensor < 0 || tensor >= m->ntensors))
-    st = zs__error(ZS_ERR_INVALID_ARGUMENT,
-                   "zs_tensor_set: tensor %d does not exist", tensor);
-  if (st == ZS_OK) st = zs__check_none_gathered(m, "zs_tensor_set");
   if (st != ZS_OK) return st;
-  zs__device* dev = m->ctx->device;
-  const zs__tensor* t = &m->tensors[tensor];
-  zs__unit* u = &m->units[zs__storage_unit(m, tensor)];
-  char* tmp = NULL;
   zs_status local = ZS_OK;
-  if (m->ctx->rank == 0 && data == NULL && t->numel > 0)
+  if (tensor < 0 || tensor >= m->ntensors)
+    local = zs__error(ZS_ERR_INVALID_ARGUMENT,
+                      "zs_tensor_set: tensor %d does not exist", tensor);
+  if (local == ZS_OK) local = zs__check_none_gathered(m, "zs_tensor_set");
+  if (local == ZS_OK && m->ctx->rank == 0 && data == NULL &&
+      m->tensors[tensor].numel > 0)
     local = zs__error(ZS_ERR_INVALID_ARGUMENT,
                       "zs_tensor_set: tensor '%s': data is NULL on rank 0",
-                      t->name);
-  ZS_CHECK(zs__share_root_status(m, local, "zs_tensor_set"));
-  ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_OTHER, t->numel * u->elem, 0,
-                         "tensor_set buffer", (void**)&tmp));
-  if (m->ctx->rank == 0)
-    ZS_CHECK(dev->ops->copy(dev, tmp, data, t->numel * u->elem, NULL));
-  ZS_CHECK(zs__comm_broadcast(m->ctx->comm, tmp, t->numel, u->dtype, 0));
+                      m->tensors[tensor].name);
+  zs__device* dev = m->ctx->device;
+  char* tmp = NULL;
+  ZS_CHECK(zs__comm_agree(m->ctx->comm, local, "zs_tensor_set"));
+  const zs__tensor* t = &m->tensors[tensor];
+  const int su = zs__storage_unit(m, tensor);
+  zs__unit* u = &m->units[su];
+  local = zs__dev_alloc(dev, ZS_MEM_OTHER, t->numel * u->elem, 0,
+                        "tensor_set buffer", (void**)&tmp);
+  if (local == ZS_OK && m->ctx->rank == 0)
+    local = dev->ops->copy(dev, tmp, data, t->numel * u->elem, NULL);
+  ZS_CHECK(zs__comm_agree(m->ctx->comm, local, "zs_tensor_set"));
+  ZS_CHECK(zs__comm_broadcast(m->ctx->comm, zs__tag(ZS__P_SET, su, u->name),
+                              tmp, t->numel, u->dtype, 0));
   ZS_CHECK(zs__store_params(m, u, tmp, t->offset, t->numel));
 cleanup:
   zs__dev_free(dev, tmp);
   return st;
 }
 
+static const char* zs__field_name(zs_field f) {
+  switch (f) {
+    case ZS_FIELD_PARAM: return "param";
+    case ZS_FIELD_GRAD: return "grad";
+    case ZS_FIELD_EXP_AVG: return "exp_avg";
+    case ZS_FIELD_EXP_AVG_SQ: return "exp_avg_sq";
+    case ZS_FIELD_MOMENTUM: return "momentum";
+  }
+  return "unknown";
+}
+
 /* This rank's shard of the buffer behind `field`, or an error naming why
  * the tensor has no such field. */
-static zs_status zs__field_shard(zs_model* m, const zs__tensor* t, zs__unit* u,
+static zs_status zs__field_shard(zs_model* m, const zs__tensor* t,
+                                 const zs__tensor* owner, zs__unit* u,
                                  zs_field field, void** out) {
   const zs_optimizer_config* o = &m->ctx->config.optimizer;
-  int frozen = (t->flags & ZS_TENSOR_FROZEN) != 0;
+  int frozen = (owner->flags & ZS_TENSOR_FROZEN) != 0;
   int adam = o->kind != ZS_OPTIM_SGD;
+  const char* why = "it is frozen";
   switch (field) {
     case ZS_FIELD_PARAM:
       *out = zs__param_shard_ptr(m, u);
@@ -138,38 +138,58 @@ static zs_status zs__field_shard(zs_model* m, const zs__tensor* t, zs__unit* u,
       return ZS_OK;
     case ZS_FIELD_EXP_AVG:
     case ZS_FIELD_EXP_AVG_SQ:
+      if (!frozen && !adam) why = "SGD keeps no Adam moments";
       if (frozen || !adam) break;
       *out = zs__state_shard_ptr(m, u, field == ZS_FIELD_EXP_AVG ? 0 : 1);
       return ZS_OK;
     case ZS_FIELD_MOMENTUM:
+      if (!frozen && adam) why = "Adam/AdamW keep no momentum buffer";
+      if (!frozen && !adam) why = "SGD runs without momentum";
       if (frozen || adam || u->nstates == 0) break;
       *out = zs__state_shard_ptr(m, u, 0);
       return ZS_OK;
+    default:
+      why = "unknown field";
+      break;
   }
   return zs__error(ZS_ERR_INVALID_ARGUMENT,
-                   "zs_tensor_get: tensor '%s' has no field %d (frozen, or "
-                   "not kept by this optimizer)", t->name, (int)field);
+                   "zs_tensor_get: tensor '%s'%s%s%s has no field '%s' (%d): %s",
+                   t->name, t != owner ? " (tied to '" : "",
+                   t != owner ? owner->name : "", t != owner ? "')" : "",
+                   zs__field_name(field), (int)field, why);
 }
 
 zs_status zs_tensor_get(zs_model* m, int tensor, zs_field field, void* out) {
   zs_status st = zs__check_finalized(m, "zs_tensor_get");
   if (st != ZS_OK) return st;
-  ZS_REQUIRE(tensor >= 0 && tensor < m->ntensors,
-             "zs_tensor_get: tensor %d does not exist", tensor);
-  const zs__tensor* t = &m->tensors[tensor];
-  ZS_REQUIRE(out != NULL || t->numel == 0,
-             "zs_tensor_get: tensor '%s': out is NULL", t->name);
-  zs__unit* u = &m->units[zs__storage_unit(m, tensor)];
-  const zs__tensor* owner = t->tied_to >= 0 ? &m->tensors[t->tied_to] : t;
+  zs_status local = ZS_OK;
   void* shard = NULL;
-  st = zs__field_shard(m, owner, u, field, &shard);
-  if (st != ZS_OK) return st;
+  if (tensor < 0 || tensor >= m->ntensors) {
+    local = zs__error(ZS_ERR_INVALID_ARGUMENT,
+                      "zs_tensor_get: tensor %d does not exist", tensor);
+  } else if (out == NULL && m->tensors[tensor].numel > 0) {
+    local = zs__error(ZS_ERR_INVALID_ARGUMENT,
+                      "zs_tensor_get: tensor '%s': out is NULL",
+                      m->tensors[tensor].name);
+  } else {
+    const zs__tensor* t = &m->tensors[tensor];
+    const zs__tensor* owner = t->tied_to >= 0 ? &m->tensors[t->tied_to] : t;
+    local = zs__field_shard(m, t, owner, &m->units[zs__storage_unit(m, tensor)],
+                            field, &shard);
+  }
   zs__device* dev = m->ctx->device;
   char* full = NULL;
-  ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_OTHER, u->layout.padded * u->elem, 0,
-                         "tensor_get buffer", (void**)&full));
-  ZS_CHECK(zs__comm_all_gather(m->ctx->comm, shard, full, u->layout.shard,
-                               u->dtype));
+  if (local == ZS_OK) {
+    zs__unit* u = &m->units[zs__storage_unit(m, tensor)];
+    local = zs__dev_alloc(dev, ZS_MEM_OTHER, u->layout.padded * u->elem, 0,
+                          "tensor_get buffer", (void**)&full);
+  }
+  ZS_CHECK(zs__comm_agree(m->ctx->comm, local, "zs_tensor_get"));
+  const zs__tensor* t = &m->tensors[tensor];
+  const int su = zs__storage_unit(m, tensor);
+  zs__unit* u = &m->units[su];
+  ZS_CHECK(zs__comm_all_gather(m->ctx->comm, zs__tag(ZS__P_GET, su, u->name),
+                               shard, full, u->layout.shard, u->dtype));
   ZS_CHECK(dev->ops->copy(dev, out, zs__at(full, t->offset, u->elem),
                           t->numel * u->elem, NULL));
 cleanup:

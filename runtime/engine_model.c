@@ -18,13 +18,16 @@
 static zs_status zs__poison(zs_model* m, zs_status st) {
   if (m != NULL && !m->poisoned) {
     m->poisoned = 1;
-    snprintf(m->poison_msg, sizeof m->poison_msg, "%s", zs_last_error());
+    snprintf(m->poison_msg, sizeof m->poison_msg, "%s", zs__error_body());
   }
   return st;
 }
 
 static zs_status zs__check_open(zs_model* m, const char* fn) {
   ZS_REQUIRE(m != NULL, "%s: model is NULL", fn);
+  if (m->ctx == NULL)
+    return zs__error(ZS_ERR_INVALID_STATE,
+                     "%s: the model's context was destroyed", fn);
   if (m->finalized)
     return zs__error(ZS_ERR_INVALID_STATE,
                      "%s: the model is finalized; register everything before "
@@ -34,6 +37,9 @@ static zs_status zs__check_open(zs_model* m, const char* fn) {
 
 zs_status zs__check_finalized(const zs_model* m, const char* fn) {
   ZS_REQUIRE(m != NULL, "%s: model is NULL", fn);
+  if (m->ctx == NULL)
+    return zs__error(ZS_ERR_INVALID_STATE,
+                     "%s: the model's context was destroyed", fn);
   if (!m->finalized)
     return zs__error(ZS_ERR_INVALID_STATE,
                      "%s: call zs_model_finalize first", fn);
@@ -91,8 +97,8 @@ zs_status zs_model_create(zs_context* ctx, zs_model** out) {
   m->group_lr[0] = ctx->config.optimizer.lr;
   m->group_wd[0] = ctx->config.optimizer.weight_decay;
   m->ngroups = 1;
-  m->counted = 1;
-  ctx->live_models++;
+  m->next = ctx->models;
+  ctx->models = m;
   *out = m;
   return ZS_OK;
 }
@@ -109,12 +115,24 @@ static void zs__unit_free_storage(zs__device* dev, zs__unit* u) {
   u->grads_shard = u->grads_full = u->params_shard = u->params_full = NULL;
 }
 
+void zs__model_detach(zs_model* m) {
+  if (m->ctx == NULL) return;
+  for (int i = 0; i < m->nunits; i++)
+    zs__unit_free_storage(m->ctx->device, &m->units[i]);
+  for (zs_model** p = &m->ctx->models; *p != NULL; p = &(*p)->next)
+    if (*p == m) {
+      *p = m->next;
+      break;
+    }
+  m->ctx = NULL;
+  m->next = NULL;
+}
+
 void zs_model_destroy(zs_model* m) {
   if (m == NULL) return;
+  zs__model_detach(m);
   for (int i = 0; i < m->nunits; i++) {
     zs__unit* u = &m->units[i];
-    if (m->ctx != NULL && m->ctx->device != NULL)
-      zs__unit_free_storage(m->ctx->device, u);
     free(u->tensors);
     free(u->owners);
     free(u->opt_pieces);
@@ -123,7 +141,6 @@ void zs_model_destroy(zs_model* m) {
   free(m->tensors);
   free(m->group_lr);
   free(m->group_wd);
-  if (m->counted) m->ctx->live_models--;
   free(m);
 }
 
@@ -233,6 +250,9 @@ zs_status zs_model_add_tensor(zs_model* m, int unit, const char* name,
 zs_status zs_model_add_tied_tensor(zs_model* m, int unit, const char* name,
                                    int owner, int* tensor) {
   zs_status st = zs__check_open(m, "zs_model_add_tied_tensor");
+  if (st == ZS_OK && tensor == NULL)
+    st = zs__error(ZS_ERR_INVALID_ARGUMENT,
+                   "zs_model_add_tied_tensor: tensor is NULL");
   if (st == ZS_OK && (owner < 0 || owner >= m->ntensors))
     st = zs__error(ZS_ERR_INVALID_ARGUMENT,
                    "tied tensor '%s': owner %d does not exist (%d tensors)",
@@ -253,7 +273,7 @@ zs_status zs_model_add_tied_tensor(zs_model* m, int unit, const char* name,
                            &id);
   if (st != ZS_OK) return st;
   m->tensors[id].tied_to = owner;
-  if (tensor != NULL) *tensor = id;
+  *tensor = id;
   return ZS_OK;
 }
 
@@ -300,7 +320,10 @@ zs_status zs_model_set_tensor_group(zs_model* m, int tensor, int group) {
 }
 
 zs_status zs_unit_set_grad_uses(zs_model* m, int unit, int uses) {
-  ZS_REQUIRE(m != NULL, "zs_unit_set_grad_uses: model is NULL");
+  /* Registration-time only: the counts are compared across ranks at
+   * finalize; a later change on one rank would desynchronize reductions. */
+  zs_status st = zs__check_open(m, "zs_unit_set_grad_uses");
+  if (st != ZS_OK) return st;
   ZS_REQUIRE(unit >= 0 && unit < m->nunits,
              "zs_unit_set_grad_uses: unit %d does not exist", unit);
   ZS_REQUIRE(uses >= 0, "zs_unit_set_grad_uses: unit '%s': uses %d < 0",
@@ -391,6 +414,16 @@ static zs_status zs__layout_one(zs_model* m, zs__unit* u) {
   u->elem = zs_dtype_size(u->dtype);
   ZS_CHECK(zs__layout_unit(numels, alias, n, zs__layout_align(u->elem),
                            m->ctx->world, offsets, &u->layout));
+  if (u->layout.padded > SIZE_MAX / u->elem)
+    ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+            "unit '%s': %zu elements of %zu bytes overflow size_t", u->name,
+            u->layout.padded, u->elem);
+  if (u->layout.shard > m->ctx->comm->max_count)
+    ZS_FAIL(ZS_ERR_UNSUPPORTED,
+            "unit '%s': its shard of %zu elements exceeds the %s backend's "
+            "limit of %zu elements per collective; split it into smaller "
+            "units", u->name, u->layout.shard, m->ctx->comm->ops->name,
+            m->ctx->comm->max_count);
   for (int i = 0; i < n; i++)
     if (!alias[i]) m->tensors[u->tensors[i]].offset = offsets[i];
   /* The optimizer's span: the whole buffer at stage 0, the shard at 1-3. */
@@ -401,6 +434,7 @@ static zs_status zs__layout_one(zs_model* m, zs__unit* u) {
   }
   size_t np = zs__layout_pieces(offsets, numels, alias, frozen, n, begin, end,
                                 NULL, 0);
+  free(u->opt_pieces); /* a retried finalize */
   u->opt_pieces = (zs__piece*)calloc(np + 1, sizeof *u->opt_pieces);
   if (u->opt_pieces == NULL)
     ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "finalize: pieces of unit '%s'", u->name);
@@ -416,6 +450,8 @@ cleanup:
 
 /* Distinct other units whose tensors this unit ties to. */
 static zs_status zs__find_owners(zs_model* m, zs__unit* u, int self) {
+  free(u->owners); /* a retried finalize */
+  u->nowners = 0;
   u->owners = (int*)calloc((size_t)u->ntensors + 1, sizeof *u->owners);
   if (u->owners == NULL)
     return zs__error(ZS_ERR_OUT_OF_MEMORY, "finalize: owners of '%s'", u->name);
@@ -486,16 +522,7 @@ zs_status zs_model_finalize(zs_model* m) {
     local = zs__alloc_unit(m, &m->units[i]);
   /* Agree on success so that a rank out of memory fails everyone now,
    * rather than hanging them in the first gather. */
-  char saved[1024];
-  snprintf(saved, sizeof saved, "%s", zs_last_error());
-  int64_t worst = (int64_t)local;
-  ZS_CHECK(zs__comm_all_reduce(m->ctx->comm, ZS__IN_PLACE, &worst, 1,
-                               ZS_INT64, ZS__RED_MAX));
-  if (local != ZS_OK) ZS_FAIL(local, "zs_model_finalize: %s", saved);
-  if (worst != ZS_OK)
-    ZS_FAIL(ZS_ERR_REMOTE,
-            "zs_model_finalize: another rank failed to lay out or allocate "
-            "the model (%s); see its error", zs_status_string((zs_status)worst));
+  ZS_CHECK(zs__comm_agree(m->ctx->comm, local, "zs_model_finalize"));
   m->finalized = 1;
 cleanup:
   if (st != ZS_OK)

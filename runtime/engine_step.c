@@ -14,6 +14,7 @@
  * stages differ only in which buffers persist (engine.h).
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "runtime/engine.h"
@@ -46,7 +47,9 @@ zs_status zs__unit_gather_internal(zs_model* m, int unit) {
         zs__dev_alloc(dev, ZS_MEM_PARAMS_GATHERED, u->layout.padded * u->elem,
                       0, u->name, &u->params_full);
     if (st == ZS_OK)
-      st = zs__comm_all_gather(m->ctx->comm, u->params_shard, u->params_full,
+      st = zs__comm_all_gather(m->ctx->comm,
+                               zs__tag(ZS__P_GATHER, unit, u->name),
+                               u->params_shard, u->params_full,
                                u->layout.shard, u->dtype);
     if (st != ZS_OK) {
       zs__dev_free(dev, u->params_full);
@@ -159,6 +162,8 @@ cleanup:
  * divided by the world size (the mean over ranks). Stage 0 then all-gathers
  * the shards back into the full gradient. */
 static zs_status zs__grad_reduce(zs_model* m, zs__unit* u) {
+  const int ui = (int)(u - m->units);
+  const zs__coll_tag tag = zs__tag(ZS__P_REDUCE, ui, u->name);
   zs__device* dev = m->ctx->device;
   zs__comm* comm = m->ctx->comm;
   const int stage = m->ctx->config.stage;
@@ -168,8 +173,8 @@ static zs_status zs__grad_reduce(zs_model* m, zs__unit* u) {
   void* tmp = NULL;
   zs_status st = ZS_OK;
   if (stage >= 2 && !u->reopened) {
-    ZS_CHECK(zs__comm_reduce_scatter(comm, u->grad_accum, shard, S, u->dtype,
-                                     ZS__RED_SUM));
+    ZS_CHECK(zs__comm_reduce_scatter(comm, tag, u->grad_accum, shard, S,
+                                     u->dtype, ZS__RED_SUM));
     ZS_CHECK(dev->ops->div_add(dev, shard, NULL, shard, world, S, u->dtype,
                                NULL));
   } else {
@@ -177,14 +182,14 @@ static zs_status zs__grad_reduce(zs_model* m, zs__unit* u) {
      * added to (re-opened): reduce into a temporary first. */
     ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_COMM_BUFFERS, S * u->elem, 0, u->name,
                            &tmp));
-    ZS_CHECK(zs__comm_reduce_scatter(comm, u->grad_accum, tmp, S, u->dtype,
-                                     ZS__RED_SUM));
+    ZS_CHECK(zs__comm_reduce_scatter(comm, tag, u->grad_accum, tmp, S,
+                                     u->dtype, ZS__RED_SUM));
     ZS_CHECK(dev->ops->div_add(dev, shard, u->grad_saved, tmp, world, S,
                                u->dtype, NULL));
   }
   if (stage == 0)
-    ZS_CHECK(zs__comm_all_gather(comm, ZS__IN_PLACE, u->grads_full, S,
-                                 u->dtype));
+    ZS_CHECK(zs__comm_all_gather(comm, zs__tag(ZS__P_GRAD_GATHER, ui, u->name),
+                                 ZS__IN_PLACE, u->grads_full, S, u->dtype));
   if (stage >= 2) zs__dev_free(dev, u->grad_accum);
   u->grad_accum = NULL;
   zs__dev_free(dev, u->grad_saved);
@@ -318,32 +323,56 @@ static zs_status zs__optimize_unit(zs_model* m, zs__unit* u) {
 }
 
 /* One all-reduce (MAX of each value and its complement gives max and min)
- * that every rank is at the same step, issued the same collectives since the
- * last step, and will schedule reductions the same way. */
-static zs_status zs__step_consistency(zs_model* m) {
-  uint64_t uses = ZS__FNV_SEED;
+ * that every rank is at the same step, has issued the same collectives for
+ * the same units since the context was created, used every unit the same
+ * number of times this step, will schedule reductions the same way, and
+ * uses the same learning rates. Runs before anything of the step moves. */
+static zs_status zs__step_consistency(zs_model* m, zs_status local) {
+  uint64_t uses = ZS__FNV_SEED, lrs = ZS__FNV_SEED;
   for (int i = 0; i < m->nunits; i++) {
-    int64_t rec = m->units[i].uses_recorded;
-    uses = zs__hash_bytes(uses, &rec, sizeof rec);
+    const zs__unit* u = &m->units[i];
+    int64_t rec[3] = {u->releases, u->uses_explicit, u->uses_recorded};
+    uses = zs__hash_bytes(uses, rec, sizeof rec);
   }
-  uint64_t mine[3] = {(uint64_t)m->steps_called, m->ctx->comm->seq_hash, uses};
-  uint64_t v[6];
-  for (int k = 0; k < 3; k++) {
+  lrs = zs__hash_bytes(lrs, m->group_lr, sizeof(double) * (size_t)m->ngroups);
+  lrs = zs__hash_bytes(lrs, m->group_wd, sizeof(double) * (size_t)m->ngroups);
+  enum { K = 4 };
+  uint64_t mine[K] = {(uint64_t)m->steps_called, m->ctx->comm->seq_hash, uses,
+                      lrs};
+  /* Heap, not stack: a collective's buffer (see zs__comm_free). */
+  uint64_t* v = (uint64_t*)malloc((2 * K + 1) * sizeof *v);
+  if (v == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "zs_step: malloc");
+  for (int k = 0; k < K; k++) {
     v[2 * k] = mine[k];
     v[2 * k + 1] = ~mine[k];
   }
-  zs_status st = zs__comm_all_reduce(m->ctx->comm, ZS__IN_PLACE, v, 6,
-                                     ZS_UINT64, ZS__RED_MAX);
+  /* The same all-reduce agrees on local misuse (zs__comm_agree). */
+  v[2 * K] = zs__comm_agree_code(m->ctx->comm, local);
+  char saved[1024];
+  snprintf(saved, sizeof saved, "%s", zs__error_body());
+  zs_status st = zs__comm_all_reduce(m->ctx->comm,
+                                     zs__tag(ZS__P_CHECK, -1, NULL),
+                                     ZS__IN_PLACE, v, 2 * K + 1, ZS_UINT64,
+                                     ZS__RED_MAX);
+  uint64_t r[2 * K + 1];
+  memcpy(r, v, sizeof r);
+  zs__comm_free(m->ctx->comm, v);
   if (st != ZS_OK) return st;
-  static const char* const what[3] = {
-      "step counters", "collective sequences", "gradient use counts"};
-  for (int k = 0; k < 3; k++)
-    if (v[2 * k] != ~v[2 * k + 1])
+  if (local != ZS_OK) zs__error(local, "%s", saved);
+  st = zs__comm_agree_finish(m->ctx->comm, local, r[2 * K], "zs_step");
+  if (st != ZS_OK) return st;
+  static const char* const what[K] = {
+      "step counters",
+      "collective sequences (which units were gathered and reduced, in "
+      "which order)",
+      "gradient use counts", "learning rates or weight decays"};
+  for (int k = 0; k < K; k++)
+    if (r[2 * k] != ~r[2 * k + 1])
       return zs__error(ZS_ERR_MISMATCH,
-                       "zs_step %lld: ranks disagree on their %s this step; "
-                       "every rank must gather, release and acquire the same "
-                       "units in the same order (control flow must not depend "
-                       "on the rank's data)",
+                       "zs_step %lld: ranks disagree on their %s; every rank "
+                       "must gather, release and acquire the same units in "
+                       "the same order and set the same learning rates "
+                       "(control flow must not depend on the rank's data)",
                        (long long)m->steps_called, what[k]);
   return ZS_OK;
 }
@@ -365,8 +394,11 @@ static zs_status zs__step_check_closed(const zs_model* m) {
 
 zs_status zs_step(zs_model* m, zs_step_info* info) {
   zs_status st = zs__check_finalized(m, "zs_step");
-  if (st == ZS_OK) st = zs__step_check_closed(m);
-  if (st != ZS_OK) return st; /* misuse: nothing changed, fix and retry */
+  if (st != ZS_OK) return st;
+  /* Misuse on any rank ends the step on every rank before anything moves;
+   * nothing changes, so the caller can fix the order and call again. */
+  st = zs__step_consistency(m, zs__step_check_closed(m));
+  if (st != ZS_OK) return st;
   /* Units whose last use was not known (first step, or fewer uses than
    * recorded, or not used at all: zero gradient) are reduced now, in unit
    * order, which is the same on every rank. */
@@ -379,7 +411,6 @@ zs_status zs_step(zs_model* m, zs_step_info* info) {
   for (int i = 0; i < m->nunits; i++)
     if (m->units[i].releases > m->units[i].uses_recorded)
       m->units[i].uses_recorded = m->units[i].releases;
-  ZS_CHECK(zs__step_consistency(m));
   for (int i = 0; i < m->nunits; i++)
     if (m->units[i].trainable) ZS_CHECK(zs__optimize_unit(m, &m->units[i]));
   /* Stages 1-2 keep full parameters: every rank's updated shard goes back
@@ -388,9 +419,9 @@ zs_status zs_step(zs_model* m, zs_step_info* info) {
     for (int i = 0; i < m->nunits; i++) {
       zs__unit* u = &m->units[i];
       if (u->trainable)
-        ZS_CHECK(zs__comm_all_gather(m->ctx->comm, ZS__IN_PLACE,
-                                     u->params_full, u->layout.shard,
-                                     u->dtype));
+        ZS_CHECK(zs__comm_all_gather(
+            m->ctx->comm, zs__tag(ZS__P_PARAM_GATHER, i, u->name),
+            ZS__IN_PLACE, u->params_full, u->layout.shard, u->dtype));
     }
   for (int i = 0; i < m->ntensors; i++) {
     zs__tensor* t = &m->tensors[i];
@@ -412,7 +443,6 @@ cleanup:
     u->grad_state = ZS__GRAD_IDLE;
   }
   m->steps_called++;
-  zs__comm_seq_reset(m->ctx->comm);
   if (info != NULL) {
     info->applied = st == ZS_OK;
     info->step = m->steps_applied;

@@ -165,75 +165,456 @@ void gpt2_layernorm_backward(float *dinp, float *dweight, float *dbias,
 /* Matmul                                                                    */
 /* ------------------------------------------------------------------------- */
 
-void gpt2_matmul_forward(float *out, const float *inp, const float *weight,
-                         const float *bias, int N, int C, int OC) {
-#pragma omp parallel for
-    for (int n = 0; n < N; n++) {
-        const float *x = inp + (size_t)n * C;  /* (C) */
-        float *y = out + (size_t)n * OC;       /* (OC) */
-        for (int o = 0; o < OC; o++) {
-            const float *w = weight + (size_t)o * C;  /* (C) */
-            float s = 0.0f;
-            for (int c = 0; c < C; c++) {
-                s += x[c] * w[c];
-            }
-            y[o] = bias != NULL ? s + bias[o] : s;
+/*
+ * Register-blocked kernels, written once (GPT2__MM_TEMPLATE) with GCC vector
+ * extensions and compiled three times: for AVX-512F with 16-float vectors,
+ * for AVX2 with 8-float and for the x86-64 baseline (SSE2) with 4-float
+ * vectors. gpt2__mm_isa_best picks the best copy the CPU supports at run time.
+ * (Each copy uses its ISA's native width: GCC splits wider vectors badly.)
+ *
+ * Every output element is still ONE sum in the order layers.h documents,
+ * which is the order of the plain loops:
+ *     s = 0;  s = s + a[k]*b[k] for k ascending;  then out = s + bias
+ *     (forward) or g = g + s (backward),
+ * each product and each sum rounded on its own (-ffp-contract=off). The lanes
+ * of a vector hold DIFFERENT output elements, never parts of one sum, so the
+ * vector width, the tile shape, the ISA and the thread count cannot change a
+ * bit. Vectors therefore run along an output dimension that is contiguous:
+ *     forward   out[n, o..]       o, from a transposed weight tile
+ *     dinp      dinp[n, c..]      c, from rows of weight
+ *     dweight   dweight[o, c..]   c, from rows of inp
+ *     dbias     dbias[o..]        o, from rows of dout
+ * A register block is R rows (forward, dinp) or R output channels (dweight)
+ * by two vectors of columns; each of the R rows broadcasts one scalar per
+ * step of the reduction. OpenMP splits a call into independent tiles of
+ * output elements, and one thread computes a tile from start to end.
+ */
+
+#define GPT2__MM_W 32    /* output columns per tile */
+#define GPT2__MM_NB 64   /* rows n per forward / dinp tile */
+#define GPT2__MM_KC 128  /* reduction chunk held in the forward's weight tile */
+#define GPT2__MM_OB 16   /* output channels o per dweight tile */
+#define GPT2__MM_R 4     /* rows (or channels) per register block */
+
+#define GPT2__INLINE static inline __attribute__((always_inline))
+
+/* The copies of the kernels; their values are those of the internal entry
+ * points zs__gpt2_matmul_{forward,backward}_isa. */
+enum { GPT2__ISA_BASE = 0, GPT2__ISA_AVX2 = 1, GPT2__ISA_AVX512F = 2 };
+
+/* Arguments of one matmul call, shared read-only by all tiles. */
+typedef struct {
+    float *out, *dinp, *dweight, *dbias;
+    const float *inp, *weight, *bias, *dout;
+    int N, C, OC;
+} gpt2__mm;
+
+/* wt (kc, 32) = w (ow, kc)^T, with row stride ldw, zero in columns ow..31. */
+GPT2__INLINE void gpt2__mm_transpose(float *wt, const float *w, int ldw,
+                                     int ow, int kc) {
+    for (int j = 0; j < ow; j++) {
+        for (int c = 0; c < kc; c++) {
+            wt[c * GPT2__MM_W + j] = w[(size_t)j * ldw + c];
         }
     }
+    for (int j = ow; j < GPT2__MM_W; j++) {
+        for (int c = 0; c < kc; c++) {
+            wt[c * GPT2__MM_W + j] = 0.0f;
+        }
+    }
+}
+
+/* The kernels, written once and instantiated per ISA below. sfx names the
+ * copy; V is its register vector type, VM the memory view of V (unaligned,
+ * may alias float), L the floats per V, R the rows (or output channels) per
+ * register block. A block holds 2*R accumulators of V: 8 of the 32 zmm or 16
+ * ymm / xmm registers. ATTR is the copy's target attribute; every function
+ * of a copy carries it so that its vector code is compiled for that ISA. */
+#define GPT2__MM_TEMPLATE(sfx, V, VM, L, R, ATTR)                            \
+/* *v = p[0..n-1], zero-padded to L lanes; reads nothing past p[n-1]. */     \
+ATTR GPT2__INLINE void gpt2__ldn_##sfx(V *v, const float *p, int n) {        \
+    if (n >= L) {                                                            \
+        *v = *(const VM *)(const void *)p;                                   \
+        return;                                                              \
+    }                                                                        \
+    V t = {0.0f};                                                            \
+    for (int k = 0; k < n; k++) {                                            \
+        t[k] = p[k];                                                         \
+    }                                                                        \
+    *v = t;                                                                  \
+}                                                                            \
+                                                                             \
+/* p[0..n-1] = lanes 0..n-1 of *v. */                                        \
+ATTR GPT2__INLINE void gpt2__stn_##sfx(float *p, const V *v, int n) {        \
+    if (n >= L) {                                                            \
+        *(VM *)(void *)p = *v;                                               \
+        return;                                                              \
+    }                                                                        \
+    for (int k = 0; k < n; k++) {                                            \
+        p[k] = (*v)[k];                                                      \
+    }                                                                        \
+}                                                                            \
+                                                                             \
+/* g[0..w0+w1-1] += lanes of s[0], s[1] (w0 <= L, w1 <= L): the single       \
+ * g = g + s of a gradient element. */                                       \
+ATTR GPT2__INLINE void gpt2__mm_add_##sfx(float *g, const V *s, int w0,      \
+                                          int w1) {                          \
+    V t;                                                                     \
+    gpt2__ldn_##sfx(&t, g, w0);                                              \
+    t += s[0];                                                               \
+    gpt2__stn_##sfx(g, &t, w0);                                              \
+    if (w1 > 0) {                                                            \
+        gpt2__ldn_##sfx(&t, g + L, w1);                                      \
+        t += s[1];                                                           \
+        gpt2__stn_##sfx(g + L, &t, w1);                                      \
+    }                                                                        \
+}                                                                            \
+                                                                             \
+/* Forward, one register block: out[n..n+rows-1, o..o+ow-1] (ow <= 2L) over  \
+ * the reduction chunk [c0, c0+kc). wt (kc, 32) is the transposed weight     \
+ * tile, offset to column o. The sums start at 0 in the first chunk and      \
+ * go on from the partial sums parked in out by the previous one (an exact   \
+ * round trip); the last chunk adds the bias. */                             \
+ATTR GPT2__INLINE void gpt2__mm_fwd_block_##sfx(                             \
+    const gpt2__mm *m, const float *wt, int n, int o, int ow, int c0,        \
+    int kc, const int rows) {                                                \
+    const int C = m->C, OC = m->OC;                                          \
+    const int w0 = gpt2__min(ow, L), w1 = ow - w0;                           \
+    V acc[R][2];                                                             \
+    _Pragma("GCC unroll 4")                                                  \
+    for (int r = 0; r < rows; r++) {                                         \
+        const float *y = m->out + (size_t)(n + r) * OC + o;                  \
+        acc[r][0] = (V){0.0f};                                               \
+        acc[r][1] = (V){0.0f};                                               \
+        if (c0 > 0) {                                                        \
+            gpt2__ldn_##sfx(&acc[r][0], y, w0);                              \
+            if (w1 > 0) gpt2__ldn_##sfx(&acc[r][1], y + L, w1);              \
+        }                                                                    \
+    }                                                                        \
+    const float *x = m->inp + (size_t)n * C + c0; /* (rows, C) from c0 */    \
+    for (int c = 0; c < kc; c++) {                                           \
+        const V wa = *(const VM *)(const void *)(wt + c * GPT2__MM_W);       \
+        const V wb = *(const VM *)(const void *)(wt + c * GPT2__MM_W + L);   \
+        _Pragma("GCC unroll 4")                                              \
+        for (int r = 0; r < rows; r++) {                                     \
+            const float xv = x[(size_t)r * C + c];                           \
+            acc[r][0] += xv * wa;                                            \
+            acc[r][1] += xv * wb;                                            \
+        }                                                                    \
+    }                                                                        \
+    /* without a bias nothing is added: s + 0 would turn -0 into +0 */       \
+    const int bias = c0 + kc == C && m->bias != NULL;                        \
+    V ba = {0.0f}, bb = {0.0f};                                              \
+    if (bias) {                                                              \
+        gpt2__ldn_##sfx(&ba, m->bias + o, w0);                               \
+        if (w1 > 0) gpt2__ldn_##sfx(&bb, m->bias + o + L, w1);               \
+    }                                                                        \
+    _Pragma("GCC unroll 4")                                                  \
+    for (int r = 0; r < rows; r++) {                                         \
+        float *y = m->out + (size_t)(n + r) * OC + o;                        \
+        if (bias) {                                                          \
+            acc[r][0] += ba;                                                 \
+            acc[r][1] += bb;                                                 \
+        }                                                                    \
+        gpt2__stn_##sfx(y, &acc[r][0], w0);                                  \
+        if (w1 > 0) gpt2__stn_##sfx(y + L, &acc[r][1], w1);                  \
+    }                                                                        \
+}                                                                            \
+                                                                             \
+/* Forward, one tile: rows n0..n0+63 by output channels o0..o0+31. */        \
+ATTR static void gpt2__mm_fwd_##sfx(const gpt2__mm *m, int tile) {           \
+    const int N = m->N, C = m->C, OC = m->OC;                                \
+    const int otiles = (OC + GPT2__MM_W - 1) / GPT2__MM_W;                   \
+    const int n0 = (tile / otiles) * GPT2__MM_NB;                            \
+    const int o0 = (tile % otiles) * GPT2__MM_W;                             \
+    const int nn = gpt2__min(GPT2__MM_NB, N - n0);                           \
+    const int ow = gpt2__min(GPT2__MM_W, OC - o0);                           \
+    /* (kc, 32) transposed weight tile: 16 KiB of stack. Transposing costs   \
+     * 32*kc moves per 64*32*kc multiply-adds. */                            \
+    float wt[GPT2__MM_KC * GPT2__MM_W] __attribute__((aligned(64)));         \
+    for (int c0 = 0; c0 < C; c0 += GPT2__MM_KC) {                            \
+        const int kc = gpt2__min(GPT2__MM_KC, C - c0);                       \
+        gpt2__mm_transpose(wt, m->weight + (size_t)o0 * C + c0, C, ow, kc);  \
+        for (int j = 0; j < ow; j += 2 * L) {                                \
+            const int bw = gpt2__min(2 * L, ow - j);                         \
+            int n = 0;                                                       \
+            for (; n + R <= nn; n += R) {                                    \
+                gpt2__mm_fwd_block_##sfx(m, wt + j, n0 + n, o0 + j, bw, c0,  \
+                                         kc, R);                             \
+            }                                                                \
+            for (; n < nn; n++) {                                            \
+                gpt2__mm_fwd_block_##sfx(m, wt + j, n0 + n, o0 + j, bw, c0,  \
+                                         kc, 1);                             \
+            }                                                                \
+        }                                                                    \
+    }                                                                        \
+}                                                                            \
+                                                                             \
+/* dinp, one register block: dinp[n..n+rows-1, c..c+cw-1] (cw <= 2L) +=      \
+ * sum over o (ascending) of dout[n, o] * weight[o, c]. full: cw == 2L. */   \
+ATTR GPT2__INLINE void gpt2__mm_dinp_block_##sfx(                            \
+    const gpt2__mm *m, int n, int c, int cw, const int rows,                 \
+    const int full) {                                                        \
+    const int C = m->C, OC = m->OC;                                          \
+    const int w0 = gpt2__min(cw, L), w1 = cw - w0;                           \
+    V acc[R][2];                                                             \
+    _Pragma("GCC unroll 4")                                                  \
+    for (int r = 0; r < rows; r++) {                                         \
+        acc[r][0] = (V){0.0f};                                               \
+        acc[r][1] = (V){0.0f};                                               \
+    }                                                                        \
+    const float *dy = m->dout + (size_t)n * OC; /* (rows, OC) */             \
+    const float *w = m->weight + c;             /* (OC, C) from column c */  \
+    for (int o = 0; o < OC; o++) {                                           \
+        V wa, wb = {0.0f};                                                   \
+        if (full) {                                                          \
+            wa = *(const VM *)(const void *)(w + (size_t)o * C);             \
+            wb = *(const VM *)(const void *)(w + (size_t)o * C + L);         \
+        } else {                                                             \
+            gpt2__ldn_##sfx(&wa, w + (size_t)o * C, w0);                     \
+            if (w1 > 0) gpt2__ldn_##sfx(&wb, w + (size_t)o * C + L, w1);     \
+        }                                                                    \
+        _Pragma("GCC unroll 4")                                              \
+        for (int r = 0; r < rows; r++) {                                     \
+            const float d = dy[(size_t)r * OC + o];                          \
+            acc[r][0] += d * wa;                                             \
+            acc[r][1] += d * wb;                                             \
+        }                                                                    \
+    }                                                                        \
+    _Pragma("GCC unroll 4")                                                  \
+    for (int r = 0; r < rows; r++) {                                         \
+        gpt2__mm_add_##sfx(m->dinp + (size_t)(n + r) * C + c, acc[r], w0,    \
+                           w1);                                              \
+    }                                                                        \
+}                                                                            \
+                                                                             \
+/* dinp, one tile: rows n0..n0+63 by input channels c0..c0+31. */            \
+ATTR static void gpt2__mm_dinp_##sfx(const gpt2__mm *m, int tile) {          \
+    const int ctiles = (m->C + GPT2__MM_W - 1) / GPT2__MM_W;                 \
+    const int n0 = (tile / ctiles) * GPT2__MM_NB;                            \
+    const int c0 = (tile % ctiles) * GPT2__MM_W;                             \
+    const int nn = gpt2__min(GPT2__MM_NB, m->N - n0);                        \
+    const int cn = gpt2__min(GPT2__MM_W, m->C - c0);                         \
+    for (int j = 0; j < cn; j += 2 * L) {                                    \
+        const int bw = gpt2__min(2 * L, cn - j);                             \
+        int n = 0;                                                           \
+        if (bw == 2 * L) {                                                   \
+            for (; n + R <= nn; n += R) {                                    \
+                gpt2__mm_dinp_block_##sfx(m, n0 + n, c0 + j, bw, R, 1);      \
+            }                                                                \
+        }                                                                    \
+        for (; n < nn; n++) {                                                \
+            gpt2__mm_dinp_block_##sfx(m, n0 + n, c0 + j, bw, 1, 0);          \
+        }                                                                    \
+    }                                                                        \
+}                                                                            \
+                                                                             \
+/* dweight, one register block: dweight[o..o+rows-1, c..c+cw-1] (cw <= 2L)   \
+ * += sum over n (ascending) of dout[n, o] * inp[n, c]. full: cw == 2L. */   \
+ATTR GPT2__INLINE void gpt2__mm_dweight_block_##sfx(                         \
+    const gpt2__mm *m, int o, int c, int cw, const int rows,                 \
+    const int full) {                                                        \
+    const int N = m->N, C = m->C, OC = m->OC;                                \
+    const int w0 = gpt2__min(cw, L), w1 = cw - w0;                           \
+    V acc[R][2];                                                             \
+    _Pragma("GCC unroll 4")                                                  \
+    for (int r = 0; r < rows; r++) {                                         \
+        acc[r][0] = (V){0.0f};                                               \
+        acc[r][1] = (V){0.0f};                                               \
+    }                                                                        \
+    const float *x = m->inp + c;   /* (N, C) from column c */                \
+    const float *dy = m->dout + o; /* (N, OC) from column o */               \
+    for (int n = 0; n < N; n++) {                                            \
+        V xa, xb = {0.0f};                                                   \
+        if (full) {                                                          \
+            xa = *(const VM *)(const void *)(x + (size_t)n * C);             \
+            xb = *(const VM *)(const void *)(x + (size_t)n * C + L);         \
+        } else {                                                             \
+            gpt2__ldn_##sfx(&xa, x + (size_t)n * C, w0);                     \
+            if (w1 > 0) gpt2__ldn_##sfx(&xb, x + (size_t)n * C + L, w1);     \
+        }                                                                    \
+        _Pragma("GCC unroll 4")                                              \
+        for (int r = 0; r < rows; r++) {                                     \
+            const float d = dy[(size_t)n * OC + r];                          \
+            acc[r][0] += d * xa;                                             \
+            acc[r][1] += d * xb;                                             \
+        }                                                                    \
+    }                                                                        \
+    _Pragma("GCC unroll 4")                                                  \
+    for (int r = 0; r < rows; r++) {                                         \
+        gpt2__mm_add_##sfx(m->dweight + (size_t)(o + r) * C + c, acc[r], w0, \
+                           w1);                                              \
+    }                                                                        \
+}                                                                            \
+                                                                             \
+/* dweight, one tile: output channels o0..o0+15 by input channels            \
+ * c0..c0+31. The tiles with c0 == 0 also own dbias[o0..o0+15]. */           \
+ATTR static void gpt2__mm_dweight_##sfx(const gpt2__mm *m, int tile) {       \
+    const int N = m->N, OC = m->OC;                                          \
+    const int ctiles = (m->C + GPT2__MM_W - 1) / GPT2__MM_W;                 \
+    const int o0 = (tile / ctiles) * GPT2__MM_OB;                            \
+    const int c0 = (tile % ctiles) * GPT2__MM_W;                             \
+    const int on = gpt2__min(GPT2__MM_OB, OC - o0);                          \
+    const int cn = gpt2__min(GPT2__MM_W, m->C - c0);                         \
+    for (int j = 0; j < cn; j += 2 * L) {                                    \
+        const int bw = gpt2__min(2 * L, cn - j);                             \
+        int o = 0;                                                           \
+        if (bw == 2 * L) {                                                   \
+            for (; o + R <= on; o += R) {                                    \
+                gpt2__mm_dweight_block_##sfx(m, o0 + o, c0 + j, bw, R, 1);   \
+            }                                                                \
+        }                                                                    \
+        for (; o < on; o++) {                                                \
+            gpt2__mm_dweight_block_##sfx(m, o0 + o, c0 + j, bw, 1, 0);       \
+        }                                                                    \
+    }                                                                        \
+    if (c0 > 0 || m->dbias == NULL) {                                        \
+        return;                                                              \
+    }                                                                        \
+    for (int j = 0; j < on; j += L) {                                        \
+        const int bw = gpt2__min(L, on - j);                                 \
+        V s = {0.0f}, d;                                                     \
+        for (int n = 0; n < N; n++) {                                        \
+            gpt2__ldn_##sfx(&d, m->dout + (size_t)n * OC + o0 + j, bw);      \
+            s += d;                                                          \
+        }                                                                    \
+        gpt2__mm_add_##sfx(m->dbias + o0 + j, &s, bw, 0);                    \
+    }                                                                        \
+}                                                                            \
+                                                                             \
+/* Backward, one tile: the dinp tiles come first (none when dinp is NULL),   \
+ * then the dweight (+ dbias) tiles. */                                      \
+ATTR static void gpt2__mm_bwd_##sfx(const gpt2__mm *m, int tile) {           \
+    const int ctiles = (m->C + GPT2__MM_W - 1) / GPT2__MM_W;                 \
+    const int ntiles = (m->N + GPT2__MM_NB - 1) / GPT2__MM_NB;               \
+    const int dinp_tiles = m->dinp != NULL ? ntiles * ctiles : 0;            \
+    if (tile < dinp_tiles) {                                                 \
+        gpt2__mm_dinp_##sfx(m, tile);                                        \
+    } else {                                                                 \
+        gpt2__mm_dweight_##sfx(m, tile - dinp_tiles);                        \
+    }                                                                        \
+}
+
+/* One copy per ISA. The register vector types are declared at file scope
+ * (a typedef inside the template would need the ISA's vector size to be
+ * legal outside it); the memory views are unaligned and may alias float. */
+typedef float gpt2__v4 __attribute__((vector_size(16)));
+typedef float gpt2__v4m __attribute__((vector_size(16), aligned(4), may_alias));
+GPT2__MM_TEMPLATE(base, gpt2__v4, gpt2__v4m, 4, GPT2__MM_R, )
+
+#if defined(__x86_64__) || defined(__i386__)
+typedef float gpt2__v8 __attribute__((vector_size(32)));
+typedef float gpt2__v8m __attribute__((vector_size(32), aligned(4), may_alias));
+typedef float gpt2__v16 __attribute__((vector_size(64)));
+typedef float gpt2__v16m
+    __attribute__((vector_size(64), aligned(4), may_alias));
+GPT2__MM_TEMPLATE(avx2, gpt2__v8, gpt2__v8m, 8, GPT2__MM_R,
+                  __attribute__((target("avx2"))))
+GPT2__MM_TEMPLATE(avx512f, gpt2__v16, gpt2__v16m, 16, GPT2__MM_R,
+                  __attribute__((target("avx512f"))))
+#endif
+
+typedef void (*gpt2__mm_tile_fn)(const gpt2__mm *m, int tile);
+
+/* Internal entry points, not in layers.h: gpt2_matmul_forward/backward with
+ * the copy of the kernels named by isa (GPT2__ISA_*; the baseline for an
+ * unknown value), so that tests can compare the copies bit for bit. isa must
+ * be one that zs__gpt2_matmul_isa_supported accepts. */
+int zs__gpt2_matmul_isa_supported(int isa);
+void zs__gpt2_matmul_forward_isa(int isa, float *out, const float *inp,
+                                 const float *weight, const float *bias,
+                                 int N, int C, int OC);
+void zs__gpt2_matmul_backward_isa(int isa, float *dinp, float *dweight,
+                                  float *dbias, const float *dout,
+                                  const float *inp, const float *weight,
+                                  int N, int C, int OC);
+
+/* 1 when the CPU (and OS) can run that copy, else 0. */
+int zs__gpt2_matmul_isa_supported(int isa) {
+    switch (isa) {
+    case GPT2__ISA_BASE:
+        return 1;
+#if defined(__x86_64__) || defined(__i386__)
+    case GPT2__ISA_AVX2:
+        return __builtin_cpu_supports("avx2") != 0;
+    case GPT2__ISA_AVX512F:
+        return __builtin_cpu_supports("avx512f") != 0;
+#endif
+    default:
+        return 0;
+    }
+}
+
+static int gpt2__mm_isa_best(void) {
+    int isa = GPT2__ISA_AVX512F;
+    while (isa > GPT2__ISA_BASE && !zs__gpt2_matmul_isa_supported(isa)) {
+        isa--;
+    }
+    return isa;
+}
+
+static void gpt2__mm_kernels(int isa, gpt2__mm_tile_fn *fwd,
+                             gpt2__mm_tile_fn *bwd) {
+    *fwd = gpt2__mm_fwd_base;
+    *bwd = gpt2__mm_bwd_base;
+#if defined(__x86_64__) || defined(__i386__)
+    if (isa == GPT2__ISA_AVX2) {
+        *fwd = gpt2__mm_fwd_avx2;
+        *bwd = gpt2__mm_bwd_avx2;
+    } else if (isa == GPT2__ISA_AVX512F) {
+        *fwd = gpt2__mm_fwd_avx512f;
+        *bwd = gpt2__mm_bwd_avx512f;
+    }
+#endif
+}
+
+void zs__gpt2_matmul_forward_isa(int isa, float *out, const float *inp,
+                                 const float *weight, const float *bias,
+                                 int N, int C, int OC) {
+    const gpt2__mm m = {.out = out, .inp = inp, .weight = weight,
+                        .bias = bias, .N = N, .C = C, .OC = OC};
+    gpt2__mm_tile_fn fwd, bwd;
+    gpt2__mm_kernels(isa, &fwd, &bwd);
+    const int tiles = (N + GPT2__MM_NB - 1) / GPT2__MM_NB *
+                      ((OC + GPT2__MM_W - 1) / GPT2__MM_W);
+    /* dynamic: tiles on the edges are cheaper; the split cannot change
+     * results since tiles write disjoint elements */
+#pragma omp parallel for schedule(dynamic)
+    for (int t = 0; t < tiles; t++) {
+        fwd(&m, t);
+    }
+}
+
+void zs__gpt2_matmul_backward_isa(int isa, float *dinp, float *dweight,
+                                  float *dbias, const float *dout,
+                                  const float *inp, const float *weight,
+                                  int N, int C, int OC) {
+    const gpt2__mm m = {.dinp = dinp, .dweight = dweight, .dbias = dbias,
+                        .dout = dout, .inp = inp, .weight = weight,
+                        .N = N, .C = C, .OC = OC};
+    gpt2__mm_tile_fn fwd, bwd;
+    gpt2__mm_kernels(isa, &fwd, &bwd);
+    const int ctiles = (C + GPT2__MM_W - 1) / GPT2__MM_W;
+    const int tiles =
+        (dinp != NULL ? (N + GPT2__MM_NB - 1) / GPT2__MM_NB * ctiles : 0) +
+        (OC + GPT2__MM_OB - 1) / GPT2__MM_OB * ctiles;
+#pragma omp parallel for schedule(dynamic)
+    for (int t = 0; t < tiles; t++) {
+        bwd(&m, t);
+    }
+}
+
+void gpt2_matmul_forward(float *out, const float *inp, const float *weight,
+                         const float *bias, int N, int C, int OC) {
+    zs__gpt2_matmul_forward_isa(gpt2__mm_isa_best(), out, inp, weight, bias,
+                                N, C, OC);
 }
 
 void gpt2_matmul_backward(float *dinp, float *dweight, float *dbias,
                           const float *dout, const float *inp,
                           const float *weight, int N, int C, int OC) {
-    /* dinp (N, C) = dout (N, OC) . weight (OC, C): the sum over o runs down
-     * the rows of weight, so take C in tiles to read them contiguously. */
-    if (dinp != NULL) {
-#pragma omp parallel for
-        for (int n = 0; n < N; n++) {
-            const float *dy = dout + (size_t)n * OC;  /* (OC) */
-            float *dx = dinp + (size_t)n * C;         /* (C) */
-            for (int c0 = 0; c0 < C; c0 += GPT2_TILE) {
-                const int cn = gpt2__min(GPT2_TILE, C - c0);
-                float s[GPT2_TILE] = {0.0f};
-                for (int o = 0; o < OC; o++) {
-                    const float *w = weight + (size_t)o * C + c0;
-                    for (int k = 0; k < cn; k++) {
-                        s[k] += dy[o] * w[k];
-                    }
-                }
-                for (int k = 0; k < cn; k++) {
-                    dx[c0 + k] += s[k];
-                }
-            }
-        }
-    }
-
-    /* dweight (OC, C) = dout^T (OC, N) . inp (N, C); dbias (OC). */
-#pragma omp parallel for
-    for (int o = 0; o < OC; o++) {
-        float *dw = dweight + (size_t)o * C;  /* (C) */
-        for (int c0 = 0; c0 < C; c0 += GPT2_TILE) {
-            const int cn = gpt2__min(GPT2_TILE, C - c0);
-            float s[GPT2_TILE] = {0.0f};
-            for (int n = 0; n < N; n++) {
-                const float d = dout[(size_t)n * OC + o];
-                const float *x = inp + (size_t)n * C + c0;
-                for (int k = 0; k < cn; k++) {
-                    s[k] += d * x[k];
-                }
-            }
-            for (int k = 0; k < cn; k++) {
-                dw[c0 + k] += s[k];
-            }
-        }
-        if (dbias != NULL) {
-            float sb = 0.0f;
-            for (int n = 0; n < N; n++) {
-                sb += dout[(size_t)n * OC + o];
-            }
-            dbias[o] += sb;
-        }
-    }
+    zs__gpt2_matmul_backward_isa(gpt2__mm_isa_best(), dinp, dweight, dbias,
+                                 dout, inp, weight, N, C, OC);
 }
 
 /* ------------------------------------------------------------------------- */

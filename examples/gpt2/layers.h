@@ -142,11 +142,24 @@ void gpt2_layernorm_backward(float *dinp, float *dweight, float *dbias,
  * out(N, OC) = inp(N, C) . weight(OC, C)^T + bias(OC)
  * out[n, o] = s + bias[o], s = sum over c (ascending) of inp[n, c]*weight[o, c].
  *
+ * Order of summation, exactly (the same bits as the plain triple loop):
+ *   s = 0; for c = 0, 1, ..., C-1: s = s + inp[n, c]*weight[o, c], the
+ *   product and the sum each rounded to fp32 (no fused multiply-add);
+ *   then out[n, o] = s + bias[o], or s when bias is NULL (nothing added).
+ * Each out[n, o] is one such sum by one thread. The kernels exist in three
+ * copies, AVX-512F, AVX2 and the x86-64 baseline SSE2, picked at run time by
+ * the CPU; a vector's lanes hold different o, never parts of one sum, so all
+ * copies give identical bits (tests/examples/gpt2_layers_test.cc,
+ * ExactOrder*, compares each copy with a scalar emulation of this order).
+ *
  * out     (N, OC)  written.
  * inp     (N, C).
  * weight  (OC, C)  PyTorch nn.Linear layout (one row per output channel).
  * bias    (OC)     may be NULL (no bias).
- * Threads: parallel over rows n.
+ * Any N, C, OC >= 1 (no multiple of the vector width needed).
+ * Threads: parallel over tiles of 64 rows x 32 output channels. Memory: no
+ * allocation; 16 KiB of stack per thread (a transposed weight tile).
+ * Speed: register-blocked (4 rows x 32 outputs); tools/bench:matmul_bench.
  */
 void gpt2_matmul_forward(float *out, const float *inp, const float *weight,
                          const float *bias, int N, int C, int OC);
@@ -157,12 +170,22 @@ void gpt2_matmul_forward(float *out, const float *inp, const float *weight,
  *   dweight[o, c] += sum over n (ascending) of dout[n, o] * inp[n, c]
  *   dbias[o]      += sum over n (ascending) of dout[n, o]
  *
+ * Order of summation, exactly (the same bits as the plain loops): each sum
+ * starts at s = 0 and adds s = s + (product) for the index ascending, the
+ * product and the sum each rounded to fp32 (no fused multiply-add); then the
+ * gradient element is updated once, g = g + s. As for the forward, the three
+ * copies of the kernels (AVX-512F, AVX2, SSE2) give identical bits, and each
+ * element is summed by one thread.
+ *
  * dinp     (N, C)   ACCUMULATED; may be NULL when the input needs no gradient
  *                   (e.g. the data fed to an MLP).
  * dweight  (OC, C)  ACCUMULATED.
  * dbias    (OC)     ACCUMULATED; may be NULL (layer without bias).
  * dout (N, OC) upstream gradient; inp, weight as given to the forward.
- * Threads: dinp parallel over rows n; dweight and dbias parallel over o.
+ * Any N, C, OC >= 1.
+ * Threads: one parallel loop over tiles: dinp in tiles of 64 rows x 32
+ * channels c, dweight in tiles of 16 channels o x 32 channels c (the tiles
+ * at c = 0 also do dbias). Memory: no allocation.
  */
 void gpt2_matmul_backward(float *dinp, float *dweight, float *dbias,
                           const float *dout, const float *inp,

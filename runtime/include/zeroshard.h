@@ -21,6 +21,11 @@
  * section 5): 0 replicates everything, 1 shards optimizer states, 2 also
  * shards gradients, 3 also shards parameters.
  *
+ * Collectives never hang silently: one that the other ranks do not join
+ * fails with ZS_ERR_TIMEOUT after zs_config.collective_timeout_s (warnings
+ * every minute before that), naming the collective and the unit; the
+ * context is unusable afterwards.
+ *
  * Conventions used by every comment below:
  *  - "elements" and "bytes" are always said explicitly.
  *  - Every fallible call returns zs_status; on failure zs_last_error() holds
@@ -142,8 +147,12 @@ typedef enum zs_optimizer_kind {
   ZS_OPTIM_SGD = 2    /* momentum, dampening, nesterov as in PyTorch */
 } zs_optimizer_kind;
 
+/* weight_decay value meaning "this optimizer's PyTorch default": 0.01 for
+ * AdamW, 0 for Adam and SGD (resolved by zs_context_create). */
+#define ZS_WEIGHT_DECAY_DEFAULT (-1.0)
+
 /* Optimizer hyperparameters; the defaults are PyTorch's (lr 1e-3, betas
- * (0.9, 0.999), eps 1e-8, weight_decay 0.01 for AdamW, 0 otherwise).
+ * (0.9, 0.999), eps 1e-8, weight_decay ZS_WEIGHT_DECAY_DEFAULT).
  * Doubles because PyTorch computes the scalar coefficients (bias
  * corrections, 1 - lr*wd) in double before the fp32 element math. */
 typedef struct zs_optimizer_config {
@@ -152,7 +161,8 @@ typedef struct zs_optimizer_config {
   double beta1;        /* Adam/AdamW */
   double beta2;        /* Adam/AdamW */
   double eps;          /* Adam/AdamW */
-  double weight_decay; /* default weight decay of param group 0 */
+  double weight_decay; /* weight decay of param group 0, >= 0, or
+                          ZS_WEIGHT_DECAY_DEFAULT */
   double momentum;     /* SGD */
   double dampening;    /* SGD */
   int nesterov;        /* SGD: 0 or 1; needs momentum > 0, dampening 0 */
@@ -170,12 +180,18 @@ typedef struct zs_config {
   zs_optimizer_config optimizer;
   int log_level; /* 0 errors, 1 warnings (default), 2 info, 3 debug; the
                     environment variable ZS_LOG_LEVEL overrides it */
+  double collective_timeout_s; /* seconds a collective may wait for the
+                    other ranks before it fails with ZS_ERR_TIMEOUT (a
+                    warning is logged every minute before that); 0 waits
+                    forever. Default 1800, as torch.distributed's. */
 } zs_config;
 
-#define ZS_CONFIG_INIT                                                         \
-  {                                                                            \
-    sizeof(zs_config), ZS_VERSION_CODE, 0, ZS_DEVICE_HOST,                     \
-        {ZS_OPTIM_ADAMW, 1e-3, 0.9, 0.999, 1e-8, 0.01, 0.0, 0.0, 0}, 1         \
+#define ZS_CONFIG_INIT                                                     \
+  {                                                                        \
+    sizeof(zs_config), ZS_VERSION_CODE, 0, ZS_DEVICE_HOST,                 \
+        {ZS_OPTIM_ADAMW, 1e-3, 0.9, 0.999, 1e-8, ZS_WEIGHT_DECAY_DEFAULT,  \
+         0.0, 0.0, 0},                                                     \
+        1, 1800.0                                                          \
   }
 
 /* Fills *config with the defaults (the same values as ZS_CONFIG_INIT).
@@ -194,7 +210,8 @@ zs_status zs_config_validate(const zs_config* config);
  * text: NUL-terminated JSON, not retained. Unknown keys are an error (a typo
  * must not be silently ignored). Errors: ZS_ERR_INVALID_ARGUMENT naming the
  * key (e.g. "zero_optimization.stage: expected an integer 0..3, got 5") or
- * the parse position; *config is unchanged on error. */
+ * the parse position; *config is unchanged on error. Also
+ * "collective_timeout" (seconds). */
 zs_status zs_config_from_json(const char* text, zs_config* config);
 
 /* Like zs_config_from_json on the contents of the file at path.
@@ -209,8 +226,10 @@ typedef struct zs_context zs_context;
 
 /* Creates a context over MPI_COMM_WORLD (zs_mpi.h takes any communicator).
  * If MPI is not initialized yet, calls MPI_Init_thread (requesting
- * MPI_THREAD_MULTIPLE) and the matching MPI_Finalize happens in
- * zs_context_destroy; a program run without mpirun is a world of size 1.
+ * MPI_THREAD_MULTIPLE); MPI_Finalize then happens when the last context
+ * created this way is destroyed (or at process exit if none was created
+ * successfully, so a failed create can be retried). A program run without
+ * mpirun is a world of size 1.
  * Collective: also checks that every rank passed the same configuration
  * (one all-gather of a hash); a difference is ZS_ERR_MISMATCH on every rank
  * naming the first differing field and rank.
@@ -219,9 +238,11 @@ typedef struct zs_context zs_context;
  * ZS_ERR_MISMATCH, ZS_ERR_COMM, ZS_ERR_UNSUPPORTED (a device not built in). */
 zs_status zs_context_create(const zs_config* config, zs_context** out);
 
-/* Destroys the context (NULL is accepted). All models created on it must be
- * destroyed first; outstanding runtime allocations are reported as a
- * warning (a leak). Not collective unless it finalizes MPI. */
+/* Destroys the context (NULL is accepted). Destroy its models first: a
+ * model still alive is detached (its storage freed, a warning logged; later
+ * calls on it return ZS_ERR_INVALID_STATE and zs_model_destroy frees the
+ * rest). Outstanding allocations are reported as leaks. Collective (it frees
+ * the duplicated MPI communicator, and may finalize MPI). */
 void zs_context_destroy(zs_context* ctx);
 
 /* This process's rank in the context's communicator (0 for NULL). */
@@ -259,8 +280,11 @@ void zs_memory_reset_peak(zs_context* ctx);
 zs_status zs_memory_register(zs_context* ctx, zs_mem_category category,
                              const void* ptr, size_t bytes);
 
-/* Stops counting a buffer registered with zs_memory_register.
- * Errors: INVALID_ARGUMENT if ptr is not registered. */
+/* Stops counting a buffer registered with zs_memory_register. User
+ * registrations and the runtime's own allocations are kept apart: runtime
+ * memory cannot be unregistered, and a stale registration never blocks a
+ * runtime allocation. Errors: INVALID_ARGUMENT if ptr is not a user
+ * registration. */
 zs_status zs_memory_unregister(zs_context* ctx, const void* ptr);
 
 /* ==== Communication counters ============================================= */
@@ -333,8 +357,9 @@ zs_status zs_model_add_tensor(zs_model* model, int unit, const char* name,
  * occupies no storage, and its views are the owner's. Gathering `unit` also
  * gathers the owner's unit; acquiring its gradients acquires the owner
  * unit's gradients, so both uses accumulate into one buffer that is reduced
- * once. owner: an untied tensor of another unit.
- * Errors: INVALID_ARGUMENT naming the tensor; poisons the model on error. */
+ * once. owner: any untied tensor. *tensor receives the id (not NULL).
+ * Errors: INVALID_ARGUMENT naming the tensor, INVALID_STATE (after
+ * finalize); poisons the model on error. */
 zs_status zs_model_add_tied_tensor(zs_model* model, int unit, const char* name,
                                    int owner, int* tensor);
 
@@ -357,7 +382,10 @@ zs_status zs_model_set_tensor_group(zs_model* model, int tensor, int group);
  * largest count seen. A step with fewer uses reduces the unit in zs_step; a
  * step with more re-opens the reduced unit (exact, one extra collective) and
  * raises the count. uses: >= 1, or 0 to go back to recording. A tied tensor
- * counts as a use of its owner's unit. Errors: INVALID_ARGUMENT. */
+ * counts as a use of its owner's unit. Before finalize only (the counts are
+ * compared across ranks there). Recording costs memory in the first step
+ * (every unit's gradients are held until zs_step), so give the counts when
+ * the model is large. Errors: INVALID_ARGUMENT, INVALID_STATE. */
 zs_status zs_unit_set_grad_uses(zs_model* model, int unit, int uses);
 
 /* Freezes the layout and allocates storage (parameters zeroed). Collective.
@@ -427,7 +455,9 @@ zs_status zs_tensor_set(zs_model* model, int tensor, const void* data);
 /* What zs_tensor_get reads. */
 typedef enum zs_field {
   ZS_FIELD_PARAM = 0,      /* parameters (the updated values after a step) */
-  ZS_FIELD_GRAD = 1,       /* the last reduced gradient (mean over ranks) */
+  ZS_FIELD_GRAD = 1,       /* the last reduced gradient (mean over ranks):
+                              valid from zs_step until the next step's first
+                              gradient acquire */
   ZS_FIELD_EXP_AVG = 2,    /* Adam/AdamW first moment */
   ZS_FIELD_EXP_AVG_SQ = 3, /* Adam/AdamW second moment */
   ZS_FIELD_MOMENTUM = 4    /* SGD momentum buffer */
@@ -436,8 +466,9 @@ typedef enum zs_field {
 /* Copies the full tensor's field into out (numel elements; every rank
  * receives it). A tied tensor reads its owner. Collective (one all-gather of
  * the owning unit's shards). Errors: INVALID_ARGUMENT (unknown tensor, a
- * field the optimizer does not have, a frozen tensor's optimizer field),
- * INVALID_STATE (before finalize), COMM. */
+ * field the optimizer does not have, a frozen tensor's optimizer field;
+ * on one rank only: ZS_ERR_REMOTE on the others), INVALID_STATE (before
+ * finalize), COMM, TIMEOUT. */
 zs_status zs_tensor_get(zs_model* model, int tensor, zs_field field,
                         void* out);
 
@@ -497,14 +528,20 @@ typedef struct zs_step_info {
   double loss_scale;  /* reserved: 1 until loss scaling lands */
 } zs_step_info;
 
-/* Ends the step: reduces every unit not reduced yet (a unit not used this
- * step contributes zero gradients), checks that every rank issued the same
- * collectives this step (one small all-reduce), runs the optimizer on this
- * rank's part (the whole buffer at stage 0, the shard at 1-3), and at
- * stages 1-2 all-gathers the updated parameters. Collective. info may be
- * NULL. Errors: INVALID_STATE naming the unit if a unit is still gathered
- * or its gradients are open; MISMATCH if ranks issued different collectives;
- * COMM, OUT_OF_MEMORY. Algorithm: ZeRO (arXiv:1910.02054) section 5. */
+/* Ends the step. First one small all-reduce checks, before anything moves,
+ * that no rank still holds a gathered unit or open gradients (misuse on
+ * any rank fails the step on every rank: INVALID_STATE naming the unit
+ * there, REMOTE naming the rank elsewhere; nothing changes, so fix and
+ * call again) and that every rank is at the same step, has issued the same
+ * collectives for the same units since the start, used every unit the same
+ * number of times and set the same learning rates (else MISMATCH). Then it
+ * reduces every unit not reduced yet (a unit not used this step contributes
+ * zero gradients, as torch 1.13's zero_grad() leaves zeros: AdamW still
+ * decays and moves it), runs the optimizer on this rank's part (the whole
+ * buffer at stage 0, the shard at 1-3), and at stages 1-2 all-gathers the
+ * updated parameters. Collective. info may be NULL. Errors: INVALID_STATE,
+ * REMOTE, MISMATCH, COMM, TIMEOUT, OUT_OF_MEMORY. Algorithm: ZeRO
+ * (arXiv:1910.02054) section 5. */
 zs_status zs_step(zs_model* model, zs_step_info* info);
 
 /* ==== Optimizer kernels (optim/) ========================================= */

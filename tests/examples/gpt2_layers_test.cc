@@ -30,6 +30,20 @@
 
 #include "gtest/gtest.h"
 
+// Internal entry points of layers.c (not in layers.h): the matmul with a
+// chosen copy of its kernels. isa: 0 x86-64 baseline (SSE2), 1 AVX2,
+// 2 AVX-512F; usable when zs__gpt2_matmul_isa_supported(isa) returns 1.
+extern "C" {
+int zs__gpt2_matmul_isa_supported(int isa);
+void zs__gpt2_matmul_forward_isa(int isa, float* out, const float* inp,
+                                 const float* weight, const float* bias, int N,
+                                 int C, int OC);
+void zs__gpt2_matmul_backward_isa(int isa, float* dinp, float* dweight,
+                                  float* dbias, const float* dout,
+                                  const float* inp, const float* weight, int N,
+                                  int C, int OC);
+}
+
 namespace {
 
 using Vec = std::vector<float>;
@@ -310,7 +324,8 @@ TEST(Gpt2LayerNorm, Accumulates) {
 // Matmul
 // ---------------------------------------------------------------------------
 
-// C = 20 spans one full column tile (16) and a partial one (4).
+// C = 20 is no multiple of the kernels' vector widths (4, 8, 16) or of their
+// 32-column tiles, so every gradient has a partial block.
 constexpr int kMmC = 20;
 
 struct MatmulCase {
@@ -390,6 +405,156 @@ TEST(Gpt2Matmul, Accumulates) {
       },
       {true, true, true});
 }
+
+// The exact order of operations layers.h documents for the matmul, written
+// out in scalar C. Each output element is one sum: s = 0, then
+// s = s + a*b for the reduction index ascending (product and sum each
+// rounded: this file is built with -ffp-contract=off), then
+//   forward:  out = s + bias (nothing added without a bias),
+//   backward: g = g + s, once per gradient element.
+// Every copy of the kernels (one per ISA) must give these bits exactly.
+void EmulateMatmulForward(float* out, const float* inp, const float* weight,
+                          const float* bias, int N, int C, int OC) {
+  for (int n = 0; n < N; n++) {
+    for (int o = 0; o < OC; o++) {
+      float s = 0.0f;
+      for (int c = 0; c < C; c++) {
+        const float p = inp[(size_t)n * C + c] * weight[(size_t)o * C + c];
+        s = s + p;
+      }
+      out[(size_t)n * OC + o] = bias != nullptr ? s + bias[o] : s;
+    }
+  }
+}
+
+void EmulateMatmulBackward(float* dinp, float* dweight, float* dbias,
+                           const float* dout, const float* inp,
+                           const float* weight, int N, int C, int OC) {
+  for (int n = 0; n < N && dinp != nullptr; n++) {
+    for (int c = 0; c < C; c++) {
+      float s = 0.0f;
+      for (int o = 0; o < OC; o++) {
+        const float p = dout[(size_t)n * OC + o] * weight[(size_t)o * C + c];
+        s = s + p;
+      }
+      dinp[(size_t)n * C + c] = dinp[(size_t)n * C + c] + s;
+    }
+  }
+  for (int o = 0; o < OC; o++) {
+    for (int c = 0; c < C; c++) {
+      float s = 0.0f;
+      for (int n = 0; n < N; n++) {
+        const float p = dout[(size_t)n * OC + o] * inp[(size_t)n * C + c];
+        s = s + p;
+      }
+      dweight[(size_t)o * C + c] = dweight[(size_t)o * C + c] + s;
+    }
+    if (dbias != nullptr) {
+      float s = 0.0f;
+      for (int n = 0; n < N; n++) s = s + dout[(size_t)n * OC + o];
+      dbias[o] = dbias[o] + s;
+    }
+  }
+}
+
+// First index where a and b differ bitwise, or -1.
+long FirstBitDiff(const Vec& a, const Vec& b) {
+  if (a.size() != b.size()) return 0;
+  for (size_t i = 0; i < a.size(); i++) {
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return (long)i;
+  }
+  return -1;
+}
+
+#define EXPECT_SAME_BITS(got, want, what)                                 \
+  do {                                                                    \
+    const long i_ = FirstBitDiff(got, want);                              \
+    EXPECT_EQ(i_, -1) << (what) << ": first difference at " << i_ << ": " \
+                      << (i_ >= 0 ? (got)[i_] : 0.0f) << " vs "           \
+                      << (i_ >= 0 ? (want)[i_] : 0.0f);                   \
+  } while (0)
+
+// Runs the copy `isa` (or the public functions for isa < 0) on shapes that
+// are small, odd, larger than one tile or one reduction chunk (C > 128,
+// 300 = 128 + 128 + 44), with and without bias / dinp / dbias, with gradients
+// starting from random values, on 1 and 3 threads; compares bitwise with the
+// emulation.
+void CheckMatmulExactOrder(int isa) {
+  struct Shape {
+    int N, C, OC;
+  };
+  const Shape shapes[] = {{1, 1, 1},   {5, 8, 11},    {3, 17, 33},
+                          {7, 33, 5},  {70, 20, 37},  {65, 130, 70},
+                          {2, 300, 3}, {64, 128, 64}, {9, 48, 100}};
+  const int saved = omp_get_max_threads();
+  omp_set_dynamic(0);
+  std::mt19937 rng(99);
+  for (const Shape& sh : shapes) {
+    const int N = sh.N, C = sh.C, OC = sh.OC;
+    const Vec inp = Random((size_t)N * C, &rng),
+              weight = Random((size_t)OC * C, &rng), bias = Random(OC, &rng),
+              dout = Random((size_t)N * OC, &rng),
+              dinp0 = Random((size_t)N * C, &rng),
+              dw0 = Random((size_t)OC * C, &rng), db0 = Random(OC, &rng);
+    for (int threads : {1, 3}) {
+      omp_set_num_threads(threads);
+      const std::string what = "isa " + std::to_string(isa) + " N " +
+                               std::to_string(N) + " C " + std::to_string(C) +
+                               " OC " + std::to_string(OC) + " threads " +
+                               std::to_string(threads);
+      for (bool with_bias : {true, false}) {
+        const float* b = with_bias ? bias.data() : nullptr;
+        Vec want((size_t)N * OC), got((size_t)N * OC, -7.0f);
+        EmulateMatmulForward(want.data(), inp.data(), weight.data(), b, N, C,
+                             OC);
+        if (isa < 0) {
+          gpt2_matmul_forward(got.data(), inp.data(), weight.data(), b, N, C,
+                              OC);
+        } else {
+          zs__gpt2_matmul_forward_isa(isa, got.data(), inp.data(),
+                                      weight.data(), b, N, C, OC);
+        }
+        EXPECT_SAME_BITS(got, want,
+                         what + (with_bias ? " out" : " out (no bias)"));
+      }
+      for (bool full : {true, false}) {  // full: dinp and dbias non-NULL
+        Vec want_di = dinp0, want_dw = dw0, want_db = db0;
+        Vec di = dinp0, dw = dw0, db = db0;
+        float* di_p = full ? di.data() : nullptr;
+        float* db_p = full ? db.data() : nullptr;
+        EmulateMatmulBackward(full ? want_di.data() : nullptr, want_dw.data(),
+                              full ? want_db.data() : nullptr, dout.data(),
+                              inp.data(), weight.data(), N, C, OC);
+        if (isa < 0) {
+          gpt2_matmul_backward(di_p, dw.data(), db_p, dout.data(), inp.data(),
+                               weight.data(), N, C, OC);
+        } else {
+          zs__gpt2_matmul_backward_isa(isa, di_p, dw.data(), db_p, dout.data(),
+                                       inp.data(), weight.data(), N, C, OC);
+        }
+        const std::string tag = full ? "" : " (dinp, dbias NULL)";
+        EXPECT_SAME_BITS(di, want_di, what + " dinp" + tag);
+        EXPECT_SAME_BITS(dw, want_dw, what + " dweight" + tag);
+        EXPECT_SAME_BITS(db, want_db, what + " dbias" + tag);
+      }
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
+TEST(Gpt2Matmul, ExactOrderBaselineSse2) { CheckMatmulExactOrder(0); }
+
+TEST(Gpt2Matmul, ExactOrderAvx2) {
+  if (!zs__gpt2_matmul_isa_supported(1)) GTEST_SKIP() << "CPU has no AVX2";
+  CheckMatmulExactOrder(1);
+}
+
+TEST(Gpt2Matmul, ExactOrderAvx512f) {
+  if (!zs__gpt2_matmul_isa_supported(2)) GTEST_SKIP() << "CPU has no AVX-512F";
+  CheckMatmulExactOrder(2);
+}
+
+TEST(Gpt2Matmul, ExactOrderPublicDispatch) { CheckMatmulExactOrder(-1); }
 
 // ---------------------------------------------------------------------------
 // Attention
@@ -678,8 +843,9 @@ TEST(Gpt2Mse, ForwardAndGradCheck) {
 // Every buffer of a forward + backward pass, by name.
 using Buffers = std::vector<std::pair<std::string, Vec>>;
 
-// Odd B, T and a C that leaves a partial column tile (40 = 16 + 16 + 8) so
-// that thread splits and tile remainders both vary.
+// Odd B, T and a C that leaves partial column tiles (40 = 32 + 8, and
+// 16 + 16 + 8 in the layers that tile by 16) so that thread splits and tile
+// remainders both vary.
 Buffers RunBlock(int threads) {
   const int B = 3, T = 17, C = 40, NH = 4, V = 37, N = B * T;
   const size_t NC = (size_t)N * C, att_n = (size_t)B * NH * T * T;

@@ -207,12 +207,22 @@ bool SameDouble(double a, double b) {
 }
 
 // Field-by-field comparison that prints every differing field.
+template <typename E>
+int RawInt(const E* e) {
+  static_assert(sizeof(E) == sizeof(int), "enum is int-sized");
+  int v;
+  std::memcpy(&v, e, sizeof v);
+  return v;
+}
+
 void ExpectConfigEq(const zs_config& a, const zs_config& b) {
   EXPECT_EQ(a.struct_size, b.struct_size);
   EXPECT_EQ(a.version, b.version);
   EXPECT_EQ(a.stage, b.stage);
-  EXPECT_EQ(a.device, b.device);
-  EXPECT_EQ(a.optimizer.kind, b.optimizer.kind);
+  // Compared as raw ints: tests store out-of-range enum values on purpose,
+  // and loading those as the enum type is undefined behaviour in C++.
+  EXPECT_EQ(RawInt(&a.device), RawInt(&b.device));
+  EXPECT_EQ(RawInt(&a.optimizer.kind), RawInt(&b.optimizer.kind));
   EXPECT_PRED2(SameDouble, a.optimizer.lr, b.optimizer.lr);
   EXPECT_PRED2(SameDouble, a.optimizer.beta1, b.optimizer.beta1);
   EXPECT_PRED2(SameDouble, a.optimizer.beta2, b.optimizer.beta2);
@@ -222,6 +232,7 @@ void ExpectConfigEq(const zs_config& a, const zs_config& b) {
   EXPECT_PRED2(SameDouble, a.optimizer.dampening, b.optimizer.dampening);
   EXPECT_EQ(a.optimizer.nesterov, b.optimizer.nesterov);
   EXPECT_EQ(a.log_level, b.log_level);
+  EXPECT_EQ(a.collective_timeout_s, b.collective_timeout_s);
 }
 
 TEST(Config, InitEqualsInitializerMacro) {
@@ -240,8 +251,9 @@ TEST(Config, InitEqualsInitializerMacro) {
   EXPECT_EQ(init.optimizer.beta1, 0.9);
   EXPECT_EQ(init.optimizer.beta2, 0.999);
   EXPECT_EQ(init.optimizer.eps, 1e-8);
-  EXPECT_EQ(init.optimizer.weight_decay, 0.01);
+  EXPECT_EQ(init.optimizer.weight_decay, ZS_WEIGHT_DECAY_DEFAULT);
   EXPECT_EQ(init.log_level, 1);
+  EXPECT_EQ(init.collective_timeout_s, 1800.0);
   EXPECT_EQ(zs_config_init(nullptr), ZS_ERR_INVALID_ARGUMENT);
 }
 
@@ -776,9 +788,9 @@ TEST_F(Accounting, StartsEmpty) {
 }
 
 TEST_F(Accounting, AddAndRemove) {
-  ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_PARAMS, &keys_[0], 100, "w"),
+  ASSERT_EQ(zs__accounting_add(acct_, ZS__OWNER_RUNTIME, ZS_MEM_PARAMS, &keys_[0], 100, "w"),
             ZS_OK);
-  ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_GRADS, &keys_[1], 30, "g"),
+  ASSERT_EQ(zs__accounting_add(acct_, ZS__OWNER_RUNTIME, ZS_MEM_GRADS, &keys_[1], 30, "g"),
             ZS_OK);
   zs_memory_stats s = Stats();
   EXPECT_EQ(s.current[ZS_MEM_PARAMS], 100u);
@@ -788,7 +800,7 @@ TEST_F(Accounting, AddAndRemove) {
 
   zs_mem_category cat = ZS_MEM_OTHER;
   size_t bytes = 0;
-  ASSERT_EQ(zs__accounting_remove(acct_, &keys_[0], &cat, &bytes), ZS_OK);
+  ASSERT_EQ(zs__accounting_remove(acct_, ZS__OWNER_RUNTIME, &keys_[0], &cat, &bytes), ZS_OK);
   EXPECT_EQ(cat, ZS_MEM_PARAMS);
   EXPECT_EQ(bytes, 100u);
   s = Stats();
@@ -799,26 +811,26 @@ TEST_F(Accounting, AddAndRemove) {
   EXPECT_EQ(s.total_peak, 130u);
   EXPECT_EQ(s.allocations, 1u);
   // The out parameters may be NULL.
-  ASSERT_EQ(zs__accounting_remove(acct_, &keys_[1], nullptr, nullptr), ZS_OK);
+  ASSERT_EQ(zs__accounting_remove(acct_, ZS__OWNER_RUNTIME, &keys_[1], nullptr, nullptr), ZS_OK);
   EXPECT_EQ(Stats().total_current, 0u);
   EXPECT_EQ(Stats().allocations, 0u);
 }
 
 TEST_F(Accounting, ZeroByteEntriesAreCounted) {
-  ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_OTHER, &keys_[0], 0, "empty"),
+  ASSERT_EQ(zs__accounting_add(acct_, ZS__OWNER_RUNTIME, ZS_MEM_OTHER, &keys_[0], 0, "empty"),
             ZS_OK);
   EXPECT_EQ(Stats().allocations, 1u);
   EXPECT_EQ(Stats().total_current, 0u);
   size_t bytes = 99;
-  ASSERT_EQ(zs__accounting_remove(acct_, &keys_[0], nullptr, &bytes), ZS_OK);
+  ASSERT_EQ(zs__accounting_remove(acct_, ZS__OWNER_RUNTIME, &keys_[0], nullptr, &bytes), ZS_OK);
   EXPECT_EQ(bytes, 0u);
   EXPECT_EQ(Stats().allocations, 0u);
 }
 
 TEST_F(Accounting, DuplicateKeyIsAnError) {
-  ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_PARAMS, &keys_[0], 100, "w"),
+  ASSERT_EQ(zs__accounting_add(acct_, ZS__OWNER_RUNTIME, ZS_MEM_PARAMS, &keys_[0], 100, "w"),
             ZS_OK);
-  EXPECT_EQ(zs__accounting_add(acct_, ZS_MEM_GRADS, &keys_[0], 7, "again"),
+  EXPECT_EQ(zs__accounting_add(acct_, ZS__OWNER_RUNTIME, ZS_MEM_GRADS, &keys_[0], 7, "again"),
             ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("already registered");
   EXPECT_LAST_ERROR_HAS("again");
@@ -827,36 +839,36 @@ TEST_F(Accounting, DuplicateKeyIsAnError) {
   EXPECT_EQ(s.current[ZS_MEM_GRADS], 0u) << "the failed add was counted";
   EXPECT_EQ(s.total_current, 100u);
   EXPECT_EQ(s.allocations, 1u);
-  ASSERT_EQ(zs__accounting_remove(acct_, &keys_[0], nullptr, nullptr), ZS_OK);
+  ASSERT_EQ(zs__accounting_remove(acct_, ZS__OWNER_RUNTIME, &keys_[0], nullptr, nullptr), ZS_OK);
 }
 
 TEST_F(Accounting, RemovingAnUnknownKeyIsAnError) {
-  ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_PARAMS, &keys_[0], 100, "w"),
+  ASSERT_EQ(zs__accounting_add(acct_, ZS__OWNER_RUNTIME, ZS_MEM_PARAMS, &keys_[0], 100, "w"),
             ZS_OK);
   zs_mem_category cat = ZS_MEM_ACTIVATIONS;
   size_t bytes = 55;
-  EXPECT_EQ(zs__accounting_remove(acct_, &keys_[1], &cat, &bytes),
+  EXPECT_EQ(zs__accounting_remove(acct_, ZS__OWNER_RUNTIME, &keys_[1], &cat, &bytes),
             ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("not registered");
   EXPECT_EQ(cat, ZS_MEM_ACTIVATIONS) << "outputs written on error";
   EXPECT_EQ(bytes, 55u) << "outputs written on error";
-  EXPECT_EQ(zs__accounting_remove(acct_, nullptr, nullptr, nullptr),
+  EXPECT_EQ(zs__accounting_remove(acct_, ZS__OWNER_RUNTIME, nullptr, nullptr, nullptr),
             ZS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(Stats().total_current, 100u);
   EXPECT_EQ(Stats().allocations, 1u);
-  ASSERT_EQ(zs__accounting_remove(acct_, &keys_[0], nullptr, nullptr), ZS_OK);
+  ASSERT_EQ(zs__accounting_remove(acct_, ZS__OWNER_RUNTIME, &keys_[0], nullptr, nullptr), ZS_OK);
   // Removing twice fails the second time.
-  EXPECT_EQ(zs__accounting_remove(acct_, &keys_[0], nullptr, nullptr),
+  EXPECT_EQ(zs__accounting_remove(acct_, ZS__OWNER_RUNTIME, &keys_[0], nullptr, nullptr),
             ZS_ERR_INVALID_ARGUMENT);
 }
 
 TEST_F(Accounting, RejectsNullKeyAndBadCategory) {
-  EXPECT_EQ(zs__accounting_add(acct_, ZS_MEM_PARAMS, nullptr, 1, "n"),
+  EXPECT_EQ(zs__accounting_add(acct_, ZS__OWNER_RUNTIME, ZS_MEM_PARAMS, nullptr, 1, "n"),
             ZS_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(zs__accounting_add(acct_, ZS_MEM_CATEGORY_COUNT, &keys_[0], 1, "c"),
+  EXPECT_EQ(zs__accounting_add(acct_, ZS__OWNER_RUNTIME, ZS_MEM_CATEGORY_COUNT, &keys_[0], 1, "c"),
             ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("category 10");
-  EXPECT_EQ(zs__accounting_add(acct_, static_cast<zs_mem_category>(-1),
+  EXPECT_EQ(zs__accounting_add(acct_, ZS__OWNER_RUNTIME, static_cast<zs_mem_category>(-1),
                                &keys_[0], 1, "c"),
             ZS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(Stats().allocations, 0u);
@@ -864,14 +876,14 @@ TEST_F(Accounting, RejectsNullKeyAndBadCategory) {
 }
 
 TEST_F(Accounting, CurrentAndPeakPerCategory) {
-  ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_PARAMS, &keys_[0], 10, "a"),
+  ASSERT_EQ(zs__accounting_add(acct_, ZS__OWNER_RUNTIME, ZS_MEM_PARAMS, &keys_[0], 10, "a"),
             ZS_OK);
-  ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_PARAMS, &keys_[1], 20, "b"),
+  ASSERT_EQ(zs__accounting_add(acct_, ZS__OWNER_RUNTIME, ZS_MEM_PARAMS, &keys_[1], 20, "b"),
             ZS_OK);
-  ASSERT_EQ(zs__accounting_remove(acct_, &keys_[0], nullptr, nullptr), ZS_OK);
-  ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_PARAMS, &keys_[2], 5, "c"),
+  ASSERT_EQ(zs__accounting_remove(acct_, ZS__OWNER_RUNTIME, &keys_[0], nullptr, nullptr), ZS_OK);
+  ASSERT_EQ(zs__accounting_add(acct_, ZS__OWNER_RUNTIME, ZS_MEM_PARAMS, &keys_[2], 5, "c"),
             ZS_OK);
-  ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_COMM_BUFFERS, &keys_[3], 7, "d"),
+  ASSERT_EQ(zs__accounting_add(acct_, ZS__OWNER_RUNTIME, ZS_MEM_COMM_BUFFERS, &keys_[3], 7, "d"),
             ZS_OK);
   zs_memory_stats s = Stats();
   EXPECT_EQ(s.current[ZS_MEM_PARAMS], 25u);
@@ -883,16 +895,16 @@ TEST_F(Accounting, CurrentAndPeakPerCategory) {
   EXPECT_EQ(s.total_current, 32u);
   EXPECT_EQ(s.total_peak, 32u);
   for (int i = 1; i <= 3; i++)
-    ASSERT_EQ(zs__accounting_remove(acct_, &keys_[i], nullptr, nullptr), ZS_OK);
+    ASSERT_EQ(zs__accounting_remove(acct_, ZS__OWNER_RUNTIME, &keys_[i], nullptr, nullptr), ZS_OK);
 }
 
 TEST_F(Accounting, TotalPeakIsThePeakOfTheSum) {
   // params peaks at 100 while grads is 0; grads peaks at 80 after params
   // is freed: sum of peaks 180, peak of the sum 100.
-  ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_PARAMS, &keys_[0], 100, "p"),
+  ASSERT_EQ(zs__accounting_add(acct_, ZS__OWNER_RUNTIME, ZS_MEM_PARAMS, &keys_[0], 100, "p"),
             ZS_OK);
-  ASSERT_EQ(zs__accounting_remove(acct_, &keys_[0], nullptr, nullptr), ZS_OK);
-  ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_GRADS, &keys_[1], 80, "g"),
+  ASSERT_EQ(zs__accounting_remove(acct_, ZS__OWNER_RUNTIME, &keys_[0], nullptr, nullptr), ZS_OK);
+  ASSERT_EQ(zs__accounting_add(acct_, ZS__OWNER_RUNTIME, ZS_MEM_GRADS, &keys_[1], 80, "g"),
             ZS_OK);
   zs_memory_stats s = Stats();
   size_t sum_of_peaks = 0;
@@ -902,21 +914,21 @@ TEST_F(Accounting, TotalPeakIsThePeakOfTheSum) {
   EXPECT_NE(s.total_peak, sum_of_peaks);
   EXPECT_EQ(s.total_current, 80u);
   // Overlap grows the total past the earlier peak.
-  ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_PARAMS, &keys_[2], 30, "p2"),
+  ASSERT_EQ(zs__accounting_add(acct_, ZS__OWNER_RUNTIME, ZS_MEM_PARAMS, &keys_[2], 30, "p2"),
             ZS_OK);
   s = Stats();
   EXPECT_EQ(s.total_peak, 110u);
   EXPECT_EQ(s.peak[ZS_MEM_PARAMS], 100u);
-  ASSERT_EQ(zs__accounting_remove(acct_, &keys_[1], nullptr, nullptr), ZS_OK);
-  ASSERT_EQ(zs__accounting_remove(acct_, &keys_[2], nullptr, nullptr), ZS_OK);
+  ASSERT_EQ(zs__accounting_remove(acct_, ZS__OWNER_RUNTIME, &keys_[1], nullptr, nullptr), ZS_OK);
+  ASSERT_EQ(zs__accounting_remove(acct_, ZS__OWNER_RUNTIME, &keys_[2], nullptr, nullptr), ZS_OK);
 }
 
 TEST_F(Accounting, ResetPeak) {
-  ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_PARAMS, &keys_[0], 100, "p"),
+  ASSERT_EQ(zs__accounting_add(acct_, ZS__OWNER_RUNTIME, ZS_MEM_PARAMS, &keys_[0], 100, "p"),
             ZS_OK);
-  ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_GRADS, &keys_[1], 80, "g"),
+  ASSERT_EQ(zs__accounting_add(acct_, ZS__OWNER_RUNTIME, ZS_MEM_GRADS, &keys_[1], 80, "g"),
             ZS_OK);
-  ASSERT_EQ(zs__accounting_remove(acct_, &keys_[0], nullptr, nullptr), ZS_OK);
+  ASSERT_EQ(zs__accounting_remove(acct_, ZS__OWNER_RUNTIME, &keys_[0], nullptr, nullptr), ZS_OK);
   zs_memory_stats s = Stats();
   EXPECT_EQ(s.peak[ZS_MEM_PARAMS], 100u);
   EXPECT_EQ(s.total_peak, 180u);
@@ -927,20 +939,20 @@ TEST_F(Accounting, ResetPeak) {
   EXPECT_EQ(s.total_peak, 80u);
   EXPECT_EQ(s.total_current, 80u);
   // Peaks grow again from the reset point.
-  ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_PARAMS, &keys_[2], 5, "p"),
+  ASSERT_EQ(zs__accounting_add(acct_, ZS__OWNER_RUNTIME, ZS_MEM_PARAMS, &keys_[2], 5, "p"),
             ZS_OK);
   s = Stats();
   EXPECT_EQ(s.peak[ZS_MEM_PARAMS], 5u);
   EXPECT_EQ(s.total_peak, 85u);
-  ASSERT_EQ(zs__accounting_remove(acct_, &keys_[1], nullptr, nullptr), ZS_OK);
-  ASSERT_EQ(zs__accounting_remove(acct_, &keys_[2], nullptr, nullptr), ZS_OK);
+  ASSERT_EQ(zs__accounting_remove(acct_, ZS__OWNER_RUNTIME, &keys_[1], nullptr, nullptr), ZS_OK);
+  ASSERT_EQ(zs__accounting_remove(acct_, ZS__OWNER_RUNTIME, &keys_[2], nullptr, nullptr), ZS_OK);
 }
 
 TEST_F(Accounting, ModelStateBytes) {
   // One entry per category with bytes 2^category: model state is the sum of
   // params (1), grads (4), master weights (8) and optimizer states (16).
   for (int c = 0; c < ZS_MEM_CATEGORY_COUNT; c++)
-    ASSERT_EQ(zs__accounting_add(acct_, static_cast<zs_mem_category>(c),
+    ASSERT_EQ(zs__accounting_add(acct_, ZS__OWNER_RUNTIME, static_cast<zs_mem_category>(c),
                                  &keys_[c], size_t{1} << c, "x"),
               ZS_OK);
   zs_memory_stats s = Stats();
@@ -948,7 +960,7 @@ TEST_F(Accounting, ModelStateBytes) {
   EXPECT_EQ(s.total_current, (size_t{1} << ZS_MEM_CATEGORY_COUNT) - 1);
   EXPECT_EQ(s.allocations, static_cast<size_t>(ZS_MEM_CATEGORY_COUNT));
   for (int c = 0; c < ZS_MEM_CATEGORY_COUNT; c++)
-    ASSERT_EQ(zs__accounting_remove(acct_, &keys_[c], nullptr, nullptr),
+    ASSERT_EQ(zs__accounting_remove(acct_, ZS__OWNER_RUNTIME, &keys_[c], nullptr, nullptr),
               ZS_OK);
   EXPECT_EQ(Stats().model_state_bytes, 0u);
 }
@@ -966,7 +978,7 @@ TEST_F(Accounting, ManyEntriesInRandomOrder) {
     return static_cast<zs_mem_category>(i % ZS_MEM_CATEGORY_COUNT);
   };
   for (size_t i : order) {
-    ASSERT_EQ(zs__accounting_add(acct_, category_of(i), &storage[i], i + 1,
+    ASSERT_EQ(zs__accounting_add(acct_, ZS__OWNER_RUNTIME, category_of(i), &storage[i], i + 1,
                                  "many"),
               ZS_OK)
         << "entry " << i << ": " << zs_last_error();
@@ -981,7 +993,7 @@ TEST_F(Accounting, ManyEntriesInRandomOrder) {
     EXPECT_EQ(s.current[c], want_current[c]) << "category " << c;
   // Every key is still found after the table grew.
   for (size_t i = 0; i < kN; i++)
-    ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_OTHER, &storage[i], 1, "dup"),
+    ASSERT_EQ(zs__accounting_add(acct_, ZS__OWNER_RUNTIME, ZS_MEM_OTHER, &storage[i], 1, "dup"),
               ZS_ERR_INVALID_ARGUMENT)
         << "entry " << i << " lost";
 
@@ -990,7 +1002,7 @@ TEST_F(Accounting, ManyEntriesInRandomOrder) {
     size_t i = order[k];
     zs_mem_category cat = ZS_MEM_CATEGORY_COUNT;
     size_t bytes = 0;
-    ASSERT_EQ(zs__accounting_remove(acct_, &storage[i], &cat, &bytes), ZS_OK)
+    ASSERT_EQ(zs__accounting_remove(acct_, ZS__OWNER_RUNTIME, &storage[i], &cat, &bytes), ZS_OK)
         << "entry " << i << " (removal " << k << "): " << zs_last_error();
     ASSERT_EQ(cat, category_of(i)) << "entry " << i;
     ASSERT_EQ(bytes, i + 1) << "entry " << i;
@@ -1004,7 +1016,7 @@ TEST_F(Accounting, ManyEntriesInRandomOrder) {
         EXPECT_EQ(s.current[c], want_current[c]) << "category " << c;
       // The entries not yet removed are all still there.
       for (size_t j = k + 1; j < kN; j++)
-        ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_OTHER, &storage[order[j]],
+        ASSERT_EQ(zs__accounting_add(acct_, ZS__OWNER_RUNTIME, ZS_MEM_OTHER, &storage[order[j]],
                                      1, "dup"),
                   ZS_ERR_INVALID_ARGUMENT)
             << "entry " << order[j] << " lost after deletions";
@@ -1032,7 +1044,7 @@ TEST_F(Accounting, InterleavedAddsAndRemovesMatchAModel) {
     auto it = live.find(i);
     if (it == live.end()) {
       size_t bytes = rng() % 1000;
-      ASSERT_EQ(zs__accounting_add(acct_, ZS_MEM_ACTIVATIONS, &storage[i],
+      ASSERT_EQ(zs__accounting_add(acct_, ZS__OWNER_RUNTIME, ZS_MEM_ACTIVATIONS, &storage[i],
                                    bytes, "x"),
                 ZS_OK)
           << "op " << op;
@@ -1040,7 +1052,7 @@ TEST_F(Accounting, InterleavedAddsAndRemovesMatchAModel) {
       want_total += bytes;
     } else {
       size_t bytes = 0;
-      ASSERT_EQ(zs__accounting_remove(acct_, &storage[i], nullptr, &bytes),
+      ASSERT_EQ(zs__accounting_remove(acct_, ZS__OWNER_RUNTIME, &storage[i], nullptr, &bytes),
                 ZS_OK)
           << "op " << op << " key " << i;
       ASSERT_EQ(bytes, it->second) << "op " << op << " key " << i;
@@ -1053,7 +1065,7 @@ TEST_F(Accounting, InterleavedAddsAndRemovesMatchAModel) {
   EXPECT_EQ(s.total_current, want_total);
   EXPECT_EQ(s.current[ZS_MEM_ACTIVATIONS], want_total);
   for (const auto& kv : live)
-    ASSERT_EQ(zs__accounting_remove(acct_, &storage[kv.first], nullptr,
+    ASSERT_EQ(zs__accounting_remove(acct_, ZS__OWNER_RUNTIME, &storage[kv.first], nullptr,
                                     nullptr),
               ZS_OK);
   EXPECT_EQ(Stats().allocations, 0u);
@@ -1068,11 +1080,11 @@ TEST_F(Accounting, ConcurrentThreads) {
   for (int t = 0; t < kThreads; t++) {
     threads.emplace_back([&, t] {
       for (size_t i = 0; i < kPer; i++)
-        if (zs__accounting_add(acct_, ZS_MEM_COMM_BUFFERS,
+        if (zs__accounting_add(acct_, ZS__OWNER_RUNTIME, ZS_MEM_COMM_BUFFERS,
                                &storage[t * kPer + i], 3, "t") != ZS_OK)
           failures[t]++;
       for (size_t i = 0; i < kPer; i += 2)
-        if (zs__accounting_remove(acct_, &storage[t * kPer + i], nullptr,
+        if (zs__accounting_remove(acct_, ZS__OWNER_RUNTIME, &storage[t * kPer + i], nullptr,
                                   nullptr) != ZS_OK)
           failures[t]++;
     });
@@ -1083,7 +1095,7 @@ TEST_F(Accounting, ConcurrentThreads) {
   EXPECT_EQ(s.allocations, kThreads * kPer / 2);
   EXPECT_EQ(s.current[ZS_MEM_COMM_BUFFERS], 3 * kThreads * kPer / 2);
   for (size_t k = 1; k < storage.size(); k += 2)
-    ASSERT_EQ(zs__accounting_remove(acct_, &storage[k], nullptr, nullptr),
+    ASSERT_EQ(zs__accounting_remove(acct_, ZS__OWNER_RUNTIME, &storage[k], nullptr, nullptr),
               ZS_OK);
 }
 
@@ -1091,9 +1103,9 @@ TEST(AccountingDestroy, WithLiveEntriesLogsLeaksAndDoesNotCrash) {
   zs__accounting* acct = nullptr;
   ASSERT_EQ(zs__accounting_create(&acct), ZS_OK);
   static char a, b;
-  ASSERT_EQ(zs__accounting_add(acct, ZS_MEM_GRADS, &a, 4096, "leaky_grads"),
+  ASSERT_EQ(zs__accounting_add(acct, ZS__OWNER_RUNTIME, ZS_MEM_GRADS, &a, 4096, "leaky_grads"),
             ZS_OK);
-  ASSERT_EQ(zs__accounting_add(acct, ZS_MEM_OTHER, &b, 8, nullptr), ZS_OK);
+  ASSERT_EQ(zs__accounting_add(acct, ZS__OWNER_RUNTIME, ZS_MEM_OTHER, &b, 8, nullptr), ZS_OK);
   int old_level = zs__log_level();
   zs__log_set_level(ZS_LOG_WARN);
   ::testing::internal::CaptureStderr();
@@ -1330,6 +1342,49 @@ TEST(DeviceCreate, CudaIsUnsupportedInThisBuild) {
   EXPECT_EQ(dev, nullptr);
   zs__device_destroy(nullptr);  // accepted
   zs__accounting_destroy(acct);
+}
+
+// User registrations and runtime allocations are separate registries: a
+// user cannot unregister runtime memory, and a stale user registration at an
+// address does not block a runtime allocation there.
+TEST(AccountingOwners, UserAndRuntimeRegistriesAreSeparate) {
+  zs__accounting* a = nullptr;
+  ASSERT_EQ(zs__accounting_create(&a), ZS_OK);
+  static char buf[16];
+  ASSERT_EQ(zs__accounting_add(a, ZS__OWNER_RUNTIME, ZS_MEM_PARAMS, buf, 8, "p"), ZS_OK);
+  EXPECT_EQ(zs__accounting_remove(a, ZS__OWNER_USER, buf, nullptr, nullptr),
+            ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(zs_last_error()).find("zs_memory_register"), std::string::npos)
+      << zs_last_error();
+  ASSERT_EQ(zs__accounting_add(a, ZS__OWNER_USER, ZS_MEM_ACTIVATIONS, buf + 8, 4, "u"), ZS_OK);
+  // The runtime can use an address the user registered (and forgot).
+  EXPECT_EQ(zs__accounting_add(a, ZS__OWNER_RUNTIME, ZS_MEM_GRADS, buf + 8, 2, "g"), ZS_OK);
+  zs_memory_stats st;
+  zs__accounting_stats(a, &st);
+  EXPECT_EQ(st.total_current, 14u);
+  EXPECT_EQ(st.allocations, 3u);
+  EXPECT_EQ(zs__accounting_remove(a, ZS__OWNER_RUNTIME, buf + 8, nullptr, nullptr), ZS_OK);
+  EXPECT_EQ(zs__accounting_remove(a, ZS__OWNER_USER, buf + 8, nullptr, nullptr), ZS_OK);
+  EXPECT_EQ(zs__accounting_remove(a, ZS__OWNER_RUNTIME, buf, nullptr, nullptr), ZS_OK);
+  zs__accounting_stats(a, &st);
+  EXPECT_EQ(st.total_current, 0u);
+  zs__accounting_destroy(a);
+}
+
+TEST(Config, WeightDecayDefaultsPerOptimizer) {
+  zs_config c = ZS_CONFIG_INIT;
+  zs__config_resolve(&c);
+  EXPECT_EQ(c.optimizer.weight_decay, 0.01);  // AdamW
+  for (zs_optimizer_kind k : {ZS_OPTIM_ADAM, ZS_OPTIM_SGD}) {
+    zs_config d = ZS_CONFIG_INIT;
+    d.optimizer.kind = k;
+    zs__config_resolve(&d);
+    EXPECT_EQ(d.optimizer.weight_decay, 0.0) << "kind " << k;
+  }
+  zs_config e = ZS_CONFIG_INIT;
+  e.optimizer.weight_decay = 0.3;
+  zs__config_resolve(&e);
+  EXPECT_EQ(e.optimizer.weight_decay, 0.3);
 }
 
 }  // namespace

@@ -538,4 +538,262 @@ TEST_F(EngineTest, UserRegisteredActivationsAreCounted) {
   zs_context_destroy(ctx);
 }
 
+// ==== Collectives that pair up wrongly are caught ==========================
+
+// Two units of the same size used in a rank-dependent order: every
+// collective completes (the sizes match), so only the unit tags in the
+// sequence hash can tell; zs_step fails on every rank before the optimizer.
+TEST_F(EngineTest, SameSizedUnitsInDifferentOrderAreAMismatch) {
+  if (world_ < 2) GTEST_SKIP() << "needs at least 2 ranks";
+  for (int stage : {0, 3}) {
+    zs_context* ctx = MakeContext(stage);
+    ASSERT_NE(ctx, nullptr);
+    zs_model* m = nullptr;
+    ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+    int u[2], t[2];
+    int64_t n = 8;
+    for (int k = 0; k < 2; k++) {
+      ASSERT_EQ(zs_model_add_unit(m, k ? "b" : "a", &u[k]), ZS_OK);
+      ASSERT_EQ(zs_model_add_tensor(m, u[k], k ? "wb" : "wa", 1, &n, ZS_FLOAT32,
+                                    0, &t[k]), ZS_OK);
+      ASSERT_EQ(zs_unit_set_grad_uses(m, u[k], 1), ZS_OK);
+    }
+    ASSERT_EQ(zs_model_finalize(m), ZS_OK);
+    std::vector<float> before(8), after(8);
+    ASSERT_EQ(zs_tensor_get(m, t[0], ZS_FIELD_PARAM, before.data()), ZS_OK);
+    const int order[2] = {rank_ == 0 ? 0 : 1, rank_ == 0 ? 1 : 0};
+    for (int k : order) {
+      EXPECT_EQ(zs_unit_gather(m, u[k]), ZS_OK);
+      EXPECT_EQ(zs_unit_grad_acquire(m, u[k]), ZS_OK);
+      EXPECT_EQ(zs_unit_grad_release(m, u[k]), ZS_OK);
+      EXPECT_EQ(zs_unit_release(m, u[k]), ZS_OK);
+    }
+    EXPECT_EQ(zs_step(m, nullptr), ZS_ERR_MISMATCH) << "stage " << stage;
+    EXPECT_TRUE(Contains(zs_last_error(), "collective sequences")) << zs_last_error();
+    ASSERT_EQ(zs_tensor_get(m, t[0], ZS_FIELD_PARAM, after.data()), ZS_OK);
+    EXPECT_TRUE(Bitwise(after, before)) << "no update was applied";
+    zs_model_destroy(m);
+    zs_context_destroy(ctx);
+  }
+}
+
+// Misuse on one rank only: zs_step fails on every rank (naming the rank and
+// the unit) instead of leaving the others waiting, and once fixed the same
+// step succeeds everywhere.
+TEST_F(EngineTest, MisuseOnOneRankFailsEveryRankAndCanBeFixed) {
+  if (world_ < 2) GTEST_SKIP() << "needs at least 2 ranks";
+  zs_context* ctx = MakeContext(0);
+  ASSERT_NE(ctx, nullptr);
+  zs_model* m = nullptr;
+  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+  int u = -1, t = -1;
+  int64_t n = 4;
+  ASSERT_EQ(zs_model_add_unit(m, "blk.7", &u), ZS_OK);
+  ASSERT_EQ(zs_model_add_tensor(m, u, "w", 1, &n, ZS_FLOAT32, 0, &t), ZS_OK);
+  ASSERT_EQ(zs_model_finalize(m), ZS_OK);
+  EXPECT_EQ(zs_unit_gather(m, u), ZS_OK);
+  if (rank_ != world_ - 1) {
+    EXPECT_EQ(zs_unit_release(m, u), ZS_OK);
+  }
+  zs_status st = zs_step(m, nullptr);
+  EXPECT_EQ(st, rank_ == world_ - 1 ? ZS_ERR_INVALID_STATE : ZS_ERR_REMOTE);
+  EXPECT_TRUE(Contains(zs_last_error(), "blk.7")) << zs_last_error();
+  if (rank_ != world_ - 1) {
+    EXPECT_TRUE(Contains(zs_last_error(), "rank " + std::to_string(world_ - 1)))
+        << zs_last_error();
+  }
+  if (rank_ == world_ - 1) {
+    EXPECT_EQ(zs_unit_release(m, u), ZS_OK);
+  }
+  EXPECT_EQ(zs_step(m, nullptr), ZS_OK) << zs_last_error();
+  // zs_tensor_get with a bad argument on one rank: an error everywhere.
+  std::vector<float> out(4);
+  st = zs_tensor_get(m, t, ZS_FIELD_PARAM, rank_ == 0 ? nullptr : out.data());
+  EXPECT_EQ(st, rank_ == 0 ? ZS_ERR_INVALID_ARGUMENT : ZS_ERR_REMOTE);
+  zs_model_destroy(m);
+  zs_context_destroy(ctx);
+}
+
+// A rank that skips zs_step leaves the others in a collective nobody joins:
+// after collective_timeout_s they get ZS_ERR_TIMEOUT naming the collective,
+// not a silent hang.
+TEST_F(EngineTest, CollectiveNobodyJoinsTimesOutWithAClearError) {
+  if (world_ != 2) GTEST_SKIP() << "written for exactly 2 ranks";
+  zs_config c = ZS_CONFIG_INIT;
+  c.collective_timeout_s = 1.0;
+  zs_context* ctx = nullptr;
+  ASSERT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), ZS_OK);
+  zs_model* m = nullptr;
+  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+  int u = -1, t = -1;
+  int64_t n = 4;
+  ASSERT_EQ(zs_model_add_unit(m, "u", &u), ZS_OK);
+  ASSERT_EQ(zs_model_add_tensor(m, u, "w", 1, &n, ZS_FLOAT32, 0, &t), ZS_OK);
+  ASSERT_EQ(zs_model_finalize(m), ZS_OK);
+  if (rank_ == 1) {
+    double t0 = MPI_Wtime();
+    EXPECT_EQ(zs_step(m, nullptr), ZS_ERR_TIMEOUT);
+    EXPECT_LT(MPI_Wtime() - t0, 30.0);
+    EXPECT_TRUE(Contains(zs_last_error(), "all_reduce") &&
+                Contains(zs_last_error(), "within 1 s")) << zs_last_error();
+  }
+  // Rank 0 now joins, completing rank 1's abandoned all-reduce; its own
+  // step then times out or fails (its partner has given up). Either way it
+  // returns.
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank_ == 0) {
+    EXPECT_NE(zs_step(m, nullptr), ZS_OK);
+  }
+  zs_model_destroy(m);
+  zs_context_destroy(ctx);
+}
+
+TEST_F(EngineTest, DifferentLearningRatesAreAMismatch) {
+  if (world_ < 2) GTEST_SKIP() << "needs at least 2 ranks";
+  zs_context* ctx = MakeContext(1);
+  ASSERT_NE(ctx, nullptr);
+  zs_model* m = nullptr;
+  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+  int u = -1, t = -1;
+  int64_t n = 4;
+  ASSERT_EQ(zs_model_add_unit(m, "u", &u), ZS_OK);
+  ASSERT_EQ(zs_model_add_tensor(m, u, "w", 1, &n, ZS_FLOAT32, 0, &t), ZS_OK);
+  ASSERT_EQ(zs_model_finalize(m), ZS_OK);
+  EXPECT_EQ(zs_model_set_lr(m, ZS_ALL_GROUPS, rank_ == 0 ? 0.1 : 0.2), ZS_OK);
+  EXPECT_EQ(zs_step(m, nullptr), ZS_ERR_MISMATCH);
+  EXPECT_TRUE(Contains(zs_last_error(), "learning rates")) << zs_last_error();
+  zs_model_destroy(m);
+  zs_context_destroy(ctx);
+}
+
+// ==== Registration and lifetime edge cases ================================
+
+TEST_F(EngineTest, GradUsesAreRegistrationTimeOnly) {
+  zs_context* ctx = MakeContext(2);
+  ASSERT_NE(ctx, nullptr);
+  zs_model* m = nullptr;
+  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+  int u = -1, t = -1;
+  int64_t n = 4;
+  ASSERT_EQ(zs_model_add_unit(m, "u", &u), ZS_OK);
+  ASSERT_EQ(zs_model_add_tensor(m, u, "w", 1, &n, ZS_FLOAT32, 0, &t), ZS_OK);
+  ASSERT_EQ(zs_unit_set_grad_uses(m, u, 2), ZS_OK);
+  ASSERT_EQ(zs_model_finalize(m), ZS_OK);
+  EXPECT_EQ(zs_unit_set_grad_uses(m, u, 1), ZS_ERR_INVALID_STATE);
+  EXPECT_EQ(zs_model_add_tied_tensor(m, u, "x", t, nullptr), ZS_ERR_INVALID_STATE);
+  zs_model_destroy(m);
+  zs_context_destroy(ctx);
+}
+
+// A unit whose byte size overflows, or whose shard exceeds what one MPI call
+// can move, is refused at finalize (not a tiny buffer or a late failure);
+// retrying finalize fails the same way without corrupting anything.
+TEST_F(EngineTest, OversizedUnitsAreRefusedAtFinalizeRepeatably) {
+  zs_context* ctx = MakeContext(3);
+  ASSERT_NE(ctx, nullptr);
+  zs_model* m = nullptr;
+  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+  int a = -1, b = -1, c = -1, t = -1, big = -1;
+  int64_t s1[2] = {1LL << 30, (1LL << 31) - 1}, s2[1] = {(1LL << 31) + 16};
+  int64_t s3[1] = {5};
+  ASSERT_EQ(zs_model_add_unit(m, "a", &a), ZS_OK);
+  ASSERT_EQ(zs_model_add_unit(m, "huge", &b), ZS_OK);
+  ASSERT_EQ(zs_model_add_unit(m, "c", &c), ZS_OK);
+  ASSERT_EQ(zs_model_add_tensor(m, a, "small", 1, s3, ZS_FLOAT32, 0, &t), ZS_OK);
+  ASSERT_EQ(zs_model_add_tensor(m, b, "h1", 2, s1, ZS_FLOAT32, 0, &big), ZS_OK);
+  ASSERT_EQ(zs_model_add_tensor(m, b, "h2", 2, s1, ZS_FLOAT32, 0, &big), ZS_OK);
+  ASSERT_EQ(zs_model_add_tensor(m, b, "h3", 1, s2, ZS_FLOAT32, 0, &big), ZS_OK);
+  int tie = -1;
+  ASSERT_EQ(zs_model_add_tied_tensor(m, c, "small_tied", t, &tie), ZS_OK);
+  ASSERT_EQ(zs_model_add_tied_tensor(m, c, "h3_tied", big, &tie), ZS_OK);
+  for (int attempt = 0; attempt < 3; attempt++) {
+    EXPECT_EQ(zs_model_finalize(m), ZS_ERR_INVALID_ARGUMENT);
+    EXPECT_TRUE(Contains(zs_last_error(), "huge") &&
+                Contains(zs_last_error(), "overflow")) << zs_last_error();
+  }
+  zs_memory_stats ms;
+  zs_memory_stats_get(ctx, &ms);
+  EXPECT_EQ(ms.total_current, 0u);
+  zs_model_destroy(m);
+  // No overflow, but a shard beyond MPI's int counts at this world size
+  // (refused before anything is allocated).
+  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+  int64_t s4[1] = {(int64_t)world_ * ((1LL << 31) + 64)};
+  ASSERT_EQ(zs_model_add_unit(m, "wide", &a), ZS_OK);
+  ASSERT_EQ(zs_model_add_tensor(m, a, "w", 1, s4, ZS_FLOAT32, 0, &t), ZS_OK);
+  EXPECT_EQ(zs_model_finalize(m), ZS_ERR_UNSUPPORTED);
+  EXPECT_TRUE(Contains(zs_last_error(), "wide") &&
+              Contains(zs_last_error(), "smaller units")) << zs_last_error();
+  zs_model_destroy(m);
+  zs_context_destroy(ctx);
+}
+
+TEST_F(EngineTest, ContextDestroyedBeforeModelIsSafe) {
+  zs_context* ctx = MakeContext(3);
+  ASSERT_NE(ctx, nullptr);
+  zs_model* m = nullptr;
+  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+  int u = -1, t = -1;
+  int64_t n = 4;
+  ASSERT_EQ(zs_model_add_unit(m, "u", &u), ZS_OK);
+  ASSERT_EQ(zs_model_add_tensor(m, u, "w", 1, &n, ZS_FLOAT32, 0, &t), ZS_OK);
+  ASSERT_EQ(zs_model_finalize(m), ZS_OK);
+  zs_context_destroy(ctx);
+  EXPECT_EQ(zs_unit_gather(m, u), ZS_ERR_INVALID_STATE);
+  EXPECT_TRUE(Contains(zs_last_error(), "context was destroyed")) << zs_last_error();
+  zs_model_destroy(m);
+}
+
+// The same error on every rank is that error, not a mismatch between ranks.
+TEST_F(EngineTest, SameErrorOnEveryRankIsNotAMismatch) {
+  zs_config c = ZS_CONFIG_INIT;
+  c.stage = 5;
+  zs_context* ctx = nullptr;
+  EXPECT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(Contains(zs_last_error(), "config.stage")) << zs_last_error();
+  ctx = MakeContext(0);
+  ASSERT_NE(ctx, nullptr);
+  zs_model* m = nullptr;
+  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+  int u = -1;
+  ASSERT_EQ(zs_model_add_unit(m, "dup", &u), ZS_OK);
+  EXPECT_EQ(zs_model_add_unit(m, "dup", &u), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(zs_model_finalize(m), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(Contains(zs_last_error(), "already registered")) << zs_last_error();
+  zs_model_destroy(m);
+  zs_context_destroy(ctx);
+}
+
+TEST_F(EngineTest, WeightDecayDefaultFollowsTheOptimizer) {
+  for (zs_optimizer_kind k : {ZS_OPTIM_ADAMW, ZS_OPTIM_ADAM, ZS_OPTIM_SGD}) {
+    zs_context* ctx = MakeContext(0, k);
+    ASSERT_NE(ctx, nullptr);
+    EXPECT_EQ(zs_context_config(ctx)->optimizer.weight_decay,
+              k == ZS_OPTIM_ADAMW ? 0.01 : 0.0);
+    zs_context_destroy(ctx);
+  }
+}
+
+TEST_F(EngineTest, RuntimeMemoryCannotBeUnregisteredByTheUser) {
+  zs_context* ctx = MakeContext(0);
+  ASSERT_NE(ctx, nullptr);
+  zs_model* m = nullptr;
+  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+  int u = -1, t = -1;
+  int64_t n = 64;
+  ASSERT_EQ(zs_model_add_unit(m, "u", &u), ZS_OK);
+  ASSERT_EQ(zs_model_add_tensor(m, u, "w", 1, &n, ZS_FLOAT32, 0, &t), ZS_OK);
+  ASSERT_EQ(zs_model_finalize(m), ZS_OK);
+  ASSERT_EQ(zs_unit_gather(m, u), ZS_OK);
+  void* p = nullptr;
+  ASSERT_EQ(zs_tensor_data(m, t, &p), ZS_OK);
+  EXPECT_EQ(zs_memory_unregister(ctx, p), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(zs_unit_release(m, u), ZS_OK);
+  zs_model_destroy(m);
+  zs_memory_stats ms;
+  zs_memory_stats_get(ctx, &ms);
+  EXPECT_EQ(ms.total_current, 0u);
+  zs_context_destroy(ctx);
+}
+
 }  // namespace

@@ -20,12 +20,24 @@ TEST(Singleton, ContextInitializesAndFinalizesMpi) {
   MPI_Initialized(&initialized);
   ASSERT_EQ(initialized, 0) << "this test must run without MPI_Init";
   zs_config cfg = ZS_CONFIG_INIT;
+  cfg.stage = 7;
+  zs_context* ctx = nullptr;
+  // A failed create leaves MPI up, so the caller can fix the config and
+  // retry in the same process.
+  EXPECT_EQ(zs_context_create(&cfg, &ctx), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(ctx, nullptr);
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  EXPECT_EQ(finalized, 0);
   cfg.stage = 3;
   cfg.optimizer.kind = ZS_OPTIM_SGD;
   cfg.optimizer.lr = 0.5;
   cfg.optimizer.weight_decay = 0.0;
-  zs_context* ctx = nullptr;
   ASSERT_EQ(zs_context_create(&cfg, &ctx), ZS_OK) << zs_last_error();
+  // A second context over the same MPI: destroying the first must not
+  // finalize MPI under the second.
+  zs_context* other = nullptr;
+  ASSERT_EQ(zs_context_create(&cfg, &other), ZS_OK) << zs_last_error();
   EXPECT_EQ(zs_context_world_size(ctx), 1);
   EXPECT_EQ(zs_context_rank(ctx), 0);
   MPI_Initialized(&initialized);
@@ -55,10 +67,17 @@ TEST(Singleton, ContextInitializesAndFinalizesMpi) {
   for (float v : w) EXPECT_EQ(v, 0.5f);
   zs_model_destroy(m);
   zs_context_destroy(ctx);
-
-  int finalized = 0;
   MPI_Finalized(&finalized);
-  EXPECT_EQ(finalized, 1) << "the context that initialized MPI finalizes it";
+  EXPECT_EQ(finalized, 0) << "another context still uses MPI";
+  zs_model* m2 = nullptr;
+  ASSERT_EQ(zs_model_create(other, &m2), ZS_OK);
+  ASSERT_EQ(zs_model_add_unit(m2, "u", &u), ZS_OK);
+  ASSERT_EQ(zs_model_add_tensor(m2, u, "w", 1, &n, ZS_FLOAT32, 0, &t), ZS_OK);
+  EXPECT_EQ(zs_model_finalize(m2), ZS_OK) << zs_last_error();  // collective
+  zs_model_destroy(m2);
+  zs_context_destroy(other);
+  MPI_Finalized(&finalized);
+  EXPECT_EQ(finalized, 1) << "the last context over ZeroShard's MPI finalizes it";
   // MPI cannot start twice in one process: a clear error, not a crash.
   EXPECT_EQ(zs_context_create(&cfg, &ctx), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(zs_last_error()).find("finalized"), std::string::npos)

@@ -1,0 +1,367 @@
+/*
+ * train_common.c — flags, report, progress and memory table, sampling
+ * helpers shared by train_plain.c and train_sharded.c.
+ */
+#define _GNU_SOURCE
+#include "examples/gpt2/train_common.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ==== Flags ================================================================ */
+
+static const char* const kUsage =
+    "flags (defaults in brackets):\n"
+    "  --steps K           optimizer steps [1000]\n"
+    "  --batch B           global batch: sequences per step [16]\n"
+    "  --seq T             sequence length [64]\n"
+    "  --layers L          transformer blocks [4]\n"
+    "  --channels C        channels [128]\n"
+    "  --heads H           attention heads, divides C [4]\n"
+    "  --lr X              AdamW learning rate [1e-3]\n"
+    "  --weight-decay X    AdamW weight decay of matrices [0]\n"
+    "  --seed S            data order and initialization [1337]\n"
+    "  --eval-every K      steps between val evaluations, 0: end only [100]\n"
+    "  --val-batches K     val sequences = K * batch [4]\n"
+    "  --log-every K       steps between progress lines [10]\n"
+    "  --sample-bytes K    bytes of text sampled at the end [200]\n"
+    "  --data PATH         byte-level text [data/tinyshakespeare.txt]\n"
+    "  --report FILE       write a JSON report\n"
+    "  --quiet             no progress lines\n";
+
+static void gpt2__defaults(gpt2_args* a) {
+  memset(a, 0, sizeof *a);
+  a->stage = 3;
+  a->steps = 1000;
+  a->seed = 1337;
+  a->batch = 16;
+  a->seq = 64;
+  a->layers = 4;
+  a->channels = 128;
+  a->heads = 4;
+  a->lr = 1e-3;
+  a->weight_decay = 0.0;
+  a->eval_every = 100;
+  a->val_batches = 4;
+  a->log_every = 10;
+  a->sample_bytes = 200;
+  a->data = "data/tinyshakespeare.txt";
+}
+
+/* Parses an integer flag value in [lo, hi]. */
+static int gpt2__int(const char* flag, const char* v, long lo, long hi,
+                     int* out, char* err, size_t cap) {
+  char* end = NULL;
+  errno = 0;
+  long x = v != NULL ? strtol(v, &end, 10) : 0;
+  if (v == NULL || *v == '\0' || *end != '\0' || errno != 0 || x < lo ||
+      x > hi) {
+    snprintf(err, cap, "%s: expected an integer in [%ld, %ld], got '%s'", flag,
+             lo, hi, v != NULL ? v : "(missing)");
+    return -1;
+  }
+  *out = (int)x;
+  return 0;
+}
+
+static int gpt2__double(const char* flag, const char* v, double lo, double hi,
+                        double* out, char* err, size_t cap) {
+  char* end = NULL;
+  errno = 0;
+  double x = v != NULL ? strtod(v, &end) : 0;
+  if (v == NULL || *v == '\0' || *end != '\0' || errno != 0 || !isfinite(x) ||
+      x < lo || x > hi) {
+    snprintf(err, cap, "%s: expected a number in [%g, %g], got '%s'", flag, lo,
+             hi, v != NULL ? v : "(missing)");
+    return -1;
+  }
+  *out = x;
+  return 0;
+}
+
+int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
+                    char* err, size_t cap) {
+  gpt2__defaults(a);
+  for (int i = 1; i < argc; i++) {
+    const char* f = argv[i];
+    const char* v = i + 1 < argc ? argv[i + 1] : NULL;
+    int rc = 0, takes = 1;
+    if (strcmp(f, "--help") == 0 || strcmp(f, "-h") == 0) {
+      printf("usage: %s [flags]\n%s%s", argv[0],
+             sharded ? "  --stage S           ZeRO stage 0..3 [3]\n" : "",
+             kUsage);
+      return 1;
+    } else if (strcmp(f, "--quiet") == 0) {
+      a->quiet = 1;
+      takes = 0;
+    } else if (sharded && strcmp(f, "--stage") == 0) {
+      rc = gpt2__int(f, v, 0, 3, &a->stage, err, cap);
+    } else if (strcmp(f, "--steps") == 0) {
+      rc = gpt2__int(f, v, 0, 100000000, &a->steps, err, cap);
+    } else if (strcmp(f, "--batch") == 0) {
+      rc = gpt2__int(f, v, 1, 1 << 20, &a->batch, err, cap);
+    } else if (strcmp(f, "--seq") == 0) {
+      rc = gpt2__int(f, v, 1, 1 << 20, &a->seq, err, cap);
+    } else if (strcmp(f, "--layers") == 0) {
+      rc = gpt2__int(f, v, 0, 1024, &a->layers, err, cap);
+    } else if (strcmp(f, "--channels") == 0) {
+      rc = gpt2__int(f, v, 1, 1 << 16, &a->channels, err, cap);
+    } else if (strcmp(f, "--heads") == 0) {
+      rc = gpt2__int(f, v, 1, 1 << 16, &a->heads, err, cap);
+    } else if (strcmp(f, "--eval-every") == 0) {
+      rc = gpt2__int(f, v, 0, 100000000, &a->eval_every, err, cap);
+    } else if (strcmp(f, "--val-batches") == 0) {
+      rc = gpt2__int(f, v, 1, 1 << 20, &a->val_batches, err, cap);
+    } else if (strcmp(f, "--log-every") == 0) {
+      rc = gpt2__int(f, v, 1, 100000000, &a->log_every, err, cap);
+    } else if (strcmp(f, "--sample-bytes") == 0) {
+      rc = gpt2__int(f, v, 0, 1 << 20, &a->sample_bytes, err, cap);
+    } else if (strcmp(f, "--lr") == 0) {
+      rc = gpt2__double(f, v, 0.0, 10.0, &a->lr, err, cap);
+    } else if (strcmp(f, "--weight-decay") == 0) {
+      rc = gpt2__double(f, v, 0.0, 10.0, &a->weight_decay, err, cap);
+    } else if (strcmp(f, "--seed") == 0) {
+      int s = 0;
+      rc = gpt2__int(f, v, 0, 2147483647, &s, err, cap);
+      a->seed = (unsigned long long)s;
+    } else if (strcmp(f, "--data") == 0 || strcmp(f, "--report") == 0) {
+      if (v == NULL || v[0] == '\0') {
+        snprintf(err, cap, "%s: expected a path", f);
+        return -1;
+      }
+      *(strcmp(f, "--data") == 0 ? &a->data : &a->report) = v;
+    } else {
+      snprintf(err, cap, "unknown flag '%s' (try --help)", f);
+      return -1;
+    }
+    if (rc != 0) return -1;
+    i += takes;
+  }
+  return 0;
+}
+
+gpt2_config gpt2_args_model(const gpt2_args* a) {
+  gpt2_config c = {a->seq, GPT2_VOCAB, a->layers, a->heads, a->channels};
+  return c;
+}
+
+void gpt2_args_print(const gpt2_args* a, const char* trainer, int ranks,
+                     int threads, FILE* out) {
+  gpt2_config c = gpt2_args_model(a);
+  char stage[32] = "";
+  if (strcmp(trainer, "sharded") == 0)
+    snprintf(stage, sizeof stage, ", ZeRO stage %d", a->stage);
+  fprintf(out,
+          "%s: GPT-2 L=%d C=%d H=%d T=%d V=%d (%zu parameters)\n"
+          "  %d rank(s) x %d OpenMP thread(s)%s, global batch %d (%d per "
+          "rank), steps %d\n"
+          "  AdamW lr %g weight decay %g, seed %llu, eval every %d steps on "
+          "%d val sequences\n  data %s\n",
+          trainer, c.layers, c.channels, c.heads, c.max_seq, c.vocab,
+          gpt2_num_params(&c), ranks, threads, stage, a->batch,
+          a->batch / (ranks > 0 ? ranks : 1), a->steps, a->lr,
+          a->weight_decay, a->seed, a->eval_every, a->val_batches * a->batch,
+          a->data);
+}
+
+/* ==== Report =============================================================== */
+
+struct gpt2_report {
+  cJSON* root;
+  cJSON* steps;
+  cJSON* val;
+  cJSON* ranks;
+};
+
+gpt2_report* gpt2_report_create(const gpt2_args* a, const char* trainer,
+                                int ranks, int threads, size_t params) {
+  gpt2_report* r = (gpt2_report*)calloc(1, sizeof *r);
+  if (r == NULL) return NULL;
+  r->root = cJSON_CreateObject();
+  cJSON* c = cJSON_AddObjectToObject(r->root, "config");
+  cJSON_AddStringToObject(c, "trainer", trainer);
+  cJSON_AddNumberToObject(c, "ranks", ranks);
+  cJSON_AddNumberToObject(c, "threads_per_rank", threads);
+  cJSON_AddNumberToObject(c, "stage", a->stage);
+  cJSON_AddNumberToObject(c, "steps", a->steps);
+  cJSON_AddNumberToObject(c, "seed", (double)a->seed);
+  cJSON_AddNumberToObject(c, "batch", a->batch);
+  cJSON_AddNumberToObject(c, "seq", a->seq);
+  cJSON_AddNumberToObject(c, "layers", a->layers);
+  cJSON_AddNumberToObject(c, "channels", a->channels);
+  cJSON_AddNumberToObject(c, "heads", a->heads);
+  cJSON_AddNumberToObject(c, "lr", a->lr);
+  cJSON_AddNumberToObject(c, "weight_decay", a->weight_decay);
+  cJSON_AddNumberToObject(c, "eval_every", a->eval_every);
+  cJSON_AddNumberToObject(c, "val_sequences", a->val_batches * a->batch);
+  cJSON_AddNumberToObject(c, "params", (double)params);
+  cJSON_AddStringToObject(c, "data", a->data);
+  r->steps = cJSON_AddArrayToObject(r->root, "steps");
+  r->val = cJSON_AddArrayToObject(r->root, "val");
+  r->ranks = cJSON_AddArrayToObject(r->root, "ranks");
+  return r;
+}
+
+void gpt2_report_step(gpt2_report* r, int step, double loss, double lr) {
+  cJSON* s = cJSON_CreateObject();
+  cJSON_AddNumberToObject(s, "step", step);
+  cJSON_AddNumberToObject(s, "loss", loss);
+  cJSON_AddNumberToObject(s, "lr", lr);
+  cJSON_AddItemToArray(r->steps, s);
+}
+
+void gpt2_report_val(gpt2_report* r, int step, double loss) {
+  cJSON* s = cJSON_CreateObject();
+  cJSON_AddNumberToObject(s, "step", step);
+  cJSON_AddNumberToObject(s, "loss", loss);
+  cJSON_AddItemToArray(r->val, s);
+}
+
+void gpt2_report_rank(gpt2_report* r, int rank, const zs_memory_stats* m) {
+  cJSON* s = cJSON_CreateObject();
+  cJSON_AddNumberToObject(s, "rank", rank);
+  cJSON_AddNumberToObject(s, "model_state_bytes", (double)m->model_state_bytes);
+  cJSON* peak = cJSON_AddObjectToObject(s, "peak_bytes");
+  for (int k = 0; k < ZS_MEM_CATEGORY_COUNT; k++)
+    cJSON_AddNumberToObject(peak, zs_mem_category_name((zs_mem_category)k),
+                            (double)m->peak[k]);
+  cJSON_AddNumberToObject(peak, "total", (double)m->total_peak);
+  cJSON_AddItemToArray(r->ranks, s);
+}
+
+void gpt2_report_timing(gpt2_report* r, double tokens_per_s, double wall_s) {
+  cJSON_AddNumberToObject(r->root, "tokens_per_s", tokens_per_s);
+  cJSON_AddNumberToObject(r->root, "wall_s", wall_s);
+}
+
+void gpt2_report_text(gpt2_report* r, const char* sample) {
+  /* Bytes are Latin-1 code points: bytes >= 0x80 become two-byte UTF-8, so
+   * the report stays valid JSON whatever the model samples. */
+  size_t n = strlen(sample);
+  char* utf8 = (char*)malloc(2 * n + 1);
+  if (utf8 == NULL) return;
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    unsigned char b = (unsigned char)sample[i];
+    if (b < 0x80) {
+      utf8[k++] = (char)b;
+    } else {
+      utf8[k++] = (char)(0xC0 | (b >> 6));
+      utf8[k++] = (char)(0x80 | (b & 0x3F));
+    }
+  }
+  utf8[k] = '\0';
+  cJSON_AddStringToObject(r->root, "sample", utf8);
+  free(utf8);
+}
+
+void gpt2_print_text(FILE* out, const char* sample) {
+  fprintf(out, "---- sample ----\n");
+  for (const char* p = sample; *p != '\0'; p++) {
+    unsigned char b = (unsigned char)*p;
+    fputc(b == '\n' || b == '\t' || (b >= 0x20 && b < 0x7f) ? b : '?', out);
+  }
+  fprintf(out, "\n----------------\n");
+}
+
+int gpt2_report_write(gpt2_report* r, const char* path, char* err,
+                      size_t cap) {
+  char* text = cJSON_Print(r->root);
+  char tmp[4096];
+  snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+  int fd = text != NULL ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644) : -1;
+  size_t len = text != NULL ? strlen(text) : 0;
+  int ok = fd >= 0 && write(fd, text, len) == (ssize_t)len &&
+           write(fd, "\n", 1) == 1 && fsync(fd) == 0;
+  if (fd >= 0 && close(fd) != 0) ok = 0;
+  if (ok && rename(tmp, path) != 0) ok = 0;
+  if (!ok) {
+    snprintf(err, cap, "cannot write report %s: %s", path, strerror(errno));
+    if (fd >= 0) unlink(tmp);
+  }
+  free(text);
+  return ok ? 0 : -1;
+}
+
+void gpt2_report_free(gpt2_report* r) {
+  if (r == NULL) return;
+  cJSON_Delete(r->root);
+  free(r);
+}
+
+/* ==== Printing ============================================================= */
+
+void gpt2_print_progress(FILE* out, int step, int steps, double loss,
+                         double lr, double tokens_per_s, double eta_s) {
+  int eta = eta_s > 0 ? (int)(eta_s + 0.5) : 0;
+  fprintf(out,
+          "step %5d/%d | loss %.4f | lr %.2e | %6.0f tok/s | eta %dm%02ds\n",
+          step, steps, loss, lr, tokens_per_s, eta / 60, eta % 60);
+  fflush(out);
+}
+
+static void gpt2__mib(char* buf, size_t cap, size_t bytes) {
+  snprintf(buf, cap, "%.2f", (double)bytes / (1024.0 * 1024.0));
+}
+
+void gpt2_print_memory_table(FILE* out, const zs_memory_stats* rows,
+                             int ranks) {
+  static const zs_mem_category cols[] = {
+      ZS_MEM_PARAMS,          ZS_MEM_PARAMS_GATHERED, ZS_MEM_GRADS,
+      ZS_MEM_OPTIMIZER_STATES, ZS_MEM_COMM_BUFFERS,    ZS_MEM_ACTIVATIONS,
+      ZS_MEM_OTHER};
+  const int ncol = (int)(sizeof cols / sizeof cols[0]);
+  fprintf(out, "peak memory per rank (MiB):\n%4s", "rank");
+  for (int k = 0; k < ncol; k++)
+    fprintf(out, " %16s", zs_mem_category_name(cols[k]));
+  fprintf(out, " %16s %16s\n", "total", "model_states");
+  char b[32];
+  for (int r = 0; r < ranks; r++) {
+    fprintf(out, "%4d", r);
+    for (int k = 0; k < ncol; k++) {
+      gpt2__mib(b, sizeof b, rows[r].peak[cols[k]]);
+      fprintf(out, " %16s", b);
+    }
+    gpt2__mib(b, sizeof b, rows[r].total_peak);
+    fprintf(out, " %16s", b);
+    gpt2__mib(b, sizeof b, rows[r].model_state_bytes);
+    fprintf(out, " %16s\n", b);
+  }
+}
+
+double gpt2_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ==== Sampling ============================================================= */
+
+void gpt2_softmax(const float* logits, float* probs, int V) {
+  float mx = logits[0];
+  for (int v = 1; v < V; v++) mx = logits[v] > mx ? logits[v] : mx;
+  double sum = 0;
+  for (int v = 0; v < V; v++) sum += probs[v] = expf(logits[v] - mx);
+  for (int v = 0; v < V; v++) probs[v] = (float)(probs[v] / sum);
+}
+
+int gpt2_sample_byte(const float* probs, int V, unsigned long long seed,
+                     long k) {
+  uint64_t x = (uint64_t)seed * 0x9e3779b97f4a7c15ull + (uint64_t)k;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  double u = (double)(x >> 11) / 9007199254740992.0, cdf = 0;
+  for (int v = 0; v < V; v++) {
+    cdf += probs[v];
+    if (u < cdf) return v;
+  }
+  return V - 1;
+}

@@ -1,0 +1,92 @@
+/*
+ * train_common.h — what the plain and the sharded GPT-2 trainers share and
+ * is not model code: command-line flags, progress lines, the JSON report
+ * (written atomically: a temporary file renamed into place), the memory
+ * table, and text sampling helpers.
+ */
+#ifndef ZS_EXAMPLES_GPT2_TRAIN_COMMON_H
+#define ZS_EXAMPLES_GPT2_TRAIN_COMMON_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include <zeroshard.h>
+
+#include "examples/gpt2/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct gpt2_args {
+  int stage;           /* ZeRO stage (sharded trainer) */
+  int steps;           /* optimizer steps */
+  unsigned long long seed;
+  int batch;           /* GLOBAL batch: sequences per optimizer step */
+  int seq;             /* T */
+  int layers, channels, heads;
+  double lr;
+  double weight_decay; /* on matrices and embeddings only */
+  int eval_every;      /* steps between val evaluations (0: only at the end) */
+  int val_batches;     /* val sequences = val_batches * batch */
+  int log_every;       /* steps between progress lines */
+  int sample_bytes;    /* bytes of text sampled at the end */
+  const char* data;    /* path of the byte-level text */
+  const char* report;  /* JSON report path, or NULL */
+  int quiet;           /* no progress lines */
+} gpt2_args;
+
+/* Parses argv. Returns 0 on success, 1 if --help was printed, -1 on a bad
+ * flag or value (message in err naming the flag). `sharded` adds --stage. */
+int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
+                    char* err, size_t cap);
+/* The model configuration the flags describe. */
+gpt2_config gpt2_args_model(const gpt2_args* a);
+/* Prints the configuration (one block, for the log). */
+void gpt2_args_print(const gpt2_args* a, const char* trainer, int ranks,
+                     int threads, FILE* out);
+
+/* ---- Report ---------------------------------------------------------------- */
+
+typedef struct gpt2_report gpt2_report;
+
+gpt2_report* gpt2_report_create(const gpt2_args* a, const char* trainer,
+                                int ranks, int threads, size_t params);
+void gpt2_report_step(gpt2_report* r, int step, double loss, double lr);
+void gpt2_report_val(gpt2_report* r, int step, double loss);
+/* One row per rank: its accounting snapshot (peaks over the run). */
+void gpt2_report_rank(gpt2_report* r, int rank, const zs_memory_stats* m);
+void gpt2_report_timing(gpt2_report* r, double tokens_per_s, double wall_s);
+/* The sampled bytes, as Latin-1 code points (valid UTF-8 JSON). */
+void gpt2_report_text(gpt2_report* r, const char* sample);
+/* Writes path.tmp, fsyncs it and renames it to path, so a reader never sees
+ * a half-written report. Returns 0, or -1 with a message in err. */
+int gpt2_report_write(gpt2_report* r, const char* path, char* err, size_t cap);
+void gpt2_report_free(gpt2_report* r);
+
+/* ---- Printing ---------------------------------------------------------------- */
+
+/* "step 100/1200 | loss 2.4512 | lr 1.00e-03 | 4400 tok/s | eta 3m12s" */
+void gpt2_print_progress(FILE* out, int step, int steps, double loss,
+                         double lr, double tokens_per_s, double eta_s);
+/* The sampled text, with unprintable bytes shown as '?'. */
+void gpt2_print_text(FILE* out, const char* sample);
+/* The per-rank table of peak bytes by category. rows: `ranks` snapshots. */
+void gpt2_print_memory_table(FILE* out, const zs_memory_stats* rows,
+                             int ranks);
+
+/* Monotonic seconds. */
+double gpt2_now(void);
+
+/* Samples the next byte from probabilities probs (V) with a uniform draw
+ * from (seed, k). */
+int gpt2_sample_byte(const float* probs, int V, unsigned long long seed,
+                     long k);
+/* Softmax of logits (V) into probs (V). */
+void gpt2_softmax(const float* logits, float* probs, int V);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZS_EXAMPLES_GPT2_TRAIN_COMMON_H */

@@ -1,0 +1,228 @@
+// gpt2_train_test.cc — the GPT-2 trainers end to end, as processes: the
+// sharded trainer at 1-4 ranks and stages 0-3 reproduces the plain trainer's
+// loss curve; ZeRO stage 3 at 4 ranks holds at most 0.26x stage 0's model
+// states per rank; bad input gives a clear message, a non-zero exit and no
+// report. Binaries and data come from Bazel runfiles (paths in argv).
+#include <gtest/gtest.h>
+
+#include <cjson/cJSON.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+std::string g_plain, g_sharded, g_data;
+
+struct RunResult {
+  int exit_code = -1;
+  std::string output;
+};
+
+// Runs a shell command, capturing stdout and stderr.
+RunResult Shell(const std::string& cmd) {
+  RunResult r;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  int st = pclose(p);
+  r.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+std::string TmpDir() {
+  const char* t = std::getenv("TEST_TMPDIR");
+  return t != nullptr ? t : "/tmp";
+}
+
+std::string Mpirun(int ranks) {
+  return "timeout 300 mpirun --allow-run-as-root --oversubscribe --bind-to none "
+         "--mca mpi_yield_when_idle 1 --mca btl self,vader -x OMP_NUM_THREADS=1 "
+         "-np " + std::to_string(ranks) + " ";
+}
+
+const char* kFlags = " --steps 20 --batch 12 --eval-every 0 --sample-bytes 0 --quiet";
+
+struct Report {
+  std::vector<double> losses;
+  std::vector<double> model_state_bytes;  // per rank
+  bool ok = false;
+};
+
+Report ReadReport(const std::string& path) {
+  Report r;
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  cJSON* root = cJSON_Parse(ss.str().c_str());
+  if (root == nullptr) return r;
+  cJSON* steps = cJSON_GetObjectItem(root, "steps");
+  cJSON* it;
+  cJSON_ArrayForEach(it, steps)
+      r.losses.push_back(cJSON_GetObjectItem(it, "loss")->valuedouble);
+  cJSON_ArrayForEach(it, cJSON_GetObjectItem(root, "ranks")) {
+    r.model_state_bytes.push_back(
+        cJSON_GetObjectItem(it, "model_state_bytes")->valuedouble);
+    // peak_bytes is always an object with the foundation's categories.
+    cJSON* peak = cJSON_GetObjectItem(it, "peak_bytes");
+    for (const char* k : {"params", "params_gathered", "grads", "master_weights",
+                          "optimizer_states", "comm_buffers", "activations",
+                          "total"})
+      if (!cJSON_IsNumber(cJSON_GetObjectItem(peak, k))) return r;
+  }
+  r.ok = cJSON_IsNumber(cJSON_GetObjectItem(root, "tokens_per_s")) &&
+         cJSON_IsNumber(cJSON_GetObjectItem(root, "wall_s")) &&
+         cJSON_IsObject(cJSON_GetObjectItem(root, "config"));
+  cJSON_Delete(root);
+  return r;
+}
+
+Report RunShardedUncached(int ranks, int stage) {
+  std::string report = TmpDir() + "/sharded_" + std::to_string(ranks) + "_" +
+                       std::to_string(stage) + ".json";
+  RunResult r = Shell(Mpirun(ranks) + g_sharded + kFlags + " --data " + g_data +
+                " --stage " + std::to_string(stage) + " --report " + report);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  return ReadReport(report);
+}
+
+const Report& PlainReference() {
+  static Report ref;
+  if (!ref.ok) {
+    std::string report = TmpDir() + "/plain.json";
+    RunResult r = Shell("OMP_NUM_THREADS=2 " + g_plain + kFlags + " --data " + g_data +
+                  " --report " + report);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    ref = ReadReport(report);
+  }
+  return ref;
+}
+
+// Each (ranks, stage) run once per test process, shared by the tests.
+Report RunSharded(int ranks, int stage) {
+  static std::map<std::pair<int, int>, Report> runs;
+  auto it = runs.find({ranks, stage});
+  if (it == runs.end())
+    it = runs.emplace(std::make_pair(ranks, stage), RunShardedUncached(ranks, stage)).first;
+  return it->second;
+}
+
+class Gpt2Parity : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+// Per-step loss of the sharded trainer == the plain trainer's, to 1e-5
+// relative: the global batch is the same, only the reduction order differs.
+TEST_P(Gpt2Parity, LossCurveMatchesPlainTrainer) {
+  const int ranks = GetParam().first, stage = GetParam().second;
+  const Report& ref = PlainReference();
+  ASSERT_TRUE(ref.ok);
+  ASSERT_EQ(ref.losses.size(), 20u);
+  Report r = RunSharded(ranks, stage);
+  ASSERT_TRUE(r.ok) << "report missing or malformed";
+  ASSERT_EQ(r.losses.size(), ref.losses.size());
+  for (size_t s = 0; s < r.losses.size(); s++)
+    EXPECT_LE(std::fabs(r.losses[s] - ref.losses[s]), 1e-5 * std::fabs(ref.losses[s]))
+        << "step " << s << ": sharded " << r.losses[s] << " plain " << ref.losses[s];
+  EXPECT_LT(r.losses.back(), r.losses.front()) << "the loss falls";
+}
+
+std::vector<std::pair<int, int>> AllRuns() {
+  std::vector<std::pair<int, int>> v;
+  for (int ranks = 1; ranks <= 4; ranks++)
+    for (int stage = 0; stage <= 3; stage++) v.push_back({ranks, stage});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    RanksStages, Gpt2Parity, ::testing::ValuesIn(AllRuns()),
+    [](const ::testing::TestParamInfo<std::pair<int, int>>& i) {
+      return "ranks" + std::to_string(i.param.first) + "_stage" +
+             std::to_string(i.param.second);
+    });
+
+// Measured by the runtime and shown in the report: stage 3 at 4 ranks keeps
+// 1/4 of everything, plus padding.
+TEST(Gpt2Memory, Stage3AtFourRanksHoldsAQuarterOfStage0) {
+  Report s0 = RunSharded(4, 0);
+  Report s3 = RunSharded(4, 3);
+  ASSERT_EQ(s0.model_state_bytes.size(), 4u);
+  ASSERT_EQ(s3.model_state_bytes.size(), 4u);
+  for (int r = 0; r < 4; r++) {
+    EXPECT_GT(s3.model_state_bytes[r], 0);
+    EXPECT_LE(s3.model_state_bytes[r], 0.26 * s0.model_state_bytes[r])
+        << "rank " << r << ": stage 3 " << s3.model_state_bytes[r]
+        << " bytes vs stage 0 " << s0.model_state_bytes[r];
+  }
+}
+
+// ---- Bad input: a clear message, non-zero exit, nothing written -----------
+
+struct BadCase {
+  std::string name, cmd_suffix, expect;
+  int ranks;  // 0: the plain trainer
+};
+
+class Gpt2BadInput : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(Gpt2BadInput, ClearMessageNonZeroExitNoReport) {
+  const BadCase& c = GetParam();
+  std::string report = TmpDir() + "/bad_" + c.name + ".json";
+  std::string short_file = TmpDir() + "/short.txt";
+  { std::ofstream(short_file) << "To be, or not to be: that is the question."; }
+  std::string suffix = c.cmd_suffix;
+  for (auto [from, to] : {std::pair<std::string, std::string>{"@DATA", g_data},
+                          {"@SHORT", short_file}}) {
+    size_t at;
+    while ((at = suffix.find(from)) != std::string::npos) suffix.replace(at, from.size(), to);
+  }
+  std::string cmd = c.ranks == 0 ? g_plain : Mpirun(c.ranks) + g_sharded;
+  RunResult r = Shell(cmd + " --steps 2 --quiet --report " + report + " " + suffix);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(c.expect), std::string::npos)
+      << "expected '" << c.expect << "' in:\n" << r.output;
+  struct stat st;
+  EXPECT_NE(stat(report.c_str(), &st), 0) << "a report was written";
+}
+
+const BadCase kBad[] = {
+    {"missing_data_plain", "--data /nonexistent/x.txt", "/nonexistent/x.txt", 0},
+    {"missing_data_sharded", "--data /nonexistent/x.txt", "/nonexistent/x.txt", 2},
+    {"short_data", "--data @SHORT", "too short", 2},
+    {"seq_longer_than_data", "--data @DATA --seq 200000", "too short", 0},
+    {"heads_not_dividing", "--data @DATA --heads 3", "does not divide", 2},
+    {"batch_not_divisible", "--data @DATA --batch 16", "not divisible", 3},
+    {"unknown_flag", "--data @DATA --bogus 1", "unknown flag", 0},
+    {"bad_number", "--data @DATA --lr abc", "--lr", 2},
+    {"bad_stage", "--data @DATA --stage 4", "--stage", 2},
+};
+
+INSTANTIATE_TEST_SUITE_P(Cases, Gpt2BadInput, ::testing::ValuesIn(kBad),
+                         [](const ::testing::TestParamInfo<BadCase>& i) {
+                           return i.param.name;
+                         });
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: %s TRAIN_PLAIN TRAIN_SHARDED DATA\n", argv[0]);
+    return 2;
+  }
+  g_plain = argv[1];
+  g_sharded = argv[2];
+  g_data = argv[3];
+  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+  return RUN_ALL_TESTS();
+}
