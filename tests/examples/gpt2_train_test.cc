@@ -7,7 +7,6 @@
 
 #include <cjson/cJSON.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -19,38 +18,16 @@
 #include <string>
 #include <vector>
 
+#include "tests/examples/process_util.h"
+
 namespace {
 
+using zstest::Mpirun;
+using zstest::RunResult;
+using zstest::Shell;
+using zstest::TmpDir;
+
 std::string g_plain, g_sharded, g_data;
-
-struct RunResult {
-  int exit_code = -1;
-  std::string output;
-};
-
-// Runs a shell command, capturing stdout and stderr.
-RunResult Shell(const std::string& cmd) {
-  RunResult r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  int st = pclose(p);
-  r.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
-
-std::string TmpDir() {
-  const char* t = std::getenv("TEST_TMPDIR");
-  return t != nullptr ? t : "/tmp";
-}
-
-std::string Mpirun(int ranks) {
-  return "timeout 300 mpirun --allow-run-as-root --oversubscribe --bind-to none "
-         "--mca mpi_yield_when_idle 1 --mca btl self,vader -x OMP_NUM_THREADS=1 "
-         "-np " + std::to_string(ranks) + " ";
-}
 
 const char* kFlags = " --steps 20 --batch 12 --eval-every 0 --sample-bytes 0 --quiet";
 

@@ -31,6 +31,32 @@ class EngineTest : public ZsMpiTest {
         << zs_last_error();
     return ctx;
   }
+  // A finalized model of one unit with one fp32 tensor "w" of n elements,
+  // on a fresh context (uses > 0: zs_unit_set_grad_uses before finalize).
+  struct OneUnit {
+    zs_context* ctx = nullptr;
+    zs_model* m = nullptr;
+    int u = -1, t = -1;
+  };
+  OneUnit MakeOneUnit(int stage, const char* unit = "u", int64_t n = 4,
+                      int uses = 0) {
+    OneUnit o;
+    o.ctx = MakeContext(stage);
+    if (o.ctx == nullptr) return o;
+    EXPECT_EQ(zs_model_create(o.ctx, &o.m), ZS_OK);
+    EXPECT_EQ(zs_model_add_unit(o.m, unit, &o.u), ZS_OK);
+    EXPECT_EQ(zs_model_add_tensor(o.m, o.u, "w", 1, &n, ZS_FLOAT32, 0, &o.t),
+              ZS_OK);
+    if (uses > 0) {
+      EXPECT_EQ(zs_unit_set_grad_uses(o.m, o.u, uses), ZS_OK);
+    }
+    EXPECT_EQ(zs_model_finalize(o.m), ZS_OK) << zs_last_error();
+    return o;
+  }
+  static void Destroy(OneUnit& o) {
+    zs_model_destroy(o.m);
+    zs_context_destroy(o.ctx);
+  }
   static bool Contains(const std::string& s, const std::string& part) {
     return s.find(part) != std::string::npos;
   }
@@ -354,15 +380,10 @@ TEST_F(EngineTest, RegistrationErrorOnOneRankFailsFinalizeEverywhere) {
 // rank instead of letting a later collective hang.
 TEST_F(EngineTest, DifferentUseCountsAreAnErrorNotAHang) {
   if (world_ < 2) GTEST_SKIP() << "needs at least 2 ranks";
-  zs_context* ctx = MakeContext(2);
-  ASSERT_NE(ctx, nullptr);
-  zs_model* m = nullptr;
-  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
-  int u = -1, t = -1;
-  int64_t n = 10;
-  ASSERT_EQ(zs_model_add_unit(m, "u", &u), ZS_OK);
-  ASSERT_EQ(zs_model_add_tensor(m, u, "w", 1, &n, ZS_FLOAT32, 0, &t), ZS_OK);
-  ASSERT_EQ(zs_model_finalize(m), ZS_OK);
+  OneUnit o = MakeOneUnit(2, "u", 10);
+  ASSERT_NE(o.m, nullptr);
+  zs_model* m = o.m;
+  const int u = o.u;
   int uses = rank_ == 0 ? 2 : 1;
   for (int k = 0; k < uses; k++) {
     EXPECT_EQ(zs_unit_grad_acquire(m, u), ZS_OK);
@@ -370,8 +391,7 @@ TEST_F(EngineTest, DifferentUseCountsAreAnErrorNotAHang) {
   }
   EXPECT_EQ(zs_step(m, nullptr), ZS_ERR_MISMATCH);
   EXPECT_TRUE(Contains(zs_last_error(), "gradient use counts")) << zs_last_error();
-  zs_model_destroy(m);
-  zs_context_destroy(ctx);
+  Destroy(o);
 }
 
 // ==== API misuse names the unit ============================================
@@ -582,15 +602,10 @@ TEST_F(EngineTest, SameSizedUnitsInDifferentOrderAreAMismatch) {
 // step succeeds everywhere.
 TEST_F(EngineTest, MisuseOnOneRankFailsEveryRankAndCanBeFixed) {
   if (world_ < 2) GTEST_SKIP() << "needs at least 2 ranks";
-  zs_context* ctx = MakeContext(0);
-  ASSERT_NE(ctx, nullptr);
-  zs_model* m = nullptr;
-  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
-  int u = -1, t = -1;
-  int64_t n = 4;
-  ASSERT_EQ(zs_model_add_unit(m, "blk.7", &u), ZS_OK);
-  ASSERT_EQ(zs_model_add_tensor(m, u, "w", 1, &n, ZS_FLOAT32, 0, &t), ZS_OK);
-  ASSERT_EQ(zs_model_finalize(m), ZS_OK);
+  OneUnit o = MakeOneUnit(0, "blk.7", 4);
+  ASSERT_NE(o.m, nullptr);
+  zs_model* m = o.m;
+  const int u = o.u, t = o.t;
   EXPECT_EQ(zs_unit_gather(m, u), ZS_OK);
   if (rank_ != world_ - 1) {
     EXPECT_EQ(zs_unit_release(m, u), ZS_OK);
@@ -610,8 +625,7 @@ TEST_F(EngineTest, MisuseOnOneRankFailsEveryRankAndCanBeFixed) {
   std::vector<float> out(4);
   st = zs_tensor_get(m, t, ZS_FIELD_PARAM, rank_ == 0 ? nullptr : out.data());
   EXPECT_EQ(st, rank_ == 0 ? ZS_ERR_INVALID_ARGUMENT : ZS_ERR_REMOTE);
-  zs_model_destroy(m);
-  zs_context_destroy(ctx);
+  Destroy(o);
 }
 
 // A rank that skips zs_step leaves the others in a collective nobody joins:
@@ -650,39 +664,25 @@ TEST_F(EngineTest, CollectiveNobodyJoinsTimesOutWithAClearError) {
 
 TEST_F(EngineTest, DifferentLearningRatesAreAMismatch) {
   if (world_ < 2) GTEST_SKIP() << "needs at least 2 ranks";
-  zs_context* ctx = MakeContext(1);
-  ASSERT_NE(ctx, nullptr);
-  zs_model* m = nullptr;
-  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
-  int u = -1, t = -1;
-  int64_t n = 4;
-  ASSERT_EQ(zs_model_add_unit(m, "u", &u), ZS_OK);
-  ASSERT_EQ(zs_model_add_tensor(m, u, "w", 1, &n, ZS_FLOAT32, 0, &t), ZS_OK);
-  ASSERT_EQ(zs_model_finalize(m), ZS_OK);
+  OneUnit o = MakeOneUnit(1, "u", 4);
+  ASSERT_NE(o.m, nullptr);
+  zs_model* m = o.m;
   EXPECT_EQ(zs_model_set_lr(m, ZS_ALL_GROUPS, rank_ == 0 ? 0.1 : 0.2), ZS_OK);
   EXPECT_EQ(zs_step(m, nullptr), ZS_ERR_MISMATCH);
   EXPECT_TRUE(Contains(zs_last_error(), "learning rates")) << zs_last_error();
-  zs_model_destroy(m);
-  zs_context_destroy(ctx);
+  Destroy(o);
 }
 
 // ==== Registration and lifetime edge cases ================================
 
 TEST_F(EngineTest, GradUsesAreRegistrationTimeOnly) {
-  zs_context* ctx = MakeContext(2);
-  ASSERT_NE(ctx, nullptr);
-  zs_model* m = nullptr;
-  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
-  int u = -1, t = -1;
-  int64_t n = 4;
-  ASSERT_EQ(zs_model_add_unit(m, "u", &u), ZS_OK);
-  ASSERT_EQ(zs_model_add_tensor(m, u, "w", 1, &n, ZS_FLOAT32, 0, &t), ZS_OK);
-  ASSERT_EQ(zs_unit_set_grad_uses(m, u, 2), ZS_OK);
-  ASSERT_EQ(zs_model_finalize(m), ZS_OK);
+  OneUnit o = MakeOneUnit(2, "u", 4, 2);
+  ASSERT_NE(o.m, nullptr);
+  zs_model* m = o.m;
+  const int u = o.u, t = o.t;
   EXPECT_EQ(zs_unit_set_grad_uses(m, u, 1), ZS_ERR_INVALID_STATE);
   EXPECT_EQ(zs_model_add_tied_tensor(m, u, "x", t, nullptr), ZS_ERR_INVALID_STATE);
-  zs_model_destroy(m);
-  zs_context_destroy(ctx);
+  Destroy(o);
 }
 
 // A unit whose byte size overflows, or whose shard exceeds what one MPI call
@@ -729,16 +729,11 @@ TEST_F(EngineTest, OversizedUnitsAreRefusedAtFinalizeRepeatably) {
 }
 
 TEST_F(EngineTest, ContextDestroyedBeforeModelIsSafe) {
-  zs_context* ctx = MakeContext(3);
-  ASSERT_NE(ctx, nullptr);
-  zs_model* m = nullptr;
-  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
-  int u = -1, t = -1;
-  int64_t n = 4;
-  ASSERT_EQ(zs_model_add_unit(m, "u", &u), ZS_OK);
-  ASSERT_EQ(zs_model_add_tensor(m, u, "w", 1, &n, ZS_FLOAT32, 0, &t), ZS_OK);
-  ASSERT_EQ(zs_model_finalize(m), ZS_OK);
-  zs_context_destroy(ctx);
+  OneUnit o = MakeOneUnit(3, "u", 4);
+  ASSERT_NE(o.m, nullptr);
+  zs_model* m = o.m;
+  const int u = o.u;
+  zs_context_destroy(o.ctx);
   EXPECT_EQ(zs_unit_gather(m, u), ZS_ERR_INVALID_STATE);
   EXPECT_TRUE(Contains(zs_last_error(), "context was destroyed")) << zs_last_error();
   zs_model_destroy(m);
@@ -775,25 +770,20 @@ TEST_F(EngineTest, WeightDecayDefaultFollowsTheOptimizer) {
 }
 
 TEST_F(EngineTest, RuntimeMemoryCannotBeUnregisteredByTheUser) {
-  zs_context* ctx = MakeContext(0);
-  ASSERT_NE(ctx, nullptr);
-  zs_model* m = nullptr;
-  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
-  int u = -1, t = -1;
-  int64_t n = 64;
-  ASSERT_EQ(zs_model_add_unit(m, "u", &u), ZS_OK);
-  ASSERT_EQ(zs_model_add_tensor(m, u, "w", 1, &n, ZS_FLOAT32, 0, &t), ZS_OK);
-  ASSERT_EQ(zs_model_finalize(m), ZS_OK);
+  OneUnit o = MakeOneUnit(0, "u", 64);
+  ASSERT_NE(o.m, nullptr);
+  zs_model* m = o.m;
+  const int u = o.u, t = o.t;
   ASSERT_EQ(zs_unit_gather(m, u), ZS_OK);
   void* p = nullptr;
   ASSERT_EQ(zs_tensor_data(m, t, &p), ZS_OK);
-  EXPECT_EQ(zs_memory_unregister(ctx, p), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(zs_memory_unregister(o.ctx, p), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(zs_unit_release(m, u), ZS_OK);
   zs_model_destroy(m);
   zs_memory_stats ms;
-  zs_memory_stats_get(ctx, &ms);
+  zs_memory_stats_get(o.ctx, &ms);
   EXPECT_EQ(ms.total_current, 0u);
-  zs_context_destroy(ctx);
+  zs_context_destroy(o.ctx);
 }
 
 }  // namespace
