@@ -10,24 +10,45 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void zs__comm_note(zs__comm* c, zs_coll_op op, zs__coll_tag tag,
-                          size_t count, zs_dtype dtype, int root,
-                          double seconds) {
-  size_t bytes = count * zs_dtype_size(dtype);
-  if (op == ZS_COLL_ALL_GATHER || op == ZS_COLL_REDUCE_SCATTER)
+/* ==== The collective core: note, start, wait ============================== */
+
+struct zs__coll {
+  zs__comm_req* req;  /* the backend's request */
+  zs_coll_op op;
+  zs__coll_tag tag;
+  size_t count;       /* elements per rank */
+  zs_dtype dtype;
+  uint64_t seq;       /* its log entry */
+  double t_issue;
+  int is_param_gather;
+  void* tmp;          /* reduce-scatter temporary (device memory) */
+  void* dst;          /* fixed-order reduce-scatter: the sum goes here */
+};
+
+/* Counts a collective at issue and folds it into the sequence hash (in
+ * issue order, which is what ranks must agree on) and the log. */
+static void zs__comm_note(zs__comm* c, zs__coll* op, int root) {
+  size_t bytes = op->count * zs_dtype_size(op->dtype);
+  if (op->op == ZS_COLL_ALL_GATHER || op->op == ZS_COLL_REDUCE_SCATTER)
     bytes *= (size_t)c->world;
-  c->counters.calls[op]++;
-  c->counters.bytes[op] += bytes;
-  c->counters.seconds[op] += seconds;
-  uint64_t rec[6] = {(uint64_t)op,     (uint64_t)count,
-                     (uint64_t)dtype,  (uint64_t)(int64_t)root,
-                     (uint64_t)tag.purpose, (uint64_t)(int64_t)tag.unit};
+  c->counters.calls[op->op]++;
+  c->counters.bytes[op->op] += bytes;
+  uint64_t rec[6] = {(uint64_t)op->op,         (uint64_t)op->count,
+                     (uint64_t)op->dtype,      (uint64_t)(int64_t)root,
+                     (uint64_t)op->tag.purpose, (uint64_t)(int64_t)op->tag.unit};
   c->seq_hash = zs__hash_bytes(c->seq_hash, rec, sizeof rec);
-  c->seq_count++;
+  op->seq = c->seq_count++;
+  op->t_issue = zs__now();
+  if (c->log != NULL) {
+    zs__comm_log_entry* e = &c->log[op->seq % ZS__COMM_LOG_CAP];
+    *e = (zs__comm_log_entry){op->seq,  (uint8_t)op->op,     (uint8_t)op->tag.purpose,
+                              op->tag.unit, (uint64_t)bytes, op->t_issue, 0.0};
+  }
+  __atomic_add_fetch(&c->in_flight, 1, __ATOMIC_RELAXED);
+  if (op->is_param_gather && ++c->gathers_in_flight > c->max_in_flight_gathers)
+    c->max_in_flight_gathers = c->gathers_in_flight;
 }
 
-/* Waits for a started collective, polling (and yielding the core after a
- * short spin, which matters when ranks oversubscribe the cores). */
 /* After a timeout nothing new may start on the communicator. */
 static zs_status zs__comm_usable(const zs__comm* c) {
   if (!c->failed) return ZS_OK;
@@ -40,18 +61,59 @@ void zs__comm_free(const zs__comm* c, void* p) {
   if (!c->failed) free(p);
 }
 
-static zs_status zs__comm_wait(zs__comm* c, zs__comm_req* req, zs_coll_op op,
-                               zs__coll_tag tag, size_t count, zs_dtype dtype) {
+static zs__coll* zs__coll_new(zs__comm* c, zs_coll_op kind, zs__coll_tag tag,
+                              size_t count, zs_dtype dtype) {
+  zs__coll* op = (zs__coll*)calloc(1, sizeof *op);
+  if (op == NULL) return NULL;
+  op->op = kind;
+  op->tag = tag;
+  op->count = count;
+  op->dtype = dtype;
+  op->is_param_gather = kind == ZS_COLL_ALL_GATHER && tag.purpose == ZS__P_GATHER;
+  (void)c;
+  return op;
+}
+
+/* Marks op complete: finishes a fixed-order sum, logs, frees. */
+static zs_status zs__coll_finish(zs__comm* c, zs__coll* op) {
+  zs_status st = ZS_OK;
+  if (op->dst != NULL)
+    st = c->dev->ops->sum_chunks(c->dev, op->dst, op->tmp, c->world, op->count,
+                                 op->dtype, NULL);
+  double now = zs__now();
+  c->counters.seconds[op->op] += now - op->t_issue;
+  if (c->log != NULL) {
+    zs__comm_log_entry* e = &c->log[op->seq % ZS__COMM_LOG_CAP];
+    if (e->seq == op->seq) e->t_done = now;
+  }
+  __atomic_sub_fetch(&c->in_flight, 1, __ATOMIC_RELAXED);
+  if (op->is_param_gather) c->gathers_in_flight--;
+  zs__dev_free(c->dev, op->tmp);
+  free(op);
+  return st;
+}
+
+zs_status zs__coll_test(zs__comm* c, zs__coll* op, int* done) {
+  *done = 0;
+  zs_status st = c->ops->test(c, op->req, done);
+  if (st != ZS_OK || !*done) return st;
+  return zs__coll_finish(c, op);
+}
+
+/* Waits for a started collective, polling (and yielding the core after a
+ * short spin, which matters when ranks oversubscribe the cores). */
+zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
   const double t0 = zs__now();
   double warn_at = t0 + 60.0;
   for (unsigned spins = 0;; spins++) {
     int done = 0;
-    zs_status st = c->ops->test(c, req, &done);
+    zs_status st = zs__coll_test(c, op, &done);
     if (st != ZS_OK || done) return st;
     if (spins < 256) continue;
     sched_yield();
     if ((spins & 63) != 0) continue;
     double now = zs__now();
+    const char* name = op->tag.name != NULL ? op->tag.name : "-";
     if (c->timeout_s > 0 && now - t0 > c->timeout_s) {
       c->failed = 1; /* the request stays pending: keep every buffer */
       return zs__error(ZS_ERR_TIMEOUT,
@@ -60,73 +122,123 @@ static zs_status zs__comm_wait(zs__comm* c, zs__comm_req* req, zs_coll_op op,
                        "waiting in a different collective (it skipped or "
                        "added a gather, release or step, or failed); the "
                        "context cannot be used any more",
-                       zs_coll_op_name(op), count, zs_dtype_name(dtype),
-                       tag.name != NULL ? tag.name : "-", (int)tag.purpose,
+                       zs_coll_op_name(op->op), op->count,
+                       zs_dtype_name(op->dtype), name, (int)op->tag.purpose,
                        c->timeout_s);
     }
     if (now > warn_at) {
       zs__log(ZS_LOG_WARN,
               "still waiting after %.0f s in %s for unit %s; another rank "
               "may have issued a different collective",
-              now - t0, zs_coll_op_name(op), tag.name != NULL ? tag.name : "-");
+              now - t0, zs_coll_op_name(op->op), name);
       warn_at = now + 60.0;
     }
   }
 }
 
-zs_status zs__comm_all_gather(zs__comm* c, zs__coll_tag tag, const void* send,
-                              void* recv, size_t count, zs_dtype dtype) {
-  double t0 = zs__now();
-  zs__comm_req* req = NULL;
-  zs_status st = zs__comm_usable(c);
-  if (st == ZS_OK)
-    st = c->ops->all_gather(c, send, recv, count, dtype, NULL, &req);
-  if (st == ZS_OK)
-    st = zs__comm_wait(c, req, ZS_COLL_ALL_GATHER, tag, count, dtype);
-  zs__comm_note(c, ZS_COLL_ALL_GATHER, tag, count, dtype, -1, zs__now() - t0);
-  return st;
+/* Registers a started backend request on op, or cleans up on failure. */
+static zs_status zs__coll_started(zs__comm* c, zs_status st, zs__coll* op,
+                                  int root, zs__coll** out) {
+  if (st != ZS_OK) {
+    zs__dev_free(c->dev, op->tmp);
+    free(op);
+    return st;
+  }
+  zs__comm_note(c, op, root);
+  *out = op;
+  return ZS_OK;
 }
 
-zs_status zs__comm_reduce_scatter(zs__comm* c, zs__coll_tag tag,
-                                  const void* send, void* recv, size_t count,
-                                  zs_dtype dtype, zs__red_op op) {
-  double t0 = zs__now();
-  zs__comm_req* req = NULL;
-  zs_status st = zs__comm_usable(c);
-  if (st == ZS_OK)
-    st = c->ops->reduce_scatter(c, send, recv, count, dtype, op, NULL, &req);
-  if (st == ZS_OK)
-    st = zs__comm_wait(c, req, ZS_COLL_REDUCE_SCATTER, tag, count, dtype);
-  zs__comm_note(c, ZS_COLL_REDUCE_SCATTER, tag, count, dtype, -1,
-                zs__now() - t0);
-  return st;
+#define ZS__COLL_BEGIN(kind, count, dtype)                                  \
+  zs_status st = zs__comm_usable(c);                                        \
+  if (st != ZS_OK) return st;                                               \
+  zs__coll* op = zs__coll_new(c, (kind), tag, (count), (dtype));            \
+  if (op == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "collective");
+
+zs_status zs__comm_iall_gather(zs__comm* c, zs__coll_tag tag, const void* send,
+                               void* recv, size_t count, zs_dtype dtype,
+                               zs__coll** out) {
+  ZS__COLL_BEGIN(ZS_COLL_ALL_GATHER, count, dtype);
+  st = c->ops->all_gather(c, send, recv, count, dtype, NULL, &op->req);
+  return zs__coll_started(c, st, op, -1, out);
+}
+
+zs_status zs__comm_iall_gather_strided(zs__comm* c, zs__coll_tag tag,
+                                       void* buf, size_t offset,
+                                       size_t stride, size_t chunk,
+                                       zs_dtype dtype, zs__coll** out) {
+  ZS__COLL_BEGIN(ZS_COLL_ALL_GATHER, chunk, dtype);
+  st = c->ops->all_gather_strided(c, buf, offset, stride, chunk, dtype, NULL,
+                                  &op->req);
+  return zs__coll_started(c, st, op, -1, out);
+}
+
+zs_status zs__comm_ireduce_scatter(zs__comm* c, zs__coll_tag tag,
+                                   zs__reduce_order order, const void* send,
+                                   size_t offset, size_t stride, size_t chunk,
+                                   void* dst, zs_dtype dtype, zs__coll** out) {
+  ZS__COLL_BEGIN(ZS_COLL_REDUCE_SCATTER, chunk, dtype);
+  const size_t elem = zs_dtype_size(dtype), W = (size_t)c->world;
+  st = zs__dev_alloc(c->dev, ZS_MEM_COMM_BUFFERS, W * chunk * elem, 0,
+                     "reduce-scatter bucket", &op->tmp);
+  size_t* offsets = st == ZS_OK ? (size_t*)malloc(W * sizeof *offsets) : NULL;
+  if (st == ZS_OK && offsets == NULL)
+    st = zs__error(ZS_ERR_OUT_OF_MEMORY, "reduce-scatter offsets");
+  for (size_t r = 0; st == ZS_OK && r < W; r++) offsets[r] = r * stride + offset;
+  if (st == ZS_OK && order == ZS__REDUCE_FIXED) {
+    /* Each rank receives every rank's chunk of its shard, then sums them in
+     * rank order at completion. */
+    op->dst = dst;
+    st = c->ops->exchange(c, send, offsets, op->tmp, chunk, dtype, NULL,
+                          &op->req);
+  } else if (st == ZS_OK) {
+    /* The backend needs each rank's block contiguous: pack the bucket. */
+    const char* s = (const char*)send;
+    for (size_t r = 0; st == ZS_OK && r < W; r++)
+      st = c->dev->ops->copy(c->dev, (char*)op->tmp + r * chunk * elem,
+                             s + offsets[r] * elem, chunk * elem, NULL);
+    if (st == ZS_OK)
+      st = c->ops->reduce_scatter(c, op->tmp, dst, chunk, dtype, ZS__RED_SUM,
+                                  NULL, &op->req);
+  }
+  free(offsets);
+  return zs__coll_started(c, st, op, -1, out);
+}
+
+/* ==== Blocking wrappers ===================================================== */
+
+zs_status zs__comm_all_gather(zs__comm* c, zs__coll_tag tag, const void* send,
+                              void* recv, size_t count, zs_dtype dtype) {
+  zs__coll* op = NULL;
+  zs_status st = zs__comm_iall_gather(c, tag, send, recv, count, dtype, &op);
+  return st == ZS_OK ? zs__coll_wait(c, op) : st;
 }
 
 zs_status zs__comm_all_reduce(zs__comm* c, zs__coll_tag tag, const void* send,
                               void* recv, size_t count, zs_dtype dtype,
-                              zs__red_op op) {
-  double t0 = zs__now();
-  zs__comm_req* req = NULL;
-  zs_status st = zs__comm_usable(c);
-  if (st == ZS_OK)
-    st = c->ops->all_reduce(c, send, recv, count, dtype, op, NULL, &req);
-  if (st == ZS_OK)
-    st = zs__comm_wait(c, req, ZS_COLL_ALL_REDUCE, tag, count, dtype);
-  zs__comm_note(c, ZS_COLL_ALL_REDUCE, tag, count, dtype, -1, zs__now() - t0);
-  return st;
+                              zs__red_op rop) {
+  ZS__COLL_BEGIN(ZS_COLL_ALL_REDUCE, count, dtype);
+  st = c->ops->all_reduce(c, send, recv, count, dtype, rop, NULL, &op->req);
+  st = zs__coll_started(c, st, op, -1, &op);
+  return st == ZS_OK ? zs__coll_wait(c, op) : st;
 }
 
 zs_status zs__comm_broadcast(zs__comm* c, zs__coll_tag tag, void* buf,
                              size_t count, zs_dtype dtype, int root) {
-  double t0 = zs__now();
-  zs__comm_req* req = NULL;
-  zs_status st = zs__comm_usable(c);
-  if (st == ZS_OK)
-    st = c->ops->broadcast(c, buf, count, dtype, root, NULL, &req);
-  if (st == ZS_OK)
-    st = zs__comm_wait(c, req, ZS_COLL_BROADCAST, tag, count, dtype);
-  zs__comm_note(c, ZS_COLL_BROADCAST, tag, count, dtype, root, zs__now() - t0);
-  return st;
+  ZS__COLL_BEGIN(ZS_COLL_BROADCAST, count, dtype);
+  st = c->ops->broadcast(c, buf, count, dtype, root, NULL, &op->req);
+  st = zs__coll_started(c, st, op, root, &op);
+  return st == ZS_OK ? zs__coll_wait(c, op) : st;
+}
+
+size_t zs__comm_log_read(const zs__comm* c, zs__comm_log_entry* out,
+                         size_t cap) {
+  if (c->log == NULL) return 0;
+  uint64_t n = c->seq_count < ZS__COMM_LOG_CAP ? c->seq_count : ZS__COMM_LOG_CAP;
+  uint64_t first = c->seq_count - n;
+  for (uint64_t i = 0; i < n && i < cap; i++)
+    out[i] = c->log[(first + i) % ZS__COMM_LOG_CAP];
+  return (size_t)n;
 }
 
 uint64_t zs__comm_agree_code(const zs__comm* c, zs_status local) {
@@ -250,5 +362,7 @@ cleanup:
 }
 
 void zs__comm_destroy(zs__comm* c) {
-  if (c != NULL) c->ops->destroy(c);
+  if (c == NULL) return;
+  if (!c->failed) free(c->log);
+  c->ops->destroy(c);
 }

@@ -45,18 +45,55 @@ typedef struct zs__comm_ops {
                           zs__stream* stream, zs__comm_req** req);
   zs_status (*broadcast)(zs__comm* c, void* buf, size_t count, zs_dtype dtype,
                          int root, zs__stream* stream, zs__comm_req** req);
+  /* All-to-all of equal chunks: `chunk` elements from send + offsets[r] go
+   * to rank r, which receives them at recv + rank * chunk; recv holds
+   * world * chunk elements. offsets: world entries (elements), copied. The
+   * building block of the fixed-order reduce-scatter. */
+  zs_status (*exchange)(zs__comm* c, const void* send, const size_t* offsets,
+                        void* recv, size_t chunk, zs_dtype dtype,
+                        zs__stream* stream, zs__comm_req** req);
+  /* In-place all-gather of strided chunks: rank r's `chunk` elements live at
+   * buf + r * stride + offset (a bucket of every rank's shard). */
+  zs_status (*all_gather_strided)(zs__comm* c, void* buf, size_t offset,
+                                  size_t stride, size_t chunk, zs_dtype dtype,
+                                  zs__stream* stream, zs__comm_req** req);
   /* Completes and frees req. */
   zs_status (*wait)(zs__comm* c, zs__comm_req* req);
   /* Sets *done; a completed req is freed. */
   zs_status (*test)(zs__comm* c, zs__comm_req* req, int* done);
+  /* Starts a thread that drives the backend's progress while the caller
+   * computes, so non-blocking collectives advance between API calls.
+   * Returns UNSUPPORTED (with the reason) when the backend cannot. */
+  zs_status (*start_progress)(zs__comm* c);
   void (*destroy)(zs__comm* c);
 } zs__comm_ops;
+
+/* One collective in the communication log: what, for whom, how big, when
+ * it was issued and when this rank saw it complete (zs__now seconds). */
+typedef struct zs__comm_log_entry {
+  uint64_t seq;        /* position in this rank's collective sequence */
+  uint8_t op;          /* zs_coll_op */
+  uint8_t purpose;     /* zs__purpose */
+  int32_t unit;        /* -1: not about a unit */
+  uint64_t bytes;      /* as nccl-tests counts them */
+  double t_issue;
+  double t_done;       /* 0 while in flight */
+} zs__comm_log_entry;
+
+/* The log keeps the most recent ZS__COMM_LOG_CAP entries. */
+#define ZS__COMM_LOG_CAP 8192
 
 struct zs__comm {
   const zs__comm_ops* ops;
   int rank;
   int world;
   void* impl;
+  zs__device* dev;    /* for reduction temporaries (not owned) */
+  zs__comm_log_entry* log; /* ring of ZS__COMM_LOG_CAP entries, or NULL */
+  uint64_t in_flight; /* started and not yet completed collectives (read
+                         by the progress thread: atomic) */
+  uint64_t max_in_flight_gathers; /* most parameter all-gathers in flight */
+  uint64_t gathers_in_flight;
   zs_comm_counters counters;
   uint64_t seq_hash;  /* every collective since creation, in order */
   uint64_t seq_count;
@@ -103,14 +140,61 @@ static inline zs__coll_tag zs__tag(zs__purpose p, int unit, const char* name) {
  * communicator was created. */
 zs_status zs__comm_all_gather(zs__comm* c, zs__coll_tag tag, const void* send,
                               void* recv, size_t count, zs_dtype dtype);
-zs_status zs__comm_reduce_scatter(zs__comm* c, zs__coll_tag tag,
-                                  const void* send, void* recv, size_t count,
-                                  zs_dtype dtype, zs__red_op op);
 zs_status zs__comm_all_reduce(zs__comm* c, zs__coll_tag tag, const void* send,
                               void* recv, size_t count, zs_dtype dtype,
                               zs__red_op op);
 zs_status zs__comm_broadcast(zs__comm* c, zs__coll_tag tag, void* buf,
                              size_t count, zs_dtype dtype, int root);
+
+/* ---- Non-blocking collectives ------------------------------------------ */
+
+/* An in-flight collective. Completed (and freed) by zs__coll_wait, or by
+ * zs__coll_test once it reports done. */
+typedef struct zs__coll zs__coll;
+
+/* Starts an all-gather (as zs__comm_all_gather) and returns at once. */
+zs_status zs__comm_iall_gather(zs__comm* c, zs__coll_tag tag, const void* send,
+                               void* recv, size_t count, zs_dtype dtype,
+                               zs__coll** out);
+
+/* Starts an in-place all-gather of one bucket of every rank's shard: rank
+ * r's `chunk` elements at buf + r * stride + offset. */
+zs_status zs__comm_iall_gather_strided(zs__comm* c, zs__coll_tag tag,
+                                       void* buf, size_t offset,
+                                       size_t stride, size_t chunk,
+                                       zs_dtype dtype, zs__coll** out);
+
+/* How reduce-scatter orders its sums. FIXED (default): every element is
+ * summed in rank order 0, 1, ..., W-1 (an exchange of the chunks, then a
+ * local sum), so results are bitwise independent of bucket sizes, message
+ * sizes and the MPI library's algorithm choice. BACKEND: the backend's own
+ * reduce-scatter (MPI_Ireduce_scatter_block), whose order may change with
+ * message size. */
+typedef enum zs__reduce_order {
+  ZS__REDUCE_FIXED = 0,
+  ZS__REDUCE_BACKEND = 1
+} zs__reduce_order;
+
+/* Starts the reduce-scatter of one bucket: every rank contributes
+ * send[r * stride + offset .. + chunk) for each rank r, and dst (chunk
+ * elements) receives the SUM over ranks of this rank's chunk. send must stay
+ * untouched until completion; dst is written at completion. A temporary of
+ * world * chunk elements (comm_buffers) lives until then. */
+zs_status zs__comm_ireduce_scatter(zs__comm* c, zs__coll_tag tag,
+                                   zs__reduce_order order, const void* send,
+                                   size_t offset, size_t stride, size_t chunk,
+                                   void* dst, zs_dtype dtype, zs__coll** out);
+
+/* Waits (polling, with the timeout of the blocking wrappers) and completes:
+ * finishes a reduce-scatter's sum, logs the completion, frees op. */
+zs_status zs__coll_wait(zs__comm* c, zs__coll* op);
+/* Completes op if it is done (then *done = 1 and op is freed). */
+zs_status zs__coll_test(zs__comm* c, zs__coll* op, int* done);
+
+/* Copies up to cap of the most recent log entries (oldest first) and
+ * returns how many the log holds. */
+size_t zs__comm_log_read(const zs__comm* c, zs__comm_log_entry* out,
+                         size_t cap);
 
 /* Collective agreement on a status: ZS_OK on every rank if `local` is ZS_OK
  * everywhere. Otherwise the lowest failing rank's message is broadcast;

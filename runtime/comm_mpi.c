@@ -4,22 +4,35 @@
  * all-reduce and broadcast on a duplicate of the caller's communicator with
  * MPI_ERRORS_RETURN, so an MPI failure is a zs_status, not an abort.
  */
+#define _GNU_SOURCE
 #include "runtime/comm_mpi.h"
 
 #include <limits.h>
+#include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
 typedef struct zs__mpi_impl {
   MPI_Comm comm;
-  int owns_mpi; /* counted in zs__mpi_owners */
+  int owns_mpi;     /* counted in zs__mpi_owners */
+  MPI_Comm probe_comm; /* the progress thread probes here (never used else) */
+  pthread_t progress;
+  int progress_on;
+  int progress_stop;   /* atomic */
+  unsigned p2p_seq; /* tag of the next exchange: the same on every rank */
+  int tag_ub;
 } zs__mpi_impl;
 
 /* Contexts alive over an MPI that ZeroShard initialized; the last one
  * destroyed finalizes it (zs__comm_mpi_own). */
 static int zs__mpi_owners;
 
+/* One MPI request (collectives) or several (point-to-point exchanges). */
 struct zs__comm_req {
-  MPI_Request request;
+  MPI_Request request; /* used when many == NULL */
+  int n;               /* requests in many (may be 0: nothing to wait for) */
+  MPI_Request* many;
 };
 
 static MPI_Comm zs__mpi_comm(zs__comm* c) {
@@ -162,30 +175,184 @@ static zs_status zs__mpi_broadcast(zs__comm* c, void* buf, size_t count,
   return zs__mpi_finish(rc, "broadcast", req);
 }
 
+static void zs__mpi_req_free(zs__comm_req* req) {
+  free(req->many);
+  free(req);
+}
+
 static zs_status zs__mpi_wait(zs__comm* c, zs__comm_req* req) {
   (void)c;
-  int rc = MPI_Wait(&req->request, MPI_STATUS_IGNORE);
-  free(req);
+  int rc = req->many != NULL
+               ? MPI_Waitall(req->n, req->many, MPI_STATUSES_IGNORE)
+               : MPI_Wait(&req->request, MPI_STATUS_IGNORE);
+  zs__mpi_req_free(req);
   return rc == MPI_SUCCESS ? ZS_OK : zs__mpi_fail(rc, "wait");
 }
 
 static zs_status zs__mpi_test(zs__comm* c, zs__comm_req* req, int* done) {
   (void)c;
-  int rc = MPI_Test(&req->request, done, MPI_STATUS_IGNORE);
+  int rc = MPI_SUCCESS;
+  if (req->many == NULL)
+    rc = MPI_Test(&req->request, done, MPI_STATUS_IGNORE);
+  else if (req->n > 0)
+    rc = MPI_Testall(req->n, req->many, done, MPI_STATUSES_IGNORE);
+  else
+    *done = 1;
   if (rc != MPI_SUCCESS) {
     *done = 1;
-    free(req);
+    zs__mpi_req_free(req);
     return zs__mpi_fail(rc, "test");
   }
-  if (*done) free(req);
+  if (*done) zs__mpi_req_free(req);
+  return ZS_OK;
+}
+
+/* ---- Point-to-point building blocks (exchange, strided all-gather) ---- */
+
+/* A request holding up to 2 * (world - 1) point-to-point requests, and the
+ * tag every rank uses for this operation. */
+static zs_status zs__mpi_p2p_begin(zs__comm* c, zs__comm_req** req, int* tag) {
+  zs__mpi_impl* impl = (zs__mpi_impl*)c->impl;
+  *req = (zs__comm_req*)calloc(1, sizeof **req);
+  if (*req != NULL)
+    (*req)->many = (MPI_Request*)calloc(2 * (size_t)c->world + 1,
+                                        sizeof(MPI_Request));
+  if (*req == NULL || (*req)->many == NULL) {
+    if (*req != NULL) free(*req);
+    *req = NULL;
+    return zs__error(ZS_ERR_OUT_OF_MEMORY, "MPI request");
+  }
+  *tag = 1 + (int)(impl->p2p_seq++ % (unsigned)(impl->tag_ub - 1));
+  return ZS_OK;
+}
+
+/* Completes a started p2p operation if the caller wanted it blocking. */
+static zs_status zs__mpi_p2p_end(zs__comm* c, int rc, const char* what,
+                                 zs__comm_req* r, zs__comm_req** req) {
+  if (rc != MPI_SUCCESS) {
+    /* Requests already posted cannot be withdrawn; keep them alive. */
+    return zs__mpi_fail(rc, what);
+  }
+  if (req != NULL) {
+    *req = r;
+    return ZS_OK;
+  }
+  return zs__mpi_wait(c, r);
+}
+
+static zs_status zs__mpi_exchange(zs__comm* c, const void* send,
+                                  const size_t* offsets, void* recv,
+                                  size_t chunk, zs_dtype dtype,
+                                  zs__stream* stream, zs__comm_req** req) {
+  (void)stream;
+  MPI_Datatype t;
+  int n = 0, tag = 0;
+  zs__comm_req* r = NULL;
+  zs_status st = zs__mpi_type(dtype, 0, &t);
+  if (st == ZS_OK) st = zs__mpi_count(chunk, "exchange", &n);
+  if (st == ZS_OK) st = zs__mpi_p2p_begin(c, &r, &tag);
+  if (st != ZS_OK) return st;
+  const size_t elem = zs_dtype_size(dtype);
+  const char* s = (const char*)send;
+  char* d = (char*)recv;
+  int rc = MPI_SUCCESS;
+  for (int p = 0; p < c->world && rc == MPI_SUCCESS; p++) {
+    if (p == c->rank) continue;
+    rc = MPI_Irecv(d + (size_t)p * chunk * elem, n, t, p, tag,
+                   zs__mpi_comm(c), &r->many[r->n++]);
+  }
+  for (int p = 0; p < c->world && rc == MPI_SUCCESS; p++) {
+    if (p == c->rank) continue;
+    rc = MPI_Isend(s + offsets[p] * elem, n, t, p, tag, zs__mpi_comm(c),
+                   &r->many[r->n++]);
+  }
+  if (chunk > 0)
+    memcpy(d + (size_t)c->rank * chunk * elem, s + offsets[c->rank] * elem,
+           chunk * elem);
+  return zs__mpi_p2p_end(c, rc, "exchange", r, req);
+}
+
+static zs_status zs__mpi_all_gather_strided(zs__comm* c, void* buf,
+                                            size_t offset, size_t stride,
+                                            size_t chunk, zs_dtype dtype,
+                                            zs__stream* stream,
+                                            zs__comm_req** req) {
+  (void)stream;
+  MPI_Datatype t;
+  int n = 0, tag = 0;
+  zs__comm_req* r = NULL;
+  zs_status st = zs__mpi_type(dtype, 0, &t);
+  if (st == ZS_OK) st = zs__mpi_count(chunk, "all-gather", &n);
+  if (st == ZS_OK) st = zs__mpi_p2p_begin(c, &r, &tag);
+  if (st != ZS_OK) return st;
+  const size_t elem = zs_dtype_size(dtype);
+  char* b = (char*)buf;
+  char* mine = b + ((size_t)c->rank * stride + offset) * elem;
+  int rc = MPI_SUCCESS;
+  for (int p = 0; p < c->world && rc == MPI_SUCCESS; p++) {
+    if (p == c->rank) continue;
+    rc = MPI_Irecv(b + ((size_t)p * stride + offset) * elem, n, t, p, tag,
+                   zs__mpi_comm(c), &r->many[r->n++]);
+  }
+  for (int p = 0; p < c->world && rc == MPI_SUCCESS; p++) {
+    if (p == c->rank) continue;
+    rc = MPI_Isend(mine, n, t, p, tag, zs__mpi_comm(c), &r->many[r->n++]);
+  }
+  return zs__mpi_p2p_end(c, rc, "strided all-gather", r, req);
+}
+
+/* The progress thread: while collectives are in flight, an MPI_Iprobe on a
+ * private communicator every 20 us runs Open MPI's progress engine (which
+ * advances every pending request) without touching our requests, which only
+ * the caller's thread tests and waits for. Idle, it sleeps 0.5 ms. */
+static void* zs__mpi_progress_main(void* arg) {
+  zs__comm* c = (zs__comm*)arg;
+  zs__mpi_impl* impl = (zs__mpi_impl*)c->impl;
+  while (!__atomic_load_n(&impl->progress_stop, __ATOMIC_RELAXED)) {
+    int busy = __atomic_load_n(&c->in_flight, __ATOMIC_RELAXED) > 0;
+    if (busy) {
+      int flag = 0;
+      MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, impl->probe_comm, &flag,
+                 MPI_STATUS_IGNORE);
+    }
+    struct timespec ts = {0, busy ? 20000 : 500000};
+    nanosleep(&ts, NULL);
+  }
+  return NULL;
+}
+
+static zs_status zs__mpi_start_progress(zs__comm* c) {
+  zs__mpi_impl* impl = (zs__mpi_impl*)c->impl;
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  if (level != MPI_THREAD_MULTIPLE)
+    return zs__error(ZS_ERR_UNSUPPORTED,
+                     "MPI provides thread level %d, not MPI_THREAD_MULTIPLE: "
+                     "no progress thread; collectives progress at ZeroShard "
+                     "calls only (initialize MPI with MPI_Init_thread("
+                     "MPI_THREAD_MULTIPLE) to overlap them with compute)",
+                     level);
+  if (impl->progress_on) return ZS_OK;
+  int rc = MPI_Comm_dup(impl->comm, &impl->probe_comm);
+  if (rc != MPI_SUCCESS) return zs__mpi_fail(rc, "Comm_dup (progress)");
+  if (pthread_create(&impl->progress, NULL, zs__mpi_progress_main, c) != 0) {
+    MPI_Comm_free(&impl->probe_comm);
+    return zs__error(ZS_ERR_INTERNAL, "cannot start the progress thread");
+  }
+  impl->progress_on = 1;
   return ZS_OK;
 }
 
 static void zs__mpi_destroy(zs__comm* c) {
   zs__mpi_impl* impl = (zs__mpi_impl*)c->impl;
+  if (impl->progress_on) {
+    __atomic_store_n(&impl->progress_stop, 1, __ATOMIC_RELAXED);
+    pthread_join(impl->progress, NULL);
+  }
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) {
+    if (impl->progress_on) MPI_Comm_free(&impl->probe_comm);
     MPI_Comm_free(&impl->comm);
     if (impl->owns_mpi && --zs__mpi_owners == 0) MPI_Finalize();
   }
@@ -207,8 +374,11 @@ static const zs__comm_ops zs__mpi_ops = {
     zs__mpi_reduce_scatter,
     zs__mpi_all_reduce,
     zs__mpi_broadcast,
+    zs__mpi_exchange,
+    zs__mpi_all_gather_strided,
     zs__mpi_wait,
     zs__mpi_test,
+    zs__mpi_start_progress,
     zs__mpi_destroy,
 };
 
@@ -227,6 +397,10 @@ zs_status zs__comm_mpi_create(MPI_Comm comm, zs__comm** out) {
     return zs__mpi_fail(rc, "Comm_dup");
   }
   MPI_Comm_set_errhandler(impl->comm, MPI_ERRORS_RETURN);
+  int* ub = NULL;
+  int has_ub = 0;
+  MPI_Comm_get_attr(impl->comm, MPI_TAG_UB, &ub, &has_ub);
+  impl->tag_ub = has_ub && ub != NULL && *ub > 2 ? *ub : 32767;
   MPI_Comm_rank(impl->comm, &c->rank);
   MPI_Comm_size(impl->comm, &c->world);
   c->ops = &zs__mpi_ops;

@@ -47,6 +47,17 @@ zs_status zs__context_create(const zs_config* config, zs__comm* comm,
   ZS_CHECK(zs__accounting_create(&ctx->acct));
   ZS_CHECK(zs__device_create(resolved.device, ctx->acct, &ctx->device));
   ctx->device->hold_memory = &comm->failed;
+  comm->dev = ctx->device;
+  comm->log = (zs__comm_log_entry*)calloc(ZS__COMM_LOG_CAP, sizeof *comm->log);
+  if (comm->log == NULL)
+    ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "context: communication log");
+  ZS_CHECK(zs__accounting_add(ctx->acct, ZS__OWNER_RUNTIME, ZS_MEM_OTHER,
+                              comm->log,
+                              ZS__COMM_LOG_CAP * sizeof *comm->log,
+                              "communication log"));
+  if (resolved.progress_thread && comm->ops->start_progress != NULL &&
+      comm->ops->start_progress(comm) != ZS_OK)
+    zs__log(ZS_LOG_WARN, "%s", zs__error_body());
   *out = ctx;
   return ZS_OK;
 cleanup:
@@ -62,6 +73,9 @@ void zs_context_destroy(zs_context* ctx) {
             "now and zs_model_destroy only releases what remains (destroy "
             "models before their context)");
   while (ctx->models != NULL) zs__model_detach(ctx->models);
+  if (ctx->acct != NULL && ctx->comm != NULL && ctx->comm->log != NULL)
+    (void)zs__accounting_remove(ctx->acct, ZS__OWNER_RUNTIME, ctx->comm->log,
+                                NULL, NULL);
   zs__device_destroy(ctx->device);
   zs__accounting_destroy(ctx->acct);
   zs__comm_destroy(ctx->comm);

@@ -69,6 +69,22 @@ zs_status zs_config_validate(const zs_config* c) {
   }
   ZS_REQUIRE(c->log_level >= 0 && c->log_level <= 3,
              "config.log_level: expected 0..3, got %d", c->log_level);
+  ZS_REQUIRE(c->bucket_elements >= 1 && c->bucket_elements <= 2147483647u,
+             "config.bucket_elements: expected 1..2^31-1 elements, got %zu",
+             c->bucket_elements);
+  ZS_REQUIRE(c->prefetch_depth >= 0 && c->prefetch_depth <= 64,
+             "config.prefetch_depth: expected 0..64, got %d",
+             c->prefetch_depth);
+  ZS_REQUIRE(c->reshard_after_forward == 0 || c->reshard_after_forward == 1,
+             "config.reshard_after_forward: expected 0 or 1, got %d",
+             c->reshard_after_forward);
+  ZS_REQUIRE(c->reduce_order == ZS_REDUCE_FIXED ||
+                 c->reduce_order == ZS_REDUCE_BACKEND,
+             "config.reduce_order: expected ZS_REDUCE_FIXED (0) or "
+             "ZS_REDUCE_BACKEND (1), got %d", c->reduce_order);
+  ZS_REQUIRE(c->progress_thread == 0 || c->progress_thread == 1,
+             "config.progress_thread: expected 0 or 1, got %d",
+             c->progress_thread);
   ZS_REQUIRE(zs__finite_nonneg(c->collective_timeout_s),
              "config.collective_timeout_s: expected a finite value >= 0 "
              "(0: no timeout), got %g", c->collective_timeout_s);
@@ -91,10 +107,17 @@ size_t zs__config_describe(const zs_config* c, char* buf, size_t cap) {
                    "config.optimizer.momentum=%a\n"
                    "config.optimizer.dampening=%a\n"
                    "config.optimizer.nesterov=%d\n"
-                   "config.collective_timeout_s=%a\n",
+                   "config.collective_timeout_s=%a\n"
+                   "config.bucket_elements=%zu\nconfig.prefetch_depth=%d\n"
+                   "config.max_live_elements=%zu\n"
+                   "config.reshard_after_forward=%d\n"
+                   "config.reduce_order=%d\nconfig.progress_thread=%d\n",
                    c->stage, (int)c->device, (int)o->kind, o->lr, o->beta1,
                    o->beta2, o->eps, o->weight_decay, o->momentum,
-                   o->dampening, o->nesterov, c->collective_timeout_s);
+                   o->dampening, o->nesterov, c->collective_timeout_s,
+                   c->bucket_elements, c->prefetch_depth, c->max_live_elements,
+                   c->reshard_after_forward, c->reduce_order,
+                   c->progress_thread);
   return n < 0 ? 0 : (size_t)n;
 }
 
@@ -125,6 +148,21 @@ static zs_status zs__json_number(const cJSON* obj, const char* key,
                      "config JSON: %s%s%s: expected a number", path,
                      path[0] != '\0' ? "." : "", key);
   *out = v->valuedouble;
+  return ZS_OK;
+}
+
+/* A non-negative integer count (e.g. elements), up to 2^53. */
+static zs_status zs__json_size(const cJSON* obj, const char* key,
+                               const char* path, size_t* out) {
+  const cJSON* v = cJSON_GetObjectItemCaseSensitive(obj, key);
+  if (v == NULL) return ZS_OK;
+  if (!cJSON_IsNumber(v) || v->valuedouble < 0 ||
+      v->valuedouble > 9007199254740992.0 ||
+      v->valuedouble != floor(v->valuedouble))
+    return zs__error(ZS_ERR_INVALID_ARGUMENT,
+                     "config JSON: %s.%s: expected a non-negative integer",
+                     path, key);
+  *out = (size_t)v->valuedouble;
   return ZS_OK;
 }
 
@@ -206,16 +244,30 @@ static zs_status zs__json_apply(const cJSON* root, zs_config* c) {
                      "config JSON: the top level must be an object");
   static const char* const keys[] = {"zero_optimization", "device",
                                      "optimizer", "log_level",
-                                     "collective_timeout", NULL};
+                                     "collective_timeout", "progress_thread",
+                                     NULL};
   ZS_CHECK(zs__json_known_keys(root, "", keys));
   const cJSON* zero = cJSON_GetObjectItemCaseSensitive(root, "zero_optimization");
   if (zero != NULL) {
     if (!cJSON_IsObject(zero))
       ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
               "config JSON: zero_optimization: expected an object");
-    static const char* const zkeys[] = {"stage", NULL};
-    ZS_CHECK(zs__json_known_keys(zero, "zero_optimization", zkeys));
-    ZS_CHECK(zs__json_int(zero, "stage", "zero_optimization", 0, 3, &c->stage));
+    static const char* const zkeys[] = {
+        "stage", "reduce_bucket_size", "prefetch_depth",
+        "stage3_max_live_parameters", "reshard_after_forward",
+        "deterministic_reduction", NULL};
+    const char* zp = "zero_optimization";
+    ZS_CHECK(zs__json_known_keys(zero, zp, zkeys));
+    ZS_CHECK(zs__json_int(zero, "stage", zp, 0, 3, &c->stage));
+    ZS_CHECK(zs__json_size(zero, "reduce_bucket_size", zp, &c->bucket_elements));
+    ZS_CHECK(zs__json_int(zero, "prefetch_depth", zp, 0, 64, &c->prefetch_depth));
+    ZS_CHECK(zs__json_size(zero, "stage3_max_live_parameters", zp,
+                           &c->max_live_elements));
+    ZS_CHECK(zs__json_int(zero, "reshard_after_forward", zp, 0, 1,
+                          &c->reshard_after_forward));
+    int det = c->reduce_order == ZS_REDUCE_FIXED;
+    ZS_CHECK(zs__json_int(zero, "deterministic_reduction", zp, 0, 1, &det));
+    c->reduce_order = det ? ZS_REDUCE_FIXED : ZS_REDUCE_BACKEND;
   }
   const cJSON* dev = cJSON_GetObjectItemCaseSensitive(root, "device");
   if (dev != NULL) {
@@ -237,6 +289,7 @@ static zs_status zs__json_apply(const cJSON* root, zs_config* c) {
   ZS_CHECK(zs__json_int(root, "log_level", "", 0, 3, &c->log_level));
   ZS_CHECK(zs__json_number(root, "collective_timeout", "",
                            &c->collective_timeout_s));
+  ZS_CHECK(zs__json_int(root, "progress_thread", "", 0, 1, &c->progress_thread));
 cleanup:
   return st;
 }

@@ -39,6 +39,13 @@ typedef struct zs__device_ops {
   zs_status (*div_add)(zs__device* dev, void* dst, const void* base,
                        const void* src, float divisor, size_t n,
                        zs_dtype dtype, zs__stream* stream);
+  /* dst[i] = (((src[0][i] + src[1][i]) + src[2][i]) + ...) over nchunks
+   * chunks of `chunk` elements laid out back to back in src (fp32): the
+   * rank-ordered sum of the fixed-order reduce-scatter. dst must not
+   * overlap src. */
+  zs_status (*sum_chunks)(zs__device* dev, void* dst, const void* src,
+                          int nchunks, size_t chunk, zs_dtype dtype,
+                          zs__stream* stream);
   zs_status (*stream_create)(zs__device* dev, zs__stream** out);
   void (*stream_destroy)(zs__device* dev, zs__stream* stream);
   zs_status (*stream_sync)(zs__device* dev, zs__stream* stream);

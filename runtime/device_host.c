@@ -66,6 +66,29 @@ static zs_status zs__host_div_add(zs__device* dev, void* dst, const void* base,
   return ZS_OK;
 }
 
+static zs_status zs__host_sum_chunks(zs__device* dev, void* dst,
+                                     const void* src, int nchunks,
+                                     size_t chunk, zs_dtype dtype,
+                                     zs__stream* stream) {
+  (void)dev;
+  (void)stream;
+  if (dtype != ZS_FLOAT32)
+    return zs__error(ZS_ERR_UNSUPPORTED, "host sum_chunks: dtype %s",
+                     zs_dtype_name(dtype));
+  float* d = (float*)dst;
+  const float* s = (const float*)src;
+  if (nchunks <= 0) {
+    memset(d, 0, chunk * sizeof(float));
+    return ZS_OK;
+  }
+  memcpy(d, s, chunk * sizeof(float));
+  for (int r = 1; r < nchunks; r++) {
+    const float* x = s + (size_t)r * chunk;
+    for (size_t i = 0; i < chunk; i++) d[i] += x[i];
+  }
+  return ZS_OK;
+}
+
 /* Streams and events carry no state on the host; a static byte gives them
  * a non-NULL identity. */
 static char zs__host_token;
@@ -116,6 +139,7 @@ static const zs__device_ops zs__host_ops = {
     zs__host_copy,
     zs__host_memset,
     zs__host_div_add,
+    zs__host_sum_chunks,
     zs__host_stream_create,
     zs__host_stream_destroy,
     zs__host_stream_sync,

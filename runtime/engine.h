@@ -33,10 +33,18 @@ typedef struct zs__tensor {
 
 /* Gradient state of a unit within one step. */
 typedef enum zs__grad_state {
-  ZS__GRAD_IDLE = 0,    /* not touched this step */
-  ZS__GRAD_ACCUM = 1,   /* accumulation buffer live (zeroed at first open) */
-  ZS__GRAD_REDUCED = 2  /* reduced into the shard this step */
+  ZS__GRAD_IDLE = 0,     /* not touched this step */
+  ZS__GRAD_ACCUM = 1,    /* accumulation buffer live (zeroed at first open) */
+  ZS__GRAD_REDUCING = 2, /* reduce-scatter buckets in flight */
+  ZS__GRAD_REDUCED = 3   /* reduced into the shard (mean over ranks) */
 } zs__grad_state;
+
+/* Collectives of one kind in flight for a unit, in issue order. */
+typedef struct zs__inflight {
+  zs__coll** ops;
+  int n;
+  int cap;
+} zs__inflight;
 
 typedef struct zs__unit {
   char name[ZS_NAME_MAX];
@@ -70,9 +78,18 @@ typedef struct zs__unit {
   zs__piece* opt_pieces; /* trainable tensor pieces of the optimizer span */
   size_t nopt_pieces;
 
+  /* Collectives in flight. */
+  zs__inflight gather_ops; /* stage 3: the all-gather filling params_full */
+  zs__inflight red_ops;    /* reduce-scatter buckets (state REDUCING) */
+  zs__inflight shard_ops;  /* all-gathers of shards back into full buffers:
+                              stage-0 gradients, stage 1-2 parameters */
+  void* red_sum;           /* a re-opened unit's new sum (shard-sized) */
+
   /* Per-step state. */
   int user_gathered;  /* the user holds a gather */
-  int gather_refs;    /* user + ties holding the parameters */
+  int gather_refs;    /* user + ties + holds below keeping params_full */
+  int prefetch_hold;  /* a prefetch holds a gather ref (not yet used) */
+  int forward_hold;   /* reshard_after_forward off: kept for backward */
   int user_grad_open; /* the user holds a grad acquire */
   int grad_refs;      /* user + ties holding the gradient buffers */
   zs__grad_state grad_state;
@@ -99,6 +116,23 @@ struct zs_model {
   char poison_msg[512];
   int64_t steps_called;  /* zs_step calls that completed */
   int64_t steps_applied; /* ... of which ran the optimizer */
+
+  /* Stage-3 prefetch: the order of the user's gathers recorded in a step
+   * (trace), this step's gathers so far (seen), and the position in the
+   * trace this step has matched. Every decision depends only on these and
+   * on sizes, never on timing, so all ranks issue the same collectives. */
+  int* trace;
+  int trace_len, trace_cap;
+  int trace_valid;  /* a trace from an earlier step is in use */
+  int* seen;
+  int seen_len, seen_cap;
+  int trace_pos;
+  int trace_ok;     /* this step has matched the trace so far */
+  int prefetches;   /* units holding a prefetch (issued, not yet used) */
+  int* reducing;    /* units in state REDUCING, oldest first */
+  int nreducing, reducing_cap;
+  size_t live_elems;     /* stage 3: elements of params_full allocated */
+  size_t max_live_elems; /* 0: no limit (raised to the largest unit) */
 };
 
 /* ---- engine_model.c ---- */
@@ -121,9 +155,47 @@ void* zs__grad_shard_ptr(zs_model* m, zs__unit* u);
 void* zs__state_shard_ptr(zs_model* m, zs__unit* u, int k);
 zs_status zs__check_finalized(const zs_model* m, const char* fn);
 
-/* ---- engine_step.c ---- */
-zs_status zs__unit_gather_internal(zs_model* m, int unit);
-void zs__unit_release_internal(zs_model* m, int unit);
+/* ---- engine_gather.c ---- */
+/* Drops every unused prefetch (waiting for its all-gather) and, at the end
+ * of a step, adopts this step's gathers as the trace when the old one did
+ * not match. */
+zs_status zs__prefetch_drain(zs_model* m);
+/* Ends the forward hold of a unit (at the end of its backward). */
+void zs__forward_hold_end(zs_model* m, int unit);
+void zs__trace_end_step(zs_model* m);
+/* Waits for every collective in flight for every unit (reductions are
+ * finished), e.g. before reading or freeing buffers outside a step. */
+zs_status zs__quiesce(zs_model* m);
+
+/* ---- engine_grad.c ---- */
+/* Starts the bucketed reduce-scatter of a unit (ACCUM -> REDUCING). */
+zs_status zs__grad_reduce_start(zs_model* m, zs__unit* u);
+/* Waits for a REDUCING unit and finishes it (-> REDUCED): the mean over
+ * ranks, and its accumulation buffer freed. Local work only (no new
+ * collective), so it may run whenever the reduction is done. */
+zs_status zs__grad_reduce_finish(zs_model* m, zs__unit* u);
+/* Stage 0: starts the all-gathers of every unit's reduced shards back into
+ * its full gradient (in unit order; zs_step waits for them). */
+zs_status zs__grad_gather_start(zs_model* m);
+/* Most units reducing at once: starting another finishes the oldest, so
+ * the accumulation buffers of at most this many units are alive. */
+#define ZS__MAX_REDUCING 2
+/* Makes the accumulation buffer ready (zeroed on the step's first open). */
+zs_status zs__grad_prepare(zs_model* m, zs__unit* u);
+
+/* ---- in-flight lists ---- */
+zs_status zs__inflight_push(zs__inflight* f, zs__coll* op);
+/* Waits for every op in order; the list ends empty (also on error). */
+zs_status zs__inflight_wait(zs__comm* c, zs__inflight* f);
+/* Completes the finished ops at the front of the list; *all_done = 1 when
+ * the list is empty. */
+zs_status zs__inflight_poll(zs__comm* c, zs__inflight* f, int* all_done);
+/* Progress at an API call: completes whatever has finished. */
+void zs__progress(zs_model* m);
+/* Bucket b of a unit's shard: [*offset, *offset + *count). */
+int zs__bucket_count(const zs_model* m, const zs__unit* u);
+void zs__bucket(const zs_model* m, const zs__unit* u, int b, size_t* offset,
+                size_t* count);
 
 #ifdef __cplusplus
 }

@@ -42,7 +42,8 @@ zs_status zs_model_init(zs_model* m, zs_init_fn fn, void* user) {
   zs__comm* comm = m->ctx->comm;
   /* Local checks are agreed on, so a rank that fails them fails everyone
    * instead of leaving the others in a broadcast. */
-  zs_status local = zs__check_none_gathered(m, "zs_model_init");
+  zs_status local = zs__quiesce(m);
+  if (local == ZS_OK) local = zs__check_none_gathered(m, "zs_model_init");
   if (local == ZS_OK && m->ctx->rank == 0 && fn == NULL)
     local = zs__error(ZS_ERR_INVALID_ARGUMENT, "zs_model_init: fn is NULL");
   zs__device* dev = m->ctx->device;
@@ -83,6 +84,7 @@ zs_status zs_tensor_set(zs_model* m, int tensor, const void* data) {
   if (tensor < 0 || tensor >= m->ntensors)
     local = zs__error(ZS_ERR_INVALID_ARGUMENT,
                       "zs_tensor_set: tensor %d does not exist", tensor);
+  if (local == ZS_OK) local = zs__quiesce(m);
   if (local == ZS_OK) local = zs__check_none_gathered(m, "zs_tensor_set");
   if (local == ZS_OK && m->ctx->rank == 0 && data == NULL &&
       m->tensors[tensor].numel > 0)
@@ -162,9 +164,11 @@ static zs_status zs__field_shard(zs_model* m, const zs__tensor* t,
 zs_status zs_tensor_get(zs_model* m, int tensor, zs_field field, void* out) {
   zs_status st = zs__check_finalized(m, "zs_tensor_get");
   if (st != ZS_OK) return st;
-  zs_status local = ZS_OK;
+  zs_status local = zs__quiesce(m);
   void* shard = NULL;
-  if (tensor < 0 || tensor >= m->ntensors) {
+  if (local != ZS_OK) {
+    /* the message is set */
+  } else if (tensor < 0 || tensor >= m->ntensors) {
     local = zs__error(ZS_ERR_INVALID_ARGUMENT,
                       "zs_tensor_get: tensor %d does not exist", tensor);
   } else if (out == NULL && m->tensors[tensor].numel > 0) {

@@ -106,6 +106,8 @@ zs_status zs_model_create(zs_context* ctx, zs_model** out) {
 static void zs__unit_free_storage(zs__device* dev, zs__unit* u) {
   if (u->grad_accum != u->grads_full) zs__dev_free(dev, u->grad_accum);
   zs__dev_free(dev, u->grad_saved);
+  zs__dev_free(dev, u->red_sum);
+  u->red_sum = NULL;
   for (int k = 0; k < 2; k++) zs__dev_free(dev, u->state[k]);
   zs__dev_free(dev, u->grads_shard);
   zs__dev_free(dev, u->grads_full);
@@ -117,6 +119,8 @@ static void zs__unit_free_storage(zs__device* dev, zs__unit* u) {
 
 void zs__model_detach(zs_model* m) {
   if (m->ctx == NULL) return;
+  /* Nothing may be freed under a collective still writing into it. */
+  if (m->finalized && !m->ctx->comm->failed) (void)zs__quiesce(m);
   for (int i = 0; i < m->nunits; i++)
     zs__unit_free_storage(m->ctx->device, &m->units[i]);
   for (zs_model** p = &m->ctx->models; *p != NULL; p = &(*p)->next)
@@ -136,7 +140,13 @@ void zs_model_destroy(zs_model* m) {
     free(u->tensors);
     free(u->owners);
     free(u->opt_pieces);
+    free(u->gather_ops.ops);
+    free(u->red_ops.ops);
+    free(u->shard_ops.ops);
   }
+  free(m->trace);
+  free(m->seen);
+  free(m->reducing);
   free(m->units);
   free(m->tensors);
   free(m->group_lr);
@@ -490,6 +500,30 @@ cleanup:
   return st;
 }
 
+/* The stage-3 live-elements limit: a limit below the largest unit could
+ * never be met, so it is raised to it (with a warning). */
+static void zs__set_live_limit(zs_model* m) {
+  size_t want = m->ctx->config.max_live_elements, largest = 0;
+  int which = -1;
+  for (int i = 0; i < m->nunits; i++) {
+    size_t need = m->units[i].layout.padded;
+    for (int k = 0; k < m->units[i].nowners; k++)
+      need += m->units[m->units[i].owners[k]].layout.padded;
+    if (need > largest) {
+      largest = need;
+      which = i;
+    }
+  }
+  m->max_live_elems = want;
+  if (want > 0 && want < largest && m->ctx->config.stage == 3) {
+    zs__log(ZS_LOG_WARN,
+            "max_live_elements %zu is below unit '%s' (%zu elements with its "
+            "tied owners); raised to %zu", want, m->units[which].name, largest,
+            largest);
+    m->max_live_elems = largest;
+  }
+}
+
 zs_status zs_model_finalize(zs_model* m) {
   ZS_REQUIRE(m != NULL, "zs_model_finalize: model is NULL");
   if (m->finalized)
@@ -523,6 +557,8 @@ zs_status zs_model_finalize(zs_model* m) {
   /* Agree on success so that a rank out of memory fails everyone now,
    * rather than hanging them in the first gather. */
   ZS_CHECK(zs__comm_agree(m->ctx->comm, local, "zs_model_finalize"));
+  zs__set_live_limit(m);
+  m->trace_ok = 1;
   m->finalized = 1;
 cleanup:
   if (st != ZS_OK)

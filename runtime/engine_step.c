@@ -1,291 +1,15 @@
 /*
- * engine_step.c — the per-step state machine: gather/release of parameters,
- * acquire/release of gradient buffers, the reduce-scatter after a unit's
- * last use, and zs_step (deferred reductions, the cross-rank sequence
- * check, the optimizer on this rank's span, the parameter all-gather).
- *
- *   params:  SHARDED --gather--> GATHERED --release--> SHARDED (stage 3)
- *            stages 0-2 stay resident; gather/release only count users.
- *   grads:   IDLE --acquire--> ACCUM --last release--> REDUCED --step--> IDLE
- *            (an acquire after REDUCED re-opens: see zs__grad_prepare)
- *
- * Every stage reduces with the same reduce-scatter of the unit's whole flat
- * buffer, so each element is summed in the same order at every stage; the
- * stages differ only in which buffers persist (engine.h).
+ * engine_step.c — zs_step: the cross-rank check, the reductions whose last
+ * use was not known, the optimizer on this rank's span, and the (bucketed,
+ * non-blocking) all-gather of updated parameters at stages 1-2, which the
+ * next step's gather of each unit waits for. Gathers live in
+ * engine_gather.c, gradients in engine_grad.c.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "runtime/engine.h"
-
-static zs_status zs__check_unit(const zs_model* m, int unit, const char* fn) {
-  zs_status st = zs__check_finalized(m, fn);
-  if (st != ZS_OK) return st;
-  ZS_REQUIRE(unit >= 0 && unit < m->nunits,
-             "%s: unit %d does not exist (%d units)", fn, unit, m->nunits);
-  return ZS_OK;
-}
-
-static zs_status zs__check_tensor(const zs_model* m, int tensor,
-                                  const char* fn) {
-  zs_status st = zs__check_finalized(m, fn);
-  if (st != ZS_OK) return st;
-  ZS_REQUIRE(tensor >= 0 && tensor < m->ntensors,
-             "%s: tensor %d does not exist (%d tensors)", fn, tensor,
-             m->ntensors);
-  return ZS_OK;
-}
-
-/* ==== Parameters: gather / release ======================================== */
-
-zs_status zs__unit_gather_internal(zs_model* m, int unit) {
-  zs__unit* u = &m->units[unit];
-  if (u->gather_refs == 0 && m->ctx->config.stage == 3) {
-    zs__device* dev = m->ctx->device;
-    zs_status st =
-        zs__dev_alloc(dev, ZS_MEM_PARAMS_GATHERED, u->layout.padded * u->elem,
-                      0, u->name, &u->params_full);
-    if (st == ZS_OK)
-      st = zs__comm_all_gather(m->ctx->comm,
-                               zs__tag(ZS__P_GATHER, unit, u->name),
-                               u->params_shard, u->params_full,
-                               u->layout.shard, u->dtype);
-    if (st != ZS_OK) {
-      zs__dev_free(dev, u->params_full);
-      u->params_full = NULL;
-      return zs__error_prefix(st, "gather of unit '%s': ", u->name);
-    }
-  }
-  u->gather_refs++;
-  return ZS_OK;
-}
-
-void zs__unit_release_internal(zs_model* m, int unit) {
-  zs__unit* u = &m->units[unit];
-  if (--u->gather_refs == 0 && m->ctx->config.stage == 3) {
-    zs__dev_free(m->ctx->device, u->params_full);
-    u->params_full = NULL;
-  }
-}
-
-zs_status zs_unit_gather(zs_model* m, int unit) {
-  zs_status st = zs__check_unit(m, unit, "zs_unit_gather");
-  if (st != ZS_OK) return st;
-  zs__unit* u = &m->units[unit];
-  if (u->user_gathered)
-    return zs__error(ZS_ERR_INVALID_STATE,
-                     "zs_unit_gather: unit '%s' is already gathered; release "
-                     "it before gathering it again", u->name);
-  st = zs__unit_gather_internal(m, unit);
-  if (st != ZS_OK) return st;
-  for (int k = 0; k < u->nowners; k++) {
-    st = zs__unit_gather_internal(m, u->owners[k]);
-    if (st != ZS_OK) {
-      while (k-- > 0) zs__unit_release_internal(m, u->owners[k]);
-      zs__unit_release_internal(m, unit);
-      return st;
-    }
-  }
-  u->user_gathered = 1;
-  return ZS_OK;
-}
-
-zs_status zs_unit_release(zs_model* m, int unit) {
-  zs_status st = zs__check_unit(m, unit, "zs_unit_release");
-  if (st != ZS_OK) return st;
-  zs__unit* u = &m->units[unit];
-  if (!u->user_gathered)
-    return zs__error(ZS_ERR_INVALID_STATE,
-                     "zs_unit_release: unit '%s' is not gathered (release "
-                     "without a matching zs_unit_gather)", u->name);
-  for (int k = u->nowners - 1; k >= 0; k--)
-    zs__unit_release_internal(m, u->owners[k]);
-  zs__unit_release_internal(m, unit);
-  u->user_gathered = 0;
-  return ZS_OK;
-}
-
-zs_status zs_tensor_data(zs_model* m, int tensor, void** data) {
-  zs_status st = zs__check_tensor(m, tensor, "zs_tensor_data");
-  if (st != ZS_OK) return st;
-  ZS_REQUIRE(data != NULL, "zs_tensor_data: data is NULL");
-  const zs__tensor* t = &m->tensors[tensor];
-  if (!m->units[t->unit].user_gathered)
-    return zs__error(ZS_ERR_INVALID_STATE,
-                     "zs_tensor_data: tensor '%s': its unit '%s' is not "
-                     "gathered; call zs_unit_gather first", t->name,
-                     m->units[t->unit].name);
-  zs__unit* su = &m->units[zs__storage_unit(m, tensor)];
-  *data = zs__at(su->params_full, t->offset, su->elem);
-  return ZS_OK;
-}
-
-/* ==== Gradients: acquire / release / reduce =============================== */
-
-/* Makes the accumulation buffer ready for a new contribution: zeroed on the
- * first open of the step. A unit opened again after its reduction (it was
- * used more often than recorded) keeps its reduced shard in grad_saved and
- * starts a fresh zeroed buffer; its next reduction adds to the saved shard,
- * which is exact up to one extra rounding of the mean. */
-static zs_status zs__grad_prepare(zs_model* m, zs__unit* u) {
-  zs__device* dev = m->ctx->device;
-  const int stage = m->ctx->config.stage;
-  const size_t S = u->layout.shard * u->elem, P = u->layout.padded * u->elem;
-  zs_status st = ZS_OK;
-  if (u->grad_state == ZS__GRAD_ACCUM) return ZS_OK;
-  if (u->grad_state == ZS__GRAD_REDUCED) {
-    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_COMM_BUFFERS, S, 0, u->name,
-                           &u->grad_saved));
-    ZS_CHECK(dev->ops->copy(dev, u->grad_saved, zs__grad_shard_ptr(m, u), S,
-                            NULL));
-    u->reopened = 1;
-  }
-  if (stage >= 2) {
-    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_COMM_BUFFERS, P, 1, u->name,
-                           &u->grad_accum));
-  } else {
-    u->grad_accum = u->grads_full;
-    ZS_CHECK(dev->ops->memset(dev, u->grad_accum, 0, P, NULL));
-  }
-  u->grad_state = ZS__GRAD_ACCUM;
-cleanup:
-  if (st != ZS_OK) {
-    zs__dev_free(dev, u->grad_saved);
-    u->grad_saved = NULL;
-    u->reopened = 0;
-  }
-  return st;
-}
-
-/* Reduce-scatter of the unit's accumulation buffer into its gradient shard,
- * divided by the world size (the mean over ranks). Stage 0 then all-gathers
- * the shards back into the full gradient. */
-static zs_status zs__grad_reduce(zs_model* m, zs__unit* u) {
-  const int ui = (int)(u - m->units);
-  const zs__coll_tag tag = zs__tag(ZS__P_REDUCE, ui, u->name);
-  zs__device* dev = m->ctx->device;
-  zs__comm* comm = m->ctx->comm;
-  const int stage = m->ctx->config.stage;
-  const float world = (float)m->ctx->world;
-  const size_t S = u->layout.shard;
-  void* shard = zs__grad_shard_ptr(m, u);
-  void* tmp = NULL;
-  zs_status st = ZS_OK;
-  if (stage >= 2 && !u->reopened) {
-    ZS_CHECK(zs__comm_reduce_scatter(comm, tag, u->grad_accum, shard, S,
-                                     u->dtype, ZS__RED_SUM));
-    ZS_CHECK(dev->ops->div_add(dev, shard, NULL, shard, world, S, u->dtype,
-                               NULL));
-  } else {
-    /* The shard lies inside the accumulation buffer (stages 0-1) or must be
-     * added to (re-opened): reduce into a temporary first. */
-    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_COMM_BUFFERS, S * u->elem, 0, u->name,
-                           &tmp));
-    ZS_CHECK(zs__comm_reduce_scatter(comm, tag, u->grad_accum, tmp, S,
-                                     u->dtype, ZS__RED_SUM));
-    ZS_CHECK(dev->ops->div_add(dev, shard, u->grad_saved, tmp, world, S,
-                               u->dtype, NULL));
-  }
-  if (stage == 0)
-    ZS_CHECK(zs__comm_all_gather(comm, zs__tag(ZS__P_GRAD_GATHER, ui, u->name),
-                                 ZS__IN_PLACE, u->grads_full, S, u->dtype));
-  if (stage >= 2) zs__dev_free(dev, u->grad_accum);
-  u->grad_accum = NULL;
-  zs__dev_free(dev, u->grad_saved);
-  u->grad_saved = NULL;
-  u->reopened = 0;
-  u->grad_state = ZS__GRAD_REDUCED;
-cleanup:
-  zs__dev_free(dev, tmp);
-  if (st != ZS_OK) st = zs__error_prefix(st, "reduction of unit '%s': ", u->name);
-  return st;
-}
-
-static zs_status zs__grad_open(zs_model* m, int unit) {
-  zs__unit* u = &m->units[unit];
-  if (u->trainable) {
-    zs_status st = zs__grad_prepare(m, u);
-    if (st != ZS_OK) return st;
-  }
-  u->grad_refs++;
-  return ZS_OK;
-}
-
-static int zs__expected_uses(const zs__unit* u) {
-  return u->uses_explicit > 0 ? u->uses_explicit : u->uses_recorded;
-}
-
-static zs_status zs__grad_close(zs_model* m, int unit) {
-  zs__unit* u = &m->units[unit];
-  u->grad_refs--;
-  u->releases++;
-  int expected = zs__expected_uses(u);
-  if (u->trainable && u->grad_refs == 0 && expected > 0 &&
-      u->releases >= expected && u->grad_state == ZS__GRAD_ACCUM)
-    return zs__grad_reduce(m, u);
-  return ZS_OK;
-}
-
-zs_status zs_unit_grad_acquire(zs_model* m, int unit) {
-  zs_status st = zs__check_unit(m, unit, "zs_unit_grad_acquire");
-  if (st != ZS_OK) return st;
-  zs__unit* u = &m->units[unit];
-  if (u->user_grad_open)
-    return zs__error(ZS_ERR_INVALID_STATE,
-                     "zs_unit_grad_acquire: gradients of unit '%s' are already "
-                     "acquired; release them first", u->name);
-  st = zs__grad_open(m, unit);
-  if (st != ZS_OK) return st;
-  for (int k = 0; k < u->nowners; k++) {
-    st = zs__grad_open(m, u->owners[k]);
-    if (st != ZS_OK) {
-      /* Undo without counting a use. */
-      while (k-- > 0) m->units[u->owners[k]].grad_refs--;
-      u->grad_refs--;
-      return st;
-    }
-  }
-  u->user_grad_open = 1;
-  return ZS_OK;
-}
-
-zs_status zs_unit_grad_release(zs_model* m, int unit) {
-  zs_status st = zs__check_unit(m, unit, "zs_unit_grad_release");
-  if (st != ZS_OK) return st;
-  zs__unit* u = &m->units[unit];
-  if (!u->user_grad_open)
-    return zs__error(ZS_ERR_INVALID_STATE,
-                     "zs_unit_grad_release: gradients of unit '%s' were not "
-                     "acquired", u->name);
-  u->user_grad_open = 0;
-  /* Close everything even if a reduction fails, so refcounts stay exact. */
-  st = zs__grad_close(m, unit);
-  for (int k = 0; k < u->nowners; k++) {
-    zs_status s2 = zs__grad_close(m, u->owners[k]);
-    if (st == ZS_OK) st = s2;
-  }
-  return st;
-}
-
-zs_status zs_tensor_grad(zs_model* m, int tensor, void** grad) {
-  zs_status st = zs__check_tensor(m, tensor, "zs_tensor_grad");
-  if (st != ZS_OK) return st;
-  ZS_REQUIRE(grad != NULL, "zs_tensor_grad: grad is NULL");
-  const zs__tensor* t = &m->tensors[tensor];
-  if (!m->units[t->unit].user_grad_open)
-    return zs__error(ZS_ERR_INVALID_STATE,
-                     "zs_tensor_grad: tensor '%s': gradients of its unit '%s' "
-                     "are not acquired; call zs_unit_grad_acquire first",
-                     t->name, m->units[t->unit].name);
-  if (t->flags & ZS_TENSOR_FROZEN)
-    return zs__error(ZS_ERR_INVALID_ARGUMENT,
-                     "zs_tensor_grad: tensor '%s' is frozen: it has no "
-                     "gradient", t->name);
-  zs__unit* su = &m->units[zs__storage_unit(m, tensor)];
-  *grad = zs__at(su->grad_accum, t->offset, su->elem);
-  return ZS_OK;
-}
 
 /* ==== Step ================================================================= */
 
@@ -399,29 +123,47 @@ zs_status zs_step(zs_model* m, zs_step_info* info) {
    * nothing changes, so the caller can fix the order and call again. */
   st = zs__step_consistency(m, zs__step_check_closed(m));
   if (st != ZS_OK) return st;
+  /* Unused prefetches and forward holds end with the step. */
+  ZS_CHECK(zs__prefetch_drain(m));
   /* Units whose last use was not known (first step, or fewer uses than
-   * recorded, or not used at all: zero gradient) are reduced now, in unit
-   * order, which is the same on every rank. */
+   * recorded, or not used at all: zero gradient) start their reductions
+   * now, in unit order, which is the same on every rank; then every
+   * reduction in flight is finished, in unit order. */
   for (int i = 0; i < m->nunits; i++) {
     zs__unit* u = &m->units[i];
-    if (!u->trainable || u->grad_state == ZS__GRAD_REDUCED) continue;
-    ZS_CHECK(zs__grad_prepare(m, u));
-    ZS_CHECK(zs__grad_reduce(m, u));
+    if (!u->trainable) continue;
+    if (u->grad_state == ZS__GRAD_IDLE) ZS_CHECK(zs__grad_prepare(m, u));
+    if (u->grad_state == ZS__GRAD_ACCUM) ZS_CHECK(zs__grad_reduce_start(m, u));
   }
+  for (int i = 0; i < m->nunits; i++) {
+    zs__unit* u = &m->units[i];
+    if (u->grad_state == ZS__GRAD_REDUCING) ZS_CHECK(zs__grad_reduce_finish(m, u));
+  }
+  /* Stage 0 updates full buffers: gather every rank's reduced shards. */
+  if (m->ctx->config.stage == 0) ZS_CHECK(zs__grad_gather_start(m));
+  /* Wait for those, and for stage 1-2's parameter all-gathers of the
+   * previous step, before the optimizer writes. */
+  for (int i = 0; i < m->nunits; i++)
+    ZS_CHECK(zs__inflight_wait(m->ctx->comm, &m->units[i].shard_ops));
   for (int i = 0; i < m->nunits; i++)
     if (m->units[i].releases > m->units[i].uses_recorded)
       m->units[i].uses_recorded = m->units[i].releases;
   for (int i = 0; i < m->nunits; i++)
     if (m->units[i].trainable) ZS_CHECK(zs__optimize_unit(m, &m->units[i]));
   /* Stages 1-2 keep full parameters: every rank's updated shard goes back
-   * into everyone's full buffer. */
+   * into everyone's full buffer, bucket by bucket, without waiting. */
   if (m->ctx->config.stage == 1 || m->ctx->config.stage == 2)
     for (int i = 0; i < m->nunits; i++) {
       zs__unit* u = &m->units[i];
-      if (u->trainable)
-        ZS_CHECK(zs__comm_all_gather(
+      for (int b = 0; u->trainable && b < zs__bucket_count(m, u); b++) {
+        size_t off, cnt;
+        zs__bucket(m, u, b, &off, &cnt);
+        zs__coll* op = NULL;
+        ZS_CHECK(zs__comm_iall_gather_strided(
             m->ctx->comm, zs__tag(ZS__P_PARAM_GATHER, i, u->name),
-            ZS__IN_PLACE, u->params_full, u->layout.shard, u->dtype));
+            u->params_full, off, u->layout.shard, cnt, u->dtype, &op));
+        ZS_CHECK(zs__inflight_push(&u->shard_ops, op));
+      }
     }
   for (int i = 0; i < m->ntensors; i++) {
     zs__tensor* t = &m->tensors[i];
@@ -430,6 +172,7 @@ zs_status zs_step(zs_model* m, zs_step_info* info) {
   m->steps_applied++;
 cleanup:
   /* A new step starts whatever happened after the reductions began. */
+  if (st != ZS_OK) (void)zs__quiesce(m);
   for (int i = 0; i < m->nunits; i++) {
     zs__unit* u = &m->units[i];
     u->releases = 0;
@@ -437,11 +180,13 @@ cleanup:
       if (u->grad_accum != u->grads_full)
         zs__dev_free(m->ctx->device, u->grad_accum);
       zs__dev_free(m->ctx->device, u->grad_saved);
-      u->grad_accum = u->grad_saved = NULL;
+      zs__dev_free(m->ctx->device, u->red_sum);
+      u->grad_accum = u->grad_saved = u->red_sum = NULL;
       u->reopened = 0;
     }
     u->grad_state = ZS__GRAD_IDLE;
   }
+  zs__trace_end_step(m);
   m->steps_called++;
   if (info != NULL) {
     info->applied = st == ZS_OK;

@@ -4,6 +4,7 @@
 #include "examples/gpt2/data.h"
 
 #include <errno.h>
+#include <sys/stat.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,11 @@
 int gpt2_data_load(const char* path, int T, gpt2_data* d, char* err,
                    size_t cap) {
   memset(d, 0, sizeof *d);
+  struct stat st;
+  if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+    snprintf(err, cap, "data file %s is not a regular file", path);
+    return -1;
+  }
   FILE* f = fopen(path, "rb");
   if (f == NULL) {
     snprintf(err, cap, "data file %s: %s", path, strerror(errno));

@@ -149,8 +149,7 @@ void gpt2_init_tensor(const gpt2_config* c, unsigned long long seed, int which,
 
 /* ==== Activations ========================================================== */
 
-/* Element counts of every activation buffer for (B, T), in the order the
- * allocation lays them out; per-layer ones are counted L times. */
+/* Element counts of the activation pieces for (B, T). */
 typedef struct gpt2__sizes {
   size_t NC, N, att, NV;
 } gpt2__sizes;
@@ -164,63 +163,104 @@ static gpt2__sizes gpt2__sizes_of(const gpt2_config* c, int B, int T) {
   return s;
 }
 
-/* Per layer: ln1 1, mean/rstd, qkv 3, atty 1, att, preatt, proj 1, res2 1,
- * ln2 1, mean/rstd, fch 4, fch_gelu 4, fcproj 1, res3 1 (NC units). */
-static size_t gpt2__layer_elems(const gpt2__sizes* s) {
-  return 18 * s->NC + 4 * s->N + 2 * s->att;
+/* A block's internal activations, in layout order (its output res3 is not
+ * part of them): ln1, ln1 mean, rstd, qkv, atty, att, preatt, proj, res2,
+ * ln2, ln2 mean, rstd, fch, fch_gelu, fcproj. */
+enum { GPT2__BLOCK_PIECES = 15 };
+
+static void gpt2__block_piece_sizes(const gpt2__sizes* s, size_t n[]) {
+  const size_t v[GPT2__BLOCK_PIECES] = {
+      s->NC, s->N, s->N, 3 * s->NC, s->NC, s->att, s->att, s->NC,
+      s->NC, s->NC, s->N, s->N, 4 * s->NC, 4 * s->NC, s->NC};
+  memcpy(n, v, sizeof v);
 }
 
-/* Outside layers: encoded, lnf, lnf mean/rstd, logits, probs, losses, and
- * the gradient buffers. */
-static size_t gpt2__other_elems(const gpt2__sizes* s) {
-  size_t fwd = 2 * s->NC + 3 * s->N + 2 * s->NV;
-  size_t bwd = s->NC /* dres */ + s->NC /* dlnf */ + s->NV /* dlogits */ +
-               s->N /* dlosses */ + s->NC /* dln */ + s->NC /* datty */ +
-               3 * s->NC /* dqkv */ + 2 * s->att /* dpreatt, datt */ +
-               8 * s->NC /* dfch, dfch_gelu */ + s->NC /* dres2 */;
-  return fwd + bwd;
+/* The addresses of the per-layer tables of a block's pieces, in order. */
+static void gpt2__block_tables(gpt2_acts* a, float*** v[]) {
+  float*** s[GPT2__BLOCK_PIECES] = {
+      &a->ln1,  &a->ln1_mean, &a->ln1_rstd, &a->qkv,      &a->atty,
+      &a->att,  &a->preatt,   &a->proj,     &a->res2,     &a->ln2,
+      &a->ln2_mean, &a->ln2_rstd, &a->fch, &a->fch_gelu, &a->fcproj};
+  memcpy(v, s, sizeof s);
+}
+
+size_t gpt2_block_scratch_bytes(const gpt2_config* c, int B, int T) {
+  gpt2__sizes s = gpt2__sizes_of(c, B, T);
+  return sizeof(float) * (17 * s.NC + 4 * s.N + 2 * s.att);
+}
+
+size_t gpt2_head_scratch_bytes(const gpt2_config* c, int B, int T) {
+  gpt2__sizes s = gpt2__sizes_of(c, B, T);
+  return sizeof(float) * (s.NC + 3 * s.N + 2 * s.NV);
+}
+
+size_t gpt2_grads_bytes(const gpt2_config* c, int B, int T) {
+  gpt2__sizes s = gpt2__sizes_of(c, B, T);
+  /* dres, dlnf, dlogits, dlosses, dln, datty, dqkv, dpreatt, datt, dfch,
+   * dfch_gelu, dres2 */
+  return sizeof(float) *
+         (s.NC + s.NC + s.NV + s.N + s.NC + s.NC + 3 * s.NC + 2 * s.att +
+          8 * s.NC + s.NC);
 }
 
 size_t gpt2_acts_bytes(const gpt2_config* c, int B, int T) {
   gpt2__sizes s = gpt2__sizes_of(c, B, T);
-  return sizeof(float) *
-         ((size_t)c->layers * gpt2__layer_elems(&s) + gpt2__other_elems(&s));
+  return (size_t)c->layers *
+             (gpt2_block_scratch_bytes(c, B, T) + sizeof(float) * s.NC) +
+         sizeof(float) * s.NC /* encoded */ + gpt2_head_scratch_bytes(c, B, T) +
+         gpt2_grads_bytes(c, B, T);
 }
 
-int gpt2_acts_alloc(const gpt2_config* c, int B, int T, gpt2_acts* a) {
-  memset(a, 0, sizeof *a);
-  const int L = c->layers;
-  gpt2__sizes s = gpt2__sizes_of(c, B, T);
-  a->bytes = gpt2_acts_bytes(c, B, T);
-  a->memory = (float*)malloc(a->bytes);
-  a->ptrs = (float**)calloc((size_t)16 * L, sizeof(float*));
-  if (a->memory == NULL || a->ptrs == NULL) {
-    gpt2_acts_free(a);
-    return -1;
+void gpt2_acts_bind_block(const gpt2_config* c, gpt2_acts* a, int l,
+                          void* scratch, const float* in, float* out) {
+  gpt2__sizes s = gpt2__sizes_of(c, a->B, a->T);
+  size_t n[GPT2__BLOCK_PIECES];
+  float*** tables[GPT2__BLOCK_PIECES];
+  gpt2__block_piece_sizes(&s, n);
+  gpt2__block_tables(a, tables);
+  float* m = (float*)scratch;
+  for (int k = 0; k < GPT2__BLOCK_PIECES; k++) {
+    (*tables[k])[l] = m;
+    m += n[k];
   }
-  memset(a->memory, 0, a->bytes);
+  a->res3[l] = out;
+  if (l == 0) a->encoded = (float*)in;
+  else a->res3[l - 1] = (float*)in;
+}
+
+void gpt2_acts_bind_head(const gpt2_config* c, gpt2_acts* a, void* scratch,
+                         const float* in) {
+  gpt2__sizes s = gpt2__sizes_of(c, a->B, a->T);
+  float* m = (float*)scratch;
+  a->lnf = m;
+  a->lnf_mean = (m += s.NC);
+  a->lnf_rstd = (m += s.N);
+  a->logits = (m += s.N);
+  a->probs = (m += s.NV);
+  a->losses = (m += s.NV);
+  if (c->layers > 0) a->res3[c->layers - 1] = (float*)in;
+  else a->encoded = (float*)in;
+}
+
+/* The per-layer pointer tables and the gradient buffers (at grads). */
+static int gpt2__acts_tables(const gpt2_config* c, int B, int T,
+                             gpt2_acts* a) {
+  const int L = c->layers;
   a->B = B;
   a->T = T;
-  float* m = a->memory;
+  a->ptrs = (float**)calloc((size_t)16 * (L + 1), sizeof(float*));
+  if (a->ptrs == NULL) return -1;
+  float*** all[16] = {&a->ln1,  &a->ln1_mean, &a->ln1_rstd, &a->qkv,
+                      &a->atty, &a->att,      &a->preatt,   &a->proj,
+                      &a->res2, &a->ln2,      &a->ln2_mean, &a->ln2_rstd,
+                      &a->fch,  &a->fch_gelu, &a->fcproj,   &a->res3};
+  for (int k = 0; k < 16; k++) *all[k] = a->ptrs + (size_t)k * (L + 1);
+  return 0;
+}
+
+static void gpt2__bind_grads(const gpt2_config* c, gpt2_acts* a, float* m) {
+  gpt2__sizes s = gpt2__sizes_of(c, a->B, a->T);
 #define GPT2_TAKE(n) (m += (n), m - (n))
-  float*** per_layer[16] = {&a->ln1,  &a->ln1_mean, &a->ln1_rstd, &a->qkv,
-                            &a->atty, &a->att,      &a->preatt,   &a->proj,
-                            &a->res2, &a->ln2,      &a->ln2_mean, &a->ln2_rstd,
-                            &a->fch,  &a->fch_gelu, &a->fcproj,   &a->res3};
-  const size_t per_size[16] = {s.NC,  s.N,  s.N,  3 * s.NC, s.NC,     s.att,
-                               s.att, s.NC, s.NC, s.NC,     s.N,      s.N,
-                               4 * s.NC, 4 * s.NC, s.NC, s.NC};
-  for (int k = 0; k < 16; k++) {
-    *per_layer[k] = a->ptrs + (size_t)k * L;
-    for (int l = 0; l < L; l++) (*per_layer[k])[l] = GPT2_TAKE(per_size[k]);
-  }
-  a->encoded = GPT2_TAKE(s.NC);
-  a->lnf = GPT2_TAKE(s.NC);
-  a->lnf_mean = GPT2_TAKE(s.N);
-  a->lnf_rstd = GPT2_TAKE(s.N);
-  a->logits = GPT2_TAKE(s.NV);
-  a->probs = GPT2_TAKE(s.NV);
-  a->losses = GPT2_TAKE(s.N);
   a->dres = GPT2_TAKE(s.NC);
   a->dlnf = GPT2_TAKE(s.NC);
   a->dlogits = GPT2_TAKE(s.NV);
@@ -234,6 +274,44 @@ int gpt2_acts_alloc(const gpt2_config* c, int B, int T, gpt2_acts* a) {
   a->dfch_gelu = GPT2_TAKE(4 * s.NC);
   a->dres2 = GPT2_TAKE(s.NC);
 #undef GPT2_TAKE
+}
+
+int gpt2_acts_alloc(const gpt2_config* c, int B, int T, gpt2_acts* a) {
+  memset(a, 0, sizeof *a);
+  const int L = c->layers;
+  gpt2__sizes s = gpt2__sizes_of(c, B, T);
+  a->bytes = gpt2_acts_bytes(c, B, T);
+  a->memory = (float*)calloc(1, a->bytes);
+  if (a->memory == NULL || gpt2__acts_tables(c, B, T, a) != 0) {
+    gpt2_acts_free(a);
+    return -1;
+  }
+  /* [block 0 scratch][res3 0]...[encoded][head scratch][gradients] */
+  char* m = (char*)a->memory;
+  const size_t bs = gpt2_block_scratch_bytes(c, B, T);
+  float* encoded = (float*)(m + (size_t)L * (bs + sizeof(float) * s.NC));
+  for (int l = 0; l < L; l++) {
+    char* base = m + (size_t)l * (bs + sizeof(float) * s.NC);
+    const float* in = l == 0 ? encoded : a->res3[l - 1];
+    gpt2_acts_bind_block(c, a, l, base, in, (float*)(base + bs));
+  }
+  a->encoded = encoded;
+  char* head = (char*)(encoded + s.NC);
+  gpt2_acts_bind_head(c, a, head,
+                      L > 0 ? a->res3[L - 1] : encoded);
+  gpt2__bind_grads(c, a, (float*)(head + gpt2_head_scratch_bytes(c, B, T)));
+  return 0;
+}
+
+int gpt2_acts_alloc_grads(const gpt2_config* c, int B, int T, gpt2_acts* a) {
+  memset(a, 0, sizeof *a);
+  a->bytes = gpt2_grads_bytes(c, B, T);
+  a->memory = (float*)calloc(1, a->bytes);
+  if (a->memory == NULL || gpt2__acts_tables(c, B, T, a) != 0) {
+    gpt2_acts_free(a);
+    return -1;
+  }
+  gpt2__bind_grads(c, a, a->memory);
   return 0;
 }
 

@@ -149,12 +149,33 @@ typedef struct gpt2_acts {
   float** ptrs;       /* the per-layer pointer arrays */
 } gpt2_acts;
 
-/* Allocates activations for batch B and sequence T (T <= max_seq). Returns
- * 0, or -1 if out of memory (nothing allocated). */
+/* Allocates all activations for batch B and sequence T (T <= max_seq), one
+ * allocation (the plain trainer). Returns 0, or -1 if out of memory
+ * (nothing allocated). */
 int gpt2_acts_alloc(const gpt2_config* c, int B, int T, gpt2_acts* a);
+/* Allocates only the pointer tables and the backward's gradient buffers
+ * (gpt2_grads_bytes); the forward activations are bound to memory owned by
+ * someone else (a driver) with the gpt2_acts_bind_* functions. */
+int gpt2_acts_alloc_grads(const gpt2_config* c, int B, int T, gpt2_acts* a);
 void gpt2_acts_free(gpt2_acts* a);
 /* Bytes gpt2_acts_alloc would allocate for the activation memory. */
 size_t gpt2_acts_bytes(const gpt2_config* c, int B, int T);
+
+/* The pieces, for memory owned elsewhere, in bytes: a block's internal
+ * activations (everything but its output), the head's (final norm, logits,
+ * probabilities, losses), and the backward's gradient buffers. */
+size_t gpt2_block_scratch_bytes(const gpt2_config* c, int B, int T);
+size_t gpt2_head_scratch_bytes(const gpt2_config* c, int B, int T);
+size_t gpt2_grads_bytes(const gpt2_config* c, int B, int T);
+/* Points block l's activations into scratch (gpt2_block_scratch_bytes),
+ * its input (the residual stream it reads: encoded or res3[l-1]) at in and
+ * its output res3[l] at out. */
+void gpt2_acts_bind_block(const gpt2_config* c, gpt2_acts* a, int l,
+                          void* scratch, const float* in, float* out);
+/* Points the head's activations into scratch (gpt2_head_scratch_bytes) and
+ * its input (res3[L-1], or encoded with no layers) at in. */
+void gpt2_acts_bind_head(const gpt2_config* c, gpt2_acts* a, void* scratch,
+                         const float* in);
 
 /* ==== Forward and backward, unit by unit =================================== */
 

@@ -8,6 +8,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -19,7 +20,7 @@
 
 static const char* const kUsage =
     "flags (defaults in brackets):\n"
-    "  --steps K           optimizer steps [1000]\n"
+    "  --steps K           optimizer steps, up to 10^6 [1000]\n"
     "  --batch B           global batch: sequences per step [16]\n"
     "  --seq T             sequence length [64]\n"
     "  --layers L          transformer blocks [4]\n"
@@ -87,24 +88,32 @@ static int gpt2__double(const char* flag, const char* v, double lo, double hi,
 }
 
 int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
-                    char* err, size_t cap) {
+                    char* err, size_t cap, int print_help) {
   gpt2__defaults(a);
   for (int i = 1; i < argc; i++) {
     const char* f = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : NULL;
     int rc = 0, takes = 1;
     if (strcmp(f, "--help") == 0 || strcmp(f, "-h") == 0) {
-      printf("usage: %s [flags]\n%s%s", argv[0],
-             sharded ? "  --stage S           ZeRO stage 0..3 [3]\n" : "",
-             kUsage);
+      if (print_help)
+        printf("usage: %s [flags]\n%s%s", argv[0],
+               sharded ? "  --stage S           ZeRO stage 0..3 [3]\n"
+                         "  --checkpoint-activations\n"
+                         "                      recompute each block's "
+                         "activations in backward\n"
+                       : "",
+               kUsage);
       return 1;
+    } else if (sharded && strcmp(f, "--checkpoint-activations") == 0) {
+      a->checkpoint_activations = 1;
+      takes = 0;
     } else if (strcmp(f, "--quiet") == 0) {
       a->quiet = 1;
       takes = 0;
     } else if (sharded && strcmp(f, "--stage") == 0) {
       rc = gpt2__int(f, v, 0, 3, &a->stage, err, cap);
     } else if (strcmp(f, "--steps") == 0) {
-      rc = gpt2__int(f, v, 0, 100000000, &a->steps, err, cap);
+      rc = gpt2__int(f, v, 0, 1000000, &a->steps, err, cap);
     } else if (strcmp(f, "--batch") == 0) {
       rc = gpt2__int(f, v, 1, 1 << 20, &a->batch, err, cap);
     } else if (strcmp(f, "--seq") == 0) {
@@ -132,8 +141,9 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
       rc = gpt2__int(f, v, 0, 2147483647, &s, err, cap);
       a->seed = (unsigned long long)s;
     } else if (strcmp(f, "--data") == 0 || strcmp(f, "--report") == 0) {
-      if (v == NULL || v[0] == '\0') {
-        snprintf(err, cap, "%s: expected a path", f);
+      if (v == NULL || v[0] == '\0' || strncmp(v, "--", 2) == 0) {
+        snprintf(err, cap, "%s: expected a path, got '%s'", f,
+                 v != NULL ? v : "(missing)");
         return -1;
       }
       *(strcmp(f, "--data") == 0 ? &a->data : &a->report) = v;
@@ -144,6 +154,41 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
     if (rc != 0) return -1;
     i += takes;
   }
+  if ((long long)a->val_batches * a->batch > (1 << 20)) {
+    snprintf(err, cap, "--val-batches %d x --batch %d: more than 2^20 val "
+             "sequences", a->val_batches, a->batch);
+    return -1;
+  }
+  return 0;
+}
+
+int gpt2_report_check(const char* report, const char* data, char* err,
+                      size_t cap) {
+  if (report == NULL) return 0;
+  struct stat rs, ds;
+  if (lstat(report, &rs) == 0) {
+    if (!S_ISREG(rs.st_mode)) {
+      snprintf(err, cap, "--report %s exists and is not a regular file "
+               "(refusing to replace it)", report);
+      return -1;
+    }
+    if (stat(data, &ds) == 0 && ds.st_dev == rs.st_dev &&
+        ds.st_ino == rs.st_ino) {
+      snprintf(err, cap, "--report %s is the data file", report);
+      return -1;
+    }
+  }
+  /* Can the temporary file be created next to it? Find out now, not after
+   * training. */
+  char tmp[4096];
+  snprintf(tmp, sizeof tmp, "%s.tmp.%d", report, (int)getpid());
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644);
+  if (fd < 0) {
+    snprintf(err, cap, "cannot write report %s: %s", report, strerror(errno));
+    return -1;
+  }
+  close(fd);
+  unlink(tmp);
   return 0;
 }
 
@@ -190,6 +235,7 @@ gpt2_report* gpt2_report_create(const gpt2_args* a, const char* trainer,
   cJSON_AddNumberToObject(c, "ranks", ranks);
   cJSON_AddNumberToObject(c, "threads_per_rank", threads);
   cJSON_AddNumberToObject(c, "stage", a->stage);
+  cJSON_AddBoolToObject(c, "checkpoint_activations", a->checkpoint_activations);
   cJSON_AddNumberToObject(c, "steps", a->steps);
   cJSON_AddNumberToObject(c, "seed", (double)a->seed);
   cJSON_AddNumberToObject(c, "batch", a->batch);
@@ -241,16 +287,20 @@ void gpt2_report_timing(gpt2_report* r, double tokens_per_s, double wall_s) {
   cJSON_AddNumberToObject(r->root, "wall_s", wall_s);
 }
 
-void gpt2_report_text(gpt2_report* r, const char* sample) {
+void gpt2_report_text(gpt2_report* r, const char* sample, size_t n) {
   /* Bytes are Latin-1 code points: bytes >= 0x80 become two-byte UTF-8, so
-   * the report stays valid JSON whatever the model samples. */
-  size_t n = strlen(sample);
-  char* utf8 = (char*)malloc(2 * n + 1);
+   * the report stays valid JSON whatever the model samples; a 0 byte, which
+   * JSON strings cannot hold raw, becomes U+2400 (symbol for null). */
+  char* utf8 = (char*)malloc(3 * n + 1);
   if (utf8 == NULL) return;
   size_t k = 0;
   for (size_t i = 0; i < n; i++) {
     unsigned char b = (unsigned char)sample[i];
-    if (b < 0x80) {
+    if (b == 0) {
+      utf8[k++] = (char)0xE2;
+      utf8[k++] = (char)0x90;
+      utf8[k++] = (char)0x80;
+    } else if (b < 0x80) {
       utf8[k++] = (char)b;
     } else {
       utf8[k++] = (char)(0xC0 | (b >> 6));
@@ -262,10 +312,10 @@ void gpt2_report_text(gpt2_report* r, const char* sample) {
   free(utf8);
 }
 
-void gpt2_print_text(FILE* out, const char* sample) {
+void gpt2_print_text(FILE* out, const char* sample, size_t n) {
   fprintf(out, "---- sample ----\n");
-  for (const char* p = sample; *p != '\0'; p++) {
-    unsigned char b = (unsigned char)*p;
+  for (size_t i = 0; i < n; i++) {
+    unsigned char b = (unsigned char)sample[i];
     fputc(b == '\n' || b == '\t' || (b >= 0x20 && b < 0x7f) ? b : '?', out);
   }
   fprintf(out, "\n----------------\n");
@@ -273,6 +323,11 @@ void gpt2_print_text(FILE* out, const char* sample) {
 
 int gpt2_report_write(gpt2_report* r, const char* path, char* err,
                       size_t cap) {
+  struct stat st;
+  if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+    snprintf(err, cap, "--report %s is not a regular file", path);
+    return -1;
+  }
   char* text = cJSON_Print(r->root);
   char tmp[4096];
   snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());

@@ -34,12 +34,19 @@ typedef struct gpt2_args {
   const char* data;    /* path of the byte-level text */
   const char* report;  /* JSON report path, or NULL */
   int quiet;           /* no progress lines */
+  int checkpoint_activations; /* sharded: recompute blocks in backward */
 } gpt2_args;
 
-/* Parses argv. Returns 0 on success, 1 if --help was printed, -1 on a bad
- * flag or value (message in err naming the flag). `sharded` adds --stage. */
+/* Parses argv. Returns 0 on success, 1 for --help (printed if print_help),
+ * -1 on a bad flag or value (message in err naming the flag). `sharded` adds
+ * --stage and --checkpoint-activations. */
 int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
-                    char* err, size_t cap);
+                    char* err, size_t cap, int print_help);
+/* Checks up front that the report can be written where asked: the path
+ * must be new or a regular file (never a device, a symlink or the data
+ * file), and its directory writable. Returns 0, or -1 with a message. */
+int gpt2_report_check(const char* report, const char* data, char* err,
+                      size_t cap);
 /* The model configuration the flags describe. */
 gpt2_config gpt2_args_model(const gpt2_args* a);
 /* Prints the configuration (one block, for the log). */
@@ -57,8 +64,8 @@ void gpt2_report_val(gpt2_report* r, int step, double loss);
 /* One row per rank: its accounting snapshot (peaks over the run). */
 void gpt2_report_rank(gpt2_report* r, int rank, const zs_memory_stats* m);
 void gpt2_report_timing(gpt2_report* r, double tokens_per_s, double wall_s);
-/* The sampled bytes, as Latin-1 code points (valid UTF-8 JSON). */
-void gpt2_report_text(gpt2_report* r, const char* sample);
+/* The n sampled bytes, as Latin-1 code points (valid UTF-8 JSON). */
+void gpt2_report_text(gpt2_report* r, const char* sample, size_t n);
 /* Writes path.tmp, fsyncs it and renames it to path, so a reader never sees
  * a half-written report. Returns 0, or -1 with a message in err. */
 int gpt2_report_write(gpt2_report* r, const char* path, char* err, size_t cap);
@@ -69,8 +76,8 @@ void gpt2_report_free(gpt2_report* r);
 /* "step 100/1200 | loss 2.4512 | lr 1.00e-03 | 4400 tok/s | eta 3m12s" */
 void gpt2_print_progress(FILE* out, int step, int steps, double loss,
                          double lr, double tokens_per_s, double eta_s);
-/* The sampled text, with unprintable bytes shown as '?'. */
-void gpt2_print_text(FILE* out, const char* sample);
+/* The n sampled bytes, with unprintable ones shown as '?'. */
+void gpt2_print_text(FILE* out, const char* sample, size_t n);
 /* The per-rank table of peak bytes by category. rows: `ranks` snapshots. */
 void gpt2_print_memory_table(FILE* out, const zs_memory_stats* rows,
                              int ranks);

@@ -7,6 +7,7 @@
  *
  *   bazel run //examples/gpt2:train_plain -- --steps 100
  */
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -137,9 +138,10 @@ static char* model_sample(model* m, const gpt2_args* a, int n) {
   int* ctx = (int*)calloc((size_t)a->seq, sizeof(int));
   float* probs = (float*)malloc(GPT2_VOCAB * sizeof(float));
   if (!text || !ctx || !probs || gpt2_acts_alloc(&m->cfg, 1, a->seq, &one)) {
+    free(text);
     free(ctx);
     free(probs);
-    return text;
+    return NULL;
   }
   int len = 1;
   ctx[0] = '\n';
@@ -165,7 +167,7 @@ static char* model_sample(model* m, const gpt2_args* a, int n) {
 int main(int argc, char** argv) {
   gpt2_args args;
   char err[1024];
-  int rc = gpt2_args_parse(argc, argv, 0, &args, err, sizeof err);
+  int rc = gpt2_args_parse(argc, argv, 0, &args, err, sizeof err, 1);
   if (rc != 0) {
     if (rc < 0) fprintf(stderr, "train_plain: %s\n", err);
     return rc < 0 ? 2 : 0;
@@ -173,6 +175,7 @@ int main(int argc, char** argv) {
   gpt2_config cfg = gpt2_args_model(&args);
   gpt2_data data;
   if (gpt2_config_check(&cfg, err, sizeof err) != 0 ||
+      gpt2_report_check(args.report, args.data, err, sizeof err) != 0 ||
       gpt2_data_load(args.data, args.seq, &data, err, sizeof err) != 0) {
     fprintf(stderr, "train_plain: %s\n", err);
     return 2;
@@ -197,9 +200,14 @@ int main(int argc, char** argv) {
     gpt2_data_train_batch(&data, args.seed, step, 0, B, T, tokens, targets);
     float loss = model_forward(&m, &m.acts, tokens, targets);
     model_backward(&m, tokens, targets);
+    if (!isfinite(loss)) {
+      fprintf(stderr, "train_plain: the loss is %g at step %d: training "
+              "diverged (try a lower --lr)\n", loss, step + 1);
+      return 1;
+    }
     model_update(&m, args.lr, args.weight_decay);
     t_train += gpt2_now() - t0;
-    gpt2_report_step(report, step, loss, args.lr);
+    gpt2_report_step(report, step + 1, loss, args.lr);
     double tps = (double)(step + 1) * B * T / t_train;
     if (!args.quiet && ((step + 1) % args.log_every == 0 || step == 0))
       gpt2_print_progress(stdout, step + 1, args.steps, loss, args.lr, tps,
@@ -226,9 +234,13 @@ int main(int argc, char** argv) {
   if (!args.quiet) gpt2_print_memory_table(stdout, &mem, 1);
   if (args.sample_bytes > 0) {
     char* text = model_sample(&m, &args, args.sample_bytes);
-    if (!args.quiet) gpt2_print_text(stdout, text);
-    gpt2_report_text(report, text);
-    free(text);
+    if (text == NULL) {
+      fprintf(stderr, "train_plain: out of memory for sampling; no sample\n");
+    } else {
+      if (!args.quiet) gpt2_print_text(stdout, text, (size_t)args.sample_bytes);
+      gpt2_report_text(report, text, (size_t)args.sample_bytes);
+      free(text);
+    }
   }
   if (!args.quiet) printf("wall time %.1f s\n", wall);
   rc = 0;

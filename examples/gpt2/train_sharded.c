@@ -1,18 +1,23 @@
 /*
  * train_sharded.c — train_plain.c wrapped with ZeroShard: the same model
- * code, sharded across MPI ranks at any ZeRO stage. Each unit's forward and
- * backward is bracketed by gather/release (and gradient acquire/release);
- * ZeroShard owns the parameters, gradients and AdamW states.
+ * code, sharded across MPI ranks at any ZeRO stage. ZeroShard owns the
+ * parameters, gradients and AdamW states; its sequential driver runs the
+ * model's layers (the embedding, the blocks, the head) forward and backward,
+ * gathering and prefetching each layer's unit, starting each unit's
+ * reduce-scatter after its last use, and (with --checkpoint-activations)
+ * recomputing each block's activations before its backward.
  * docs/wrapping.md walks through the diff with train_plain.c.
  *
  *   mpirun -np 4 bazel-bin/examples/gpt2/train_sharded --stage 3
  */
+#include <math.h>
 #include <mpi.h>
 #include <omp.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <zeroshard.h>
+#include <zs_mpi.h>
 
 #include "examples/gpt2/data.h"
 #include "examples/gpt2/model.h"
@@ -25,18 +30,27 @@
     if (st_ != ZS_OK) {                                                 \
       fprintf(stderr, "train_sharded: %s: %s\n  %s\n", #call,           \
               zs_status_string(st_), zs_last_error());                  \
-      exit(1);                                                          \
+      MPI_Abort(MPI_COMM_WORLD, 1);                                     \
     }                                                                   \
+  } while (0)
+
+/* Out of host memory in the trainer itself: nothing sensible to continue. */
+#define DIE(what)                                                       \
+  do {                                                                  \
+    fprintf(stderr, "train_sharded: out of memory (%s)\n", what);       \
+    MPI_Abort(MPI_COMM_WORLD, 1);                                       \
   } while (0)
 
 typedef struct model {
   gpt2_config cfg;
   zs_context* ctx;
-  zs_model* zm;  /* ZeroShard owns parameters, gradients, AdamW states */
-  int embed;     /* unit id of wte, wpe, lnf */
-  int* blocks;   /* unit id of block l */
-  int* first;    /* first tensor id of unit u */
-  gpt2_acts acts;
+  zs_model* zm;     /* ZeroShard owns parameters, gradients, AdamW states */
+  zs_driver* drv;   /* runs the layers: embed, block 0..L-1, head */
+  int embed;        /* unit of wte, wpe, lnf */
+  int* first;       /* first tensor id of unit u */
+  gpt2_acts acts;   /* the backward's gradient buffers; the forward's are
+                       bound to the driver's buffers layer by layer */
+  const int* targets;
   unsigned long long seed;
 } model;
 
@@ -56,7 +70,7 @@ static zs_status init_tensor(void* user, int tensor, const zs_tensor_desc* d,
 }
 
 /* Registers one unit: the embed unit (which = -1) or block `which`. */
-static void add_unit(model* m, int which, int no_decay) {
+static int add_unit(model* m, int which, int no_decay) {
   char name[64];
   int unit, n = which < 0 ? GPT2_EMBED_TENSORS : GPT2_BLOCK_TENSORS;
   snprintf(name, sizeof name, which < 0 ? "embed" : "block.%d", which);
@@ -74,100 +88,160 @@ static void add_unit(model* m, int which, int no_decay) {
     if (i == 0) m->first[unit] = t;
     if (!decay) CHECK(zs_model_set_tensor_group(m->zm, t, no_decay));
   }
-  if (which < 0) m->embed = unit;
-  else m->blocks[which] = unit;
+  return unit;
 }
 
-static void model_build(model* m, const gpt2_args* a) {
+/* Views of a unit's parameters (or gradients) in tensor order. */
+static zs_status unit_views(model* m, int unit, int n, float** slots[],
+                            int grads) {
+  for (int i = 0; i < n; i++) {
+    zs_status st = grads ? zs_tensor_grad(m->zm, m->first[unit] + i, (void**)slots[i])
+                         : zs_tensor_data(m->zm, m->first[unit] + i, (void**)slots[i]);
+    if (st != ZS_OK) return st;
+  }
+  return ZS_OK;
+}
+
+static zs_status embed_views(model* m, gpt2_embed_params* p, int grads) {
+  float** s[GPT2_EMBED_TENSORS];
+  gpt2_embed_slots(p, s);
+  return unit_views(m, m->embed, GPT2_EMBED_TENSORS, s, grads);
+}
+
+static zs_status block_views(model* m, int unit, gpt2_block_params* p,
+                             int grads) {
+  float** s[GPT2_BLOCK_TENSORS];
+  gpt2_block_slots(p, s);
+  return unit_views(m, unit, GPT2_BLOCK_TENSORS, s, grads);
+}
+
+/* ==== The layers, as driver callbacks ======================================== */
+/* Layer 0 is the embedding, layers 1..L the blocks, layer L+1 the head. The
+ * driver's input buffer holds the tokens; each layer's output is the
+ * residual stream (B, T, C), the head's the mean loss. */
+
+static size_t stream_bytes(const model* m) {
+  return (size_t)m->acts.B * m->acts.T * m->cfg.channels * sizeof(float);
+}
+
+static zs_status embed_forward(void* user, zs_model* zm, const zs_layer_io* io) {
+  (void)zm;
+  model* m = (model*)user;
+  gpt2_embed_params e;
+  zs_status st = embed_views(m, &e, 0);
+  if (st != ZS_OK) return st;
+  m->acts.encoded = (float*)io->output;
+  gpt2_embed_forward(&m->cfg, &e, (const int*)io->input, &m->acts);
+  return ZS_OK;
+}
+
+static zs_status embed_backward(void* user, zs_model* zm, const zs_layer_io* io) {
+  (void)zm;
+  model* m = (model*)user;
+  gpt2_embed_params de;
+  zs_status st = embed_views(m, &de, 1);
+  if (st != ZS_OK) return st;
+  memcpy(m->acts.dres, io->grad_output, stream_bytes(m));
+  gpt2_embed_backward(&m->cfg, &de, (const int*)io->input, &m->acts);
+  return ZS_OK;
+}
+
+static zs_status block_forward(void* user, zs_model* zm, const zs_layer_io* io) {
+  (void)zm;
+  model* m = (model*)user;
+  const int l = io->layer - 1;
+  gpt2_block_params b;
+  zs_status st = block_views(m, io->unit, &b, 0);
+  if (st != ZS_OK) return st;
+  gpt2_acts_bind_block(&m->cfg, &m->acts, l, io->scratch, io->input, io->output);
+  gpt2_block_forward(&m->cfg, &b, l, &m->acts);
+  return ZS_OK;
+}
+
+static zs_status block_backward(void* user, zs_model* zm, const zs_layer_io* io) {
+  (void)zm;
+  model* m = (model*)user;
+  const int l = io->layer - 1;
+  gpt2_block_params b, db;
+  zs_status st = block_views(m, io->unit, &b, 0);
+  if (st == ZS_OK) st = block_views(m, io->unit, &db, 1);
+  if (st != ZS_OK) return st;
+  gpt2_acts_bind_block(&m->cfg, &m->acts, l, io->scratch, io->input, io->output);
+  memcpy(m->acts.dres, io->grad_output, stream_bytes(m));
+  gpt2_block_backward(&m->cfg, &b, &db, l, &m->acts);
+  memcpy(io->grad_input, m->acts.dres, stream_bytes(m));
+  return ZS_OK;
+}
+
+static zs_status head_forward(void* user, zs_model* zm, const zs_layer_io* io) {
+  (void)zm;
+  model* m = (model*)user;
+  gpt2_embed_params e;
+  zs_status st = embed_views(m, &e, 0);
+  if (st != ZS_OK) return st;
+  gpt2_acts_bind_head(&m->cfg, &m->acts, io->scratch, io->input);
+  *(float*)io->output = gpt2_head_forward(&m->cfg, &e, m->targets, &m->acts);
+  return ZS_OK;
+}
+
+static zs_status head_backward(void* user, zs_model* zm, const zs_layer_io* io) {
+  (void)zm;
+  model* m = (model*)user;
+  gpt2_embed_params e, de;
+  zs_status st = embed_views(m, &e, 0);
+  if (st == ZS_OK) st = embed_views(m, &de, 1);
+  if (st != ZS_OK) return st;
+  gpt2_acts_bind_head(&m->cfg, &m->acts, io->scratch, io->input);
+  gpt2_acts_zero_grads(&m->cfg, &m->acts);
+  gpt2_head_backward(&m->cfg, &e, &de, m->targets, 1.0f, &m->acts);
+  memcpy(io->grad_input, m->acts.dres, stream_bytes(m));
+  return ZS_OK;
+}
+
+/* Registers the units and the driver's layers (before finalize, so the
+ * layers declare how often each unit is used: the embedding twice). */
+static void model_build(model* m, const gpt2_args* a, int Bl) {
+  const int L = a->layers, T = a->seq;
   m->cfg = gpt2_args_model(a);
   m->seed = a->seed;
-  m->blocks = (int*)calloc((size_t)m->cfg.layers + 1, sizeof(int));
-  m->first = (int*)calloc((size_t)m->cfg.layers + 2, sizeof(int));
-  if (m->blocks == NULL || m->first == NULL) CHECK(ZS_ERR_OUT_OF_MEMORY);
+  m->first = (int*)calloc((size_t)L + 2, sizeof(int));
+  if (m->first == NULL || gpt2_acts_alloc_grads(&m->cfg, Bl, T, &m->acts) != 0)
+    DIE("model buffers");
+  CHECK(zs_memory_register(m->ctx, ZS_MEM_ACTIVATIONS, m->acts.memory, m->acts.bytes));
   CHECK(zs_model_create(m->ctx, &m->zm));
   int no_decay;
   CHECK(zs_model_add_param_group(m->zm, a->lr, 0.0, &no_decay));
-  add_unit(m, -1, no_decay);
-  for (int l = 0; l < m->cfg.layers; l++) add_unit(m, l, no_decay);
-  /* Known use counts let every reduction start at its unit's last use from
-   * the first step on (otherwise the first step records them and holds all
-   * gradients until zs_step). The embedding unit is used twice: the
-   * encoder and the tied output projection. */
-  CHECK(zs_unit_set_grad_uses(m->zm, m->embed, 2));
-  for (int l = 0; l < m->cfg.layers; l++)
-    CHECK(zs_unit_set_grad_uses(m->zm, m->blocks[l], 1));
+  CHECK(zs_driver_create(m->zm, (size_t)Bl * T * sizeof(int),
+                         a->checkpoint_activations, &m->drv));
+  m->embed = add_unit(m, -1, no_decay);
+  const size_t stream = stream_bytes(m);
+  /* The encoder's backward needs no parameters: no gather for it. */
+  zs_layer_desc embed = {m->embed, embed_forward, embed_backward, m, stream, 0,
+                         ZS_LAYER_BACKWARD_NO_PARAMS};
+  CHECK(zs_driver_add_layer(m->drv, &embed, NULL));
+  for (int l = 0; l < L; l++) {
+    zs_layer_desc block = {add_unit(m, l, no_decay), block_forward,
+                           block_backward, m, stream,
+                           gpt2_block_scratch_bytes(&m->cfg, Bl, T), 0};
+    CHECK(zs_driver_add_layer(m->drv, &block, NULL));
+  }
+  zs_layer_desc head = {m->embed, head_forward, head_backward, m, sizeof(float),
+                        gpt2_head_scratch_bytes(&m->cfg, Bl, T), 0};
+  CHECK(zs_driver_add_layer(m->drv, &head, NULL));
   CHECK(zs_model_finalize(m->zm));
   CHECK(zs_model_init(m->zm, init_tensor, m));
 }
 
-/* Gathers a unit and fills its views (and gradient views if dslots). */
-static void use_unit(model* m, int unit, int n, float** slots[],
-                     float** dslots[]) {
-  CHECK(zs_unit_gather(m->zm, unit));
-  if (dslots != NULL) CHECK(zs_unit_grad_acquire(m->zm, unit));
-  for (int i = 0; i < n; i++) {
-    CHECK(zs_tensor_data(m->zm, m->first[unit] + i, (void**)slots[i]));
-    if (dslots != NULL)
-      CHECK(zs_tensor_grad(m->zm, m->first[unit] + i, (void**)dslots[i]));
-  }
-}
+/* ==== Forward, backward, evaluation, sampling ================================ */
 
-static void done_unit(model* m, int unit, int grads) {
-  if (grads) CHECK(zs_unit_grad_release(m->zm, unit));
-  CHECK(zs_unit_release(m->zm, unit));
-}
-
-static void use_embed(model* m, gpt2_embed_params* p, gpt2_embed_params* g) {
-  float **s[GPT2_EMBED_TENSORS], **ds[GPT2_EMBED_TENSORS];
-  gpt2_embed_slots(p, s);
-  if (g != NULL) gpt2_embed_slots(g, ds);
-  use_unit(m, m->embed, GPT2_EMBED_TENSORS, s, g != NULL ? ds : NULL);
-}
-
-static void use_block(model* m, int l, gpt2_block_params* p,
-                      gpt2_block_params* g) {
-  float **s[GPT2_BLOCK_TENSORS], **ds[GPT2_BLOCK_TENSORS];
-  gpt2_block_slots(p, s);
-  if (g != NULL) gpt2_block_slots(g, ds);
-  use_unit(m, m->blocks[l], GPT2_BLOCK_TENSORS, s, g != NULL ? ds : NULL);
-}
-
-/* ==== Forward and backward ================================================ */
-
-static float model_forward(model* m, gpt2_acts* a, const int* tokens,
-                           const int* targets) {
-  gpt2_embed_params e;
-  gpt2_block_params b;
-  use_embed(m, &e, NULL);
-  gpt2_embed_forward(&m->cfg, &e, tokens, a);
-  done_unit(m, m->embed, 0);
-  for (int l = 0; l < m->cfg.layers; l++) {
-    use_block(m, l, &b, NULL);
-    gpt2_block_forward(&m->cfg, &b, l, a);
-    done_unit(m, m->blocks[l], 0);
-  }
-  use_embed(m, &e, NULL);
-  float loss = gpt2_head_forward(&m->cfg, &e, targets, a);
-  done_unit(m, m->embed, 0);
-  return loss;
-}
-
-static void model_backward(model* m, const int* tokens, const int* targets) {
-  gpt2_acts* a = &m->acts;
-  gpt2_embed_params e, de;
-  gpt2_block_params b, db;
-  gpt2_acts_zero_grads(&m->cfg, a);
-  use_embed(m, &e, &de);
-  gpt2_head_backward(&m->cfg, &e, &de, targets, 1.0f, a);
-  done_unit(m, m->embed, 1);
-  for (int l = m->cfg.layers - 1; l >= 0; l--) {
-    use_block(m, l, &b, &db);
-    gpt2_block_backward(&m->cfg, &b, &db, l, a);
-    done_unit(m, m->blocks[l], 1);
-  }
-  use_embed(m, &e, &de);
-  gpt2_embed_backward(&m->cfg, &de, tokens, a);
-  done_unit(m, m->embed, 1);
+static float model_forward(model* m, const int* tokens, const int* targets) {
+  void *in = NULL, *loss = NULL;
+  CHECK(zs_driver_input(m->drv, &in));
+  memcpy(in, tokens, (size_t)m->acts.B * m->acts.T * sizeof(int));
+  m->targets = targets;
+  CHECK(zs_driver_forward(m->drv));
+  CHECK(zs_driver_output(m->drv, m->cfg.layers + 1, &loss));
+  return *(float*)loss;
 }
 
 /* Mean loss over the fixed val sequences; each rank takes its slice of
@@ -179,37 +253,37 @@ static double model_eval(model* m, const gpt2_data* d, const gpt2_args* a,
   for (int k = 0; k < a->val_batches; k++) {
     gpt2_data_val_batch(d, k * a->batch + rank * Bl, Bl, total, a->seq, tokens,
                         targets);
-    sum += model_forward(m, &m->acts, tokens, targets);
+    sum += model_forward(m, tokens, targets);
   }
   MPI_Allreduce(&sum, &all, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
   return all / world / a->val_batches;
 }
 
-/* Samples `n` bytes after a newline (every rank, identically: the gathers
- * are collective). */
+/* Samples `n` bytes after a newline on every rank identically (the gathers
+ * are collective): the context sits in row 0 of the batch, and the logits
+ * of its last position give the next byte. Returns NULL if out of memory. */
 static char* model_sample(model* m, const gpt2_args* a, int n) {
-  gpt2_acts one;
+  const int T = a->seq, B = m->acts.B;
   char* text = (char*)calloc((size_t)n + 1, 1);
-  int* ctx = (int*)calloc((size_t)a->seq, sizeof(int));
+  int* ctx = (int*)calloc((size_t)B * T, sizeof(int));
   float* probs = (float*)malloc(GPT2_VOCAB * sizeof(float));
-  if (!text || !ctx || !probs || gpt2_acts_alloc(&m->cfg, 1, a->seq, &one))
-    CHECK(ZS_ERR_OUT_OF_MEMORY);
-  CHECK(zs_memory_register(m->ctx, ZS_MEM_ACTIVATIONS, one.memory, one.bytes));
+  if (!text || !ctx || !probs) {
+    free(text);
+    free(ctx);
+    free(probs);
+    return NULL;
+  }
   int len = 1;
   ctx[0] = '\n';
   for (int k = 0; k < n; k++) {
-    one.T = len;
-    model_forward(m, &one, ctx, NULL);
-    gpt2_softmax(one.logits + (size_t)(len - 1) * GPT2_VOCAB, probs, GPT2_VOCAB);
+    model_forward(m, ctx, NULL);
+    gpt2_softmax(m->acts.logits + (size_t)(len - 1) * GPT2_VOCAB, probs, GPT2_VOCAB);
     int b = gpt2_sample_byte(probs, GPT2_VOCAB, a->seed, k);
     text[k] = (char)b;
-    if (len == a->seq) memmove(ctx, ctx + 1, (size_t)(len - 1) * sizeof(int));
+    if (len == T) memmove(ctx, ctx + 1, (size_t)(len - 1) * sizeof(int));
     else len++;
     ctx[len - 1] = b;
   }
-  CHECK(zs_memory_unregister(m->ctx, one.memory));
-  one.T = a->seq;
-  gpt2_acts_free(&one);
   free(ctx);
   free(probs);
   return text;
@@ -217,51 +291,78 @@ static char* model_sample(model* m, const gpt2_args* a, int n) {
 
 /* ==== Main ================================================================= */
 
-/* Before MPI is up, only the launcher's rank variable says who prints. */
-static int launch_rank(void) {
-  const char* r = getenv("OMPI_COMM_WORLD_RANK");
-  if (r == NULL) r = getenv("PMI_RANK");
-  return r != NULL ? atoi(r) : 0;
+/* Every rank checks its own flags and data; the lowest failing rank's
+ * message is printed once and every rank exits. Then the flags must be the
+ * same everywhere: ranks started differently would issue different
+ * collectives. */
+static int agree(int failed, const char* err, int rank, int world) {
+  int mine = failed ? world - rank : 0, worst = 0;
+  MPI_Allreduce(&mine, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (worst != 0 && rank == world - worst) {
+    if (world > 1) fprintf(stderr, "train_sharded: [rank %d] %s\n", rank, err);
+    else fprintf(stderr, "train_sharded: %s\n", err);
+  }
+  return worst != 0;
+}
+
+static int same_flags(int argc, char** argv) {
+  uint64_t h = 1469598103934665603ull;
+  for (int i = 1; i < argc; i++)
+    for (const char* p = argv[i]; ; p++) {
+      h = (h ^ (unsigned char)*p) * 1099511628211ull;
+      if (*p == '\0') break;
+    }
+  uint64_t v[2] = {h, ~h}, r[2];
+  MPI_Allreduce(v, r, 2, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  return r[0] == ~r[1];
 }
 
 int main(int argc, char** argv) {
+  int provided = 0, rank = 0, world = 1;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
   gpt2_args args;
-  char err[1024];
-  int rc = gpt2_args_parse(argc, argv, 1, &args, err, sizeof err);
-  if (rc != 0) {
-    if (rc < 0 && launch_rank() == 0) fprintf(stderr, "train_sharded: %s\n", err);
-    return rc < 0 ? 2 : 0;
-  }
+  char err[1024] = "";
+  int rc = gpt2_args_parse(argc, argv, 1, &args, err, sizeof err, rank == 0);
   gpt2_config cfg = gpt2_args_model(&args);
   gpt2_data data;
-  if (gpt2_config_check(&cfg, err, sizeof err) != 0 ||
-      gpt2_data_load(args.data, args.seq, &data, err, sizeof err) != 0) {
-    if (launch_rank() == 0) fprintf(stderr, "train_sharded: %s\n", err);
+  memset(&data, 0, sizeof data);
+  int failed = rc < 0;
+  if (rc == 0 && args.batch % world != 0) {
+    snprintf(err, sizeof err, "--batch %d is not divisible by the %d ranks "
+             "(each rank takes batch/ranks sequences: pass a --batch divisible by the ranks)",
+             args.batch, world);
+    failed = 1;
+  }
+  if (rc == 0 && !failed)
+    failed = gpt2_config_check(&cfg, err, sizeof err) != 0 ||
+             (rank == 0 && gpt2_report_check(args.report, args.data, err, sizeof err) != 0) ||
+             gpt2_data_load(args.data, args.seq, &data, err, sizeof err) != 0;
+  if (agree(failed, err, rank, world) || rc == 1) {
+    gpt2_data_free(&data);
+    MPI_Finalize();
+    return rc == 1 ? 0 : 2;
+  }
+  if (!same_flags(argc, argv)) {
+    if (rank == 0)
+      fprintf(stderr, "train_sharded: the ranks were started with different "
+              "flags; every rank must run the same command\n");
+    MPI_Finalize();
     return 2;
   }
   zs_config zcfg = ZS_CONFIG_INIT;
   zcfg.stage = args.stage;
-  zcfg.optimizer.kind = ZS_OPTIM_ADAMW;
   zcfg.optimizer.lr = args.lr;
   zcfg.optimizer.weight_decay = args.weight_decay;
   model m;
   memset(&m, 0, sizeof m);
-  CHECK(zs_context_create(&zcfg, &m.ctx));
-  const int rank = zs_context_rank(m.ctx), world = zs_context_world_size(m.ctx);
-  if (args.batch % world != 0) {
-    if (rank == 0)
-      fprintf(stderr, "train_sharded: --batch %d is not divisible by the %d "
-              "ranks\n", args.batch, world);
-    zs_context_destroy(m.ctx);
-    return 2;
-  }
+  CHECK(zs_context_create_mpi(&zcfg, MPI_COMM_WORLD, &m.ctx));
   const int Bl = args.batch / world, T = args.seq;
   int* tokens = (int*)malloc((size_t)Bl * T * sizeof(int));
   int* targets = (int*)malloc((size_t)Bl * T * sizeof(int));
-  if (!tokens || !targets || gpt2_acts_alloc(&cfg, Bl, T, &m.acts) != 0)
-    CHECK(ZS_ERR_OUT_OF_MEMORY);
-  CHECK(zs_memory_register(m.ctx, ZS_MEM_ACTIVATIONS, m.acts.memory, m.acts.bytes));
-  model_build(&m, &args);
+  if (!tokens || !targets) DIE("token buffers");
+  model_build(&m, &args, Bl);
   const int threads = omp_get_max_threads();
   if (rank == 0 && !args.quiet) gpt2_args_print(&args, "sharded", world, threads, stdout);
   gpt2_report* report = gpt2_report_create(&args, "sharded", world, threads,
@@ -270,15 +371,20 @@ int main(int argc, char** argv) {
   for (int step = 0; step < args.steps; step++) {
     double t0 = gpt2_now();
     gpt2_data_train_batch(&data, args.seed, step, rank * Bl, Bl, T, tokens, targets);
-    float local = model_forward(&m, &m.acts, tokens, targets);
-    model_backward(&m, tokens, targets);
-    CHECK(zs_model_set_lr(m.zm, ZS_ALL_GROUPS, args.lr));
+    float local = model_forward(&m, tokens, targets);
+    CHECK(zs_driver_backward(m.drv));
     CHECK(zs_step(m.zm, NULL));
     t_train += gpt2_now() - t0;
     float loss = 0; /* the global batch's mean loss */
     MPI_Allreduce(&local, &loss, 1, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     loss /= (float)world;
-    gpt2_report_step(report, step, loss, args.lr);
+    if (!isfinite(loss)) {
+      if (rank == 0)
+        fprintf(stderr, "train_sharded: the loss is %g at step %d: training "
+                "diverged (try a lower --lr)\n", loss, step + 1);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    gpt2_report_step(report, step + 1, loss, args.lr);
     double tps = (double)(step + 1) * args.batch * T / t_train;
     if (rank == 0 && !args.quiet && ((step + 1) % args.log_every == 0 || step == 0))
       gpt2_print_progress(stdout, step + 1, args.steps, loss, args.lr, tps,
@@ -291,21 +397,22 @@ int main(int argc, char** argv) {
     }
   }
   double wall = gpt2_now() - t_start;
-  char* text = args.sample_bytes > 0 ? model_sample(&m, &args, args.sample_bytes) : NULL;
+  /* Memory of the training (before sampling), from every rank. */
   zs_memory_stats mine, *rows = (zs_memory_stats*)calloc((size_t)world, sizeof mine);
   CHECK(zs_memory_stats_get(m.ctx, &mine));
   MPI_Gather(&mine, (int)sizeof mine, MPI_BYTE, rows, (int)sizeof mine, MPI_BYTE,
              0, MPI_COMM_WORLD);
+  char* text = args.sample_bytes > 0 ? model_sample(&m, &args, args.sample_bytes) : NULL;
   rc = 0;
   if (rank == 0) {
     for (int r = 0; r < world; r++) gpt2_report_rank(report, r, &rows[r]);
     gpt2_report_timing(report, t_train > 0 ? args.steps * (double)args.batch * T / t_train : 0, wall);
     if (!args.quiet) {
       gpt2_print_memory_table(stdout, rows, world);
-      if (text != NULL) gpt2_print_text(stdout, text);
+      if (text != NULL) gpt2_print_text(stdout, text, (size_t)args.sample_bytes);
       printf("wall time %.1f s\n", wall);
     }
-    if (text != NULL) gpt2_report_text(report, text);
+    if (text != NULL) gpt2_report_text(report, text, (size_t)args.sample_bytes);
     if (args.report != NULL &&
         gpt2_report_write(report, args.report, err, sizeof err) != 0) {
       fprintf(stderr, "train_sharded: %s\n", err);
@@ -315,6 +422,7 @@ int main(int argc, char** argv) {
   gpt2_report_free(report);
   free(text);
   free(rows);
+  zs_driver_destroy(m.drv);
   CHECK(zs_memory_unregister(m.ctx, m.acts.memory));
   gpt2_acts_free(&m.acts);
   zs_model_destroy(m.zm);
@@ -322,7 +430,7 @@ int main(int argc, char** argv) {
   gpt2_data_free(&data);
   free(tokens);
   free(targets);
-  free(m.blocks);
   free(m.first);
+  MPI_Finalize();
   return rc;
 }

@@ -141,6 +141,16 @@ typedef enum zs_device_kind {
   ZS_DEVICE_CUDA = 1  /* buffers in GPU memory, collectives over NCCL */
 } zs_device_kind;
 
+/* How gradients are summed across ranks (zs_config.reduce_order). */
+typedef enum zs_reduce_order {
+  ZS_REDUCE_FIXED = 0,  /* each element summed in rank order 0..W-1: bitwise
+                           independent of bucket sizes and of the MPI
+                           library's algorithm choice (default) */
+  ZS_REDUCE_BACKEND = 1 /* the backend's reduce-scatter (MPI's algorithm may
+                           change with message size: results then depend on
+                           bucket sizes, within float rounding) */
+} zs_reduce_order;
+
 typedef enum zs_optimizer_kind {
   ZS_OPTIM_ADAMW = 0, /* Loshchilov & Hutter, decoupled weight decay */
   ZS_OPTIM_ADAM = 1,  /* Kingma & Ba; weight decay added to the gradient */
@@ -184,6 +194,27 @@ typedef struct zs_config {
                     other ranks before it fails with ZS_ERR_TIMEOUT (a
                     warning is logged every minute before that); 0 waits
                     forever. Default 1800, as torch.distributed's. */
+  /* ---- Overlap of communication with compute (docs/overlap.md) ---- */
+  size_t bucket_elements; /* elements of one reduce-scatter (and shard
+                    all-gather) bucket; larger units are split into buckets
+                    that pipeline; 1 .. 2^31-1; default 2^22 (DeepSpeed's
+                    reduce_bucket_size) */
+  int prefetch_depth; /* stage 3: units all-gathered ahead of their use,
+                    following the order recorded in the first step; 0
+                    disables prefetch; 0..64, default 2 */
+  size_t max_live_elements; /* stage 3: prefetch stops before the gathered
+                    parameters would exceed this many elements (DeepSpeed's
+                    stage3_max_live_parameters); 0: no limit; a limit below
+                    the largest unit is raised to it with a warning */
+  int reshard_after_forward; /* stage 3: 1 (default) frees a unit's gathered
+                    parameters at its release in the forward pass; 0 keeps
+                    them until its backward (FSDP's reshard_after_forward) */
+  int reduce_order; /* zs_reduce_order, default ZS_REDUCE_FIXED */
+  int progress_thread; /* 1 (default): a thread drives MPI progress while
+                    the caller computes, so collectives overlap compute
+                    (needs MPI_THREAD_MULTIPLE, which zs_context_create
+                    requests; otherwise progress happens at API calls and a
+                    warning says so); 0: progress only at API calls */
 } zs_config;
 
 #define ZS_CONFIG_INIT                                                     \
@@ -191,7 +222,7 @@ typedef struct zs_config {
     sizeof(zs_config), ZS_VERSION_CODE, 0, ZS_DEVICE_HOST,                 \
         {ZS_OPTIM_ADAMW, 1e-3, 0.9, 0.999, 1e-8, ZS_WEIGHT_DECAY_DEFAULT,  \
          0.0, 0.0, 0},                                                     \
-        1, 1800.0                                                          \
+        1, 1800.0, (size_t)1 << 22, 2, 0, 1, ZS_REDUCE_FIXED, 1            \
   }
 
 /* Fills *config with the defaults (the same values as ZS_CONFIG_INIT).
@@ -475,15 +506,31 @@ zs_status zs_tensor_get(zs_model* model, int tensor, zs_field field,
 /* ==== The per-step API (after finalize) ================================== */
 
 /* Makes the unit's full parameters available (stage 3: all-gather of the
- * shards into a transient buffer; stages 0-2: they are resident). Also
- * gathers the units owning its tied tensors. Collective, blocking.
+ * shards into a transient buffer, or waiting for the prefetch that already
+ * started it; stages 0-2: they are resident). Also gathers the units owning
+ * its tied tensors. At stage 3 it follows the order of gathers recorded in
+ * the first step and starts the all-gathers of the next units
+ * (zs_config.prefetch_depth, max_live_elements); a gather out of that order
+ * stops prefetching for the step and the order is recorded again.
+ * Collective at stage 3, blocking.
  * Errors: INVALID_STATE if the unit is already gathered by the user (name
  * given), OUT_OF_MEMORY, COMM. */
 zs_status zs_unit_gather(zs_model* model, int unit);
 
+/* A hint that `unit` will be gathered soon: at stage 3 its all-gather
+ * starts now (if it is not gathered and the live-elements limit allows) and
+ * the later zs_unit_gather only waits for it; the prefetch is dropped at
+ * zs_step if unused. A no-op at stages 0-2. Collective at stage 3 (every
+ * rank must give the same hints). Prefetch along the recorded order needs
+ * no hints (zs_config.prefetch_depth). Errors: INVALID_ARGUMENT,
+ * OUT_OF_MEMORY, COMM. */
+zs_status zs_unit_prefetch(zs_model* model, int unit);
+
 /* Ends the use of a gathered unit: at stage 3 its transient buffer is freed
- * (unless a tie still holds it); pointers from zs_tensor_data become
- * invalid at every stage. Not collective.
+ * (unless a tie or a prefetch still holds it, or, with
+ * reshard_after_forward off, this is its forward: then it stays until its
+ * gradients are released); pointers from zs_tensor_data become invalid at
+ * every stage. Not collective.
  * Errors: INVALID_STATE if the unit is not gathered. */
 zs_status zs_unit_release(zs_model* model, int unit);
 
@@ -510,8 +557,10 @@ zs_status zs_tensor_grad(zs_model* model, int tensor, void** grad);
 
 /* Closes the unit's gradient buffers. When this is the unit's last use in
  * the step (zs_unit_set_grad_uses, or the count recorded in the first
- * step), its reduce-scatter runs now: collective, and every rank must
- * release in the same order. Otherwise not collective.
+ * step), its reduce-scatter starts now, in buckets of
+ * zs_config.bucket_elements, and runs while the caller goes on (completed
+ * by later calls, at the latest in zs_step): collective, and every rank
+ * must release in the same order. Otherwise not collective.
  * Errors: INVALID_STATE (not acquired), COMM, OUT_OF_MEMORY. */
 zs_status zs_unit_grad_release(zs_model* model, int unit);
 
@@ -543,6 +592,99 @@ typedef struct zs_step_info {
  * REMOTE, MISMATCH, COMM, TIMEOUT, OUT_OF_MEMORY. Algorithm: ZeRO
  * (arXiv:1910.02054) section 5. */
 zs_status zs_step(zs_model* model, zs_step_info* info);
+
+/* ==== Sequential driver (docs/overlap.md) =============================== */
+/* A higher-level API for models that are a sequence of layers: the driver
+ * runs forward and backward across them, gathering, prefetching and
+ * releasing each layer's unit, acquiring and releasing its gradients (the
+ * reduce-scatter overlaps the backward of the layers before it), and owning
+ * the activation buffers (counted as `activations`). A unit may back several
+ * layers (shared weights, e.g. an embedding used at the start and as the
+ * tied output projection at the end).
+ *
+ * With activation checkpointing (Chen et al., "Training Deep Nets with
+ * Sublinear Memory Cost", arXiv:1604.06174) each layer keeps only its output
+ * (the next layer's input) and all layers share one scratch buffer for
+ * their internal activations: before a layer's backward the driver runs its
+ * forward again to refill the scratch. The last layer's scratch is still
+ * valid when its backward starts, so it is not recomputed. Forward must be
+ * deterministic (it is then bitwise identical to the first run). */
+
+typedef struct zs_driver zs_driver;
+
+/* What a layer callback receives. Sizes are the layer's declared bytes. */
+typedef struct zs_layer_io {
+  int layer;           /* index in the order layers were added */
+  int unit;            /* the unit whose parameters it uses (gathered) */
+  const void* input;   /* the previous layer's output, or the driver's
+                          input buffer for layer 0 */
+  void* output;        /* this layer's output (kept until its backward) */
+  void* scratch;       /* its internal activations: its own buffer, or the
+                          shared scratch when checkpointing */
+  const void* grad_output; /* backward: d loss / d output (the last
+                          layer's is zeros: it computes its own) */
+  void* grad_input;    /* backward: d loss / d input, zeroed by the driver,
+                          to be accumulated (+=) by the layer */
+  int recompute;       /* forward: 1 when re-run before its backward */
+} zs_layer_io;
+
+/* A layer callback. Parameters and gradients come from zs_tensor_data /
+ * zs_tensor_grad of the layer's unit's tensors (gathered and acquired by the
+ * driver). Return ZS_OK or an error, which the driver returns after
+ * releasing what it holds. */
+typedef zs_status (*zs_layer_fn)(void* user, zs_model* model,
+                                 const zs_layer_io* io);
+
+/* zs_layer_desc.flags: the layer's backward reads no parameters (e.g. an
+ * embedding lookup), so the driver does not gather its unit for it (one
+ * all-gather less per step at stage 3). */
+#define ZS_LAYER_BACKWARD_NO_PARAMS 1u
+
+typedef struct zs_layer_desc {
+  int unit;              /* the unit the layer uses */
+  zs_layer_fn forward;   /* writes output and scratch from input */
+  zs_layer_fn backward;  /* accumulates parameter gradients, writes
+                            grad_input from grad_output, input, scratch */
+  void* user;            /* passed to both callbacks */
+  size_t output_bytes;   /* bytes of its output (0 allowed) */
+  size_t scratch_bytes;  /* bytes of its internal activations */
+  unsigned int flags;    /* 0 or ZS_LAYER_BACKWARD_NO_PARAMS */
+} zs_layer_desc;
+
+/* Creates a driver over `model`. input_bytes: the size of the buffer layer
+ * 0 reads (zs_driver_input). checkpoint_activations: 0 or 1. Layers added
+ * before zs_model_finalize also declare their units' gradient use counts
+ * (a unit backing k layers is used k times per step); added after, the
+ * counts are recorded in the first step. Not collective. *out: owned by the
+ * caller (zs_driver_destroy, before the model). Errors: INVALID_ARGUMENT. */
+zs_status zs_driver_create(zs_model* model, size_t input_bytes,
+                           int checkpoint_activations, zs_driver** out);
+/* Frees the driver and its activation buffers (NULL accepted). */
+void zs_driver_destroy(zs_driver* driver);
+
+/* Appends a layer; *layer receives its index (may be NULL). Before the
+ * first zs_driver_forward only. Errors: INVALID_ARGUMENT (unknown unit, NULL
+ * callbacks), INVALID_STATE. */
+zs_status zs_driver_add_layer(zs_driver* driver, const zs_layer_desc* desc,
+                              int* layer);
+
+/* The buffer layer 0 reads (input_bytes), valid until the driver is
+ * destroyed; fill it before zs_driver_forward. Allocates the activation
+ * buffers on first use. Errors: OUT_OF_MEMORY, INVALID_ARGUMENT. */
+zs_status zs_driver_input(zs_driver* driver, void** input);
+/* The output buffer of a layer (e.g. to read the loss the last layer
+ * wrote). Errors: INVALID_ARGUMENT, OUT_OF_MEMORY. */
+zs_status zs_driver_output(zs_driver* driver, int layer, void** output);
+
+/* Runs every layer's forward in order: gather (at stage 3 an all-gather,
+ * with the next units prefetched), forward, release. Collective. Errors:
+ * the callback's, prefixed with the layer and unit; those of the gathers. */
+zs_status zs_driver_forward(zs_driver* driver);
+/* Runs the backward in reverse order: gather, acquire gradients, recompute
+ * the forward (checkpointing), backward, release gradients (starting the
+ * unit's reduce-scatter after its last use), release. Collective. Call
+ * zs_step afterwards. */
+zs_status zs_driver_backward(zs_driver* driver);
 
 /* ==== Optimizer kernels (optim/) ========================================= */
 /* The element-wise updates the runtime runs on a shard, exposed so that a

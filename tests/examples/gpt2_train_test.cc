@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
@@ -181,12 +182,95 @@ const BadCase kBad[] = {
     {"unknown_flag", "--data @DATA --bogus 1", "unknown flag", 0},
     {"bad_number", "--data @DATA --lr abc", "--lr", 2},
     {"bad_stage", "--data @DATA --stage 4", "--stage", 2},
+    {"data_is_a_directory", "--data /tmp", "not a regular file", 0},
+    {"report_swallows_a_flag", "--data @DATA --report --quiet", "expected a path", 0},
+    {"too_many_val_sequences", "--data @DATA --val-batches 1048576 --batch 4096",
+     "val sequences", 2},
 };
 
 INSTANTIATE_TEST_SUITE_P(Cases, Gpt2BadInput, ::testing::ValuesIn(kBad),
                          [](const ::testing::TestParamInfo<BadCase>& i) {
                            return i.param.name;
                          });
+
+// The report never replaces something that is not a regular file (a device,
+// a symlink) or the data itself, and an unwritable place is found before
+// training, not after.
+TEST(Gpt2Report, RefusesDevicesSymlinksTheDataAndUnwritablePlaces) {
+  const std::string dir = TmpDir();
+  const std::string link = dir + "/report_link.json";
+  { std::ofstream(dir + "/target.json") << "{}"; }
+  unlink(link.c_str());
+  ASSERT_EQ(symlink((dir + "/target.json").c_str(), link.c_str()), 0);
+  const std::string data_copy = dir + "/data_copy.txt";
+  ASSERT_EQ(Shell("cp " + g_data + " " + data_copy).exit_code, 0);
+  struct Case { std::string report, expect; } cases[] = {
+      {"/dev/null", "not a regular file"},
+      {link, "not a regular file"},
+      {data_copy, "is the data file"},
+      {"/nonexistent-dir/r.json", "cannot write report"},
+  };
+  for (const Case& c : cases) {
+    RunResult r = Shell(g_plain + " --steps 1 --quiet --sample-bytes 0 --data " +
+                        data_copy + " --report " + c.report);
+    EXPECT_EQ(r.exit_code, 2) << c.report << ": " << r.output;
+    EXPECT_NE(r.output.find(c.expect), std::string::npos) << r.output;
+  }
+  struct stat st;
+  ASSERT_EQ(lstat("/dev/null", &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode)) << "/dev/null must still be a device";
+  ASSERT_EQ(lstat(link.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISLNK(st.st_mode));
+  std::ifstream target(dir + "/target.json");
+  std::string content((std::istreambuf_iterator<char>(target)), {});
+  EXPECT_EQ(content, "{}");
+}
+
+// A run that diverges stops with a message instead of training on NaN.
+TEST(Gpt2Divergence, NonFiniteLossStopsTheRun) {
+  const std::string tiny = " --layers 1 --channels 16 --heads 1 --seq 8 --batch 4"
+                           " --steps 200 --lr 10 --weight-decay 10 --quiet"
+                           " --sample-bytes 0 --eval-every 0 --data ";
+  RunResult p = Shell(g_plain + tiny + g_data);
+  EXPECT_NE(p.exit_code, 0);
+  EXPECT_NE(p.output.find("diverged"), std::string::npos) << p.output;
+  RunResult s = Shell(Mpirun(2) + g_sharded + tiny + g_data);
+  EXPECT_NE(s.exit_code, 0);
+  EXPECT_NE(s.output.find("diverged"), std::string::npos) << s.output;
+}
+
+// Ranks started with different flags would issue different collectives:
+// the trainer refuses before training.
+TEST(Gpt2Flags, RanksWithDifferentFlagsAreRefused) {
+  const std::string common = " --quiet --sample-bytes 0 --eval-every 0 --data " + g_data;
+  RunResult r = Shell("timeout 120 mpirun --allow-run-as-root --oversubscribe "
+                      "--bind-to none -x OMP_NUM_THREADS=1 -np 1 " + g_sharded +
+                      common + " --steps 3 : -np 1 " + g_sharded + common +
+                      " --steps 5");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("different flags"), std::string::npos) << r.output;
+}
+
+// Every sampled byte reaches the report, 0 bytes included.
+TEST(Gpt2Sample, ReportHoldsEverySampledByte) {
+  const std::string report = TmpDir() + "/sample.json";
+  RunResult r = Shell(g_plain + " --steps 0 --sample-bytes 2000 --quiet --data " +
+                      g_data + " --report " + report);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(report);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  cJSON* root = cJSON_Parse(ss.str().c_str());
+  ASSERT_NE(root, nullptr);
+  const char* text = cJSON_GetStringValue(cJSON_GetObjectItem(root, "sample"));
+  ASSERT_NE(text, nullptr);
+  // Count code points of the UTF-8 string: one per sampled byte.
+  size_t points = 0;
+  for (const char* p = text; *p != '\0'; p++)
+    if ((static_cast<unsigned char>(*p) & 0xC0) != 0x80) points++;
+  EXPECT_EQ(points, 2000u);
+  cJSON_Delete(root);
+}
 
 }  // namespace
 

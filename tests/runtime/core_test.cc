@@ -233,6 +233,12 @@ void ExpectConfigEq(const zs_config& a, const zs_config& b) {
   EXPECT_EQ(a.optimizer.nesterov, b.optimizer.nesterov);
   EXPECT_EQ(a.log_level, b.log_level);
   EXPECT_EQ(a.collective_timeout_s, b.collective_timeout_s);
+  EXPECT_EQ(a.bucket_elements, b.bucket_elements);
+  EXPECT_EQ(a.prefetch_depth, b.prefetch_depth);
+  EXPECT_EQ(a.max_live_elements, b.max_live_elements);
+  EXPECT_EQ(a.reshard_after_forward, b.reshard_after_forward);
+  EXPECT_EQ(a.reduce_order, b.reduce_order);
+  EXPECT_EQ(a.progress_thread, b.progress_thread);
 }
 
 TEST(Config, InitEqualsInitializerMacro) {
@@ -421,6 +427,13 @@ void DefinedCopy(const zs_config& src, zs_config* dst) {
   dst->optimizer.dampening = src.optimizer.dampening;
   dst->optimizer.nesterov = src.optimizer.nesterov;
   dst->log_level = src.log_level;
+  dst->collective_timeout_s = src.collective_timeout_s;
+  dst->bucket_elements = src.bucket_elements;
+  dst->prefetch_depth = src.prefetch_depth;
+  dst->max_live_elements = src.max_live_elements;
+  dst->reshard_after_forward = src.reshard_after_forward;
+  dst->reduce_order = src.reduce_order;
+  dst->progress_thread = src.progress_thread;
 }
 
 TEST(ConfigJson, FullDeepSpeedStyleExample) {

@@ -251,6 +251,7 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
     r.error = zs_last_error();
   };
   zs_status st = zs_context_create_mpi(&c, cfg.comm, &ctx);
+  if (st == ZS_OK) zs_memory_stats_get(ctx, &r.memory_baseline);
   if (st == ZS_OK) st = zs_model_create(ctx, &zm);
   if (st == ZS_OK) st = RegisterModel(model, zm);
   for (size_t u = 0; st == ZS_OK && u < cfg.uses.size(); u++)

@@ -32,6 +32,7 @@ struct TrainResult {
   std::vector<std::vector<float>> state0;  // exp_avg / momentum per tensor
   std::vector<float> losses;               // global mean loss per step
   std::vector<zs_comm_counters> step_counters;  // counters diff per step
+  zs_memory_stats memory_baseline{};       // right after context creation
   zs_memory_stats memory{};                // after training
   zs_memory_stats memory_after_destroy{};  // after zs_model_destroy
   zs_status status = ZS_OK;                // first failure, if any

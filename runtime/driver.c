@@ -1,0 +1,232 @@
+/*
+ * driver.c — the sequential driver (zeroshard.h, "Sequential driver"):
+ * runs a model's layers forward and backward through the per-step API,
+ * owns their activation buffers, and implements per-layer activation
+ * checkpointing (keep each layer's output, recompute its internal
+ * activations into one shared scratch before its backward).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/engine.h"
+
+struct zs_driver {
+  zs_model* m;
+  int checkpoint;
+  size_t input_bytes;
+  zs_layer_desc* layers;
+  int n, cap;
+  int allocated;  /* buffers exist; no more layers */
+  void* input;
+  void** outputs; /* per layer */
+  void** scratch; /* per layer (the same pointer when checkpointing) */
+  void* grad[2];  /* ping-pong gradients of layer outputs / inputs */
+  size_t grad_bytes;
+};
+
+zs_status zs_driver_create(zs_model* m, size_t input_bytes,
+                           int checkpoint_activations, zs_driver** out) {
+  ZS_REQUIRE(m != NULL && out != NULL,
+             "zs_driver_create: model and out must not be NULL");
+  ZS_REQUIRE(m->ctx != NULL, "zs_driver_create: the model's context was "
+             "destroyed");
+  ZS_REQUIRE(checkpoint_activations == 0 || checkpoint_activations == 1,
+             "zs_driver_create: checkpoint_activations must be 0 or 1, got %d",
+             checkpoint_activations);
+  zs_driver* d = (zs_driver*)calloc(1, sizeof *d);
+  if (d == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "zs_driver_create");
+  d->m = m;
+  d->checkpoint = checkpoint_activations;
+  d->input_bytes = input_bytes;
+  *out = d;
+  return ZS_OK;
+}
+
+void zs_driver_destroy(zs_driver* d) {
+  if (d == NULL) return;
+  zs__device* dev = d->m->ctx != NULL ? d->m->ctx->device : NULL;
+  if (dev != NULL && d->allocated) {
+    zs__dev_free(dev, d->input);
+    zs__dev_free(dev, d->grad[0]);
+    zs__dev_free(dev, d->grad[1]);
+    for (int l = 0; l < d->n; l++) {
+      zs__dev_free(dev, d->outputs[l]);
+      if (!d->checkpoint || l == 0) zs__dev_free(dev, d->scratch[l]);
+    }
+  }
+  free(d->outputs);
+  free(d->scratch);
+  free(d->layers);
+  free(d);
+}
+
+zs_status zs_driver_add_layer(zs_driver* d, const zs_layer_desc* desc,
+                              int* layer) {
+  ZS_REQUIRE(d != NULL && desc != NULL,
+             "zs_driver_add_layer: driver and desc must not be NULL");
+  ZS_REQUIRE(desc->unit >= 0 && desc->unit < d->m->nunits,
+             "zs_driver_add_layer: unit %d does not exist (%d units)",
+             desc->unit, d->m->nunits);
+  ZS_REQUIRE(desc->forward != NULL && desc->backward != NULL,
+             "zs_driver_add_layer: layer %d (unit '%s'): forward and backward "
+             "must not be NULL", d->n, d->m->units[desc->unit].name);
+  ZS_REQUIRE((desc->flags & ~ZS_LAYER_BACKWARD_NO_PARAMS) == 0,
+             "zs_driver_add_layer: layer %d (unit '%s'): unknown flags 0x%x",
+             d->n, d->m->units[desc->unit].name, desc->flags);
+  if (d->allocated)
+    return zs__error(ZS_ERR_INVALID_STATE,
+                     "zs_driver_add_layer: the driver has run; add every layer "
+                     "before the first zs_driver_forward");
+  if (d->n == d->cap) {
+    int cap = d->cap == 0 ? 8 : 2 * d->cap;
+    zs_layer_desc* p =
+        (zs_layer_desc*)realloc(d->layers, (size_t)cap * sizeof *p);
+    if (p == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "zs_driver_add_layer");
+    d->layers = p;
+    d->cap = cap;
+  }
+  /* Before finalize, the layers declare how often each unit is used. */
+  if (!d->m->finalized) {
+    int uses = 1;
+    for (int l = 0; l < d->n; l++) uses += d->layers[l].unit == desc->unit;
+    zs_status st = zs_unit_set_grad_uses(d->m, desc->unit, uses);
+    if (st != ZS_OK) return st;
+  }
+  d->layers[d->n] = *desc;
+  if (layer != NULL) *layer = d->n;
+  d->n++;
+  return ZS_OK;
+}
+
+/* Allocates the activation buffers (activations category) on first use. */
+static zs_status zs__driver_alloc(zs_driver* d) {
+  if (d->allocated) return ZS_OK;
+  zs__device* dev = d->m->ctx->device;
+  zs_status st = ZS_OK;
+  d->outputs = (void**)calloc((size_t)d->n + 1, sizeof(void*));
+  d->scratch = (void**)calloc((size_t)d->n + 1, sizeof(void*));
+  if (d->outputs == NULL || d->scratch == NULL)
+    return zs__error(ZS_ERR_OUT_OF_MEMORY, "driver buffers");
+  size_t gmax = d->input_bytes, smax = 0;
+  for (int l = 0; l < d->n; l++) {
+    if (d->layers[l].output_bytes > gmax) gmax = d->layers[l].output_bytes;
+    if (d->layers[l].scratch_bytes > smax) smax = d->layers[l].scratch_bytes;
+  }
+  d->allocated = 1; /* from here on, destroy frees what exists */
+  ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_ACTIVATIONS, d->input_bytes, 1,
+                         "driver input", &d->input));
+  ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_ACTIVATIONS, gmax, 1, "driver gradient",
+                         &d->grad[0]));
+  ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_ACTIVATIONS, gmax, 1, "driver gradient",
+                         &d->grad[1]));
+  d->grad_bytes = gmax;
+  for (int l = 0; l < d->n; l++) {
+    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_ACTIVATIONS, d->layers[l].output_bytes,
+                           1, "layer output", &d->outputs[l]));
+    if (d->checkpoint && l > 0) {
+      d->scratch[l] = d->scratch[0];
+      continue;
+    }
+    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_ACTIVATIONS,
+                           d->checkpoint ? smax : d->layers[l].scratch_bytes,
+                           1, d->checkpoint ? "shared scratch" : "layer scratch",
+                           &d->scratch[l]));
+  }
+cleanup:
+  return st;
+}
+
+zs_status zs_driver_input(zs_driver* d, void** input) {
+  ZS_REQUIRE(d != NULL && input != NULL,
+             "zs_driver_input: driver and input must not be NULL");
+  zs_status st = zs__driver_alloc(d);
+  if (st == ZS_OK) *input = d->input;
+  return st;
+}
+
+zs_status zs_driver_output(zs_driver* d, int layer, void** output) {
+  ZS_REQUIRE(d != NULL && output != NULL,
+             "zs_driver_output: driver and output must not be NULL");
+  ZS_REQUIRE(layer >= 0 && layer < d->n,
+             "zs_driver_output: layer %d does not exist (%d layers)", layer,
+             d->n);
+  zs_status st = zs__driver_alloc(d);
+  if (st == ZS_OK) *output = d->outputs[layer];
+  return st;
+}
+
+static zs_layer_io zs__driver_io(const zs_driver* d, int l) {
+  zs_layer_io io;
+  memset(&io, 0, sizeof io);
+  io.layer = l;
+  io.unit = d->layers[l].unit;
+  io.input = l == 0 ? d->input : d->outputs[l - 1];
+  io.output = d->outputs[l];
+  io.scratch = d->scratch[l];
+  return io;
+}
+
+/* Calls a layer callback, naming the layer in its error. */
+static zs_status zs__driver_call(zs_driver* d, zs_layer_fn fn,
+                                 const zs_layer_io* io, const char* what) {
+  zs_status st = fn(d->layers[io->layer].user, d->m, io);
+  if (st != ZS_OK)
+    st = zs__error_prefix(st, "layer %d (unit '%s') %s: ", io->layer,
+                          d->m->units[io->unit].name, what);
+  return st;
+}
+
+zs_status zs_driver_forward(zs_driver* d) {
+  ZS_REQUIRE(d != NULL, "zs_driver_forward: driver is NULL");
+  zs_status st = zs__driver_alloc(d);
+  for (int l = 0; l < d->n && st == ZS_OK; l++) {
+    const int unit = d->layers[l].unit;
+    st = zs_unit_gather(d->m, unit);
+    if (st != ZS_OK) break;
+    zs_layer_io io = zs__driver_io(d, l);
+    st = zs__driver_call(d, d->layers[l].forward, &io, "forward");
+    zs_status s2 = zs_unit_release(d->m, unit);
+    if (st == ZS_OK) st = s2;
+  }
+  return st;
+}
+
+zs_status zs_driver_backward(zs_driver* d) {
+  ZS_REQUIRE(d != NULL, "zs_driver_backward: driver is NULL");
+  zs_status st = zs__driver_alloc(d);
+  if (st != ZS_OK) return st;
+  zs__device* dev = d->m->ctx->device;
+  int cur = 0; /* grad[cur]: d loss / d output of the current layer */
+  st = dev->ops->memset(dev, d->grad[cur], 0, d->grad_bytes, NULL);
+  for (int l = d->n - 1; l >= 0 && st == ZS_OK; l--) {
+    const int unit = d->layers[l].unit;
+    /* Nothing to recompute for the last layer (its scratch is intact) or a
+     * layer without internal activations (its output is kept). */
+    const int recompute =
+        d->checkpoint && l != d->n - 1 && d->layers[l].scratch_bytes > 0;
+    const int gather =
+        recompute || !(d->layers[l].flags & ZS_LAYER_BACKWARD_NO_PARAMS);
+    if (gather) st = zs_unit_gather(d->m, unit);
+    if (st != ZS_OK) break;
+    zs_layer_io io = zs__driver_io(d, l);
+    st = zs_unit_grad_acquire(d->m, unit);
+    if (st == ZS_OK && recompute) {
+      io.recompute = 1;
+      st = zs__driver_call(d, d->layers[l].forward, &io, "recomputed forward");
+      io.recompute = 0;
+    }
+    const size_t in_bytes = l == 0 ? d->input_bytes : d->layers[l - 1].output_bytes;
+    if (st == ZS_OK) st = dev->ops->memset(dev, d->grad[1 - cur], 0, in_bytes, NULL);
+    io.grad_output = d->grad[cur];
+    io.grad_input = d->grad[1 - cur];
+    if (st == ZS_OK) st = zs__driver_call(d, d->layers[l].backward, &io, "backward");
+    if (d->m->units[unit].user_grad_open) {
+      zs_status s2 = zs_unit_grad_release(d->m, unit);
+      if (st == ZS_OK) st = s2;
+    }
+    zs_status s2 = gather ? zs_unit_release(d->m, unit) : ZS_OK;
+    if (st == ZS_OK) st = s2;
+    cur = 1 - cur;
+  }
+  return st;
+}

@@ -1,0 +1,309 @@
+/*
+ * engine_grad.c — gradients: acquire/release of a unit's accumulation
+ * buffer, and its reduction after the last use of the step, as bucketed
+ * non-blocking reduce-scatters that overlap whatever the caller computes
+ * next (the backward of the units before it).
+ *
+ *   IDLE --acquire--> ACCUM --last release--> REDUCING --done--> REDUCED
+ *   REDUCED --acquire--> ACCUM (re-opened: the new sum adds to the shard)
+ *
+ * Every stage reduces the unit's whole buffer with the same buckets, so
+ * each element is summed in the same order at every stage (and, with the
+ * default fixed reduce order, at every bucket size).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/engine.h"
+
+/* ==== In-flight lists ======================================================== */
+
+zs_status zs__inflight_push(zs__inflight* f, zs__coll* op) {
+  if (f->n == f->cap) {
+    int cap = f->cap == 0 ? 4 : 2 * f->cap;
+    zs__coll** ops = (zs__coll**)realloc(f->ops, (size_t)cap * sizeof *ops);
+    if (ops == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "in-flight list");
+    f->ops = ops;
+    f->cap = cap;
+  }
+  f->ops[f->n++] = op;
+  return ZS_OK;
+}
+
+zs_status zs__inflight_wait(zs__comm* c, zs__inflight* f) {
+  zs_status st = ZS_OK;
+  for (int i = 0; i < f->n; i++) {
+    zs_status s2 = st == ZS_OK ? zs__coll_wait(c, f->ops[i]) : ZS_OK;
+    if (st == ZS_OK) st = s2;
+  }
+  f->n = 0;
+  return st;
+}
+
+zs_status zs__inflight_poll(zs__comm* c, zs__inflight* f, int* all_done) {
+  int k = 0;
+  zs_status st = ZS_OK;
+  while (k < f->n) {
+    int done = 0;
+    st = zs__coll_test(c, f->ops[k], &done);
+    if (st != ZS_OK || !done) break;
+    k++;
+  }
+  if (k > 0) memmove(f->ops, f->ops + k, (size_t)(f->n - k) * sizeof *f->ops);
+  f->n -= k;
+  *all_done = f->n == 0;
+  return st;
+}
+
+/* ==== Buckets =============================================================== */
+
+int zs__bucket_count(const zs_model* m, const zs__unit* u) {
+  const size_t B = m->ctx->config.bucket_elements, S = u->layout.shard;
+  return S == 0 ? 1 : (int)((S + B - 1) / B);
+}
+
+void zs__bucket(const zs_model* m, const zs__unit* u, int b, size_t* offset,
+                size_t* count) {
+  const size_t B = m->ctx->config.bucket_elements, S = u->layout.shard;
+  *offset = (size_t)b * B;
+  *count = S - *offset < B ? S - *offset : B;
+}
+
+/* ==== Accumulation buffers ================================================== */
+
+/* Makes the accumulation buffer ready for a new contribution: zeroed on the
+ * first open of the step. A unit opened again after its reduction (it was
+ * used more often than recorded) keeps its reduced shard in grad_saved and
+ * starts a fresh zeroed buffer; its next reduction adds to the saved shard,
+ * which is exact up to one extra rounding of the mean. */
+zs_status zs__grad_prepare(zs_model* m, zs__unit* u) {
+  zs__device* dev = m->ctx->device;
+  const int stage = m->ctx->config.stage;
+  const size_t S = u->layout.shard * u->elem, P = u->layout.padded * u->elem;
+  zs_status st = ZS_OK;
+  if (u->grad_state == ZS__GRAD_ACCUM) return ZS_OK;
+  if (u->grad_state == ZS__GRAD_REDUCING)
+    ZS_CHECK(zs__grad_reduce_finish(m, u));
+  if (u->grad_state == ZS__GRAD_REDUCED) {
+    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_COMM_BUFFERS, S, 0, u->name,
+                           &u->grad_saved));
+    ZS_CHECK(dev->ops->copy(dev, u->grad_saved, zs__grad_shard_ptr(m, u), S,
+                            NULL));
+    u->reopened = 1;
+  }
+  if (stage >= 2) {
+    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_COMM_BUFFERS, P, 1, u->name,
+                           &u->grad_accum));
+  } else {
+    u->grad_accum = u->grads_full;
+    ZS_CHECK(dev->ops->memset(dev, u->grad_accum, 0, P, NULL));
+  }
+  u->grad_state = ZS__GRAD_ACCUM;
+cleanup:
+  if (st != ZS_OK) {
+    zs__dev_free(dev, u->grad_saved);
+    u->grad_saved = NULL;
+    u->reopened = 0;
+  }
+  return st;
+}
+
+/* ==== Reduction ============================================================= */
+
+/* One reduce-scatter per bucket of the shard, all started now; each sums
+ * into this rank's shard (or, for a re-opened unit, into red_sum, added to
+ * the saved shard at the end). The accumulation buffer is their send
+ * buffer and stays alive until they complete. */
+zs_status zs__grad_reduce_start(zs_model* m, zs__unit* u) {
+  zs__comm* comm = m->ctx->comm;
+  const int ui = (int)(u - m->units);
+  const zs__coll_tag tag = zs__tag(ZS__P_REDUCE, ui, u->name);
+  const zs__reduce_order order = (zs__reduce_order)m->ctx->config.reduce_order;
+  char* dst = (char*)zs__grad_shard_ptr(m, u);
+  zs_status st = ZS_OK;
+  if (u->reopened) {
+    ZS_CHECK(zs__dev_alloc(m->ctx->device, ZS_MEM_COMM_BUFFERS,
+                           u->layout.shard * u->elem, 0, u->name, &u->red_sum));
+    dst = (char*)u->red_sum;
+  }
+  for (int b = 0; b < zs__bucket_count(m, u); b++) {
+    size_t off, cnt;
+    zs__bucket(m, u, b, &off, &cnt);
+    zs__coll* op = NULL;
+    ZS_CHECK(zs__comm_ireduce_scatter(comm, tag, order, u->grad_accum, off,
+                                      u->layout.shard, cnt,
+                                      dst + off * u->elem, u->dtype, &op));
+    ZS_CHECK(zs__inflight_push(&u->red_ops, op));
+  }
+  u->grad_state = ZS__GRAD_REDUCING;
+  /* Queue it; beyond ZS__MAX_REDUCING the oldest is finished now, which
+   * bounds the memory of accumulation buffers and bucket temporaries. */
+  if (m->nreducing == m->reducing_cap) {
+    int cap = m->reducing_cap == 0 ? 8 : 2 * m->reducing_cap;
+    int* q = (int*)realloc(m->reducing, (size_t)cap * sizeof *q);
+    if (q == NULL) ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "reduction queue");
+    m->reducing = q;
+    m->reducing_cap = cap;
+  }
+  m->reducing[m->nreducing++] = ui;
+  while (st == ZS_OK && m->nreducing > ZS__MAX_REDUCING)
+    st = zs__grad_reduce_finish(m, &m->units[m->reducing[0]]);
+cleanup:
+  if (st != ZS_OK) st = zs__error_prefix(st, "reduction of unit '%s': ", u->name);
+  return st;
+}
+
+static void zs__reducing_remove(zs_model* m, int ui) {
+  for (int i = 0; i < m->nreducing; i++)
+    if (m->reducing[i] == ui) {
+      memmove(m->reducing + i, m->reducing + i + 1,
+              (size_t)(m->nreducing - i - 1) * sizeof *m->reducing);
+      m->nreducing--;
+      return;
+    }
+}
+
+/* Waits for the buckets, takes the mean over ranks and releases the
+ * accumulation buffer. */
+zs_status zs__grad_reduce_finish(zs_model* m, zs__unit* u) {
+  zs__device* dev = m->ctx->device;
+  zs__comm* comm = m->ctx->comm;
+  const float world = (float)m->ctx->world;
+  void* shard = zs__grad_shard_ptr(m, u);
+  zs_status st = ZS_OK;
+  zs__reducing_remove(m, (int)(u - m->units));
+  ZS_CHECK(zs__inflight_wait(comm, &u->red_ops));
+  ZS_CHECK(dev->ops->div_add(dev, shard, u->grad_saved,
+                             u->reopened ? u->red_sum : shard, world,
+                             u->layout.shard, u->dtype, NULL));
+  if (u->grad_accum != u->grads_full) zs__dev_free(dev, u->grad_accum);
+  u->grad_accum = NULL;
+  zs__dev_free(dev, u->grad_saved);
+  zs__dev_free(dev, u->red_sum);
+  u->grad_saved = u->red_sum = NULL;
+  u->reopened = 0;
+  u->grad_state = ZS__GRAD_REDUCED;
+cleanup:
+  if (st != ZS_OK) st = zs__error_prefix(st, "reduction of unit '%s': ", u->name);
+  return st;
+}
+
+zs_status zs__grad_gather_start(zs_model* m) {
+  zs__comm* comm = m->ctx->comm;
+  zs_status st = ZS_OK;
+  for (int ui = 0; ui < m->nunits && st == ZS_OK; ui++) {
+    zs__unit* u = &m->units[ui];
+    for (int b = 0; u->trainable && b < zs__bucket_count(m, u) && st == ZS_OK;
+         b++) {
+      size_t off, cnt;
+      zs__bucket(m, u, b, &off, &cnt);
+      zs__coll* op = NULL;
+      st = zs__comm_iall_gather_strided(
+          comm, zs__tag(ZS__P_GRAD_GATHER, ui, u->name), u->grads_full, off,
+          u->layout.shard, cnt, u->dtype, &op);
+      if (st == ZS_OK) st = zs__inflight_push(&u->shard_ops, op);
+    }
+  }
+  return st;
+}
+
+/* ==== Acquire / release ===================================================== */
+
+static zs_status zs__grad_open(zs_model* m, int unit) {
+  zs__unit* u = &m->units[unit];
+  if (u->trainable) {
+    zs_status st = zs__grad_prepare(m, u);
+    if (st != ZS_OK) return st;
+  }
+  u->grad_refs++;
+  return ZS_OK;
+}
+
+static int zs__expected_uses(const zs__unit* u) {
+  return u->uses_explicit > 0 ? u->uses_explicit : u->uses_recorded;
+}
+
+static zs_status zs__grad_close(zs_model* m, int unit) {
+  zs__unit* u = &m->units[unit];
+  u->grad_refs--;
+  u->releases++;
+  int expected = zs__expected_uses(u);
+  if (u->trainable && u->grad_refs == 0 && expected > 0 &&
+      u->releases >= expected && u->grad_state == ZS__GRAD_ACCUM)
+    return zs__grad_reduce_start(m, u);
+  return ZS_OK;
+}
+
+static zs_status zs__check_unit(const zs_model* m, int unit, const char* fn) {
+  zs_status st = zs__check_finalized(m, fn);
+  if (st != ZS_OK) return st;
+  ZS_REQUIRE(unit >= 0 && unit < m->nunits,
+             "%s: unit %d does not exist (%d units)", fn, unit, m->nunits);
+  return ZS_OK;
+}
+
+zs_status zs_unit_grad_acquire(zs_model* m, int unit) {
+  zs_status st = zs__check_unit(m, unit, "zs_unit_grad_acquire");
+  if (st != ZS_OK) return st;
+  zs__progress(m);
+  zs__unit* u = &m->units[unit];
+  if (u->user_grad_open)
+    return zs__error(ZS_ERR_INVALID_STATE,
+                     "zs_unit_grad_acquire: gradients of unit '%s' are already "
+                     "acquired; release them first", u->name);
+  st = zs__grad_open(m, unit);
+  if (st != ZS_OK) return st;
+  for (int k = 0; k < u->nowners; k++) {
+    st = zs__grad_open(m, u->owners[k]);
+    if (st != ZS_OK) {
+      /* Undo without counting a use. */
+      while (k-- > 0) m->units[u->owners[k]].grad_refs--;
+      u->grad_refs--;
+      return st;
+    }
+  }
+  u->user_grad_open = 1;
+  return ZS_OK;
+}
+
+zs_status zs_unit_grad_release(zs_model* m, int unit) {
+  zs_status st = zs__check_unit(m, unit, "zs_unit_grad_release");
+  if (st != ZS_OK) return st;
+  zs__unit* u = &m->units[unit];
+  if (!u->user_grad_open)
+    return zs__error(ZS_ERR_INVALID_STATE,
+                     "zs_unit_grad_release: gradients of unit '%s' were not "
+                     "acquired", u->name);
+  u->user_grad_open = 0;
+  zs__forward_hold_end(m, unit);
+  /* Close everything even if a reduction fails, so refcounts stay exact. */
+  st = zs__grad_close(m, unit);
+  for (int k = 0; k < u->nowners; k++) {
+    zs_status s2 = zs__grad_close(m, u->owners[k]);
+    if (st == ZS_OK) st = s2;
+  }
+  zs__progress(m);
+  return st;
+}
+
+zs_status zs_tensor_grad(zs_model* m, int tensor, void** grad) {
+  zs_status st = zs__check_finalized(m, "zs_tensor_grad");
+  if (st != ZS_OK) return st;
+  ZS_REQUIRE(tensor >= 0 && tensor < m->ntensors,
+             "zs_tensor_grad: tensor %d does not exist (%d tensors)", tensor,
+             m->ntensors);
+  ZS_REQUIRE(grad != NULL, "zs_tensor_grad: grad is NULL");
+  const zs__tensor* t = &m->tensors[tensor];
+  if (!m->units[t->unit].user_grad_open)
+    return zs__error(ZS_ERR_INVALID_STATE,
+                     "zs_tensor_grad: tensor '%s': gradients of its unit '%s' "
+                     "are not acquired; call zs_unit_grad_acquire first",
+                     t->name, m->units[t->unit].name);
+  if (t->flags & ZS_TENSOR_FROZEN)
+    return zs__error(ZS_ERR_INVALID_ARGUMENT,
+                     "zs_tensor_grad: tensor '%s' is frozen: it has no "
+                     "gradient", t->name);
+  zs__unit* su = &m->units[zs__storage_unit(m, tensor)];
+  *grad = zs__at(su->grad_accum, t->offset, su->elem);
+  return ZS_OK;
+}
