@@ -104,11 +104,15 @@ zs_status zs__coll_test(zs__comm* c, zs__coll* op, int* done) {
  * short spin, which matters when ranks oversubscribe the cores). */
 zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
   const double t0 = zs__now();
+  const zs_coll_op kind = op->op;
   double warn_at = t0 + 60.0;
   for (unsigned spins = 0;; spins++) {
     int done = 0;
     zs_status st = zs__coll_test(c, op, &done);
-    if (st != ZS_OK || done) return st;
+    if (st != ZS_OK || done) {
+      c->counters.wait_seconds[kind] += zs__now() - t0;
+      return st;
+    }
     if (spins < 256) continue;
     sched_yield();
     if ((spins & 63) != 0) continue;

@@ -98,6 +98,30 @@ zs_status zs_driver_add_layer(zs_driver* d, const zs_layer_desc* desc,
   return ZS_OK;
 }
 
+/* The largest gradient buffer and the largest scratch over the layers. */
+static void zs__driver_maxima(const zs_driver* d, size_t* gmax, size_t* smax) {
+  *gmax = d->input_bytes;
+  *smax = 0;
+  for (int l = 0; l < d->n; l++) {
+    if (d->layers[l].output_bytes > *gmax) *gmax = d->layers[l].output_bytes;
+    if (d->layers[l].scratch_bytes > *smax) *smax = d->layers[l].scratch_bytes;
+  }
+}
+
+zs_status zs_driver_activation_bytes(const zs_driver* d, int checkpoint,
+                                     size_t* bytes) {
+  ZS_REQUIRE(d != NULL && bytes != NULL,
+             "zs_driver_activation_bytes: driver and bytes must not be NULL");
+  size_t gmax, smax, total;
+  zs__driver_maxima(d, &gmax, &smax);
+  total = d->input_bytes + 2 * gmax + (checkpoint ? smax : 0);
+  for (int l = 0; l < d->n; l++)
+    total += d->layers[l].output_bytes +
+             (checkpoint ? 0 : d->layers[l].scratch_bytes);
+  *bytes = total;
+  return ZS_OK;
+}
+
 /* Allocates the activation buffers (activations category) on first use. */
 static zs_status zs__driver_alloc(zs_driver* d) {
   if (d->allocated) return ZS_OK;
@@ -107,11 +131,8 @@ static zs_status zs__driver_alloc(zs_driver* d) {
   d->scratch = (void**)calloc((size_t)d->n + 1, sizeof(void*));
   if (d->outputs == NULL || d->scratch == NULL)
     return zs__error(ZS_ERR_OUT_OF_MEMORY, "driver buffers");
-  size_t gmax = d->input_bytes, smax = 0;
-  for (int l = 0; l < d->n; l++) {
-    if (d->layers[l].output_bytes > gmax) gmax = d->layers[l].output_bytes;
-    if (d->layers[l].scratch_bytes > smax) smax = d->layers[l].scratch_bytes;
-  }
+  size_t gmax, smax;
+  zs__driver_maxima(d, &gmax, &smax);
   d->allocated = 1; /* from here on, destroy frees what exists */
   ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_ACTIVATIONS, d->input_bytes, 1,
                          "driver input", &d->input));

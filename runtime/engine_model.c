@@ -383,7 +383,7 @@ static zs_status zs__describe(const zs_model* m, zs__sbuf* b) {
   zs__sbuf_printf(b, "units=%d tensors=%d groups=%d\n", m->nunits,
                   m->ntensors, m->ngroups);
   for (int g = 0; g < m->ngroups; g++)
-    zs__sbuf_printf(b, "group %d lr=%a weight_decay=%a\n", g, m->group_lr[g],
+    zs__sbuf_printf(b, "group %d lr=%.17g weight_decay=%.17g\n", g, m->group_lr[g],
                     m->group_wd[g]);
   for (int i = 0; i < m->nunits; i++)
     zs__sbuf_printf(b, "unit %d '%s' tensors=%d grad_uses=%d\n", i,

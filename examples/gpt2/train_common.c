@@ -53,6 +53,9 @@ static void gpt2__defaults(gpt2_args* a) {
   a->val_batches = 4;
   a->log_every = 10;
   a->sample_bytes = 200;
+  a->prefetch_depth = 2;
+  a->bucket_elements = 1L << 22;
+  a->progress_thread = 1;
   a->data = "data/tinyshakespeare.txt";
 }
 
@@ -101,12 +104,26 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
                          "  --checkpoint-activations\n"
                          "                      recompute each block's "
                          "activations in backward\n"
+                         "  --prefetch-depth N  stage 3: units all-gathered "
+                         "ahead of use, 0..64 [2]\n"
+                         "  --bucket-elements N reduce-scatter bucket size "
+                         "[4194304]\n"
+                         "  --progress-thread B 1: a thread drives MPI "
+                         "progress, 0: only ZeroShard calls do [1]\n"
                        : "",
                kUsage);
       return 1;
     } else if (sharded && strcmp(f, "--checkpoint-activations") == 0) {
       a->checkpoint_activations = 1;
       takes = 0;
+    } else if (sharded && strcmp(f, "--prefetch-depth") == 0) {
+      rc = gpt2__int(f, v, 0, 64, &a->prefetch_depth, err, cap);
+    } else if (sharded && strcmp(f, "--progress-thread") == 0) {
+      rc = gpt2__int(f, v, 0, 1, &a->progress_thread, err, cap);
+    } else if (sharded && strcmp(f, "--bucket-elements") == 0) {
+      int b = 0;
+      rc = gpt2__int(f, v, 1, 2147483647, &b, err, cap);
+      a->bucket_elements = b;
     } else if (strcmp(f, "--quiet") == 0) {
       a->quiet = 1;
       takes = 0;
@@ -236,6 +253,9 @@ gpt2_report* gpt2_report_create(const gpt2_args* a, const char* trainer,
   cJSON_AddNumberToObject(c, "threads_per_rank", threads);
   cJSON_AddNumberToObject(c, "stage", a->stage);
   cJSON_AddBoolToObject(c, "checkpoint_activations", a->checkpoint_activations);
+  cJSON_AddNumberToObject(c, "prefetch_depth", a->prefetch_depth);
+  cJSON_AddNumberToObject(c, "bucket_elements", (double)a->bucket_elements);
+  cJSON_AddNumberToObject(c, "progress_thread", a->progress_thread);
   cJSON_AddNumberToObject(c, "steps", a->steps);
   cJSON_AddNumberToObject(c, "seed", (double)a->seed);
   cJSON_AddNumberToObject(c, "batch", a->batch);
@@ -285,6 +305,29 @@ void gpt2_report_rank(gpt2_report* r, int rank, const zs_memory_stats* m) {
 void gpt2_report_timing(gpt2_report* r, double tokens_per_s, double wall_s) {
   cJSON_AddNumberToObject(r->root, "tokens_per_s", tokens_per_s);
   cJSON_AddNumberToObject(r->root, "wall_s", wall_s);
+}
+
+void gpt2_report_activations(gpt2_report* r, int checkpointing,
+                             size_t peak_bytes, size_t unchecked_bytes) {
+  cJSON* a = cJSON_AddObjectToObject(r->root, "activations");
+  cJSON_AddBoolToObject(a, "checkpointing", checkpointing);
+  cJSON_AddNumberToObject(a, "peak_bytes", (double)peak_bytes);
+  cJSON_AddNumberToObject(a, "unchecked_bytes", (double)unchecked_bytes);
+  cJSON_AddNumberToObject(a, "ratio_to_unchecked",
+                          unchecked_bytes > 0
+                              ? (double)peak_bytes / (double)unchecked_bytes
+                              : 1.0);
+}
+
+void gpt2_report_comm(gpt2_report* r, const zs_comm_counters* c) {
+  cJSON* comm = cJSON_AddObjectToObject(r->root, "comm");
+  for (int k = 0; k < ZS_COLL_OP_COUNT; k++) {
+    cJSON* o = cJSON_AddObjectToObject(comm, zs_coll_op_name((zs_coll_op)k));
+    cJSON_AddNumberToObject(o, "calls", (double)c->calls[k]);
+    cJSON_AddNumberToObject(o, "bytes", (double)c->bytes[k]);
+    cJSON_AddNumberToObject(o, "seconds", c->seconds[k]);
+    cJSON_AddNumberToObject(o, "wait_seconds", c->wait_seconds[k]);
+  }
 }
 
 void gpt2_report_text(gpt2_report* r, const char* sample, size_t n) {

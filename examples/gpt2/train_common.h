@@ -35,6 +35,9 @@ typedef struct gpt2_args {
   const char* report;  /* JSON report path, or NULL */
   int quiet;           /* no progress lines */
   int checkpoint_activations; /* sharded: recompute blocks in backward */
+  int prefetch_depth;  /* sharded: zs_config.prefetch_depth */
+  long bucket_elements; /* sharded: zs_config.bucket_elements */
+  int progress_thread; /* sharded: zs_config.progress_thread */
 } gpt2_args;
 
 /* Parses argv. Returns 0 on success, 1 for --help (printed if print_help),
@@ -64,6 +67,13 @@ void gpt2_report_val(gpt2_report* r, int step, double loss);
 /* One row per rank: its accounting snapshot (peaks over the run). */
 void gpt2_report_rank(gpt2_report* r, int rank, const zs_memory_stats* m);
 void gpt2_report_timing(gpt2_report* r, double tokens_per_s, double wall_s);
+/* Activation memory of rank 0: the measured peak, and the peak the same
+ * run would have without checkpointing (the driver's buffers swapped). */
+void gpt2_report_activations(gpt2_report* r, int checkpointing,
+                             size_t peak_bytes, size_t unchecked_bytes);
+/* Rank 0's communication counters (calls, bytes, seconds, wait seconds per
+ * collective) under "comm". */
+void gpt2_report_comm(gpt2_report* r, const zs_comm_counters* c);
 /* The n sampled bytes, as Latin-1 code points (valid UTF-8 JSON). */
 void gpt2_report_text(gpt2_report* r, const char* sample, size_t n);
 /* Writes path.tmp, fsyncs it and renames it to path, so a reader never sees

@@ -355,6 +355,9 @@ int main(int argc, char** argv) {
   zcfg.stage = args.stage;
   zcfg.optimizer.lr = args.lr;
   zcfg.optimizer.weight_decay = args.weight_decay;
+  zcfg.prefetch_depth = args.prefetch_depth;
+  zcfg.bucket_elements = (size_t)args.bucket_elements;
+  zcfg.progress_thread = args.progress_thread;
   model m;
   memset(&m, 0, sizeof m);
   CHECK(zs_context_create_mpi(&zcfg, MPI_COMM_WORLD, &m.ctx));
@@ -407,6 +410,18 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     for (int r = 0; r < world; r++) gpt2_report_rank(report, r, &rows[r]);
     gpt2_report_timing(report, t_train > 0 ? args.steps * (double)args.batch * T / t_train : 0, wall);
+    zs_comm_counters cc;
+    CHECK(zs_comm_counters_get(m.ctx, &cc));
+    gpt2_report_comm(report, &cc);
+    /* What the activations would take without (with) checkpointing: the
+     * measured peak with the driver's share swapped. */
+    size_t with = 0, without = 0;
+    CHECK(zs_driver_activation_bytes(m.drv, 1, &with));
+    CHECK(zs_driver_activation_bytes(m.drv, 0, &without));
+    const size_t peak = rows[0].peak[ZS_MEM_ACTIVATIONS];
+    const size_t mine_drv = args.checkpoint_activations ? with : without;
+    gpt2_report_activations(report, args.checkpoint_activations, peak,
+                            peak - mine_drv + without);
     if (!args.quiet) {
       gpt2_print_memory_table(stdout, rows, world);
       if (text != NULL) gpt2_print_text(stdout, text, (size_t)args.sample_bytes);

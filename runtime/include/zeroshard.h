@@ -338,7 +338,10 @@ const char* zs_coll_op_name(zs_coll_op op);
 typedef struct zs_comm_counters {
   uint64_t calls[ZS_COLL_OP_COUNT];
   uint64_t bytes[ZS_COLL_OP_COUNT];
-  double seconds[ZS_COLL_OP_COUNT]; /* wall time inside the calls */
+  double seconds[ZS_COLL_OP_COUNT];      /* from issue to completion */
+  double wait_seconds[ZS_COLL_OP_COUNT]; /* of which the caller was blocked
+                                            waiting; the rest overlapped
+                                            with its compute */
 } zs_comm_counters;
 
 /* Copies this rank's counters. Not collective. Errors: INVALID_ARGUMENT. */
@@ -675,6 +678,13 @@ zs_status zs_driver_input(zs_driver* driver, void** input);
 /* The output buffer of a layer (e.g. to read the loss the last layer
  * wrote). Errors: INVALID_ARGUMENT, OUT_OF_MEMORY. */
 zs_status zs_driver_output(zs_driver* driver, int layer, void** output);
+
+/* Bytes of activation buffers the driver allocates (input, layer outputs,
+ * scratch, gradient ping-pong) with checkpointing on (1) or off (0), for
+ * its layers as added so far: e.g. to report what checkpointing saves.
+ * Errors: INVALID_ARGUMENT. */
+zs_status zs_driver_activation_bytes(const zs_driver* driver, int checkpoint,
+                                     size_t* bytes);
 
 /* Runs every layer's forward in order: gather (at stage 3 an all-gather,
  * with the next units prefetched), forward, release. Collective. Errors:

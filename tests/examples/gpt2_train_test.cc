@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -141,6 +142,82 @@ TEST(Gpt2Memory, Stage3AtFourRanksHoldsAQuarterOfStage0) {
         << "rank " << r << ": stage 3 " << s3.model_state_bytes[r]
         << " bytes vs stage 0 " << s0.model_state_bytes[r];
   }
+}
+
+// ---- Overlap knobs and activation checkpointing ---------------------------
+
+struct FullReport {
+  std::vector<double> losses;
+  double act_peak = 0, act_unchecked = 0;
+};
+
+FullReport RunVariant(const std::string& flags, int ranks, const std::string& tag) {
+  FullReport out;
+  const std::string report = TmpDir() + "/variant_" + tag + ".json";
+  RunResult r = Shell(Mpirun(ranks) + g_sharded + kFlags + " --stage 3 --data " +
+                      g_data + " --report " + report + " " + flags);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(report);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  cJSON* root = cJSON_Parse(ss.str().c_str());
+  if (root == nullptr) return out;
+  cJSON* it;
+  cJSON_ArrayForEach(it, cJSON_GetObjectItem(root, "steps"))
+      out.losses.push_back(cJSON_GetObjectItem(it, "loss")->valuedouble);
+  cJSON* act = cJSON_GetObjectItem(root, "activations");
+  if (act != nullptr) {
+    out.act_peak = cJSON_GetObjectItem(act, "peak_bytes")->valuedouble;
+    out.act_unchecked = cJSON_GetObjectItem(act, "unchecked_bytes")->valuedouble;
+  }
+  cJSON_Delete(root);
+  return out;
+}
+
+// Prefetch, buckets and checkpointing change when things happen, never a
+// bit of the result: the loss curves are bitwise equal.
+TEST(Gpt2Overlap, KnobsAndCheckpointingAreBitwiseIdentical) {
+  FullReport base = RunVariant("--prefetch-depth 0", 4, "base");
+  ASSERT_EQ(base.losses.size(), 20u);
+  const char* variants[] = {"--prefetch-depth 2", "--prefetch-depth 5",
+                            "--checkpoint-activations",
+                            "--checkpoint-activations --prefetch-depth 3",
+                            "--bucket-elements 4099", "--progress-thread 0"};
+  int k = 0;
+  for (const char* v : variants) {
+    FullReport r = RunVariant(v, 4, "v" + std::to_string(k++));
+    ASSERT_EQ(r.losses.size(), base.losses.size()) << v;
+    for (size_t s = 0; s < r.losses.size(); s++)
+      EXPECT_EQ(r.losses[s], base.losses[s]) << v << " step " << s + 1;
+  }
+}
+
+// With checkpointing, activation memory is exactly the layers' kept
+// outputs (each the next layer's input) + one scratch of the largest layer
+// + what lives outside the layers; without, every layer keeps its own
+// scratch. The sizes are computed here from the model's dimensions.
+TEST(Gpt2Overlap, CheckpointedActivationMemoryIsExact) {
+  const int ranks = 4, batch = 12, T = 64, C = 128, L = 4, NH = 4, V = 256;
+  const double N = (double)(batch / ranks) * T, NC = N * C,
+               att = (double)(batch / ranks) * NH * T * T, NV = N * V;
+  const double block = 4 * (17 * NC + 4 * N + 2 * att);   // one block's internals
+  const double head = 4 * (NC + 3 * N + 2 * NV);          // norm, logits, probs, losses
+  const double kept = 4 * NC * (L + 1) + 4;               // layer outputs, the loss
+  const double outside = 4 * N                            // the tokens (driver input)
+                         + 2 * 4 * NC                     // gradient ping-pong
+                         + 4 * (NC + NC + NV + N + NC + NC + 3 * NC + 2 * att +
+                                8 * NC + NC);             // the model's backward buffers
+  const double expect_ck = kept + std::max(block, head) + outside;
+  const double expect_plain = kept + L * block + head + outside;
+  FullReport ck = RunVariant("--checkpoint-activations", ranks, "ck");
+  FullReport plain = RunVariant("", ranks, "nock");
+  EXPECT_EQ(ck.act_peak, expect_ck);
+  EXPECT_EQ(plain.act_peak, expect_plain);
+  EXPECT_EQ(ck.act_unchecked, plain.act_peak) << "the report's counterfactual";
+  std::printf("activation memory per rank: %.0f bytes checkpointed, %.0f "
+              "without (ratio %.3f)\n", ck.act_peak, plain.act_peak,
+              ck.act_peak / plain.act_peak);
+  EXPECT_LT(ck.act_peak, 0.6 * plain.act_peak);
 }
 
 // ---- Bad input: a clear message, non-zero exit, nothing written -----------

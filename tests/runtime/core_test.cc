@@ -310,6 +310,24 @@ TEST(Config, ValidateRejectsEachBadFieldByName) {
   inf_v = kInf;
   const Case cases[] = {
       {"stage 4", [](zs_config* c) { c->stage = 4; }, "config.stage"},
+      {"prefetch_depth 65", [](zs_config* c) { c->prefetch_depth = 65; },
+       "config.prefetch_depth"},
+      {"prefetch_depth -1", [](zs_config* c) { c->prefetch_depth = -1; },
+       "config.prefetch_depth"},
+      {"bucket_elements 0", [](zs_config* c) { c->bucket_elements = 0; },
+       "config.bucket_elements"},
+      {"bucket_elements 2^31", [](zs_config* c) { c->bucket_elements = (size_t)1 << 31; },
+       "config.bucket_elements"},
+      {"reshard_after_forward 2",
+       [](zs_config* c) { c->reshard_after_forward = 2; },
+       "config.reshard_after_forward"},
+      {"reduce_order 2", [](zs_config* c) { c->reduce_order = 2; },
+       "config.reduce_order"},
+      {"progress_thread 3", [](zs_config* c) { c->progress_thread = 3; },
+       "config.progress_thread"},
+      {"collective_timeout_s -1",
+       [](zs_config* c) { c->collective_timeout_s = -1; },
+       "config.collective_timeout_s"},
       {"stage -1", [](zs_config* c) { c->stage = -1; }, "config.stage"},
       {"device 7",
        [](zs_config* c) { c->device = static_cast<zs_device_kind>(7); },
@@ -1398,6 +1416,38 @@ TEST(Config, WeightDecayDefaultsPerOptimizer) {
   e.optimizer.weight_decay = 0.3;
   zs__config_resolve(&e);
   EXPECT_EQ(e.optimizer.weight_decay, 0.3);
+}
+
+TEST(ConfigJson, OverlapKeys) {
+  zs_config c = ZS_CONFIG_INIT;
+  ASSERT_EQ(zs_config_from_json(R"({
+    "zero_optimization": {"stage": 3, "reduce_bucket_size": 1000,
+                          "prefetch_depth": 4,
+                          "stage3_max_live_parameters": 5000000,
+                          "reshard_after_forward": false,
+                          "deterministic_reduction": false},
+    "progress_thread": 0, "collective_timeout": 60})", &c), ZS_OK)
+      << zs_last_error();
+  EXPECT_EQ(c.bucket_elements, 1000u);
+  EXPECT_EQ(c.prefetch_depth, 4);
+  EXPECT_EQ(c.max_live_elements, 5000000u);
+  EXPECT_EQ(c.reshard_after_forward, 0);
+  EXPECT_EQ(c.reduce_order, ZS_REDUCE_BACKEND);
+  EXPECT_EQ(c.progress_thread, 0);
+  EXPECT_EQ(c.collective_timeout_s, 60.0);
+  zs_config d = ZS_CONFIG_INIT;
+  EXPECT_EQ(zs_config_from_json(R"({"zero_optimization": {"prefetch_depth": 99}})", &d),
+            ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(zs_last_error()).find("zero_optimization.prefetch_depth"),
+            std::string::npos) << zs_last_error();
+  EXPECT_EQ(zs_config_from_json(R"({"zero_optimization": {"reduce_bucket_size": -5}})", &d),
+            ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(zs_last_error()).find("reduce_bucket_size"), std::string::npos)
+      << zs_last_error();
+  EXPECT_EQ(zs_config_from_json(R"({"zero_optimization": {"reduce_bucket_size": 0}})", &d),
+            ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(zs_last_error()).find("bucket_elements"), std::string::npos)
+      << zs_last_error();
 }
 
 }  // namespace

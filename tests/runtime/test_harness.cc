@@ -244,6 +244,12 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
   zs_config c = ZS_CONFIG_INIT;
   c.stage = cfg.stage;
   c.optimizer = OptimizerFor(cfg);
+  c.prefetch_depth = cfg.prefetch_depth;
+  c.bucket_elements = cfg.bucket_elements;
+  c.reduce_order = cfg.reduce_order;
+  c.reshard_after_forward = cfg.reshard_after_forward;
+  c.max_live_elements = cfg.max_live_elements;
+  c.progress_thread = cfg.progress_thread;
   zs_context* ctx = nullptr;
   zs_model* zm = nullptr;
   auto fail = [&](zs_status st) {
@@ -269,6 +275,9 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
     if (st == ZS_OK) st = zs_step(zm, nullptr);
     zs_comm_counters_get(ctx, &after);
     r.step_counters.push_back(Diff(after, before));
+    zs_memory_stats ms;
+    zs_memory_stats_get(ctx, &ms);
+    r.step_memory.push_back(ms);
     double sum = (double)local * nb, total = 0;
     MPI_Allreduce(&sum, &total, 1, MPI_DOUBLE, MPI_SUM, cfg.comm);
     r.losses.push_back((float)(total / kGlobalBatch));

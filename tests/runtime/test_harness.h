@@ -25,6 +25,13 @@ struct TrainConfig {
   std::vector<int> uses;
   bool sentinel = false;  // fill padding and gaps with NaN after finalize
   MPI_Comm comm = MPI_COMM_WORLD;  // the data-parallel group
+  // Overlap settings (zs_config), defaults as ZS_CONFIG_INIT.
+  int prefetch_depth = 2;
+  size_t bucket_elements = (size_t)1 << 22;
+  int reduce_order = ZS_REDUCE_FIXED;
+  int reshard_after_forward = 1;
+  size_t max_live_elements = 0;
+  int progress_thread = 1;
 };
 
 struct TrainResult {
@@ -32,6 +39,7 @@ struct TrainResult {
   std::vector<std::vector<float>> state0;  // exp_avg / momentum per tensor
   std::vector<float> losses;               // global mean loss per step
   std::vector<zs_comm_counters> step_counters;  // counters diff per step
+  std::vector<zs_memory_stats> step_memory;      // right after each zs_step
   zs_memory_stats memory_baseline{};       // right after context creation
   zs_memory_stats memory{};                // after training
   zs_memory_stats memory_after_destroy{};  // after zs_model_destroy

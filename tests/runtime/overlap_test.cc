@@ -1,0 +1,482 @@
+// overlap_test.cc — communication overlap (run under mpirun at world sizes
+// 1, 2, 3, 4 and 8): results are bitwise identical with prefetch on or off,
+// at any prefetch depth, bucket size (fixed reduce order), reshard policy
+// and progress mode; prefetch really issues the next unit's all-gather
+// before the current unit's compute ends and never has more all-gathers in
+// flight than allowed; a unit used only on odd steps leaves nothing behind;
+// the sequential driver reduces a shared unit once per step, also when it
+// recomputes (activation checkpointing), and is bitwise identical with and
+// without checkpointing.
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <zs_mpi.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "examples/gpt2/layers.h"
+#include "runtime/engine.h"
+#include "tests/runtime/test_harness.h"
+#include "tests/testing/mpi_test.h"
+
+using namespace zstest;
+
+namespace {
+
+class OverlapTest : public ZsMpiTest {};
+
+struct NamedModel {
+  std::string name;
+  std::function<std::unique_ptr<Model>()> make;
+};
+
+const NamedModel kModels[] = {{"mlp", MakeMlp},
+                              {"transformer", MakeTransformer},
+                              {"degenerate", MakeDegenerate},
+                              {"twice_used", MakeTwiceUsed},
+                              {"branch", MakeBranch}};
+
+// Every overlap knob changes when collectives run, never what is summed in
+// which order: all runs are bitwise equal to the baseline (no prefetch,
+// one bucket per unit).
+TEST_F(OverlapTest, KnobsDoNotChangeOneBit) {
+  struct Variant {
+    std::string name;
+    std::function<void(TrainConfig*)> set;
+    bool stage3_only;  // prefetch and reshard only act at stage 3
+  };
+  const Variant variants[] = {
+      {"prefetch_1", [](TrainConfig* c) { c->prefetch_depth = 1; }, true},
+      {"prefetch_4", [](TrainConfig* c) { c->prefetch_depth = 4; }, true},
+      {"keep_after_forward", [](TrainConfig* c) { c->reshard_after_forward = 0; }, true},
+      {"max_live_1", [](TrainConfig* c) { c->max_live_elements = 1; }, true},
+      {"bucket_13", [](TrainConfig* c) { c->bucket_elements = 13; }, false},
+      {"bucket_64", [](TrainConfig* c) { c->bucket_elements = 64; }, false},
+      {"no_progress_thread", [](TrainConfig* c) { c->progress_thread = 0; }, false},
+  };
+  for (const NamedModel& nm : kModels)
+    for (int stage = 0; stage <= 3; stage++) {
+      TrainConfig base;
+      base.stage = stage;
+      base.steps = 5;
+      base.prefetch_depth = 0;
+      auto m0 = nm.make();
+      TrainResult ref = TrainSharded(*m0, base);
+      ASSERT_EQ(ref.status, ZS_OK) << ref.error;
+      std::vector<Variant> todo(std::begin(variants), std::end(variants));
+      // One-element buckets split every shard into single elements: cheap
+      // only for the model of tiny units.
+      if (nm.name == "degenerate")
+        todo.push_back({"bucket_1", [](TrainConfig* c) { c->bucket_elements = 1; }, false});
+      for (const Variant& v : todo) {
+        if (v.stage3_only && stage != 3) continue;
+        TrainConfig cfg = base;
+        v.set(&cfg);
+        auto m = nm.make();
+        TrainResult r = TrainSharded(*m, cfg);
+        ASSERT_EQ(r.status, ZS_OK) << nm.name << " " << v.name << ": " << r.error;
+        for (size_t t = 0; t < ref.params.size(); t++)
+          EXPECT_TRUE(Bitwise(r.params[t], ref.params[t]))
+              << nm.name << " stage " << stage << " " << v.name << " tensor " << t;
+      }
+    }
+}
+
+// The backend's reduce-scatter (MPI's own algorithm) may order sums
+// differently for other message sizes: across bucket sizes it stays within
+// the foundation issue's tolerance of the fixed order.
+TEST_F(OverlapTest, BackendReduceOrderIsWithinTolerance) {
+  for (size_t bucket : {(size_t)1 << 22, (size_t)37, (size_t)100}) {
+    TrainConfig fixed, backend;
+    fixed.stage = backend.stage = 2;
+    backend.reduce_order = ZS_REDUCE_BACKEND;
+    backend.bucket_elements = bucket;
+    auto m1 = MakeTransformer(), m2 = MakeTransformer();
+    TrainResult a = TrainSharded(*m1, fixed), b = TrainSharded(*m2, backend);
+    ASSERT_EQ(b.status, ZS_OK) << b.error;
+    for (size_t t = 0; t < a.params.size(); t++)
+      EXPECT_TRUE(CloseByNorm(b.params[t], a.params[t], 1e-5))
+          << "bucket " << bucket << " tensor " << t;
+  }
+}
+
+// A unit used only on odd steps: parity with the reference, and after every
+// step no gathered parameters, no reduction buffers, the same total bytes.
+TEST_F(OverlapTest, BranchOnOddStepsLeavesNothingBehind) {
+  for (int stage = 0; stage <= 3; stage++) {
+    TrainConfig cfg;
+    cfg.stage = stage;
+    cfg.steps = 8;
+    auto m = MakeBranch(), mr = MakeBranch();
+    TrainResult r = TrainSharded(*m, cfg);
+    ASSERT_EQ(r.status, ZS_OK) << r.error;
+    TrainResult ref = TrainReference(*mr, cfg);
+    for (size_t t = 0; t < ref.params.size(); t++)
+      EXPECT_TRUE(CloseByNorm(r.params[t], ref.params[t], 1e-5)) << "tensor " << t;
+    for (int s = 0; s < cfg.steps; s++) {
+      EXPECT_EQ(r.step_memory[s].current[ZS_MEM_PARAMS_GATHERED], 0u) << "step " << s;
+      EXPECT_EQ(r.step_memory[s].current[ZS_MEM_COMM_BUFFERS], 0u) << "step " << s;
+      EXPECT_EQ(r.step_memory[s].total_current, r.step_memory[0].total_current)
+          << "stage " << stage << " step " << s;
+    }
+  }
+}
+
+// ==== Prefetch evidence from the communication log ===========================
+
+// A chain of equally shaped linear units run with the per-step API; the
+// test notes the collective sequence number when each unit's compute ends.
+struct Chain {
+  static constexpr int kUnits = 5, kD = 24;
+  zs_context* ctx = nullptr;
+  zs_model* m = nullptr;
+  std::vector<int> units, weights;
+};
+
+void BuildChain(Chain* c, int depth) {
+  zs_config cfg = ZS_CONFIG_INIT;
+  cfg.stage = 3;
+  cfg.prefetch_depth = depth;
+  ASSERT_EQ(zs_context_create_mpi(&cfg, MPI_COMM_WORLD, &c->ctx), ZS_OK);
+  ASSERT_EQ(zs_model_create(c->ctx, &c->m), ZS_OK);
+  for (int u = 0; u < Chain::kUnits; u++) {
+    int id = -1, t = -1;
+    int64_t shape[2] = {Chain::kD, Chain::kD};
+    std::string name = "lin" + std::to_string(u);
+    ASSERT_EQ(zs_model_add_unit(c->m, name.c_str(), &id), ZS_OK);
+    ASSERT_EQ(zs_model_add_tensor(c->m, id, (name + ".w").c_str(), 2, shape,
+                                  ZS_FLOAT32, 0, &t), ZS_OK);
+    ASSERT_EQ(zs_unit_set_grad_uses(c->m, id, 1), ZS_OK);
+    c->units.push_back(id);
+    c->weights.push_back(t);
+  }
+  ASSERT_EQ(zs_model_finalize(c->m), ZS_OK);
+}
+
+TEST_F(OverlapTest, PrefetchIssuesTheNextGatherBeforeComputeEnds) {
+  for (int depth : {1, 2, 3}) {
+    Chain c;
+    BuildChain(&c, depth);
+    zs__comm* comm = c.ctx->comm;
+    // end_seq[step][k]: collectives issued when the k-th use (forward then
+    // backward) finished computing.
+    std::vector<std::vector<uint64_t>> end_seq;
+    std::vector<uint64_t> step_start;
+    for (int step = 0; step < 3; step++) {
+      step_start.push_back(comm->seq_count);
+      std::vector<uint64_t> ends;
+      std::vector<int> order;
+      for (int u = 0; u < Chain::kUnits; u++) order.push_back(u);
+      for (int u = Chain::kUnits - 1; u >= 0; u--) order.push_back(u);
+      for (size_t k = 0; k < order.size(); k++) {
+        const int u = order[k];
+        const bool bwd = k >= (size_t)Chain::kUnits;
+        ASSERT_EQ(zs_unit_gather(c.m, c.units[u]), ZS_OK);
+        if (bwd) {
+          ASSERT_EQ(zs_unit_grad_acquire(c.m, c.units[u]), ZS_OK);
+        }
+        void* w = nullptr;
+        ASSERT_EQ(zs_tensor_data(c.m, c.weights[u], &w), ZS_OK);  // "compute"
+        ends.push_back(comm->seq_count);
+        if (bwd) {
+          ASSERT_EQ(zs_unit_grad_release(c.m, c.units[u]), ZS_OK);
+        }
+        ASSERT_EQ(zs_unit_release(c.m, c.units[u]), ZS_OK);
+      }
+      ASSERT_EQ(zs_step(c.m, nullptr), ZS_OK) << zs_last_error();
+      end_seq.push_back(ends);
+    }
+    // From the log: the issue sequence number of every stage-3 gather.
+    std::vector<zs__comm_log_entry> log(ZS__COMM_LOG_CAP);
+    size_t n = zs__comm_log_read(comm, log.data(), log.size());
+    for (int step = 1; step < 3; step++) {
+      // The gathers of this step, in issue order.
+      std::vector<zs__comm_log_entry> gathers;
+      for (size_t i = 0; i < n; i++)
+        if (log[i].purpose == ZS__P_GATHER && log[i].seq >= step_start[step] &&
+            (step + 1 >= (int)step_start.size() || log[i].seq < step_start[step + 1]))
+          gathers.push_back(log[i]);
+      // Forward uses 0..kUnits-1: the all-gather of unit k+1 was issued
+      // before unit k's compute ended.
+      for (int k = 0; k + 1 < Chain::kUnits; k++) {
+        bool found = false;
+        for (const auto& g : gathers)
+          if (g.unit == c.units[k + 1] && g.seq < end_seq[step][k]) found = true;
+        EXPECT_TRUE(found) << "depth " << depth << " step " << step
+                           << ": unit " << k + 1
+                           << "'s all-gather was not issued before unit " << k
+                           << "'s compute ended";
+      }
+    }
+    // Never more all-gathers in flight than the prefetches allowed plus the
+    // one the caller waits for.
+    EXPECT_LE(comm->max_in_flight_gathers, (uint64_t)depth + 1) << "depth " << depth;
+    EXPECT_GE(comm->max_in_flight_gathers, 1u);
+    // Nothing remains gathered after the steps.
+    zs_memory_stats ms;
+    zs_memory_stats_get(c.ctx, &ms);
+    EXPECT_EQ(ms.current[ZS_MEM_PARAMS_GATHERED], 0u);
+    zs_model_destroy(c.m);
+    zs_context_destroy(c.ctx);
+  }
+}
+
+// Without prefetch a unit's all-gather is issued only at its use.
+TEST_F(OverlapTest, NoPrefetchGathersOnlyAtUse) {
+  Chain c;
+  BuildChain(&c, 0);
+  for (int step = 0; step < 2; step++) {
+    for (int u = 0; u < Chain::kUnits; u++) {
+      uint64_t before = c.ctx->comm->seq_count;
+      ASSERT_EQ(zs_unit_gather(c.m, c.units[u]), ZS_OK);
+      EXPECT_EQ(c.ctx->comm->seq_count, before + 1) << "one all-gather, its own";
+      ASSERT_EQ(zs_unit_release(c.m, c.units[u]), ZS_OK);
+    }
+    ASSERT_EQ(zs_step(c.m, nullptr), ZS_OK);
+  }
+  EXPECT_EQ(c.ctx->comm->max_in_flight_gathers, 1u);
+  zs_model_destroy(c.m);
+  zs_context_destroy(c.ctx);
+}
+
+// A limit below the largest unit could never be met: it is raised to it.
+TEST_F(OverlapTest, MaxLiveBelowTheLargestUnitIsRaised) {
+  zs_config cfg = ZS_CONFIG_INIT;
+  cfg.stage = 3;
+  cfg.max_live_elements = 3;
+  zs_context* ctx = nullptr;
+  ASSERT_EQ(zs_context_create_mpi(&cfg, MPI_COMM_WORLD, &ctx), ZS_OK);
+  zs_model* m = nullptr;
+  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+  int u = -1, t = -1;
+  int64_t n = 1000;
+  ASSERT_EQ(zs_model_add_unit(m, "big", &u), ZS_OK);
+  ASSERT_EQ(zs_model_add_tensor(m, u, "w", 1, &n, ZS_FLOAT32, 0, &t), ZS_OK);
+  ASSERT_EQ(zs_model_finalize(m), ZS_OK);
+  size_t padded = 0;
+  ASSERT_EQ(zs_unit_layout(m, u, nullptr, &padded, nullptr), ZS_OK);
+  EXPECT_EQ(m->max_live_elems, padded);
+  zs_model_destroy(m);
+  zs_context_destroy(ctx);
+}
+
+// ==== The sequential driver ===================================================
+
+// Layers: lin A, lin B, lin A again (shared weights), head C with an MSE
+// loss. Each linear layer is out = gelu(in W^T), its scratch the
+// pre-activation.
+struct DriverNet {
+  static constexpr int kD = 10, kOut = 3;
+  int nb = 0, step = 0, b0 = 0;
+  std::vector<int> weight;  // tensor id per unit (A, B, C)
+  std::vector<float> target;
+  float loss = 0;
+};
+
+float Input(int step, int sample, int d) {
+  return HashUniform(41, step, (uint64_t)sample * 100 + d);
+}
+
+zs_status LinForward(void* user, zs_model* m, const zs_layer_io* io) {
+  DriverNet* n = static_cast<DriverNet*>(user);
+  void* w = nullptr;
+  zs_status st = zs_tensor_data(m, n->weight[io->unit], &w);
+  if (st != ZS_OK) return st;
+  const int D = DriverNet::kD;
+  float* pre = static_cast<float*>(io->scratch);
+  gpt2_matmul_forward(pre, static_cast<const float*>(io->input),
+                      static_cast<float*>(w), nullptr, n->nb, D, D);
+  gpt2_gelu_forward(static_cast<float*>(io->output), pre, (size_t)n->nb * D);
+  return ZS_OK;
+}
+
+zs_status LinBackward(void* user, zs_model* m, const zs_layer_io* io) {
+  DriverNet* n = static_cast<DriverNet*>(user);
+  void *w = nullptr, *dw = nullptr;
+  zs_status st = zs_tensor_data(m, n->weight[io->unit], &w);
+  if (st == ZS_OK) st = zs_tensor_grad(m, n->weight[io->unit], &dw);
+  if (st != ZS_OK) return st;
+  const int D = DriverNet::kD;
+  std::vector<float> dpre((size_t)n->nb * D, 0.f);
+  gpt2_gelu_backward(dpre.data(), static_cast<const float*>(io->scratch),
+                     static_cast<const float*>(io->grad_output), dpre.size());
+  gpt2_matmul_backward(static_cast<float*>(io->grad_input),
+                       static_cast<float*>(dw), nullptr, dpre.data(),
+                       static_cast<const float*>(io->input),
+                       static_cast<float*>(w), n->nb, D, D);
+  return ZS_OK;
+}
+
+zs_status HeadForward(void* user, zs_model* m, const zs_layer_io* io) {
+  DriverNet* n = static_cast<DriverNet*>(user);
+  void* w = nullptr;
+  zs_status st = zs_tensor_data(m, n->weight[io->unit], &w);
+  if (st != ZS_OK) return st;
+  float* pred = static_cast<float*>(io->scratch);
+  gpt2_matmul_forward(pred, static_cast<const float*>(io->input),
+                      static_cast<float*>(w), nullptr, n->nb, DriverNet::kD,
+                      DriverNet::kOut);
+  gpt2_mse_forward(&n->loss, pred, n->target.data(), n->nb, DriverNet::kOut);
+  *static_cast<float*>(io->output) = n->loss;
+  return ZS_OK;
+}
+
+zs_status HeadBackward(void* user, zs_model* m, const zs_layer_io* io) {
+  DriverNet* n = static_cast<DriverNet*>(user);
+  void *w = nullptr, *dw = nullptr;
+  zs_status st = zs_tensor_data(m, n->weight[io->unit], &w);
+  if (st == ZS_OK) st = zs_tensor_grad(m, n->weight[io->unit], &dw);
+  if (st != ZS_OK) return st;
+  std::vector<float> dpred((size_t)n->nb * DriverNet::kOut, 0.f);
+  gpt2_mse_backward(dpred.data(), 1.0f, static_cast<const float*>(io->scratch),
+                    n->target.data(), n->nb, DriverNet::kOut);
+  gpt2_matmul_backward(static_cast<float*>(io->grad_input),
+                       static_cast<float*>(dw), nullptr, dpred.data(),
+                       static_cast<const float*>(io->input),
+                       static_cast<float*>(w), n->nb, DriverNet::kD,
+                       DriverNet::kOut);
+  return ZS_OK;
+}
+
+zs_status InitWeights(void*, int tensor, const zs_tensor_desc* d, void* data) {
+  for (size_t i = 0; i < d->numel; i++)
+    static_cast<float*>(data)[i] = 0.4f * HashUniform(43, tensor, i);
+  return ZS_OK;
+}
+
+struct DriverRun {
+  std::vector<std::vector<float>> params;
+  std::vector<uint64_t> reductions;  // reduce-scatters per step
+  zs_memory_stats memory{};
+  zs_status status = ZS_OK;
+  std::string error;
+};
+
+DriverRun RunDriverNet(int stage, int checkpoint, MPI_Comm comm, int steps) {
+  DriverRun out;
+  int rank = 0, world = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &world);
+  zs_config cfg = ZS_CONFIG_INIT;
+  cfg.stage = stage;
+  cfg.optimizer.lr = 1e-2;
+  zs_context* ctx = nullptr;
+  zs_model* m = nullptr;
+  zs_driver* d = nullptr;
+  DriverNet net;
+  net.nb = kGlobalBatch / world;
+  net.b0 = rank * net.nb;
+  const int D = DriverNet::kD;
+  auto fail = [&](zs_status st) {
+    if (out.status == ZS_OK) {
+      out.status = st;
+      out.error = zs_last_error();
+    }
+  };
+  zs_status st = zs_context_create_mpi(&cfg, comm, &ctx);
+  if (st == ZS_OK) st = zs_model_create(ctx, &m);
+  int units[3];
+  for (int u = 0; u < 3 && st == ZS_OK; u++) {
+    int t = -1;
+    int64_t shape[2] = {u == 2 ? DriverNet::kOut : D, D};
+    const char* names[3] = {"A", "B", "C"};
+    st = zs_model_add_unit(m, names[u], &units[u]);
+    if (st == ZS_OK)
+      st = zs_model_add_tensor(m, units[u], (std::string(names[u]) + ".w").c_str(),
+                               2, shape, ZS_FLOAT32, 0, &t);
+    net.weight.push_back(t);
+  }
+  if (st == ZS_OK)
+    st = zs_driver_create(m, (size_t)net.nb * D * sizeof(float), checkpoint, &d);
+  const size_t act = (size_t)net.nb * D * sizeof(float);
+  zs_layer_desc layers[4] = {
+      {units[0], LinForward, LinBackward, &net, act, act, 0},
+      {units[1], LinForward, LinBackward, &net, act, act, 0},
+      {units[0], LinForward, LinBackward, &net, act, act, 0},
+      {units[2], HeadForward, HeadBackward, &net, sizeof(float),
+       (size_t)net.nb * DriverNet::kOut * sizeof(float), 0}};
+  for (int l = 0; l < 4 && st == ZS_OK; l++) st = zs_driver_add_layer(d, &layers[l], nullptr);
+  if (st == ZS_OK) st = zs_model_finalize(m);
+  if (st == ZS_OK) st = zs_model_init(m, InitWeights, nullptr);
+  for (int s = 0; s < steps && st == ZS_OK; s++) {
+    void* in = nullptr;
+    st = zs_driver_input(d, &in);
+    if (st != ZS_OK) break;
+    net.target.assign((size_t)net.nb * DriverNet::kOut, 0.f);
+    for (int i = 0; i < net.nb; i++) {
+      for (int k = 0; k < D; k++)
+        static_cast<float*>(in)[i * D + k] = Input(s, net.b0 + i, k);
+      for (int k = 0; k < DriverNet::kOut; k++)
+        net.target[(size_t)i * DriverNet::kOut + k] = 0.5f * Input(s, net.b0 + i, k);
+    }
+    zs_comm_counters before{}, after{};
+    zs_comm_counters_get(ctx, &before);
+    st = zs_driver_forward(d);
+    if (st == ZS_OK) st = zs_driver_backward(d);
+    if (st == ZS_OK) st = zs_step(m, nullptr);
+    zs_comm_counters_get(ctx, &after);
+    out.reductions.push_back(after.calls[ZS_COLL_REDUCE_SCATTER] -
+                             before.calls[ZS_COLL_REDUCE_SCATTER]);
+  }
+  if (st != ZS_OK) fail(st);
+  for (int u = 0; u < 3 && out.status == ZS_OK; u++) {
+    std::vector<float> p(u == 2 ? DriverNet::kOut * D : D * D);
+    st = zs_tensor_get(m, net.weight[u], ZS_FIELD_PARAM, p.data());
+    if (st != ZS_OK) fail(st);
+    out.params.push_back(p);
+  }
+  if (ctx != nullptr) zs_memory_stats_get(ctx, &out.memory);
+  zs_driver_destroy(d);
+  zs_model_destroy(m);
+  zs_context_destroy(ctx);
+  return out;
+}
+
+// The shared unit A is reduced exactly once per step (3 units: 3
+// reduce-scatters), with and without recompute, and checkpointing changes
+// no bit of the result while keeping one shared scratch.
+TEST_F(OverlapTest, DriverReducesSharedUnitOnceAndCheckpointingIsExact) {
+  for (int stage = 0; stage <= 3; stage++) {
+    DriverRun plain = RunDriverNet(stage, 0, MPI_COMM_WORLD, 5);
+    DriverRun ck = RunDriverNet(stage, 1, MPI_COMM_WORLD, 5);
+    ASSERT_EQ(plain.status, ZS_OK) << plain.error;
+    ASSERT_EQ(ck.status, ZS_OK) << ck.error;
+    for (size_t s = 0; s < plain.reductions.size(); s++) {
+      EXPECT_EQ(plain.reductions[s], 3u) << "stage " << stage << " step " << s;
+      EXPECT_EQ(ck.reductions[s], 3u) << "stage " << stage << " step " << s;
+    }
+    for (size_t u = 0; u < plain.params.size(); u++)
+      EXPECT_TRUE(Bitwise(ck.params[u], plain.params[u])) << "stage " << stage
+                                                          << " unit " << u;
+    // Without checkpointing each of the 4 layers has its own scratch; with
+    // it, one scratch of the largest.
+    const size_t act = (size_t)(kGlobalBatch / world_) * DriverNet::kD * sizeof(float);
+    EXPECT_EQ(plain.memory.peak[ZS_MEM_ACTIVATIONS] - ck.memory.peak[ZS_MEM_ACTIVATIONS],
+              2 * act + (size_t)(kGlobalBatch / world_) * DriverNet::kOut * sizeof(float))
+        << "stage " << stage;
+  }
+}
+
+// The driver at W ranks equals the driver at one rank (a single-process
+// run of the same layers) within the foundation issue's tolerance.
+TEST_F(OverlapTest, DriverMatchesSingleRank) {
+  MPI_Comm self;
+  MPI_Comm_split(MPI_COMM_WORLD, rank_, 0, &self);
+  DriverRun one = RunDriverNet(0, 0, self, 5);
+  MPI_Comm_free(&self);
+  DriverRun all = RunDriverNet(3, 1, MPI_COMM_WORLD, 5);
+  ASSERT_EQ(one.status, ZS_OK) << one.error;
+  ASSERT_EQ(all.status, ZS_OK) << all.error;
+  for (size_t u = 0; u < one.params.size(); u++) {
+    if (world_ == 1) {
+      EXPECT_TRUE(Bitwise(all.params[u], one.params[u])) << "unit " << u;
+    } else {
+      EXPECT_TRUE(CloseByNorm(all.params[u], one.params[u], 1e-5)) << "unit " << u;
+    }
+  }
+}
+
+}  // namespace
