@@ -206,7 +206,8 @@ void zs__trace_end_step(zs_model* m) {
   const int matched =
       m->trace_valid && m->trace_ok && m->trace_pos == m->trace_len;
   if (!matched && zs__grow_ints(&m->trace, &m->trace_cap, m->seen_len) == ZS_OK) {
-    memcpy(m->trace, m->seen, (size_t)m->seen_len * sizeof(int));
+    if (m->seen_len > 0)
+      memcpy(m->trace, m->seen, (size_t)m->seen_len * sizeof(int));
     m->trace_len = m->seen_len;
     m->trace_valid = m->seen_len > 0;
   }
