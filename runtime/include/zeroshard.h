@@ -696,6 +696,16 @@ zs_status zs_driver_forward(zs_driver* driver);
  * zs_step afterwards. */
 zs_status zs_driver_backward(zs_driver* driver);
 
+/* ==== Element conversions (optim/) ======================================= */
+
+/* Converts n elements between fp32, bf16 and fp16 (dst and src may be the
+ * same type; then a copy). Rounding to nearest, ties to even, as hardware
+ * conversions and torch's .to(): infinities and NaN are kept, fp16
+ * overflows to infinity and underflows through its subnormals. Host memory,
+ * synchronous. Errors: INVALID_ARGUMENT (another dtype, NULL with n > 0). */
+zs_status zs_convert(void* dst, zs_dtype dst_dtype, const void* src,
+                     zs_dtype src_dtype, size_t n);
+
 /* ==== Optimizer kernels (optim/) ========================================= */
 /* The element-wise updates the runtime runs on a shard, exposed so that a
  * plain (unsharded) trainer can use exactly the same math. Each works on n
