@@ -37,7 +37,7 @@ static void zs__comm_note(zs__comm* c, zs__coll* op, int root) {
                      (uint64_t)op->dtype,      (uint64_t)(int64_t)root,
                      (uint64_t)op->tag.purpose, (uint64_t)(int64_t)op->tag.unit};
   c->seq_hash = zs__hash_bytes(c->seq_hash, rec, sizeof rec);
-  op->seq = c->seq_count++;
+  op->seq = __atomic_fetch_add(&c->seq_count, 1, __ATOMIC_RELAXED);
   op->t_issue = zs__now();
   if (c->log != NULL) {
     zs__comm_log_entry* e = &c->log[op->seq % ZS__COMM_LOG_CAP];
@@ -96,7 +96,17 @@ static zs_status zs__coll_finish(zs__comm* c, zs__coll* op) {
 zs_status zs__coll_test(zs__comm* c, zs__coll* op, int* done) {
   *done = 0;
   zs_status st = c->ops->test(c, op->req, done);
-  if (st != ZS_OK || !*done) return st;
+  if (st != ZS_OK) {
+    /* The backend released the request: release the op too (its
+     * temporaries are kept if the communicator failed). */
+    char saved[1024];
+    snprintf(saved, sizeof saved, "%s", zs__error_body());
+    op->dst = NULL;
+    (void)zs__coll_finish(c, op);
+    *done = 1;
+    return zs__error(st, "%s", saved);
+  }
+  if (!*done) return ZS_OK;
   return zs__coll_finish(c, op);
 }
 

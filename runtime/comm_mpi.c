@@ -20,6 +20,7 @@ typedef struct zs__mpi_impl {
   pthread_t progress;
   int progress_on;
   int progress_stop;   /* atomic */
+  int probe_live;      /* probe_comm exists */
   unsigned p2p_seq; /* tag of the next exchange: the same on every rank */
   int tag_ub;
 } zs__mpi_impl;
@@ -301,21 +302,68 @@ static zs_status zs__mpi_all_gather_strided(zs__comm* c, void* buf,
   return zs__mpi_p2p_end(c, rc, "strided all-gather", r, req);
 }
 
-/* The progress thread: while collectives are in flight, an MPI_Iprobe on a
- * private communicator every 20 us runs Open MPI's progress engine (which
- * advances every pending request) without touching our requests, which only
- * the caller's thread tests and waits for. Idle, it sleeps 0.5 ms. */
+/* ---- The progress thread ---------------------------------------------------
+ * While collectives are in flight, an MPI_Iprobe on a private communicator
+ * runs Open MPI's progress engine (which advances every pending request)
+ * without touching our requests, which only the caller's thread tests and
+ * waits for. It polls every 20 us for 2 ms after the last collective was
+ * issued, then every 0.5 ms (in_flight also counts collectives MPI finished
+ * but ZeroShard has not looked at yet, so polling fast forever would burn a
+ * core between steps). Every live progress thread is listed here and
+ * stopped at the start of MPI_Finalize, whoever calls it, through the
+ * delete callback of an attribute on MPI_COMM_SELF (MPI deletes those
+ * first during finalize). */
+
+static pthread_mutex_t zs__progress_lock = PTHREAD_MUTEX_INITIALIZER;
+static zs__mpi_impl* zs__progress_live[64];
+static int zs__progress_keyval = MPI_KEYVAL_INVALID;
+
+static void zs__mpi_progress_stop(zs__mpi_impl* impl) {
+  if (!impl->progress_on) return;
+  __atomic_store_n(&impl->progress_stop, 1, __ATOMIC_RELAXED);
+  pthread_join(impl->progress, NULL);
+  impl->progress_on = 0;
+  pthread_mutex_lock(&zs__progress_lock);
+  for (int i = 0; i < 64; i++)
+    if (zs__progress_live[i] == impl) zs__progress_live[i] = NULL;
+  pthread_mutex_unlock(&zs__progress_lock);
+}
+
+static int zs__mpi_finalize_hook(MPI_Comm comm, int keyval, void* value,
+                                 void* extra) {
+  (void)comm;
+  (void)keyval;
+  (void)value;
+  (void)extra;
+  for (int i = 0; i < 64; i++) {
+    pthread_mutex_lock(&zs__progress_lock);
+    zs__mpi_impl* impl = zs__progress_live[i];
+    pthread_mutex_unlock(&zs__progress_lock);
+    if (impl != NULL) zs__mpi_progress_stop(impl);
+  }
+  return MPI_SUCCESS;
+}
+
 static void* zs__mpi_progress_main(void* arg) {
   zs__comm* c = (zs__comm*)arg;
   zs__mpi_impl* impl = (zs__mpi_impl*)c->impl;
+  uint64_t last_seq = 0;
+  double last_issue = 0;
   while (!__atomic_load_n(&impl->progress_stop, __ATOMIC_RELAXED)) {
-    int busy = __atomic_load_n(&c->in_flight, __ATOMIC_RELAXED) > 0;
+    const int busy = __atomic_load_n(&c->in_flight, __ATOMIC_RELAXED) > 0;
+    const uint64_t seq = __atomic_load_n(&c->seq_count, __ATOMIC_RELAXED);
+    const double now = zs__now();
+    if (seq != last_seq) {
+      last_seq = seq;
+      last_issue = now;
+    }
     if (busy) {
       int flag = 0;
       MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, impl->probe_comm, &flag,
                  MPI_STATUS_IGNORE);
     }
-    struct timespec ts = {0, busy ? 20000 : 500000};
+    const int fast = busy && now - last_issue < 0.002;
+    struct timespec ts = {0, fast ? 20000 : 500000};
     nanosleep(&ts, NULL);
   }
   return NULL;
@@ -333,26 +381,46 @@ static zs_status zs__mpi_start_progress(zs__comm* c) {
                      "MPI_THREAD_MULTIPLE) to overlap them with compute)",
                      level);
   if (impl->progress_on) return ZS_OK;
+  pthread_mutex_lock(&zs__progress_lock);
+  int slot = -1;
+  for (int i = 0; i < 64 && slot < 0; i++)
+    if (zs__progress_live[i] == NULL) slot = i;
+  if (slot >= 0) zs__progress_live[slot] = impl;
+  pthread_mutex_unlock(&zs__progress_lock);
+  if (slot < 0)
+    return zs__error(ZS_ERR_UNSUPPORTED,
+                     "more than 64 contexts with progress threads");
+  if (zs__progress_keyval == MPI_KEYVAL_INVALID &&
+      (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, zs__mpi_finalize_hook,
+                              &zs__progress_keyval, NULL) != MPI_SUCCESS ||
+       MPI_Comm_set_attr(MPI_COMM_SELF, zs__progress_keyval, NULL) !=
+           MPI_SUCCESS)) {
+    zs__progress_live[slot] = NULL;
+    return zs__error(ZS_ERR_COMM, "cannot hook the progress thread into "
+                     "MPI_Finalize");
+  }
   int rc = MPI_Comm_dup(impl->comm, &impl->probe_comm);
-  if (rc != MPI_SUCCESS) return zs__mpi_fail(rc, "Comm_dup (progress)");
+  if (rc != MPI_SUCCESS) {
+    zs__progress_live[slot] = NULL;
+    return zs__mpi_fail(rc, "Comm_dup (progress)");
+  }
   if (pthread_create(&impl->progress, NULL, zs__mpi_progress_main, c) != 0) {
+    zs__progress_live[slot] = NULL;
     MPI_Comm_free(&impl->probe_comm);
     return zs__error(ZS_ERR_INTERNAL, "cannot start the progress thread");
   }
   impl->progress_on = 1;
+  impl->probe_live = 1;
   return ZS_OK;
 }
 
 static void zs__mpi_destroy(zs__comm* c) {
   zs__mpi_impl* impl = (zs__mpi_impl*)c->impl;
-  if (impl->progress_on) {
-    __atomic_store_n(&impl->progress_stop, 1, __ATOMIC_RELAXED);
-    pthread_join(impl->progress, NULL);
-  }
+  zs__mpi_progress_stop(impl);
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) {
-    if (impl->progress_on) MPI_Comm_free(&impl->probe_comm);
+    if (impl->probe_live) MPI_Comm_free(&impl->probe_comm);
     MPI_Comm_free(&impl->comm);
     if (impl->owns_mpi && --zs__mpi_owners == 0) MPI_Finalize();
   }

@@ -57,6 +57,10 @@ zs_status zs_context_create(const zs_config* config, zs_context** out) {
       return zs__error(ZS_ERR_COMM, "MPI_Init_thread failed (code %d)", rc);
     if (!zs__mpi_we_initialized) atexit(zs__mpi_atexit);
     zs__mpi_we_initialized = 1;
+    /* Open MPI reports some errors of non-blocking collectives on
+     * MPI_COMM_WORLD, whose default handler aborts the job; this MPI is
+     * ours, so errors come back as codes. */
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   }
   zs__comm* c = NULL;
   zs_status st = zs__comm_mpi_create(MPI_COMM_WORLD, &c);

@@ -11,6 +11,7 @@
  * each element is summed in the same order at every stage (and, with the
  * default fixed reduce order, at every bucket size).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,7 +47,11 @@ zs_status zs__inflight_poll(zs__comm* c, zs__inflight* f, int* all_done) {
   while (k < f->n) {
     int done = 0;
     st = zs__coll_test(c, f->ops[k], &done);
-    if (st != ZS_OK || !done) break;
+    if (st != ZS_OK) {
+      k++; /* a failed test has released the op */
+      break;
+    }
+    if (!done) break;
     k++;
   }
   if (k > 0) memmove(f->ops, f->ops + k, (size_t)(f->n - k) * sizeof *f->ops);
@@ -149,7 +154,17 @@ zs_status zs__grad_reduce_start(zs_model* m, zs__unit* u) {
   while (st == ZS_OK && m->nreducing > ZS__MAX_REDUCING)
     st = zs__grad_reduce_finish(m, &m->units[m->reducing[0]]);
 cleanup:
-  if (st != ZS_OK) st = zs__error_prefix(st, "reduction of unit '%s': ", u->name);
+  if (st != ZS_OK) {
+    /* Buckets already started read grad_accum: finish them before anyone
+     * frees it. The unit counts as REDUCING so the step's cleanup waits. */
+    if (u->red_ops.n > 0 && u->grad_state != ZS__GRAD_REDUCING) {
+      char saved[1024];
+      snprintf(saved, sizeof saved, "%s", zs__error_body());
+      (void)zs__inflight_wait(comm, &u->red_ops);
+      zs__error(st, "%s", saved);
+    }
+    st = zs__error_prefix(st, "reduction of unit '%s': ", u->name);
+  }
   return st;
 }
 
@@ -219,8 +234,11 @@ static zs_status zs__grad_open(zs_model* m, int unit) {
   return ZS_OK;
 }
 
+/* Uses per step: the declared count, raised by any step that used the
+ * unit more often (recorded). */
 static int zs__expected_uses(const zs__unit* u) {
-  return u->uses_explicit > 0 ? u->uses_explicit : u->uses_recorded;
+  return u->uses_explicit > u->uses_recorded ? u->uses_explicit
+                                             : u->uses_recorded;
 }
 
 static zs_status zs__grad_close(zs_model* m, int unit) {
