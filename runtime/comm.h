@@ -117,7 +117,8 @@ typedef enum zs__purpose {
   ZS__P_PARAM_GATHER = 6, /* stage 1-2 all-gather of updated parameters */
   ZS__P_INIT = 7,         /* initialization broadcasts */
   ZS__P_SET = 8,          /* zs_tensor_set */
-  ZS__P_GET = 9           /* zs_tensor_get */
+  ZS__P_GET = 9,          /* zs_tensor_get */
+  ZS__P_NORM = 10         /* zs_step: gradient norm / overflow agreement */
 } zs__purpose;
 
 typedef struct zs__coll_tag {

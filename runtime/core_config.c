@@ -88,6 +88,50 @@ zs_status zs_config_validate(const zs_config* c) {
   ZS_REQUIRE(zs__finite_nonneg(c->collective_timeout_s),
              "config.collective_timeout_s: expected a finite value >= 0 "
              "(0: no timeout), got %g", c->collective_timeout_s);
+  ZS_REQUIRE(c->reduce_dtype == -1 || c->reduce_dtype == ZS_FLOAT32,
+             "config.reduce_dtype: expected -1 (the parameters' dtype) or "
+             "ZS_FLOAT32 (%d), got %d", (int)ZS_FLOAT32, c->reduce_dtype);
+  ZS_REQUIRE(c->grad_accum_steps >= 1,
+             "config.grad_accum_steps: expected >= 1 micro-batches per "
+             "optimizer step, got %d", c->grad_accum_steps);
+  ZS_REQUIRE(c->grad_accum_local == 0 || c->grad_accum_local == 1,
+             "config.grad_accum_local: expected 0 or 1, got %d",
+             c->grad_accum_local);
+  ZS_REQUIRE(c->clip_grad_norm == 0 || c->clip_grad_norm == 1,
+             "config.clip_grad_norm: expected 0 or 1, got %d",
+             c->clip_grad_norm);
+  ZS_REQUIRE(!c->clip_grad_norm ||
+                 (isfinite(c->max_grad_norm) && c->max_grad_norm > 0.0),
+             "config.max_grad_norm: expected a finite value > 0 when "
+             "clip_grad_norm is on, got %g", c->max_grad_norm);
+  const zs_loss_scaler_config* ls = &c->loss_scaler;
+  ZS_REQUIRE(ls->mode == ZS_LOSS_SCALE_NONE || ls->mode == ZS_LOSS_SCALE_STATIC ||
+                 ls->mode == ZS_LOSS_SCALE_DYNAMIC,
+             "config.loss_scaler.mode: expected ZS_LOSS_SCALE_NONE (0), "
+             "STATIC (1) or DYNAMIC (2), got %d", ls->mode);
+  if (ls->mode != ZS_LOSS_SCALE_NONE) {
+    ZS_REQUIRE(isfinite(ls->min_scale) && ls->min_scale > 0.0,
+               "config.loss_scaler.min_scale: expected a finite value > 0, "
+               "got %g", ls->min_scale);
+    ZS_REQUIRE(isfinite(ls->init_scale) && ls->init_scale > 0.0 &&
+                   (ls->mode == ZS_LOSS_SCALE_STATIC ||
+                    ls->init_scale >= ls->min_scale),
+               "config.loss_scaler.init_scale: expected a finite value > 0 "
+               "(and >= min_scale %g when dynamic), got %g", ls->min_scale,
+               ls->init_scale);
+    ZS_REQUIRE(isfinite(ls->growth_factor) && ls->growth_factor > 1.0,
+               "config.loss_scaler.growth_factor: expected a finite value "
+               "> 1, got %g", ls->growth_factor);
+    ZS_REQUIRE(ls->backoff_factor > 0.0 && ls->backoff_factor < 1.0,
+               "config.loss_scaler.backoff_factor: expected (0, 1), got %g",
+               ls->backoff_factor);
+    ZS_REQUIRE(ls->growth_interval >= 1,
+               "config.loss_scaler.growth_interval: expected >= 1 steps, got "
+               "%d", ls->growth_interval);
+    ZS_REQUIRE(ls->hysteresis >= 1,
+               "config.loss_scaler.hysteresis: expected >= 1, got %d",
+               ls->hysteresis);
+  }
   return ZS_OK;
 }
 
@@ -118,7 +162,19 @@ size_t zs__config_describe(const zs_config* c, char* buf, size_t cap) {
                    c->bucket_elements, c->prefetch_depth, c->max_live_elements,
                    c->reshard_after_forward, c->reduce_order,
                    c->progress_thread);
-  return n < 0 ? 0 : (size_t)n;
+  if (n < 0) return 0;
+  const zs_loss_scaler_config* ls = &c->loss_scaler;
+  int k = snprintf(buf == NULL ? NULL : buf + ((size_t)n < cap ? (size_t)n : cap),
+                   (size_t)n < cap ? cap - (size_t)n : 0,
+                   "config.reduce_dtype=%d\nconfig.grad_accum_steps=%d\n"
+                   "config.grad_accum_local=%d\nconfig.clip_grad_norm=%d\n"
+                   "config.max_grad_norm=%.17g\nconfig.loss_scaler=%d %.17g "
+                   "%.17g %.17g %d %.17g %d\n",
+                   c->reduce_dtype, c->grad_accum_steps, c->grad_accum_local,
+                   c->clip_grad_norm, c->max_grad_norm, ls->mode,
+                   ls->init_scale, ls->growth_factor, ls->backoff_factor,
+                   ls->growth_interval, ls->min_scale, ls->hysteresis);
+  return k < 0 ? (size_t)n : (size_t)n + (size_t)k;
 }
 
 /* ==== JSON ================================================================ */
@@ -245,7 +301,10 @@ static zs_status zs__json_apply(const cJSON* root, zs_config* c) {
   static const char* const keys[] = {"zero_optimization", "device",
                                      "optimizer", "log_level",
                                      "collective_timeout", "progress_thread",
-                                     NULL};
+                                     "communication_data_type",
+                                     "gradient_accumulation_steps",
+                                     "gradient_accumulation_local",
+                                     "gradient_clipping", "fp16", NULL};
   ZS_CHECK(zs__json_known_keys(root, "", keys));
   const cJSON* zero = cJSON_GetObjectItemCaseSensitive(root, "zero_optimization");
   if (zero != NULL) {
@@ -290,6 +349,69 @@ static zs_status zs__json_apply(const cJSON* root, zs_config* c) {
   ZS_CHECK(zs__json_number(root, "collective_timeout", "",
                            &c->collective_timeout_s));
   ZS_CHECK(zs__json_int(root, "progress_thread", "", 0, 1, &c->progress_thread));
+  const cJSON* cdt = cJSON_GetObjectItemCaseSensitive(root,
+                                                      "communication_data_type");
+  if (cdt != NULL) {
+    if (cJSON_IsString(cdt) && (strcasecmp(cdt->valuestring, "fp32") == 0 ||
+                                strcasecmp(cdt->valuestring, "float32") == 0))
+      c->reduce_dtype = ZS_FLOAT32;
+    else if (cJSON_IsNull(cdt))
+      c->reduce_dtype = -1;
+    else
+      ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+              "config JSON: communication_data_type: expected \"fp32\" or "
+              "null (the parameters' dtype)");
+  }
+  ZS_CHECK(zs__json_int(root, "gradient_accumulation_steps", "", 1, 1 << 30,
+                        &c->grad_accum_steps));
+  ZS_CHECK(zs__json_int(root, "gradient_accumulation_local", "", 0, 1,
+                        &c->grad_accum_local));
+  /* DeepSpeed: gradient_clipping 0 disables clipping. */
+  double clip = c->clip_grad_norm ? c->max_grad_norm : 0.0;
+  ZS_CHECK(zs__json_number(root, "gradient_clipping", "", &clip));
+  if (!isfinite(clip) || clip < 0.0)
+    ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+            "config JSON: gradient_clipping: expected a finite value >= 0 (0 "
+            "disables clipping), got %g", clip);
+  c->clip_grad_norm = clip > 0.0;
+  if (clip > 0.0) c->max_grad_norm = clip;
+  const cJSON* fp16 = cJSON_GetObjectItemCaseSensitive(root, "fp16");
+  if (fp16 != NULL) {
+    if (!cJSON_IsObject(fp16))
+      ZS_FAIL(ZS_ERR_INVALID_ARGUMENT, "config JSON: fp16: expected an object");
+    static const char* const fkeys[] = {"enabled", "loss_scale",
+                                        "initial_scale_power",
+                                        "loss_scale_window", "hysteresis",
+                                        "min_loss_scale", NULL};
+    ZS_CHECK(zs__json_known_keys(fp16, "fp16", fkeys));
+    zs_loss_scaler_config* ls = &c->loss_scaler;
+    int enabled = ls->mode != ZS_LOSS_SCALE_NONE;
+    ZS_CHECK(zs__json_int(fp16, "enabled", "fp16", 0, 1, &enabled));
+    /* DeepSpeed: loss_scale 0 is dynamic, starting at 2^initial_scale_power */
+    double fixed = ls->mode == ZS_LOSS_SCALE_STATIC ? ls->init_scale : 0.0;
+    ZS_CHECK(zs__json_number(fp16, "loss_scale", "fp16", &fixed));
+    int power = -1;
+    ZS_CHECK(zs__json_int(fp16, "initial_scale_power", "fp16", 0, 1000,
+                          &power));
+    ZS_CHECK(zs__json_int(fp16, "loss_scale_window", "fp16", 1, 1 << 30,
+                          &ls->growth_interval));
+    ZS_CHECK(zs__json_int(fp16, "hysteresis", "fp16", 1, 1 << 30,
+                          &ls->hysteresis));
+    ZS_CHECK(zs__json_number(fp16, "min_loss_scale", "fp16", &ls->min_scale));
+    if (!isfinite(fixed) || fixed < 0.0)
+      ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+              "config JSON: fp16.loss_scale: expected 0 (dynamic) or a "
+              "finite value > 0, got %g", fixed);
+    if (!enabled) {
+      ls->mode = ZS_LOSS_SCALE_NONE;
+    } else if (fixed > 0.0) {
+      ls->mode = ZS_LOSS_SCALE_STATIC;
+      ls->init_scale = fixed;
+    } else {
+      ls->mode = ZS_LOSS_SCALE_DYNAMIC;
+      if (power >= 0) ls->init_scale = ldexp(1.0, power);
+    }
+  }
 cleanup:
   return st;
 }

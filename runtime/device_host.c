@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "optim/convert.h"
 #include "runtime/device.h"
 
 enum { ZS__HOST_ALIGN = 64 };
@@ -48,21 +49,35 @@ static zs_status zs__host_memset(zs__device* dev, void* dst, int value,
   return ZS_OK;
 }
 
+/* 16-bit values are widened to fp32, combined in fp32 and rounded once
+ * (to nearest even) when stored. */
+static int zs__host_float_type(zs_dtype t) {
+  return t == ZS_FLOAT32 || t == ZS_BFLOAT16 || t == ZS_FLOAT16;
+}
+
 static zs_status zs__host_div_add(zs__device* dev, void* dst, const void* base,
                                   const void* src, float divisor, size_t n,
                                   zs_dtype dtype, zs__stream* stream) {
   (void)dev;
   (void)stream;
-  if (dtype != ZS_FLOAT32)
+  if (!zs__host_float_type(dtype))
     return zs__error(ZS_ERR_UNSUPPORTED, "host div_add: dtype %s",
                      zs_dtype_name(dtype));
-  float* d = (float*)dst;
-  const float* b = (const float*)base;
-  const float* s = (const float*)src;
-  if (b == NULL)
-    for (size_t i = 0; i < n; i++) d[i] = s[i] / divisor;
-  else
-    for (size_t i = 0; i < n; i++) d[i] = b[i] + s[i] / divisor;
+  if (dtype == ZS_FLOAT32) {
+    float* d = (float*)dst;
+    const float* b = (const float*)base;
+    const float* s = (const float*)src;
+    if (b == NULL)
+      for (size_t i = 0; i < n; i++) d[i] = s[i] / divisor;
+    else
+      for (size_t i = 0; i < n; i++) d[i] = b[i] + s[i] / divisor;
+    return ZS_OK;
+  }
+  for (size_t i = 0; i < n; i++) {
+    float v = zs__load(src, dtype, i) / divisor;
+    if (base != NULL) v = zs__load(base, dtype, i) + v;
+    zs__store(dst, dtype, i, v);
+  }
   return ZS_OK;
 }
 
@@ -72,19 +87,28 @@ static zs_status zs__host_sum_chunks(zs__device* dev, void* dst,
                                      zs__stream* stream) {
   (void)dev;
   (void)stream;
-  if (dtype != ZS_FLOAT32)
+  if (!zs__host_float_type(dtype))
     return zs__error(ZS_ERR_UNSUPPORTED, "host sum_chunks: dtype %s",
                      zs_dtype_name(dtype));
-  float* d = (float*)dst;
-  const float* s = (const float*)src;
   if (nchunks <= 0) {
-    memset(d, 0, chunk * sizeof(float));
+    memset(dst, 0, chunk * zs_dtype_size(dtype));
     return ZS_OK;
   }
-  memcpy(d, s, chunk * sizeof(float));
-  for (int r = 1; r < nchunks; r++) {
-    const float* x = s + (size_t)r * chunk;
-    for (size_t i = 0; i < chunk; i++) d[i] += x[i];
+  if (dtype == ZS_FLOAT32) {
+    float* d = (float*)dst;
+    const float* s = (const float*)src;
+    memcpy(d, s, chunk * sizeof(float));
+    for (int r = 1; r < nchunks; r++) {
+      const float* x = s + (size_t)r * chunk;
+      for (size_t i = 0; i < chunk; i++) d[i] += x[i];
+    }
+    return ZS_OK;
+  }
+  for (size_t i = 0; i < chunk; i++) {
+    float v = zs__load(src, dtype, i);
+    for (int r = 1; r < nchunks; r++)
+      v += zs__load(src, dtype, (size_t)r * chunk + i);
+    zs__store(dst, dtype, i, v);
   }
   return ZS_OK;
 }

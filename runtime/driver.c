@@ -24,6 +24,8 @@ struct zs_driver {
   size_t grad_bytes;
 };
 
+static void zs__driver_free(zs_driver* d);
+
 zs_status zs_driver_create(zs_model* m, size_t input_bytes,
                            int checkpoint_activations, zs_driver** out) {
   ZS_REQUIRE(m != NULL && out != NULL,
@@ -44,20 +46,35 @@ zs_status zs_driver_create(zs_model* m, size_t input_bytes,
 
 void zs_driver_destroy(zs_driver* d) {
   if (d == NULL) return;
-  zs__device* dev = d->m->ctx != NULL ? d->m->ctx->device : NULL;
-  if (dev != NULL && d->allocated) {
-    zs__dev_free(dev, d->input);
-    zs__dev_free(dev, d->grad[0]);
-    zs__dev_free(dev, d->grad[1]);
-    for (int l = 0; l < d->n; l++) {
-      zs__dev_free(dev, d->outputs[l]);
-      if (!d->checkpoint || l == 0) zs__dev_free(dev, d->scratch[l]);
-    }
-  }
-  free(d->outputs);
-  free(d->scratch);
+  zs__driver_free(d);
   free(d->layers);
   free(d);
+}
+
+/* Whether a layer on unit `lu` uses unit `u`: its own, or the unit of the
+ * owner of one of its tied tensors. */
+static int zs__layer_uses(const zs_model* m, int lu, int u) {
+  if (lu == u) return 1;
+  const zs__unit* x = &m->units[lu];
+  for (int i = 0; i < x->ntensors; i++) {
+    const zs__tensor* t = &m->tensors[x->tensors[i]];
+    if (t->tied_to >= 0 && m->tensors[t->tied_to].unit == u) return 1;
+  }
+  return 0;
+}
+
+/* Declares the use counts of unit `lu` and of the units it ties to, over
+ * every layer added so far (layers[0..n], the new one included). */
+static zs_status zs__driver_declare_uses(zs_driver* d, int lu) {
+  zs_model* m = d->m;
+  for (int u = 0; u < m->nunits; u++) {
+    if (!zs__layer_uses(m, lu, u)) continue;
+    int uses = 0;
+    for (int l = 0; l <= d->n; l++) uses += zs__layer_uses(m, d->layers[l].unit, u);
+    zs_status st = zs_unit_set_grad_uses(m, u, uses);
+    if (st != ZS_OK) return st;
+  }
+  return ZS_OK;
 }
 
 zs_status zs_driver_add_layer(zs_driver* d, const zs_layer_desc* desc,
@@ -75,8 +92,9 @@ zs_status zs_driver_add_layer(zs_driver* d, const zs_layer_desc* desc,
              d->n, d->m->units[desc->unit].name, desc->flags);
   if (d->allocated)
     return zs__error(ZS_ERR_INVALID_STATE,
-                     "zs_driver_add_layer: the driver has run; add every layer "
-                     "before the first zs_driver_forward");
+                     "zs_driver_add_layer: the activation buffers exist "
+                     "(zs_driver_input, zs_driver_output or zs_driver_forward "
+                     "was called); add every layer before those");
   if (d->n == d->cap) {
     int cap = d->cap == 0 ? 8 : 2 * d->cap;
     zs_layer_desc* p =
@@ -85,14 +103,13 @@ zs_status zs_driver_add_layer(zs_driver* d, const zs_layer_desc* desc,
     d->layers = p;
     d->cap = cap;
   }
-  /* Before finalize, the layers declare how often each unit is used. */
+  d->layers[d->n] = *desc;
+  /* Before finalize, the layers declare how often each unit is used: a
+   * layer uses its unit and, through tied tensors, their owners' units. */
   if (!d->m->finalized) {
-    int uses = 1;
-    for (int l = 0; l < d->n; l++) uses += d->layers[l].unit == desc->unit;
-    zs_status st = zs_unit_set_grad_uses(d->m, desc->unit, uses);
+    zs_status st = zs__driver_declare_uses(d, desc->unit);
     if (st != ZS_OK) return st;
   }
-  d->layers[d->n] = *desc;
   if (layer != NULL) *layer = d->n;
   d->n++;
   return ZS_OK;
@@ -122,18 +139,40 @@ zs_status zs_driver_activation_bytes(const zs_driver* d, int checkpoint,
   return ZS_OK;
 }
 
-/* Allocates the activation buffers (activations category) on first use. */
+static void zs__driver_free(zs_driver* d) {
+  zs__device* dev = d->m->ctx != NULL ? d->m->ctx->device : NULL;
+  if (dev != NULL && d->outputs != NULL) {
+    zs__dev_free(dev, d->input);
+    zs__dev_free(dev, d->grad[0]);
+    zs__dev_free(dev, d->grad[1]);
+    for (int l = 0; l < d->n; l++) {
+      zs__dev_free(dev, d->outputs[l]);
+      if (!d->checkpoint || l == 0) zs__dev_free(dev, d->scratch[l]);
+    }
+  }
+  free(d->outputs);
+  free(d->scratch);
+  d->outputs = d->scratch = NULL;
+  d->input = d->grad[0] = d->grad[1] = NULL;
+  d->allocated = 0;
+}
+
+/* Allocates the activation buffers (activations category) on first use;
+ * on failure frees what it allocated, so a later call can retry. */
 static zs_status zs__driver_alloc(zs_driver* d) {
   if (d->allocated) return ZS_OK;
+  ZS_REQUIRE(d->m->ctx != NULL, "zs_driver: the model's context was destroyed");
+  ZS_REQUIRE(d->n > 0, "zs_driver: no layers were added");
   zs__device* dev = d->m->ctx->device;
   zs_status st = ZS_OK;
   d->outputs = (void**)calloc((size_t)d->n + 1, sizeof(void*));
   d->scratch = (void**)calloc((size_t)d->n + 1, sizeof(void*));
-  if (d->outputs == NULL || d->scratch == NULL)
-    return zs__error(ZS_ERR_OUT_OF_MEMORY, "driver buffers");
+  if (d->outputs == NULL || d->scratch == NULL) {
+    st = zs__error(ZS_ERR_OUT_OF_MEMORY, "driver buffers");
+    goto cleanup;
+  }
   size_t gmax, smax;
   zs__driver_maxima(d, &gmax, &smax);
-  d->allocated = 1; /* from here on, destroy frees what exists */
   ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_ACTIVATIONS, d->input_bytes, 1,
                          "driver input", &d->input));
   ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_ACTIVATIONS, gmax, 1, "driver gradient",
@@ -153,7 +192,9 @@ static zs_status zs__driver_alloc(zs_driver* d) {
                            1, d->checkpoint ? "shared scratch" : "layer scratch",
                            &d->scratch[l]));
   }
+  d->allocated = 1;
 cleanup:
+  if (st != ZS_OK) zs__driver_free(d);
   return st;
 }
 
@@ -197,19 +238,34 @@ static zs_status zs__driver_call(zs_driver* d, zs_layer_fn fn,
   return st;
 }
 
+/* A callback that fails on one rank must not hang the others: the failing
+ * rank keeps issuing the step's collectives (gathers, releases, gradient
+ * reductions) without calling further callbacks, and every rank agrees on
+ * the outcome at the end of the pass (one small all-reduce), so the others
+ * return ZS_ERR_REMOTE naming the rank. Engine errors (COMM, TIMEOUT,
+ * OUT_OF_MEMORY in a gather) stop the pass at once: they are collective
+ * failures already, or the rank cannot go on. */
+static zs_status zs__driver_agree(zs_driver* d, zs_status engine,
+                                  zs_status callback, const char* what) {
+  if (engine != ZS_OK) return engine;
+  return zs__comm_agree(d->m->ctx->comm, callback, what);
+}
+
 zs_status zs_driver_forward(zs_driver* d) {
   ZS_REQUIRE(d != NULL, "zs_driver_forward: driver is NULL");
-  zs_status st = zs__driver_alloc(d);
+  zs_status st = zs__driver_alloc(d);   /* engine status */
+  zs_status cb = ZS_OK;                 /* first callback error */
   for (int l = 0; l < d->n && st == ZS_OK; l++) {
     const int unit = d->layers[l].unit;
     st = zs_unit_gather(d->m, unit);
     if (st != ZS_OK) break;
-    zs_layer_io io = zs__driver_io(d, l);
-    st = zs__driver_call(d, d->layers[l].forward, &io, "forward");
-    zs_status s2 = zs_unit_release(d->m, unit);
-    if (st == ZS_OK) st = s2;
+    if (cb == ZS_OK) {
+      zs_layer_io io = zs__driver_io(d, l);
+      cb = zs__driver_call(d, d->layers[l].forward, &io, "forward");
+    }
+    st = zs_unit_release(d->m, unit);
   }
-  return st;
+  return zs__driver_agree(d, st, cb, "zs_driver_forward");
 }
 
 zs_status zs_driver_backward(zs_driver* d) {
@@ -217,6 +273,7 @@ zs_status zs_driver_backward(zs_driver* d) {
   zs_status st = zs__driver_alloc(d);
   if (st != ZS_OK) return st;
   zs__device* dev = d->m->ctx->device;
+  zs_status cb = ZS_OK;
   int cur = 0; /* grad[cur]: d loss / d output of the current layer */
   st = dev->ops->memset(dev, d->grad[cur], 0, d->grad_bytes, NULL);
   for (int l = d->n - 1; l >= 0 && st == ZS_OK; l--) {
@@ -231,16 +288,17 @@ zs_status zs_driver_backward(zs_driver* d) {
     if (st != ZS_OK) break;
     zs_layer_io io = zs__driver_io(d, l);
     st = zs_unit_grad_acquire(d->m, unit);
-    if (st == ZS_OK && recompute) {
+    if (st == ZS_OK && cb == ZS_OK && recompute) {
       io.recompute = 1;
-      st = zs__driver_call(d, d->layers[l].forward, &io, "recomputed forward");
+      cb = zs__driver_call(d, d->layers[l].forward, &io, "recomputed forward");
       io.recompute = 0;
     }
     const size_t in_bytes = l == 0 ? d->input_bytes : d->layers[l - 1].output_bytes;
     if (st == ZS_OK) st = dev->ops->memset(dev, d->grad[1 - cur], 0, in_bytes, NULL);
     io.grad_output = d->grad[cur];
     io.grad_input = d->grad[1 - cur];
-    if (st == ZS_OK) st = zs__driver_call(d, d->layers[l].backward, &io, "backward");
+    if (st == ZS_OK && cb == ZS_OK)
+      cb = zs__driver_call(d, d->layers[l].backward, &io, "backward");
     if (d->m->units[unit].user_grad_open) {
       zs_status s2 = zs_unit_grad_release(d->m, unit);
       if (st == ZS_OK) st = s2;
@@ -249,5 +307,5 @@ zs_status zs_driver_backward(zs_driver* d) {
     if (st == ZS_OK) st = s2;
     cur = 1 - cur;
   }
-  return st;
+  return zs__driver_agree(d, st, cb, "zs_driver_backward");
 }

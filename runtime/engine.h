@@ -54,7 +54,9 @@ typedef struct zs__unit {
   int* owners;  /* other units owning tensors tied from here (finalize) */
   int nowners;
   zs_dtype dtype;
-  size_t elem;  /* bytes per element */
+  size_t elem;  /* bytes per parameter element */
+  zs_dtype gdtype; /* gradients: dtype (elem) or fp32 (config.reduce_dtype) */
+  size_t gelem;    /* bytes per gradient element */
   int trainable; /* has an untied, non-frozen tensor: grads + optimizer */
   zs__unit_layout layout;
 
@@ -77,6 +79,14 @@ typedef struct zs__unit {
   int nstates;
   zs__piece* opt_pieces; /* trainable tensor pieces of the optimizer span */
   size_t nopt_pieces;
+  zs__piece* norm_pieces; /* ... of this rank's shard (every stage) */
+  size_t nnorm_pieces;
+  void* master;     /* 16-bit units: fp32 master weights of the optimizer
+                       span (MASTER_WEIGHTS), the values the optimizer
+                       updates; params hold their rounding */
+  int master_stale; /* params were written (init, zs_tensor_set): the
+                       master copy is refreshed from them before the next
+                       optimizer step */
 
   /* Collectives in flight. */
   zs__inflight gather_ops; /* stage 3: the all-gather filling params_full */
@@ -115,6 +125,11 @@ struct zs_model {
   int poisoned; /* a registration call failed on this rank */
   char poison_msg[512];
   int64_t steps_called;  /* zs_step calls that completed */
+  int micro;             /* micro-batches accumulated toward the next
+                            optimizer step (0..K-1) */
+  double loss_scale;     /* loss scaler state (config.loss_scaler) */
+  int scale_clean_steps; /* applied steps since the last growth/backoff */
+  int scale_hysteresis;  /* overflows still tolerated before backing off */
   int64_t steps_applied; /* ... of which ran the optimizer */
 
   /* Stage-3 prefetch: the order of the user's gathers recorded in a step
@@ -153,6 +168,10 @@ void* zs__param_shard_ptr(zs_model* m, zs__unit* u);
 void* zs__grad_shard_ptr(zs_model* m, zs__unit* u);
 /* Optimizer state k of a unit, pointing at this rank's shard. */
 void* zs__state_shard_ptr(zs_model* m, zs__unit* u, int k);
+/* A 16-bit unit's fp32 master weights for this rank's shard, and their
+ * refresh from the parameters after these were written (master_stale). */
+void* zs__master_shard_ptr(zs_model* m, zs__unit* u);
+zs_status zs__master_refresh(zs_model* m, zs__unit* u);
 zs_status zs__check_finalized(const zs_model* m, const char* fn);
 
 /* ---- engine_gather.c ---- */
@@ -180,6 +199,10 @@ zs_status zs__grad_gather_start(zs_model* m);
 /* Most units reducing at once: starting another finishes the oldest, so
  * the accumulation buffers of at most this many units are alive. */
 #define ZS__MAX_REDUCING 2
+/* The gradient accumulation runs K micro-batches; this is the K-th. */
+static inline int zs__accum_boundary(const zs_model* m) {
+  return m->micro + 1 >= m->ctx->config.grad_accum_steps;
+}
 /* Makes the accumulation buffer ready (zeroed on the step's first open). */
 zs_status zs__grad_prepare(zs_model* m, zs__unit* u);
 

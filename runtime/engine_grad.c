@@ -84,7 +84,7 @@ void zs__bucket(const zs_model* m, const zs__unit* u, int b, size_t* offset,
 zs_status zs__grad_prepare(zs_model* m, zs__unit* u) {
   zs__device* dev = m->ctx->device;
   const int stage = m->ctx->config.stage;
-  const size_t S = u->layout.shard * u->elem, P = u->layout.padded * u->elem;
+  const size_t S = u->layout.shard * u->gelem, P = u->layout.padded * u->gelem;
   zs_status st = ZS_OK;
   if (u->grad_state == ZS__GRAD_ACCUM) return ZS_OK;
   if (u->grad_state == ZS__GRAD_REDUCING)
@@ -128,7 +128,7 @@ zs_status zs__grad_reduce_start(zs_model* m, zs__unit* u) {
   zs_status st = ZS_OK;
   if (u->reopened) {
     ZS_CHECK(zs__dev_alloc(m->ctx->device, ZS_MEM_COMM_BUFFERS,
-                           u->layout.shard * u->elem, 0, u->name, &u->red_sum));
+                           u->layout.shard * u->gelem, 0, u->name, &u->red_sum));
     dst = (char*)u->red_sum;
   }
   for (int b = 0; b < zs__bucket_count(m, u); b++) {
@@ -137,7 +137,7 @@ zs_status zs__grad_reduce_start(zs_model* m, zs__unit* u) {
     zs__coll* op = NULL;
     ZS_CHECK(zs__comm_ireduce_scatter(comm, tag, order, u->grad_accum, off,
                                       u->layout.shard, cnt,
-                                      dst + off * u->elem, u->dtype, &op));
+                                      dst + off * u->gelem, u->gdtype, &op));
     ZS_CHECK(zs__inflight_push(&u->red_ops, op));
   }
   u->grad_state = ZS__GRAD_REDUCING;
@@ -183,14 +183,16 @@ static void zs__reducing_remove(zs_model* m, int ui) {
 zs_status zs__grad_reduce_finish(zs_model* m, zs__unit* u) {
   zs__device* dev = m->ctx->device;
   zs__comm* comm = m->ctx->comm;
-  const float world = (float)m->ctx->world;
+  /* The mean over ranks and micro-batches: sum / (ranks * K). */
+  const float world =
+      (float)m->ctx->world * (float)m->ctx->config.grad_accum_steps;
   void* shard = zs__grad_shard_ptr(m, u);
   zs_status st = ZS_OK;
   zs__reducing_remove(m, (int)(u - m->units));
   ZS_CHECK(zs__inflight_wait(comm, &u->red_ops));
   ZS_CHECK(dev->ops->div_add(dev, shard, u->grad_saved,
                              u->reopened ? u->red_sum : shard, world,
-                             u->layout.shard, u->dtype, NULL));
+                             u->layout.shard, u->gdtype, NULL));
   if (u->grad_accum != u->grads_full) zs__dev_free(dev, u->grad_accum);
   u->grad_accum = NULL;
   zs__dev_free(dev, u->grad_saved);
@@ -215,7 +217,7 @@ zs_status zs__grad_gather_start(zs_model* m) {
       zs__coll* op = NULL;
       st = zs__comm_iall_gather_strided(
           comm, zs__tag(ZS__P_GRAD_GATHER, ui, u->name), u->grads_full, off,
-          u->layout.shard, cnt, u->dtype, &op);
+          u->layout.shard, cnt, u->gdtype, &op);
       if (st == ZS_OK) st = zs__inflight_push(&u->shard_ops, op);
     }
   }
@@ -246,6 +248,8 @@ static zs_status zs__grad_close(zs_model* m, int unit) {
   u->grad_refs--;
   u->releases++;
   int expected = zs__expected_uses(u);
+  /* Local accumulation reduces at the K-th micro-batch only. */
+  if (m->ctx->config.grad_accum_local && !zs__accum_boundary(m)) return ZS_OK;
   if (u->trainable && u->grad_refs == 0 && expected > 0 &&
       u->releases >= expected && u->grad_state == ZS__GRAD_ACCUM)
     return zs__grad_reduce_start(m, u);
@@ -322,6 +326,6 @@ zs_status zs_tensor_grad(zs_model* m, int tensor, void** grad) {
                      "zs_tensor_grad: tensor '%s' is frozen: it has no "
                      "gradient", t->name);
   zs__unit* su = &m->units[zs__storage_unit(m, tensor)];
-  *grad = zs__at(su->grad_accum, t->offset, su->elem);
+  *grad = zs__at(su->grad_accum, t->offset, su->gelem);
   return ZS_OK;
 }

@@ -8,7 +8,8 @@
 
 #include "runtime/engine.h"
 
-/* Refuses while a unit is gathered: at stage 3 its gathered copy would go
+/* Refuses while the user holds a gathered unit (after prefetches and
+ * forward holds were dropped): at stage 3 its gathered copy would go
  * stale, and the same code must behave the same at every stage. */
 static zs_status zs__check_none_gathered(const zs_model* m, const char* fn) {
   for (int i = 0; i < m->nunits; i++)
@@ -24,6 +25,7 @@ static zs_status zs__check_none_gathered(const zs_model* m, const char* fn) {
 static zs_status zs__store_params(zs_model* m, zs__unit* u, const char* full,
                                   size_t begin, size_t n) {
   zs__device* dev = m->ctx->device;
+  u->master_stale = 1;
   if (m->ctx->config.stage <= 2)
     return dev->ops->copy(dev, zs__at(u->params_full, begin, u->elem),
                           full, n * u->elem, NULL);
@@ -43,6 +45,9 @@ zs_status zs_model_init(zs_model* m, zs_init_fn fn, void* user) {
   /* Local checks are agreed on, so a rank that fails them fails everyone
    * instead of leaving the others in a broadcast. */
   zs_status local = zs__quiesce(m);
+  /* Prefetched or forward-held copies would go stale: drop them (every
+   * rank does, so the next gathers stay the same everywhere). */
+  if (local == ZS_OK) local = zs__prefetch_drain(m);
   if (local == ZS_OK) local = zs__check_none_gathered(m, "zs_model_init");
   if (local == ZS_OK && m->ctx->rank == 0 && fn == NULL)
     local = zs__error(ZS_ERR_INVALID_ARGUMENT, "zs_model_init: fn is NULL");
@@ -85,6 +90,7 @@ zs_status zs_tensor_set(zs_model* m, int tensor, const void* data) {
     local = zs__error(ZS_ERR_INVALID_ARGUMENT,
                       "zs_tensor_set: tensor %d does not exist", tensor);
   if (local == ZS_OK) local = zs__quiesce(m);
+  if (local == ZS_OK) local = zs__prefetch_drain(m);
   if (local == ZS_OK) local = zs__check_none_gathered(m, "zs_tensor_set");
   if (local == ZS_OK && m->ctx->rank == 0 && data == NULL &&
       m->tensors[tensor].numel > 0)
@@ -117,26 +123,30 @@ static const char* zs__field_name(zs_field f) {
     case ZS_FIELD_EXP_AVG: return "exp_avg";
     case ZS_FIELD_EXP_AVG_SQ: return "exp_avg_sq";
     case ZS_FIELD_MOMENTUM: return "momentum";
+    case ZS_FIELD_MASTER: return "master";
   }
   return "unknown";
 }
 
-/* This rank's shard of the buffer behind `field`, or an error naming why
- * the tensor has no such field. */
+/* This rank's shard of the buffer behind `field` and its dtype, or an
+ * error naming why the tensor has no such field. */
 static zs_status zs__field_shard(zs_model* m, const zs__tensor* t,
                                  const zs__tensor* owner, zs__unit* u,
-                                 zs_field field, void** out) {
+                                 zs_field field, void** out, zs_dtype* dtype) {
   const zs_optimizer_config* o = &m->ctx->config.optimizer;
   int frozen = (owner->flags & ZS_TENSOR_FROZEN) != 0;
   int adam = o->kind != ZS_OPTIM_SGD;
   const char* why = "it is frozen";
+  *dtype = ZS_FLOAT32;
   switch (field) {
     case ZS_FIELD_PARAM:
       *out = zs__param_shard_ptr(m, u);
+      *dtype = u->dtype;
       return ZS_OK;
     case ZS_FIELD_GRAD:
       if (frozen) break;
       *out = zs__grad_shard_ptr(m, u);
+      *dtype = u->gdtype;
       return ZS_OK;
     case ZS_FIELD_EXP_AVG:
     case ZS_FIELD_EXP_AVG_SQ:
@@ -150,6 +160,16 @@ static zs_status zs__field_shard(zs_model* m, const zs__tensor* t,
       if (frozen || adam || u->nstates == 0) break;
       *out = zs__state_shard_ptr(m, u, 0);
       return ZS_OK;
+    case ZS_FIELD_MASTER:
+      if (!frozen && u->master == NULL)
+        why = "it is fp32 (its parameters are the master weights)";
+      if (frozen || u->master == NULL) break;
+      {
+        zs_status st = zs__master_refresh(m, u);
+        if (st != ZS_OK) return st;
+      }
+      *out = zs__master_shard_ptr(m, u);
+      return ZS_OK;
     default:
       why = "unknown field";
       break;
@@ -161,11 +181,27 @@ static zs_status zs__field_shard(zs_model* m, const zs__tensor* t,
                    zs__field_name(field), (int)field, why);
 }
 
+zs_dtype zs_tensor_field_dtype(const zs_model* m, int tensor, zs_field field) {
+  if (m == NULL || !m->finalized || tensor < 0 || tensor >= m->ntensors)
+    return ZS_DTYPE_COUNT;
+  const zs__unit* u = &m->units[zs__storage_unit(m, tensor)];
+  switch (field) {
+    case ZS_FIELD_PARAM: return u->dtype;
+    case ZS_FIELD_GRAD: return u->gdtype;
+    case ZS_FIELD_EXP_AVG:
+    case ZS_FIELD_EXP_AVG_SQ:
+    case ZS_FIELD_MOMENTUM:
+    case ZS_FIELD_MASTER: return ZS_FLOAT32;
+  }
+  return ZS_DTYPE_COUNT;
+}
+
 zs_status zs_tensor_get(zs_model* m, int tensor, zs_field field, void* out) {
   zs_status st = zs__check_finalized(m, "zs_tensor_get");
   if (st != ZS_OK) return st;
   zs_status local = zs__quiesce(m);
   void* shard = NULL;
+  zs_dtype dtype = ZS_FLOAT32;
   if (local != ZS_OK) {
     /* the message is set */
   } else if (tensor < 0 || tensor >= m->ntensors) {
@@ -179,23 +215,25 @@ zs_status zs_tensor_get(zs_model* m, int tensor, zs_field field, void* out) {
     const zs__tensor* t = &m->tensors[tensor];
     const zs__tensor* owner = t->tied_to >= 0 ? &m->tensors[t->tied_to] : t;
     local = zs__field_shard(m, t, owner, &m->units[zs__storage_unit(m, tensor)],
-                            field, &shard);
+                            field, &shard, &dtype);
   }
   zs__device* dev = m->ctx->device;
   char* full = NULL;
   if (local == ZS_OK) {
     zs__unit* u = &m->units[zs__storage_unit(m, tensor)];
-    local = zs__dev_alloc(dev, ZS_MEM_OTHER, u->layout.padded * u->elem, 0,
+    local = zs__dev_alloc(dev, ZS_MEM_OTHER,
+                          u->layout.padded * zs_dtype_size(dtype), 0,
                           "tensor_get buffer", (void**)&full);
   }
   ZS_CHECK(zs__comm_agree(m->ctx->comm, local, "zs_tensor_get"));
   const zs__tensor* t = &m->tensors[tensor];
   const int su = zs__storage_unit(m, tensor);
   zs__unit* u = &m->units[su];
+  const size_t elem = zs_dtype_size(dtype);
   ZS_CHECK(zs__comm_all_gather(m->ctx->comm, zs__tag(ZS__P_GET, su, u->name),
-                               shard, full, u->layout.shard, u->dtype));
-  ZS_CHECK(dev->ops->copy(dev, out, zs__at(full, t->offset, u->elem),
-                          t->numel * u->elem, NULL));
+                               shard, full, u->layout.shard, dtype));
+  ZS_CHECK(dev->ops->copy(dev, out, zs__at(full, t->offset, elem),
+                          t->numel * elem, NULL));
 cleanup:
   zs__dev_free(dev, full);
   return st;

@@ -97,6 +97,9 @@ zs_status zs_model_create(zs_context* ctx, zs_model** out) {
   m->group_lr[0] = ctx->config.optimizer.lr;
   m->group_wd[0] = ctx->config.optimizer.weight_decay;
   m->ngroups = 1;
+  const zs_loss_scaler_config* ls = &ctx->config.loss_scaler;
+  m->loss_scale = ls->mode == ZS_LOSS_SCALE_NONE ? 1.0 : ls->init_scale;
+  m->scale_hysteresis = ls->hysteresis;
   m->next = ctx->models;
   ctx->models = m;
   *out = m;
@@ -109,11 +112,13 @@ static void zs__unit_free_storage(zs__device* dev, zs__unit* u) {
   zs__dev_free(dev, u->red_sum);
   u->red_sum = NULL;
   for (int k = 0; k < 2; k++) zs__dev_free(dev, u->state[k]);
+  zs__dev_free(dev, u->master);
   zs__dev_free(dev, u->grads_shard);
   zs__dev_free(dev, u->grads_full);
   zs__dev_free(dev, u->params_shard);
   zs__dev_free(dev, u->params_full);
   u->grad_accum = u->grad_saved = u->state[0] = u->state[1] = NULL;
+  u->master = NULL;
   u->grads_shard = u->grads_full = u->params_shard = u->params_full = NULL;
 }
 
@@ -140,6 +145,7 @@ void zs_model_destroy(zs_model* m) {
     free(u->tensors);
     free(u->owners);
     free(u->opt_pieces);
+    free(u->norm_pieces);
     free(u->gather_ops.ops);
     free(u->red_ops.ops);
     free(u->shard_ops.ops);
@@ -209,14 +215,10 @@ static zs_status zs__validate_tensor(zs_model* m, int unit, const char* name,
                        "tensor '%s': element count overflows", name);
     n *= (size_t)shape[d];
   }
-  if (dtype == ZS_BFLOAT16 || dtype == ZS_FLOAT16)
-    return zs__error(ZS_ERR_UNSUPPORTED,
-                     "tensor '%s': %s parameters are not supported yet (they "
-                     "need fp32 master weights); register it as fp32", name,
-                     zs_dtype_name(dtype));
-  ZS_REQUIRE(dtype == ZS_FLOAT32,
-             "tensor '%s': dtype %d is not a tensor type (use ZS_FLOAT32)",
-             name, (int)dtype);
+  ZS_REQUIRE(dtype == ZS_FLOAT32 || dtype == ZS_BFLOAT16 ||
+                 dtype == ZS_FLOAT16,
+             "tensor '%s': dtype %d is not a parameter type (use ZS_FLOAT32, "
+             "ZS_BFLOAT16 or ZS_FLOAT16)", name, (int)dtype);
   const zs__unit* u = &m->units[unit];
   ZS_REQUIRE(u->dtype == ZS_DTYPE_COUNT || u->dtype == dtype,
              "tensor '%s': dtype %s differs from unit '%s' (%s); a unit is "
@@ -422,6 +424,23 @@ static zs_status zs__layout_one(zs_model* m, zs__unit* u) {
   }
   if (u->dtype == ZS_DTYPE_COUNT) u->dtype = ZS_FLOAT32; /* empty unit */
   u->elem = zs_dtype_size(u->dtype);
+  /* Gradients: in the parameter dtype, or fp32 (reduce_dtype). Reducing
+   * 16-bit values in another 16-bit type is not offered; the backend's own
+   * reduction (reduce_order BACKEND) has no 16-bit sum in MPI. */
+  const zs_config* cfg = &m->ctx->config;
+  u->gdtype = cfg->reduce_dtype < 0 ? u->dtype : (zs_dtype)cfg->reduce_dtype;
+  if (u->gdtype != ZS_FLOAT32 && u->gdtype != u->dtype)
+    ZS_FAIL(ZS_ERR_UNSUPPORTED,
+            "unit '%s': %s parameters with reduce_dtype %s: gradients are "
+            "accumulated and reduced in the parameter dtype or in fp32",
+            u->name, zs_dtype_name(u->dtype), zs_dtype_name(u->gdtype));
+  if (u->gdtype != ZS_FLOAT32 && u->trainable &&
+      cfg->reduce_order == ZS_REDUCE_BACKEND)
+    ZS_FAIL(ZS_ERR_UNSUPPORTED,
+            "unit '%s': %s gradients need reduce_order ZS_REDUCE_FIXED (the "
+            "MPI backend has no %s sum); or set reduce_dtype to ZS_FLOAT32",
+            u->name, zs_dtype_name(u->gdtype), zs_dtype_name(u->gdtype));
+  u->gelem = zs_dtype_size(u->gdtype);
   ZS_CHECK(zs__layout_unit(numels, alias, n, zs__layout_align(u->elem),
                            m->ctx->world, offsets, &u->layout));
   if (u->layout.padded > SIZE_MAX / u->elem)
@@ -450,6 +469,18 @@ static zs_status zs__layout_one(zs_model* m, zs__unit* u) {
     ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "finalize: pieces of unit '%s'", u->name);
   u->nopt_pieces = zs__layout_pieces(offsets, numels, alias, frozen, n, begin,
                                      end, u->opt_pieces, np);
+  /* The norm's pieces: this rank's shard at every stage, so that across
+   * ranks each trainable element counts exactly once (never padding). */
+  begin = zs__layout_shard_begin(&u->layout, m->ctx->rank);
+  end = begin + u->layout.shard;
+  np = zs__layout_pieces(offsets, numels, alias, frozen, n, begin, end, NULL,
+                         0);
+  free(u->norm_pieces);
+  u->norm_pieces = (zs__piece*)calloc(np + 1, sizeof *u->norm_pieces);
+  if (u->norm_pieces == NULL)
+    ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "finalize: pieces of unit '%s'", u->name);
+  u->nnorm_pieces = zs__layout_pieces(offsets, numels, alias, frozen, n, begin,
+                                      end, u->norm_pieces, np);
 cleanup:
   free(frozen);
   free(alias);
@@ -481,6 +512,9 @@ static zs_status zs__alloc_unit(zs_model* m, zs__unit* u) {
   zs__device* dev = m->ctx->device;
   const int stage = m->ctx->config.stage;
   const size_t P = u->layout.padded * u->elem, S = u->layout.shard * u->elem;
+  const size_t GP = u->layout.padded * u->gelem, GS = u->layout.shard * u->gelem;
+  /* fp32 elements of the optimizer's span: full at stage 0, shard at 1-3 */
+  const size_t span = (stage == 0 ? u->layout.padded : u->layout.shard) * 4;
   zs_status st = ZS_OK;
   if (stage <= 2)
     ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_PARAMS, P, 1, u->name, &u->params_full));
@@ -488,14 +522,19 @@ static zs_status zs__alloc_unit(zs_model* m, zs__unit* u) {
     ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_PARAMS, S, 1, u->name, &u->params_shard));
   if (!u->trainable) return ZS_OK;
   if (stage <= 1)
-    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_GRADS, P, 1, u->name, &u->grads_full));
+    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_GRADS, GP, 1, u->name, &u->grads_full));
   else
-    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_GRADS, S, 1, u->name, &u->grads_shard));
+    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_GRADS, GS, 1, u->name, &u->grads_shard));
+  if (u->dtype != ZS_FLOAT32) {
+    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_MASTER_WEIGHTS, span, 1, u->name,
+                           &u->master));
+    u->master_stale = 1;
+  }
   const zs_optimizer_config* o = &m->ctx->config.optimizer;
   u->nstates = o->kind == ZS_OPTIM_SGD ? (o->momentum != 0.0 ? 1 : 0) : 2;
   for (int k = 0; k < u->nstates; k++)
-    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_OPTIMIZER_STATES, stage == 0 ? P : S, 1,
-                           u->name, &u->state[k]));
+    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_OPTIMIZER_STATES, span, 1, u->name,
+                           &u->state[k]));
 cleanup:
   return st;
 }
@@ -579,13 +618,29 @@ void* zs__param_shard_ptr(zs_model* m, zs__unit* u) {
 void* zs__grad_shard_ptr(zs_model* m, zs__unit* u) {
   if (m->ctx->config.stage >= 2) return u->grads_shard;
   return zs__at(u->grads_full, zs__layout_shard_begin(&u->layout, m->ctx->rank),
-                u->elem);
+                u->gelem);
 }
 
 void* zs__state_shard_ptr(zs_model* m, zs__unit* u, int k) {
   if (m->ctx->config.stage >= 1) return u->state[k];
   return zs__at(u->state[k], zs__layout_shard_begin(&u->layout, m->ctx->rank),
-                u->elem);
+                sizeof(float));
+}
+
+void* zs__master_shard_ptr(zs_model* m, zs__unit* u) {
+  if (m->ctx->config.stage >= 1) return u->master;
+  return zs__at(u->master, zs__layout_shard_begin(&u->layout, m->ctx->rank),
+                sizeof(float));
+}
+
+zs_status zs__master_refresh(zs_model* m, zs__unit* u) {
+  if (u->master == NULL || !u->master_stale) return ZS_OK;
+  const int stage = m->ctx->config.stage;
+  const void* p = stage == 0 ? u->params_full : zs__param_shard_ptr(m, u);
+  zs_status st = zs_convert(u->master, ZS_FLOAT32, p, u->dtype,
+                            stage == 0 ? u->layout.padded : u->layout.shard);
+  if (st == ZS_OK) u->master_stale = 0;
+  return st;
 }
 
 /* ==== Queries ============================================================= */

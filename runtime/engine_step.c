@@ -5,45 +5,155 @@
  * next step's gather of each unit waits for. Gathers live in
  * engine_gather.c, gradients in engine_grad.c.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "optim/convert.h"
 #include "runtime/engine.h"
 
 /* ==== Step ================================================================= */
 
+/* One optimizer call on `count` fp32 elements of a piece. */
+static zs_status zs__optimize_span(zs_model* m, const zs__tensor* t, float* p,
+                                   const float* g, float* s0, float* s1,
+                                   size_t count, int64_t step) {
+  const zs_optimizer_config* o = &m->ctx->config.optimizer;
+  if (o->kind == ZS_OPTIM_SGD) {
+    zs_sgd_hparams hp = {m->group_lr[t->group], o->momentum, o->dampening,
+                         m->group_wd[t->group], o->nesterov};
+    return zs_optim_sgd(p, g, s0, count, &hp, step);
+  }
+  zs_adam_hparams hp = {m->group_lr[t->group], o->beta1, o->beta2, o->eps,
+                        m->group_wd[t->group]};
+  return (o->kind == ZS_OPTIM_ADAMW ? zs_optim_adamw : zs_optim_adam)(
+      p, g, s0, s1, count, &hp, step);
+}
+
+/* Elements per pass of the fused path: small enough that the fp32 gradient
+ * chunk and the master chunk stay in L1/L2 between the three sweeps. */
+#define ZS__OPT_CHUNK 2048
+
 /* The optimizer on this rank's span of a unit: the whole buffer at stage 0,
  * the shard at 1-3, one call per piece of a trainable tensor (pieces never
- * include gaps or padding). */
-static zs_status zs__optimize_unit(zs_model* m, zs__unit* u) {
-  const zs_optimizer_config* o = &m->ctx->config.optimizer;
+ * include gaps or padding). coef multiplies the gradient first (loss-scale
+ * removal and clipping: one fp32 multiply per element, as torch's
+ * unscale_ and clip_grad_norm_ do; with power-of-two scales the single
+ * product rounds the same as their two). fp32 parameters with fp32
+ * gradients and coef 1 run the optimizer in place; otherwise the fused
+ * path works chunk by chunk: widen and scale the gradient, update the fp32
+ * master (or fp32 parameter), and round the master into the 16-bit
+ * parameter in the same pass. */
+static zs_status zs__optimize_unit(zs_model* m, zs__unit* u, float coef) {
   const int stage = m->ctx->config.stage;
-  float* p = (float*)(stage == 0 ? u->params_full : zs__param_shard_ptr(m, u));
-  float* g = (float*)(stage == 0 ? u->grads_full : zs__grad_shard_ptr(m, u));
+  char* p = (char*)(stage == 0 ? u->params_full : zs__param_shard_ptr(m, u));
+  char* g = (char*)(stage == 0 ? u->grads_full : zs__grad_shard_ptr(m, u));
+  float* master = (float*)u->master;
   float* s0 = (float*)u->state[0];
   float* s1 = (float*)u->state[1];
+  const int direct = master == NULL && u->gdtype == ZS_FLOAT32 && coef == 1.0f;
+  float gbuf[ZS__OPT_CHUNK];
+  zs_status st = zs__master_refresh(m, u);
+  if (st != ZS_OK) return st;
   for (size_t i = 0; i < u->nopt_pieces; i++) {
     const zs__piece* pc = &u->opt_pieces[i];
     const zs__tensor* t = &m->tensors[u->tensors[pc->tensor]];
-    size_t off = pc->span_offset;
-    int64_t step = t->step + 1;
-    zs_status st;
-    if (o->kind == ZS_OPTIM_SGD) {
-      zs_sgd_hparams hp = {m->group_lr[t->group], o->momentum, o->dampening,
-                           m->group_wd[t->group], o->nesterov};
-      st = zs_optim_sgd(p + off, g + off, s0 != NULL ? s0 + off : NULL,
-                        pc->count, &hp, step);
-    } else {
-      zs_adam_hparams hp = {m->group_lr[t->group], o->beta1, o->beta2, o->eps,
-                            m->group_wd[t->group]};
-      st = (o->kind == ZS_OPTIM_ADAMW ? zs_optim_adamw : zs_optim_adam)(
-          p + off, g + off, s0 + off, s1 + off, pc->count, &hp, step);
+    const int64_t step = t->step + 1;
+    for (size_t done = 0; done < pc->count && st == ZS_OK;) {
+      const size_t off = pc->span_offset + done;
+      size_t n = pc->count - done;
+      if (!direct && n > ZS__OPT_CHUNK) n = ZS__OPT_CHUNK;
+      float* w = master != NULL ? master + off : (float*)p + off;
+      const float* gv = (const float*)g + off;
+      if (!direct) {
+        for (size_t j = 0; j < n; j++)
+          gbuf[j] = zs__load(g, u->gdtype, off + j) * coef;
+        gv = gbuf;
+      }
+      st = zs__optimize_span(m, t, w, gv, s0 != NULL ? s0 + off : NULL,
+                             s1 != NULL ? s1 + off : NULL, n, step);
+      if (st == ZS_OK && master != NULL)
+        for (size_t j = 0; j < n; j++) zs__store(p, u->dtype, off + j, w[j]);
+      done += n;
     }
     if (st != ZS_OK)
       return zs__error_prefix(st, "optimizer on tensor '%s': ", t->name);
   }
   return ZS_OK;
+}
+
+/* ==== Gradient norm, overflow and the loss scaler =========================== */
+
+/* Sum of squares, in double, of this rank's trainable shard elements (each
+ * element of the model is in exactly one rank's shard; padding and tied or
+ * frozen ranges are not in any piece). Elements are added in offset order,
+ * so the value is the same at every stage. inf/NaN propagate. */
+static double zs__local_sumsq(zs_model* m) {
+  double sum = 0.0;
+  for (int i = 0; i < m->nunits; i++) {
+    zs__unit* u = &m->units[i];
+    if (!u->trainable) continue;
+    const void* g = zs__grad_shard_ptr(m, u);
+    for (size_t k = 0; k < u->nnorm_pieces; k++) {
+      const zs__piece* pc = &u->norm_pieces[k];
+      /* norm pieces' offsets are relative to the shard */
+      for (size_t j = 0; j < pc->count; j++) {
+        const double v = zs__load(g, u->gdtype, pc->span_offset + j);
+        sum += v * v;
+      }
+    }
+  }
+  return sum;
+}
+
+/* The global sum of squares: one all-gather of every rank's partial sum,
+ * added in rank order on every rank, so every rank gets the same bits (an
+ * MPI all-reduce may add in a rank-dependent order). */
+static zs_status zs__global_sumsq(zs_model* m, double* out) {
+  const int W = m->ctx->world;
+  /* Heap, not stack: a collective's buffer (see zs__comm_free). */
+  double* v = (double*)malloc((size_t)(W + 1) * sizeof *v);
+  if (v == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "zs_step: norm buffer");
+  v[W] = zs__local_sumsq(m);
+  zs_status st = zs__comm_all_gather(m->ctx->comm,
+                                     zs__tag(ZS__P_NORM, -1, NULL),
+                                     &v[W], v, 1, ZS_FLOAT64);
+  double sum = 0.0;
+  for (int r = 0; r < W; r++) sum += v[r];
+  zs__comm_free(m->ctx->comm, v);
+  *out = sum;
+  return st;
+}
+
+/* Updates the dynamic loss scale after a step (overflow or not), following
+ * torch.cuda.amp.GradScaler.update with DeepSpeed's hysteresis: an overflow
+ * spends one unit of hysteresis and, when none is left, multiplies the
+ * scale by backoff_factor (not below min_scale) and restores the
+ * hysteresis; growth_interval clean steps in a row multiply it by
+ * growth_factor and restore the hysteresis. Deterministic, so identical on
+ * every rank. */
+static void zs__scaler_update(zs_model* m, int overflow) {
+  const zs_loss_scaler_config* c = &m->ctx->config.loss_scaler;
+  if (c->mode != ZS_LOSS_SCALE_DYNAMIC) return;
+  if (overflow) {
+    m->scale_clean_steps = 0;
+    if (--m->scale_hysteresis > 0) return;
+    m->scale_hysteresis = c->hysteresis;
+    m->loss_scale *= c->backoff_factor;
+    if (m->loss_scale < c->min_scale) m->loss_scale = c->min_scale;
+    return;
+  }
+  if (++m->scale_clean_steps >= c->growth_interval) {
+    m->scale_clean_steps = 0;
+    m->scale_hysteresis = c->hysteresis;
+    const double grown = m->loss_scale * c->growth_factor;
+    if (isfinite(grown)) m->loss_scale = grown;
+  }
+}
+
+double zs_model_loss_scale(const zs_model* m) {
+  return m == NULL ? 0.0 : m->loss_scale;
 }
 
 /* One all-reduce (MAX of each value and its complement gives max and min)
@@ -91,13 +201,19 @@ static zs_status zs__step_consistency(zs_model* m, zs_status local) {
       "which order)",
       "gradient use counts", "learning rates or weight decays"};
   for (int k = 0; k < K; k++)
-    if (r[2 * k] != ~r[2 * k + 1])
+    if (r[2 * k] != ~r[2 * k + 1]) {
+      /* Every rank sees the same result and fails here. The sequence hash
+       * restarts from the same value everywhere, so a caller that brings
+       * its ranks back in line (the collectives themselves matched, only
+       * their units or order differed) can step again. */
+      m->ctx->comm->seq_hash = ZS__FNV_SEED;
       return zs__error(ZS_ERR_MISMATCH,
                        "zs_step %lld: ranks disagree on their %s; every rank "
                        "must gather, release and acquire the same units in "
                        "the same order and set the same learning rates "
                        "(control flow must not depend on the rank's data)",
                        (long long)m->steps_called, what[k]);
+    }
   return ZS_OK;
 }
 
@@ -116,43 +232,61 @@ static zs_status zs__step_check_closed(const zs_model* m) {
   return ZS_OK;
 }
 
-zs_status zs_step(zs_model* m, zs_step_info* info) {
-  zs_status st = zs__check_finalized(m, "zs_step");
-  if (st != ZS_OK) return st;
-  /* Misuse on any rank ends the step on every rank before anything moves;
-   * nothing changes, so the caller can fix the order and call again. */
-  st = zs__step_consistency(m, zs__step_check_closed(m));
-  if (st != ZS_OK) return st;
-  /* Unused prefetches and forward holds end with the step. */
-  ZS_CHECK(zs__prefetch_drain(m));
-  /* Units whose last use was not known (first step, or fewer uses than
-   * recorded, or not used at all: zero gradient) start their reductions
-   * now, in unit order, which is the same on every rank; then every
-   * reduction in flight is finished, in unit order. */
-  for (int i = 0; i < m->nunits; i++) {
-    zs__unit* u = &m->units[i];
-    if (!u->trainable) continue;
-    if (u->grad_state == ZS__GRAD_IDLE) ZS_CHECK(zs__grad_prepare(m, u));
-    if (u->grad_state == ZS__GRAD_ACCUM) ZS_CHECK(zs__grad_reduce_start(m, u));
-  }
-  for (int i = 0; i < m->nunits; i++) {
-    zs__unit* u = &m->units[i];
-    if (u->grad_state == ZS__GRAD_REDUCING) ZS_CHECK(zs__grad_reduce_finish(m, u));
+/* After the reductions of the K-th micro-batch: the norm / overflow
+ * agreement (one all-gather, only when clipping or loss scaling is on),
+ * then the optimizer. *applied: whether the optimizer ran. */
+static zs_status zs__step_apply(zs_model* m, zs_step_info* info,
+                                int* applied) {
+  const zs_config* cfg = &m->ctx->config;
+  const int scaling = cfg->loss_scaler.mode != ZS_LOSS_SCALE_NONE;
+  zs_status st = ZS_OK;
+  double coef = 1.0 / m->loss_scale;
+  if (scaling || cfg->clip_grad_norm) {
+    double sumsq = 0.0;
+    ZS_CHECK(zs__global_sumsq(m, &sumsq));
+    /* the norm of the unscaled gradient; sqrt and the division are exact
+     * enough in double for any fp32 result */
+    const double norm = sqrt(sumsq) / m->loss_scale;
+    info->grad_norm = norm;
+    if (!isfinite(sumsq)) {
+      info->overflow = 1;
+      if (!scaling)
+        ZS_FAIL(ZS_ERR_DIVERGED,
+                "zs_step %lld: the gradient norm is %g (inf/NaN in the "
+                "gradients) and no loss scaler can skip the step; nothing "
+                "was applied (call zs_step_discard or fix the model)",
+                (long long)m->steps_called, norm);
+      if (cfg->loss_scaler.mode == ZS_LOSS_SCALE_DYNAMIC &&
+          m->loss_scale <= cfg->loss_scaler.min_scale &&
+          m->scale_hysteresis <= 1)
+        ZS_FAIL(ZS_ERR_DIVERGED,
+                "zs_step %lld: training diverged: the gradients overflow at "
+                "the minimum loss scale %g (loss_scaler.min_scale); nothing "
+                "was applied", (long long)m->steps_called, m->loss_scale);
+      zs__scaler_update(m, 1);
+      zs__log(ZS_LOG_INFO, "zs_step %lld: inf/NaN gradients, step skipped; "
+              "loss scale now %g", (long long)m->steps_called, m->loss_scale);
+      return ZS_OK;
+    }
+    /* torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6),
+     * applied when below 1 */
+    if (cfg->clip_grad_norm) {
+      const double clip = cfg->max_grad_norm / (norm + 1e-6);
+      if (clip < 1.0) coef *= clip;
+    }
   }
   /* Stage 0 updates full buffers: gather every rank's reduced shards. */
-  if (m->ctx->config.stage == 0) ZS_CHECK(zs__grad_gather_start(m));
+  if (cfg->stage == 0) ZS_CHECK(zs__grad_gather_start(m));
   /* Wait for those, and for stage 1-2's parameter all-gathers of the
    * previous step, before the optimizer writes. */
   for (int i = 0; i < m->nunits; i++)
     ZS_CHECK(zs__inflight_wait(m->ctx->comm, &m->units[i].shard_ops));
   for (int i = 0; i < m->nunits; i++)
-    if (m->units[i].releases > m->units[i].uses_recorded)
-      m->units[i].uses_recorded = m->units[i].releases;
-  for (int i = 0; i < m->nunits; i++)
-    if (m->units[i].trainable) ZS_CHECK(zs__optimize_unit(m, &m->units[i]));
+    if (m->units[i].trainable)
+      ZS_CHECK(zs__optimize_unit(m, &m->units[i], (float)coef));
   /* Stages 1-2 keep full parameters: every rank's updated shard goes back
    * into everyone's full buffer, bucket by bucket, without waiting. */
-  if (m->ctx->config.stage == 1 || m->ctx->config.stage == 2)
+  if (cfg->stage == 1 || cfg->stage == 2)
     for (int i = 0; i < m->nunits; i++) {
       zs__unit* u = &m->units[i];
       for (int b = 0; u->trainable && b < zs__bucket_count(m, u); b++) {
@@ -170,29 +304,85 @@ zs_status zs_step(zs_model* m, zs_step_info* info) {
     if (t->tied_to < 0 && !(t->flags & ZS_TENSOR_FROZEN)) t->step++;
   }
   m->steps_applied++;
+  zs__scaler_update(m, 0);
+  *applied = 1;
+cleanup:
+  return st;
+}
+
+/* Frees a unit's gradient accumulation state (any state but REDUCING). */
+static void zs__grad_drop(zs_model* m, zs__unit* u) {
+  if (u->grad_accum != u->grads_full) zs__dev_free(m->ctx->device, u->grad_accum);
+  zs__dev_free(m->ctx->device, u->grad_saved);
+  zs__dev_free(m->ctx->device, u->red_sum);
+  u->grad_accum = u->grad_saved = u->red_sum = NULL;
+  u->reopened = 0;
+  u->grad_state = ZS__GRAD_IDLE;
+}
+
+/* zs_step and zs_step_discard. A micro-batch before the K-th reduces (or,
+ * with local accumulation, keeps) its gradients and returns; the K-th
+ * reduces what is left and applies the optimizer; discard drops it all. */
+static zs_status zs__step_run(zs_model* m, zs_step_info* info, int discard) {
+  const char* fn = discard ? "zs_step_discard" : "zs_step";
+  zs_status st = zs__check_finalized(m, fn);
+  if (st != ZS_OK) return st;
+  zs_step_info local_info;
+  if (info == NULL) info = &local_info;
+  memset(info, 0, sizeof *info);
+  info->grad_norm = -1.0;
+  /* Misuse on any rank ends the step on every rank before anything moves;
+   * nothing changes, so the caller can fix the order and call again. */
+  st = zs__step_consistency(m, zs__step_check_closed(m));
+  if (st != ZS_OK) goto out;
+  const int boundary = discard || zs__accum_boundary(m);
+  const int reduce_now = !discard && (boundary || !m->ctx->config.grad_accum_local);
+  int applied = 0;
+  /* Unused prefetches and forward holds end with the step. */
+  ZS_CHECK(zs__prefetch_drain(m));
+  /* Units whose last use was not known (first step, or fewer uses than
+   * recorded, or not used at all: zero gradient) start their reductions
+   * now, in unit order, which is the same on every rank; then every
+   * reduction in flight is finished, in unit order. */
+  for (int i = 0; i < m->nunits && reduce_now; i++) {
+    zs__unit* u = &m->units[i];
+    if (!u->trainable) continue;
+    if (u->grad_state == ZS__GRAD_IDLE) ZS_CHECK(zs__grad_prepare(m, u));
+    if (u->grad_state == ZS__GRAD_ACCUM) ZS_CHECK(zs__grad_reduce_start(m, u));
+  }
+  for (int i = 0; i < m->nunits; i++) {
+    zs__unit* u = &m->units[i];
+    if (u->grad_state == ZS__GRAD_REDUCING) ZS_CHECK(zs__grad_reduce_finish(m, u));
+  }
+  for (int i = 0; i < m->nunits; i++)
+    if (m->units[i].releases > m->units[i].uses_recorded)
+      m->units[i].uses_recorded = m->units[i].releases;
+  if (boundary && !discard) ZS_CHECK(zs__step_apply(m, info, &applied));
 cleanup:
   /* A new step starts whatever happened after the reductions began. */
   if (st != ZS_OK) (void)zs__quiesce(m);
   for (int i = 0; i < m->nunits; i++) {
     zs__unit* u = &m->units[i];
     u->releases = 0;
-    if (u->grad_state == ZS__GRAD_ACCUM) { /* a failed reduction */
-      if (u->grad_accum != u->grads_full)
-        zs__dev_free(m->ctx->device, u->grad_accum);
-      zs__dev_free(m->ctx->device, u->grad_saved);
-      zs__dev_free(m->ctx->device, u->red_sum);
-      u->grad_accum = u->grad_saved = u->red_sum = NULL;
-      u->reopened = 0;
-    }
-    u->grad_state = ZS__GRAD_IDLE;
+    /* Between micro-batches the reduced shard (or the local sum) is kept;
+     * at the boundary, on discard and on failure everything goes. */
+    if (boundary || st != ZS_OK) zs__grad_drop(m, u);
   }
   zs__trace_end_step(m);
   m->steps_called++;
-  if (info != NULL) {
-    info->applied = st == ZS_OK;
-    info->step = m->steps_applied;
-    info->grad_norm = -1.0;
-    info->loss_scale = 1.0;
-  }
+  m->micro = boundary || st != ZS_OK ? 0 : m->micro + 1;
+  info->applied = applied;
+out:
+  info->step = m->steps_applied;
+  info->loss_scale = m->loss_scale;
+  info->micro_batch = m->micro;
   return st;
+}
+
+zs_status zs_step(zs_model* m, zs_step_info* info) {
+  return zs__step_run(m, info, 0);
+}
+
+zs_status zs_step_discard(zs_model* m, zs_step_info* info) {
+  return zs__step_run(m, info, 1);
 }

@@ -56,6 +56,9 @@ static void gpt2__defaults(gpt2_args* a) {
   a->prefetch_depth = 2;
   a->bucket_elements = 1L << 22;
   a->progress_thread = 1;
+  a->dtype = 0;
+  a->grad_accum = 1;
+  a->clip = 0.0;
   a->data = "data/tinyshakespeare.txt";
 }
 
@@ -110,6 +113,13 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
                          "[4194304]\n"
                          "  --progress-thread B 1: a thread drives MPI "
                          "progress, 0: only ZeroShard calls do [1]\n"
+                         "  --dtype D           parameters in fp32, bf16 or "
+                         "fp16 (fp32 master weights and gradients; fp16 with "
+                         "dynamic loss scaling) [fp32]\n"
+                         "  --grad-accum K      micro-batches per step: each "
+                         "rank runs batch/(ranks*K) sequences K times [1]\n"
+                         "  --clip X            clip the global gradient norm "
+                         "to X > 0 [off]\n"
                        : "",
                kUsage);
       return 1;
@@ -118,6 +128,23 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
       takes = 0;
     } else if (sharded && strcmp(f, "--prefetch-depth") == 0) {
       rc = gpt2__int(f, v, 0, 64, &a->prefetch_depth, err, cap);
+    } else if (sharded && strcmp(f, "--dtype") == 0) {
+      if (v != NULL && strcmp(v, "fp32") == 0) a->dtype = 0;
+      else if (v != NULL && strcmp(v, "bf16") == 0) a->dtype = 1;
+      else if (v != NULL && strcmp(v, "fp16") == 0) a->dtype = 2;
+      else {
+        snprintf(err, cap, "--dtype: expected fp32, bf16 or fp16, got '%s'",
+                 v != NULL ? v : "(missing)");
+        return -1;
+      }
+    } else if (sharded && strcmp(f, "--grad-accum") == 0) {
+      rc = gpt2__int(f, v, 1, 1 << 20, &a->grad_accum, err, cap);
+    } else if (sharded && strcmp(f, "--clip") == 0) {
+      rc = gpt2__double(f, v, 0.0, 1e30, &a->clip, err, cap);
+      if (rc == 0 && !(a->clip > 0.0)) {
+        snprintf(err, cap, "--clip: expected a max norm > 0, got '%s'", v);
+        return -1;
+      }
     } else if (sharded && strcmp(f, "--progress-thread") == 0) {
       rc = gpt2__int(f, v, 0, 1, &a->progress_thread, err, cap);
     } else if (sharded && strcmp(f, "--bucket-elements") == 0) {
@@ -217,9 +244,19 @@ gpt2_config gpt2_args_model(const gpt2_args* a) {
 void gpt2_args_print(const gpt2_args* a, const char* trainer, int ranks,
                      int threads, FILE* out) {
   gpt2_config c = gpt2_args_model(a);
-  char stage[32] = "";
+  char stage[160] = "";
+  static const char* const dtypes[3] = {"fp32", "bf16", "fp16"};
   if (strcmp(trainer, "sharded") == 0)
-    snprintf(stage, sizeof stage, ", ZeRO stage %d", a->stage);
+    snprintf(stage, sizeof stage, ", ZeRO stage %d, %s parameters%s",
+             a->stage, dtypes[a->dtype % 3],
+             a->checkpoint_activations ? ", activation checkpointing" : "");
+  if (a->grad_accum > 1)
+    snprintf(stage + strlen(stage), sizeof stage - strlen(stage),
+             ", %d micro-batches of %d per rank", a->grad_accum,
+             a->batch / (ranks > 0 ? ranks : 1) / a->grad_accum);
+  if (a->clip > 0)
+    snprintf(stage + strlen(stage), sizeof stage - strlen(stage),
+             ", clip %g", a->clip);
   fprintf(out,
           "%s: GPT-2 L=%d C=%d H=%d T=%d V=%d (%zu parameters)\n"
           "  %d rank(s) x %d OpenMP thread(s)%s, global batch %d (%d per "
@@ -256,6 +293,10 @@ gpt2_report* gpt2_report_create(const gpt2_args* a, const char* trainer,
   cJSON_AddNumberToObject(c, "prefetch_depth", a->prefetch_depth);
   cJSON_AddNumberToObject(c, "bucket_elements", (double)a->bucket_elements);
   cJSON_AddNumberToObject(c, "progress_thread", a->progress_thread);
+  static const char* const dtypes[3] = {"fp32", "bf16", "fp16"};
+  cJSON_AddStringToObject(c, "dtype", dtypes[a->dtype % 3]);
+  cJSON_AddNumberToObject(c, "grad_accum", a->grad_accum);
+  cJSON_AddNumberToObject(c, "clip", a->clip);
   cJSON_AddNumberToObject(c, "steps", a->steps);
   cJSON_AddNumberToObject(c, "seed", (double)a->seed);
   cJSON_AddNumberToObject(c, "batch", a->batch);

@@ -38,6 +38,10 @@ typedef struct gpt2_args {
   int prefetch_depth;  /* sharded: zs_config.prefetch_depth */
   long bucket_elements; /* sharded: zs_config.bucket_elements */
   int progress_thread; /* sharded: zs_config.progress_thread */
+  int dtype;           /* sharded: parameter dtype (zs_dtype: 0 fp32, 1 bf16,
+                          2 fp16); gradients fp32 */
+  int grad_accum;      /* sharded: K micro-batches per optimizer step */
+  double clip;         /* sharded: max global gradient norm, 0 = off */
 } gpt2_args;
 
 /* Parses argv. Returns 0 on success, 1 for --help (printed if print_help),

@@ -52,21 +52,32 @@ typedef struct model {
                        bound to the driver's buffers layer by layer */
   const int* targets;
   unsigned long long seed;
+  zs_dtype dtype;   /* parameter dtype */
+  float* pcopy;     /* 16-bit parameters: fp32 copy of one unit at a time */
+  size_t pcopy_elems;
 } model;
 
 /* ==== Parameters ============================================================ */
 
 static zs_status init_tensor(void* user, int tensor, const zs_tensor_desc* d,
                              void* data) {
-  (void)d;
   model* m = (model*)user;
   int which = tensor < GPT2_EMBED_TENSORS
                   ? -1
                   : (tensor - GPT2_EMBED_TENSORS) / GPT2_BLOCK_TENSORS;
   int i = which < 0 ? tensor
                     : (tensor - GPT2_EMBED_TENSORS) % GPT2_BLOCK_TENSORS;
-  gpt2_init_tensor(&m->cfg, m->seed, which, i, (float*)data);
-  return ZS_OK;
+  if (d->dtype == ZS_FLOAT32) {
+    gpt2_init_tensor(&m->cfg, m->seed, which, i, (float*)data);
+    return ZS_OK;
+  }
+  /* 16-bit parameters: initialize in fp32, round once */
+  float* tmp = (float*)malloc((d->numel > 0 ? d->numel : 1) * sizeof(float));
+  if (tmp == NULL) return ZS_ERR_OUT_OF_MEMORY;
+  gpt2_init_tensor(&m->cfg, m->seed, which, i, tmp);
+  zs_status st = zs_convert(data, d->dtype, tmp, ZS_FLOAT32, d->numel);
+  free(tmp);
+  return st;
 }
 
 /* Registers one unit: the embed unit (which = -1) or block `which`. */
@@ -75,6 +86,7 @@ static int add_unit(model* m, int which, int no_decay) {
   int unit, n = which < 0 ? GPT2_EMBED_TENSORS : GPT2_BLOCK_TENSORS;
   snprintf(name, sizeof name, which < 0 ? "embed" : "block.%d", which);
   CHECK(zs_model_add_unit(m->zm, name, &unit));
+  size_t elems = 0;
   for (int i = 0; i < n; i++) {
     const char* tname;
     int ndim, decay, t;
@@ -84,20 +96,37 @@ static int add_unit(model* m, int which, int no_decay) {
     int64_t shape[2] = {s[0], s[1]};
     if (which < 0) snprintf(name, sizeof name, "%s", tname);
     else snprintf(name, sizeof name, "h.%d.%s", which, tname);
-    CHECK(zs_model_add_tensor(m->zm, unit, name, ndim, shape, ZS_FLOAT32, 0, &t));
+    CHECK(zs_model_add_tensor(m->zm, unit, name, ndim, shape, m->dtype, 0, &t));
     if (i == 0) m->first[unit] = t;
     if (!decay) CHECK(zs_model_set_tensor_group(m->zm, t, no_decay));
+    elems += (size_t)s[0] * (ndim == 2 ? (size_t)s[1] : 1);
   }
+  if (elems > m->pcopy_elems) m->pcopy_elems = elems;
   return unit;
 }
 
-/* Views of a unit's parameters (or gradients) in tensor order. */
+/* Views of a unit's parameters (or gradients) in tensor order. Gradients
+ * are fp32 (reduce_dtype). 16-bit parameters are read through an fp32 copy
+ * of the unit (the model code computes in fp32, as autocast would on a
+ * CPU): one unit's copy at a time, which is all a layer uses. */
 static zs_status unit_views(model* m, int unit, int n, float** slots[],
                             int grads) {
+  size_t off = 0;
   for (int i = 0; i < n; i++) {
-    zs_status st = grads ? zs_tensor_grad(m->zm, m->first[unit] + i, (void**)slots[i])
-                         : zs_tensor_data(m->zm, m->first[unit] + i, (void**)slots[i]);
+    const int t = m->first[unit] + i;
+    zs_status st = grads ? zs_tensor_grad(m->zm, t, (void**)slots[i])
+                         : zs_tensor_data(m->zm, t, (void**)slots[i]);
     if (st != ZS_OK) return st;
+    if (grads || m->dtype == ZS_FLOAT32) continue;
+    zs_tensor_desc d;
+    st = zs_model_tensor_desc(m->zm, t, &d);
+    if (st == ZS_OK && off + d.numel > m->pcopy_elems)
+      return ZS_ERR_INTERNAL;
+    if (st == ZS_OK)
+      st = zs_convert(m->pcopy + off, ZS_FLOAT32, *slots[i], m->dtype, d.numel);
+    if (st != ZS_OK) return st;
+    *slots[i] = m->pcopy + off;
+    off += d.numel;
   }
   return ZS_OK;
 }
@@ -193,7 +222,9 @@ static zs_status head_backward(void* user, zs_model* zm, const zs_layer_io* io) 
   if (st != ZS_OK) return st;
   gpt2_acts_bind_head(&m->cfg, &m->acts, io->scratch, io->input);
   gpt2_acts_zero_grads(&m->cfg, &m->acts);
-  gpt2_head_backward(&m->cfg, &e, &de, m->targets, 1.0f, &m->acts);
+  /* fp16: the loss gradient carries the loss scale; zs_step removes it */
+  gpt2_head_backward(&m->cfg, &e, &de, m->targets,
+                     (float)zs_model_loss_scale(m->zm), &m->acts);
   memcpy(io->grad_input, m->acts.dres, stream_bytes(m));
   return ZS_OK;
 }
@@ -230,6 +261,12 @@ static void model_build(model* m, const gpt2_args* a, int Bl) {
   CHECK(zs_driver_add_layer(m->drv, &head, NULL));
   CHECK(zs_model_finalize(m->zm));
   CHECK(zs_model_init(m->zm, init_tensor, m));
+  if (m->dtype != ZS_FLOAT32) {
+    m->pcopy = (float*)malloc(m->pcopy_elems * sizeof(float));
+    if (m->pcopy == NULL) DIE("parameter copy");
+    CHECK(zs_memory_register(m->ctx, ZS_MEM_OTHER, m->pcopy,
+                             m->pcopy_elems * sizeof(float)));
+  }
 }
 
 /* ==== Forward, backward, evaluation, sampling ================================ */
@@ -245,18 +282,21 @@ static float model_forward(model* m, const int* tokens, const int* targets) {
 }
 
 /* Mean loss over the fixed val sequences; each rank takes its slice of
- * every `batch` of them. */
+ * every `batch` of them, in micro-batches of Bm sequences (the activation
+ * buffers' size). */
 static double model_eval(model* m, const gpt2_data* d, const gpt2_args* a,
                          int* tokens, int* targets, int rank, int world) {
-  const int total = a->val_batches * a->batch, Bl = a->batch / world;
+  const int total = a->val_batches * a->batch, K = a->grad_accum;
+  const int Bm = a->batch / world / K;
   double sum = 0, all = 0;
-  for (int k = 0; k < a->val_batches; k++) {
-    gpt2_data_val_batch(d, k * a->batch + rank * Bl, Bl, total, a->seq, tokens,
-                        targets);
-    sum += model_forward(m, tokens, targets);
-  }
+  for (int k = 0; k < a->val_batches; k++)
+    for (int j = 0; j < K; j++) {
+      gpt2_data_val_batch(d, k * a->batch + j * (a->batch / K) + rank * Bm, Bm,
+                          total, a->seq, tokens, targets);
+      sum += model_forward(m, tokens, targets);
+    }
   MPI_Allreduce(&sum, &all, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-  return all / world / a->val_batches;
+  return all / world / K / a->val_batches;
 }
 
 /* Samples `n` bytes after a newline on every rank identically (the gathers
@@ -329,10 +369,11 @@ int main(int argc, char** argv) {
   gpt2_data data;
   memset(&data, 0, sizeof data);
   int failed = rc < 0;
-  if (rc == 0 && args.batch % world != 0) {
-    snprintf(err, sizeof err, "--batch %d is not divisible by the %d ranks "
-             "(each rank takes batch/ranks sequences: pass a --batch divisible by the ranks)",
-             args.batch, world);
+  if (rc == 0 && args.batch % (world * args.grad_accum) != 0) {
+    snprintf(err, sizeof err, "--batch %d is not divisible by the %d ranks x "
+             "%d micro-batches (each rank takes batch/(ranks*grad-accum) "
+             "sequences per micro-batch: pass a --batch divisible by %d)",
+             args.batch, world, args.grad_accum, world * args.grad_accum);
     failed = 1;
   }
   if (rc == 0 && !failed)
@@ -358,10 +399,19 @@ int main(int argc, char** argv) {
   zcfg.prefetch_depth = args.prefetch_depth;
   zcfg.bucket_elements = (size_t)args.bucket_elements;
   zcfg.progress_thread = args.progress_thread;
+  zcfg.grad_accum_steps = args.grad_accum;
+  zcfg.clip_grad_norm = args.clip > 0;
+  if (args.clip > 0) zcfg.max_grad_norm = args.clip;
+  /* 16-bit parameters: fp32 gradients (the model code writes fp32) and
+   * fp32 master weights; fp16 needs loss scaling, bf16 does not. */
+  zcfg.reduce_dtype = ZS_FLOAT32;
+  if (args.dtype == ZS_FLOAT16) zcfg.loss_scaler.mode = ZS_LOSS_SCALE_DYNAMIC;
   model m;
   memset(&m, 0, sizeof m);
+  m.dtype = (zs_dtype)args.dtype;
   CHECK(zs_context_create_mpi(&zcfg, MPI_COMM_WORLD, &m.ctx));
-  const int Bl = args.batch / world, T = args.seq;
+  /* Bl: sequences per rank per micro-batch */
+  const int Bl = args.batch / world / args.grad_accum, T = args.seq;
   int* tokens = (int*)malloc((size_t)Bl * T * sizeof(int));
   int* targets = (int*)malloc((size_t)Bl * T * sizeof(int));
   if (!tokens || !targets) DIE("token buffers");
@@ -373,14 +423,26 @@ int main(int argc, char** argv) {
   double t_start = gpt2_now(), t_train = 0;
   for (int step = 0; step < args.steps; step++) {
     double t0 = gpt2_now();
-    gpt2_data_train_batch(&data, args.seed, step, rank * Bl, Bl, T, tokens, targets);
-    float local = model_forward(&m, tokens, targets);
-    CHECK(zs_driver_backward(m.drv));
-    CHECK(zs_step(m.zm, NULL));
+    /* Micro-batch k of the global batch: sequences [k*batch/K, +batch/K),
+     * split across the ranks; zs_step after each, the optimizer after the
+     * K-th. */
+    float local = 0;
+    zs_step_info info;
+    for (int k = 0; k < args.grad_accum; k++) {
+      gpt2_data_train_batch(&data, args.seed, step,
+                            k * (args.batch / args.grad_accum) + rank * Bl, Bl,
+                            T, tokens, targets);
+      local += model_forward(&m, tokens, targets);
+      CHECK(zs_driver_backward(m.drv));
+      CHECK(zs_step(m.zm, &info));
+    }
     t_train += gpt2_now() - t0;
+    if (info.overflow && rank == 0 && !args.quiet)
+      printf("step %d: inf/NaN gradients, skipped; loss scale now %g\n",
+             step + 1, info.loss_scale);
     float loss = 0; /* the global batch's mean loss */
     MPI_Allreduce(&local, &loss, 1, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-    loss /= (float)world;
+    loss /= (float)world * (float)args.grad_accum;
     if (!isfinite(loss)) {
       if (rank == 0)
         fprintf(stderr, "train_sharded: the loss is %g at step %d: training "
@@ -440,6 +502,8 @@ int main(int argc, char** argv) {
   zs_driver_destroy(m.drv);
   CHECK(zs_memory_unregister(m.ctx, m.acts.memory));
   gpt2_acts_free(&m.acts);
+  if (m.pcopy != NULL) CHECK(zs_memory_unregister(m.ctx, m.pcopy));
+  free(m.pcopy);
   zs_model_destroy(m.zm);
   zs_context_destroy(m.ctx);
   gpt2_data_free(&data);

@@ -182,6 +182,30 @@ typedef struct zs_optimizer_config {
  * ZS_CONFIG_INIT (or zs_config_init) so struct_size and version are set,
  * then change fields. Ranges are checked by zs_context_create (and by
  * zs_config_validate), and the error names the field. */
+/* Loss scaling for fp16 training (Micikevicius et al., "Mixed Precision
+ * Training", arXiv:1710.03740; the dynamic rule of torch.cuda.amp.GradScaler
+ * and DeepSpeed's DynamicLossScaler). The caller multiplies its loss (or the
+ * loss gradient) by zs_model_loss_scale(); zs_step divides it out. */
+typedef enum zs_loss_scaling {
+  ZS_LOSS_SCALE_NONE = 0,    /* default; bf16 and fp32 need none */
+  ZS_LOSS_SCALE_STATIC = 1,  /* a fixed scale; an overflowing step is skipped */
+  ZS_LOSS_SCALE_DYNAMIC = 2  /* grows after growth_interval clean steps, backs
+                                off on overflow */
+} zs_loss_scaling;
+
+typedef struct zs_loss_scaler_config {
+  int mode;              /* zs_loss_scaling */
+  double init_scale;     /* the (initial) scale, finite, >= min_scale;
+                            default 65536 = 2^16 */
+  double growth_factor;  /* > 1, default 2 */
+  double backoff_factor; /* in (0, 1), default 0.5 */
+  int growth_interval;   /* clean steps before growing, >= 1, default 2000 */
+  double min_scale;      /* > 0, default 1; an overflow at this scale is
+                            ZS_ERR_DIVERGED */
+  int hysteresis;        /* overflows tolerated before backing off (DeepSpeed's
+                            hysteresis), >= 1, default 1 */
+} zs_loss_scaler_config;
+
 typedef struct zs_config {
   size_t struct_size;    /* sizeof(zs_config) of the caller's header */
   unsigned int version;  /* ZS_VERSION_CODE of the caller's header */
@@ -215,6 +239,26 @@ typedef struct zs_config {
                     (needs MPI_THREAD_MULTIPLE, which zs_context_create
                     requests; otherwise progress happens at API calls and a
                     warning says so); 0: progress only at API calls */
+  /* ---- Precision, clipping, accumulation (docs/precision.md) ---- */
+  int reduce_dtype; /* the dtype gradients are accumulated and reduced in
+                    (DeepSpeed's communication_data_type / FSDP's
+                    reduce_dtype): -1 (default) each unit's parameter dtype,
+                    or ZS_FLOAT32 (e.g. bf16 parameters, fp32 gradients) */
+  int grad_accum_steps; /* K >= 1 micro-batches per optimizer step: zs_step
+                    is called after every micro-batch and runs the optimizer
+                    after the K-th; gradients are summed and divided by
+                    ranks*K. Default 1 */
+  int grad_accum_local; /* 0 (default): each micro-batch's gradients are
+                    reduce-scattered into the shard (DeepSpeed); 1: they
+                    accumulate in the full local buffer and are reduced once
+                    at the K-th micro-batch (FSDP's no_sync: fewer
+                    collectives, a full gradient buffer per unit alive at
+                    stages 2-3) */
+  int clip_grad_norm; /* 1: scale gradients so their global L2 norm is at
+                    most max_grad_norm (torch.nn.utils.clip_grad_norm_);
+                    default 0 */
+  double max_grad_norm; /* > 0 when clipping; default 1.0 */
+  zs_loss_scaler_config loss_scaler;
 } zs_config;
 
 #define ZS_CONFIG_INIT                                                     \
@@ -222,7 +266,8 @@ typedef struct zs_config {
     sizeof(zs_config), ZS_VERSION_CODE, 0, ZS_DEVICE_HOST,                 \
         {ZS_OPTIM_ADAMW, 1e-3, 0.9, 0.999, 1e-8, ZS_WEIGHT_DECAY_DEFAULT,  \
          0.0, 0.0, 0},                                                     \
-        1, 1800.0, (size_t)1 << 22, 2, 0, 1, ZS_REDUCE_FIXED, 1            \
+        1, 1800.0, (size_t)1 << 22, 2, 0, 1, ZS_REDUCE_FIXED, 1, -1, 1, 0, \
+        0, 1.0, {ZS_LOSS_SCALE_NONE, 65536.0, 2.0, 0.5, 2000, 1.0, 1}      \
   }
 
 /* Fills *config with the defaults (the same values as ZS_CONFIG_INIT).
@@ -377,9 +422,10 @@ zs_status zs_model_add_unit(zs_model* model, const char* name, int* unit);
 /* Adds a tensor to a unit and returns its model-wide id in *tensor (0, 1,
  * ... in registration order). name: unique in the model, copied. shape:
  * ndim (0..ZS_MAX_DIMS) extents >= 0, copied; 0-d is a scalar, a zero
- * extent gives an empty tensor. dtype: ZS_FLOAT32 (16-bit types are
- * rejected with ZS_ERR_UNSUPPORTED in this version); all tensors of a unit
- * share one dtype. flags: 0 or ZS_TENSOR_FROZEN.
+ * extent gives an empty tensor. dtype: ZS_FLOAT32, ZS_BFLOAT16 or
+ * ZS_FLOAT16 (a 16-bit unit keeps fp32 master weights in the optimizer
+ * shard, docs/precision.md); all tensors of a unit share one dtype. flags:
+ * 0 or ZS_TENSOR_FROZEN.
  * Errors: INVALID_ARGUMENT naming the tensor, UNSUPPORTED, INVALID_STATE.
  * Poisons the model on error (see zs_model_add_unit). */
 zs_status zs_model_add_tensor(zs_model* model, int unit, const char* name,
@@ -494,8 +540,16 @@ typedef enum zs_field {
                               gradient acquire */
   ZS_FIELD_EXP_AVG = 2,    /* Adam/AdamW first moment */
   ZS_FIELD_EXP_AVG_SQ = 3, /* Adam/AdamW second moment */
-  ZS_FIELD_MOMENTUM = 4    /* SGD momentum buffer */
+  ZS_FIELD_MOMENTUM = 4,   /* SGD momentum buffer */
+  ZS_FIELD_MASTER = 5      /* fp32 master weights of a 16-bit tensor */
 } zs_field;
+
+/* The dtype of a field of a tensor: the parameter dtype for PARAM, the
+ * gradient dtype (config.reduce_dtype) for GRAD, ZS_FLOAT32 for the
+ * optimizer states and MASTER; ZS_DTYPE_COUNT for a bad tensor id or field
+ * or before finalize. */
+zs_dtype zs_tensor_field_dtype(const zs_model* model, int tensor,
+                               zs_field field);
 
 /* Copies the full tensor's field into out (numel elements; every rank
  * receives it). A tied tensor reads its owner. Collective (one all-gather of
@@ -574,10 +628,18 @@ zs_status zs_unit_grad_release(zs_model* model, int unit);
 zs_status zs_model_set_lr(zs_model* model, int group, double lr);
 
 typedef struct zs_step_info {
-  int applied;        /* 1 if the optimizer ran, 0 if the step was skipped */
+  int applied;        /* 1 if the optimizer ran, 0 if not (a micro-batch
+                         before the K-th, an overflow, zs_step_discard) */
   int64_t step;       /* optimizer steps applied so far */
-  double grad_norm;   /* reserved: -1 until clipping lands */
-  double loss_scale;  /* reserved: 1 until loss scaling lands */
+  double grad_norm;   /* the global L2 norm of the averaged (unscaled)
+                         gradient before clipping, when clipping or loss
+                         scaling is on and the step reached the optimizer
+                         boundary (inf/NaN on overflow); -1 otherwise */
+  double loss_scale;  /* the scale for the next micro-batch (1 without
+                         loss scaling) */
+  int overflow;       /* 1: inf/NaN in the gradients; the step was skipped */
+  int micro_batch;    /* micro-batches accumulated toward the next optimizer
+                         step (0 after the K-th) */
 } zs_step_info;
 
 /* Ends the step. First one small all-reduce checks, before anything moves,
@@ -595,6 +657,19 @@ typedef struct zs_step_info {
  * REMOTE, MISMATCH, COMM, TIMEOUT, OUT_OF_MEMORY. Algorithm: ZeRO
  * (arXiv:1910.02054) section 5. */
 zs_status zs_step(zs_model* model, zs_step_info* info);
+
+/* Ends the step without applying it: finishes the reductions in flight,
+ * drops every gradient of the step (and of the micro-batches accumulated
+ * so far), leaves parameters, optimizer states and step counts bitwise
+ * unchanged. For recovery after zs_driver_forward/backward or a user's own
+ * pass failed on some rank (every rank calls it). Collective. Errors: as
+ * zs_step. */
+zs_status zs_step_discard(zs_model* model, zs_step_info* info);
+
+/* The scale the caller multiplies its loss (or loss gradient) by before
+ * backward: the loss scaler's current value, 1 without loss scaling. Not
+ * collective; the same on every rank. Returns 0 for a NULL model. */
+double zs_model_loss_scale(const zs_model* model);
 
 /* ==== Sequential driver (docs/overlap.md) =============================== */
 /* A higher-level API for models that are a sequence of layers: the driver

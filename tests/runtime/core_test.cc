@@ -239,6 +239,98 @@ void ExpectConfigEq(const zs_config& a, const zs_config& b) {
   EXPECT_EQ(a.reshard_after_forward, b.reshard_after_forward);
   EXPECT_EQ(a.reduce_order, b.reduce_order);
   EXPECT_EQ(a.progress_thread, b.progress_thread);
+  EXPECT_EQ(a.reduce_dtype, b.reduce_dtype);
+  EXPECT_EQ(a.grad_accum_steps, b.grad_accum_steps);
+  EXPECT_EQ(a.grad_accum_local, b.grad_accum_local);
+  EXPECT_EQ(a.clip_grad_norm, b.clip_grad_norm);
+  EXPECT_PRED2(SameDouble, a.max_grad_norm, b.max_grad_norm);
+  EXPECT_EQ(a.loss_scaler.mode, b.loss_scaler.mode);
+  EXPECT_PRED2(SameDouble, a.loss_scaler.init_scale, b.loss_scaler.init_scale);
+  EXPECT_PRED2(SameDouble, a.loss_scaler.growth_factor,
+               b.loss_scaler.growth_factor);
+  EXPECT_PRED2(SameDouble, a.loss_scaler.backoff_factor,
+               b.loss_scaler.backoff_factor);
+  EXPECT_EQ(a.loss_scaler.growth_interval, b.loss_scaler.growth_interval);
+  EXPECT_PRED2(SameDouble, a.loss_scaler.min_scale, b.loss_scaler.min_scale);
+  EXPECT_EQ(a.loss_scaler.hysteresis, b.loss_scaler.hysteresis);
+}
+
+// Precision settings: defaults, ranges (errors name the field) and the
+// DeepSpeed-style JSON keys.
+TEST(Config, PrecisionDefaultsAndRanges) {
+  zs_config c = ZS_CONFIG_INIT;
+  EXPECT_EQ(c.reduce_dtype, -1);
+  EXPECT_EQ(c.grad_accum_steps, 1);
+  EXPECT_EQ(c.clip_grad_norm, 0);
+  EXPECT_EQ(c.loss_scaler.mode, ZS_LOSS_SCALE_NONE);
+  EXPECT_EQ(c.loss_scaler.init_scale, 65536.0);
+  EXPECT_EQ(c.loss_scaler.hysteresis, 1);
+  ASSERT_EQ(zs_config_validate(&c), ZS_OK) << zs_last_error();
+  struct Bad {
+    void (*set)(zs_config*);
+    const char* field;
+  } bad[] = {
+      {[](zs_config* x) { x->grad_accum_steps = 0; }, "grad_accum_steps"},
+      {[](zs_config* x) { x->reduce_dtype = ZS_BFLOAT16; }, "reduce_dtype"},
+      {[](zs_config* x) { x->grad_accum_local = 2; }, "grad_accum_local"},
+      {[](zs_config* x) { x->clip_grad_norm = 1; x->max_grad_norm = 0; },
+       "max_grad_norm"},
+      {[](zs_config* x) { x->clip_grad_norm = 1; x->max_grad_norm = -1; },
+       "max_grad_norm"},
+      {[](zs_config* x) {
+         x->loss_scaler.mode = ZS_LOSS_SCALE_DYNAMIC;
+         x->loss_scaler.backoff_factor = 1.0;
+       }, "backoff_factor"},
+      {[](zs_config* x) {
+         x->loss_scaler.mode = ZS_LOSS_SCALE_DYNAMIC;
+         x->loss_scaler.init_scale = 0.5;
+       }, "init_scale"},
+      {[](zs_config* x) {
+         x->loss_scaler.mode = ZS_LOSS_SCALE_DYNAMIC;
+         x->loss_scaler.hysteresis = 0;
+       }, "hysteresis"},
+      {[](zs_config* x) { x->loss_scaler.mode = 7; }, "loss_scaler.mode"},
+  };
+  for (const Bad& b : bad) {
+    zs_config x = ZS_CONFIG_INIT;
+    b.set(&x);
+    EXPECT_EQ(zs_config_validate(&x), ZS_ERR_INVALID_ARGUMENT) << b.field;
+    EXPECT_LAST_ERROR_HAS(b.field);
+  }
+  zs_config j = ZS_CONFIG_INIT;
+  ASSERT_EQ(zs_config_from_json(
+                R"({"gradient_accumulation_steps": 4, "gradient_clipping": 1.5,
+                    "communication_data_type": "fp32",
+                    "fp16": {"enabled": true, "loss_scale": 0,
+                             "initial_scale_power": 12, "hysteresis": 2,
+                             "loss_scale_window": 100, "min_loss_scale": 4}})",
+                &j),
+            ZS_OK)
+      << zs_last_error();
+  EXPECT_EQ(j.grad_accum_steps, 4);
+  EXPECT_EQ(j.clip_grad_norm, 1);
+  EXPECT_EQ(j.max_grad_norm, 1.5);
+  EXPECT_EQ(j.reduce_dtype, ZS_FLOAT32);
+  EXPECT_EQ(j.loss_scaler.mode, ZS_LOSS_SCALE_DYNAMIC);
+  EXPECT_EQ(j.loss_scaler.init_scale, 4096.0);
+  EXPECT_EQ(j.loss_scaler.hysteresis, 2);
+  EXPECT_EQ(j.loss_scaler.growth_interval, 100);
+  EXPECT_EQ(j.loss_scaler.min_scale, 4.0);
+  ASSERT_EQ(zs_config_from_json(R"({"fp16": {"loss_scale": 128}})", &j), ZS_OK)
+      << zs_last_error();
+  EXPECT_EQ(j.loss_scaler.mode, ZS_LOSS_SCALE_STATIC);
+  EXPECT_EQ(j.loss_scaler.init_scale, 128.0);
+  ASSERT_EQ(zs_config_from_json(R"({"gradient_clipping": 0})", &j), ZS_OK);
+  EXPECT_EQ(j.clip_grad_norm, 0);
+  EXPECT_EQ(zs_config_from_json(R"({"gradient_clipping": -1})", &j),
+            ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_LAST_ERROR_HAS("gradient_clipping");
+  EXPECT_EQ(zs_config_from_json(R"({"gradient_accumulation_steps": 0})", &j),
+            ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_LAST_ERROR_HAS("gradient_accumulation_steps");
+  EXPECT_EQ(zs_config_from_json(R"({"communication_data_type": "bf16"})", &j),
+            ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_LAST_ERROR_HAS("communication_data_type");
 }
 
 TEST(Config, InitEqualsInitializerMacro) {
@@ -452,6 +544,18 @@ void DefinedCopy(const zs_config& src, zs_config* dst) {
   dst->reshard_after_forward = src.reshard_after_forward;
   dst->reduce_order = src.reduce_order;
   dst->progress_thread = src.progress_thread;
+  dst->reduce_dtype = src.reduce_dtype;
+  dst->grad_accum_steps = src.grad_accum_steps;
+  dst->grad_accum_local = src.grad_accum_local;
+  dst->clip_grad_norm = src.clip_grad_norm;
+  dst->max_grad_norm = src.max_grad_norm;
+  dst->loss_scaler.mode = src.loss_scaler.mode;
+  dst->loss_scaler.init_scale = src.loss_scaler.init_scale;
+  dst->loss_scaler.growth_factor = src.loss_scaler.growth_factor;
+  dst->loss_scaler.backoff_factor = src.loss_scaler.backoff_factor;
+  dst->loss_scaler.growth_interval = src.loss_scaler.growth_interval;
+  dst->loss_scaler.min_scale = src.loss_scaler.min_scale;
+  dst->loss_scaler.hysteresis = src.loss_scaler.hysteresis;
 }
 
 TEST(ConfigJson, FullDeepSpeedStyleExample) {
@@ -1350,11 +1454,21 @@ TEST_F(HostDevice, DivAdd) {
                                0, ZS_FLOAT32, nullptr),
             ZS_OK);
   EXPECT_EQ(dst, untouched);
-  // Only fp32 for now.
+  // 16-bit: widened, combined in fp32, rounded once (bf16 1.5 / 2 + 1 =
+  // 1.75 exactly; 3 / 3 = 1).
+  const uint16_t b16[2] = {0x3fc0 /* 1.5 */, 0x4040 /* 3 */};
+  const uint16_t one16[2] = {0x3f80, 0x3f80};
+  uint16_t out16[2] = {0, 0};
+  ASSERT_EQ(dev_->ops->div_add(dev_, out16, one16, b16, 2.0f, 2, ZS_BFLOAT16,
+                               nullptr),
+            ZS_OK);
+  EXPECT_EQ(out16[0], 0x3fe0);  // 1.75
+  EXPECT_EQ(out16[1], 0x4020);  // 2.5
+  // Integer types are not summed.
   EXPECT_EQ(dev_->ops->div_add(dev_, dst.data(), nullptr, src.data(), 2.0f,
-                               kN, ZS_BFLOAT16, nullptr),
+                               kN, ZS_UINT8, nullptr),
             ZS_ERR_UNSUPPORTED);
-  EXPECT_LAST_ERROR_HAS("bf16");
+  EXPECT_LAST_ERROR_HAS("u8");
   EXPECT_EQ(dst, untouched);
 }
 

@@ -271,6 +271,7 @@ TEST_F(OverlapTest, MaxLiveBelowTheLargestUnitIsRaised) {
 struct DriverNet {
   static constexpr int kD = 10, kOut = 3;
   int nb = 0, step = 0, b0 = 0;
+  bool fail_now = false;    // LinBackward fails (a user error on one rank)
   std::vector<int> weight;  // tensor id per unit (A, B, C)
   std::vector<float> target;
   float loss = 0;
@@ -295,6 +296,7 @@ zs_status LinForward(void* user, zs_model* m, const zs_layer_io* io) {
 
 zs_status LinBackward(void* user, zs_model* m, const zs_layer_io* io) {
   DriverNet* n = static_cast<DriverNet*>(user);
+  if (n->fail_now) return ZS_ERR_INVALID_ARGUMENT;
   void *w = nullptr, *dw = nullptr;
   zs_status st = zs_tensor_data(m, n->weight[io->unit], &w);
   if (st == ZS_OK) st = zs_tensor_grad(m, n->weight[io->unit], &dw);
@@ -355,7 +357,11 @@ struct DriverRun {
   std::string error;
 };
 
-DriverRun RunDriverNet(int stage, int checkpoint, MPI_Comm comm, int steps) {
+// fail_step: at that step the last rank's LinBackward fails; every rank
+// must see an error from zs_driver_backward, then zs_step_discard.
+// skip_step: that step's data is not trained on at all.
+DriverRun RunDriverNet(int stage, int checkpoint, MPI_Comm comm, int steps,
+                       int fail_step = -1, int skip_step = -1) {
   DriverRun out;
   int rank = 0, world = 1;
   MPI_Comm_rank(comm, &rank);
@@ -412,10 +418,27 @@ DriverRun RunDriverNet(int stage, int checkpoint, MPI_Comm comm, int steps) {
       for (int k = 0; k < DriverNet::kOut; k++)
         net.target[(size_t)i * DriverNet::kOut + k] = 0.5f * Input(s, net.b0 + i, k);
     }
+    if (s == skip_step) continue;
     zs_comm_counters before{}, after{};
     zs_comm_counters_get(ctx, &before);
+    net.fail_now = s == fail_step && rank == world - 1;
     st = zs_driver_forward(d);
     if (st == ZS_OK) st = zs_driver_backward(d);
+    if (s == fail_step) {
+      const zs_status want = rank == world - 1 ? ZS_ERR_INVALID_ARGUMENT
+                                               : ZS_ERR_REMOTE;
+      EXPECT_EQ(st, want) << "rank " << rank << ": " << zs_last_error();
+      if (st != ZS_OK)
+        EXPECT_NE(std::string(zs_last_error()).find(
+                      rank == world - 1 ? "backward" : "failed on rank"),
+                  std::string::npos)
+            << zs_last_error();
+      net.fail_now = false;
+      zs_step_info info{};
+      st = zs_step_discard(m, &info);
+      EXPECT_EQ(info.applied, 0);
+      continue;
+    }
     if (st == ZS_OK) st = zs_step(m, nullptr);
     zs_comm_counters_get(ctx, &after);
     out.reductions.push_back(after.calls[ZS_COLL_REDUCE_SCATTER] -
@@ -457,6 +480,22 @@ TEST_F(OverlapTest, DriverReducesSharedUnitOnceAndCheckpointingIsExact) {
     EXPECT_EQ(plain.memory.peak[ZS_MEM_ACTIVATIONS] - ck.memory.peak[ZS_MEM_ACTIVATIONS],
               2 * act + (size_t)(kGlobalBatch / world_) * DriverNet::kOut * sizeof(float))
         << "stage " << stage;
+  }
+}
+
+// A layer callback that fails on one rank does not hang the others: the
+// failing rank keeps issuing the pass's collectives, every rank gets an
+// error (REMOTE naming the rank elsewhere), and after zs_step_discard
+// training goes on exactly as if the failed step had never happened.
+TEST_F(OverlapTest, DriverCallbackFailureOnOneRankIsAgreedAndDiscarded) {
+  for (int stage : {0, 3}) {
+    DriverRun failed = RunDriverNet(stage, 1, MPI_COMM_WORLD, 5, 2, -1);
+    DriverRun skipped = RunDriverNet(stage, 1, MPI_COMM_WORLD, 5, -1, 2);
+    ASSERT_EQ(failed.status, ZS_OK) << failed.error;
+    ASSERT_EQ(skipped.status, ZS_OK) << skipped.error;
+    for (size_t u = 0; u < skipped.params.size(); u++)
+      EXPECT_TRUE(Bitwise(failed.params[u], skipped.params[u]))
+          << "stage " << stage << " unit " << u;
   }
 }
 

@@ -71,25 +71,55 @@ class PlainAccess : public Access {
 
 }  // namespace
 
+// Rounds v through dtype (fp32: unchanged).
+static void RoundTo(zs_dtype dtype, std::vector<float>& v) {
+  if (dtype == ZS_FLOAT32 || v.empty()) return;
+  std::vector<uint16_t> h(v.size());
+  zs_convert(h.data(), dtype, v.data(), ZS_FLOAT32, v.size());
+  zs_convert(v.data(), ZS_FLOAT32, h.data(), dtype, v.size());
+}
+
 TrainResult TrainReference(Model& model, const TrainConfig& cfg) {
   TrainResult r;
   PlainAccess a(model);
   const zs_optimizer_config o = OptimizerFor(cfg);
   const size_t n = model.tensors.size();
-  std::vector<std::vector<float>> s0(n), s1(n);
+  std::vector<std::vector<float>> s0(n), s1(n), master(n);
   std::vector<int64_t> steps(n, 0);
   for (size_t t = 0; t < n; t++) {
     s0[t].assign(model.tensors[t].numel(), 0.f);
     s1[t].assign(model.tensors[t].numel(), 0.f);
+    // 16-bit parameters: the model sees their rounding, the optimizer
+    // updates fp32 master weights initialized from it.
+    if (model.tensors[t].tie >= 0) continue;
+    RoundTo(cfg.param_dtype, a.P((int)t));
+    master[t] = a.P((int)t);
   }
   for (int s = 0; s < cfg.steps; s++) {
     a.ZeroGrads();
-    r.losses.push_back(model.Step(a, s, 0, kGlobalBatch));
+    r.losses.push_back(model.Step(a, s, 0, cfg.global_batch));
+    // The gradient is fp32 here (reduce_dtype fp32 or fp32 parameters).
+    float coef = 1.0f;
+    if (cfg.max_grad_norm > 0) {
+      double sumsq = 0;
+      for (size_t t = 0; t < n; t++) {
+        const TensorSpec& ts = model.tensors[t];
+        if (ts.tie >= 0 || ts.frozen) continue;
+        for (float g : a.G((int)t)) sumsq += (double)g * g;
+      }
+      double norm = std::sqrt(sumsq);
+      r.norms.push_back(norm);
+      double clip = cfg.max_grad_norm / (norm + 1e-6);
+      if (clip < 1.0) coef = (float)clip;
+    }
     for (size_t t = 0; t < n; t++) {
       const TensorSpec& ts = model.tensors[t];
       if (ts.tie >= 0 || ts.frozen) continue;
       double wd = ts.no_decay ? 0.0 : o.weight_decay;
-      float* p = a.P((int)t).data();
+      float* p = cfg.param_dtype == ZS_FLOAT32 ? a.P((int)t).data()
+                                               : master[t].data();
+      if (coef != 1.0f)
+        for (float& g : a.G((int)t)) g *= coef;
       const float* g = a.G((int)t).data();
       size_t cnt = ts.numel();
       zs_status st;
@@ -104,6 +134,10 @@ TrainResult TrainReference(Model& model, const TrainConfig& cfg) {
       if (st != ZS_OK && r.status == ZS_OK) {
         r.status = st;
         r.error = zs_last_error();
+      }
+      if (cfg.param_dtype != ZS_FLOAT32) {
+        a.P((int)t) = master[t];
+        RoundTo(cfg.param_dtype, a.P((int)t));
       }
     }
   }
@@ -121,11 +155,14 @@ namespace {
 
 class ShardedAccess : public Access {
  public:
-  ShardedAccess(zs_model* zm, Model& m) : zm_(zm), m_(m) {
+  ShardedAccess(zs_model* zm, Model& m, double scale = 1.0)
+      : zm_(zm), m_(m), scale_(scale), pm_(m.tensors.size()),
+        gm_(m.tensors.size()), gdirty_(m.tensors.size(), 0) {
     size_t mx = 1;
     for (auto& t : m.tensors) mx = std::max(mx, t.numel());
     dummy_.assign(mx, 0.f);
   }
+  void set_scale(double s) { scale_ = s; }
   void BeginForward(int u) override { Check(zs_unit_gather(zm_, u), "gather"); }
   void EndForward(int u) override { Check(zs_unit_release(zm_, u), "release"); }
   void BeginBackward(int u) override {
@@ -133,21 +170,56 @@ class ShardedAccess : public Access {
     Check(zs_unit_grad_acquire(zm_, u), "grad_acquire");
   }
   void EndBackward(int u) override {
+    // The loss scale (the model computes unscaled gradients): exact for a
+    // power of two. Only for models that use each unit once per step.
+    if (scale_ != 1.0)
+      for (int t : m_.units[u].tensors) {
+        if (m_.tensors[t].tie >= 0 || m_.tensors[t].frozen) continue;
+        float* g = Grad(t);
+        for (size_t i = 0; i < m_.tensors[t].numel(); i++)
+          g[i] = (float)(g[i] * scale_);
+      }
+    FlushGrads();
     Check(zs_unit_grad_release(zm_, u), "grad_release");
     Check(zs_unit_release(zm_, u), "release");
   }
+  // 16-bit parameters are read through an fp32 copy.
   float* Param(int t) override {
     void* p = nullptr;
     if (!Check(zs_tensor_data(zm_, t, &p), "tensor_data")) return dummy_.data();
-    return static_cast<float*>(p);
+    zs_dtype d = zs_tensor_field_dtype(zm_, t, ZS_FIELD_PARAM);
+    if (d == ZS_FLOAT32) return static_cast<float*>(p);
+    auto& v = pm_[t];
+    v.resize(m_.tensors[t].numel());
+    zs_convert(v.data(), ZS_FLOAT32, p, d, v.size());
+    return v.data();
   }
+  // 16-bit gradients are accumulated in an fp32 copy, rounded back at the
+  // end of the unit's backward.
   float* Grad(int t) override {
     void* p = nullptr;
     if (!Check(zs_tensor_grad(zm_, t, &p), "tensor_grad")) return dummy_.data();
-    return static_cast<float*>(p);
+    zs_dtype d = zs_tensor_field_dtype(zm_, t, ZS_FIELD_GRAD);
+    if (d == ZS_FLOAT32) return static_cast<float*>(p);
+    auto& v = gm_[t];
+    if (!gdirty_[t]) {
+      v.resize(m_.tensors[t].numel());
+      zs_convert(v.data(), ZS_FLOAT32, p, d, v.size());
+      gdirty_[t] = 1;
+      gptr_.push_back({t, p});
+    }
+    return v.data();
   }
 
  private:
+  void FlushGrads() {
+    for (auto& [t, p] : gptr_) {
+      zs_convert(p, zs_tensor_field_dtype(zm_, t, ZS_FIELD_GRAD), gm_[t].data(),
+                 ZS_FLOAT32, gm_[t].size());
+      gdirty_[t] = 0;
+    }
+    gptr_.clear();
+  }
   bool Check(zs_status st, const char* what) {
     if (st == ZS_OK) return true;
     ADD_FAILURE() << what << ": " << zs_status_string(st) << ": "
@@ -156,13 +228,33 @@ class ShardedAccess : public Access {
   }
   zs_model* zm_;
   Model& m_;
+  double scale_;
   std::vector<float> dummy_;
+  std::vector<std::vector<float>> pm_, gm_;
+  std::vector<char> gdirty_;
+  std::vector<std::pair<int, void*>> gptr_;
 };
 
-zs_status InitCallback(void* user, int tensor, const zs_tensor_desc*,
+zs_status InitCallback(void* user, int tensor, const zs_tensor_desc* desc,
                        void* data) {
-  static_cast<Model*>(user)->Init(tensor, static_cast<float*>(data));
-  return ZS_OK;
+  if (desc->dtype == ZS_FLOAT32) {
+    static_cast<Model*>(user)->Init(tensor, static_cast<float*>(data));
+    return ZS_OK;
+  }
+  std::vector<float> v(desc->numel);
+  static_cast<Model*>(user)->Init(tensor, v.data());
+  return zs_convert(data, desc->dtype, v.data(), ZS_FLOAT32, v.size());
+}
+
+// A field of a tensor as fp32 (converting 16-bit values).
+zs_status GetFloat(zs_model* zm, int t, zs_field f, std::vector<float>& out) {
+  zs_dtype d = zs_tensor_field_dtype(zm, t, f);
+  if (d == ZS_FLOAT32 || d == ZS_DTYPE_COUNT)
+    return zs_tensor_get(zm, t, f, out.data());
+  std::vector<uint16_t> h(out.size());
+  zs_status st = zs_tensor_get(zm, t, f, h.data());
+  if (st == ZS_OK) st = zs_convert(out.data(), ZS_FLOAT32, h.data(), d, h.size());
+  return st;
 }
 
 // Writes NaN into every element of a unit's local buffers that belongs to
@@ -172,6 +264,7 @@ void FillPaddingNaN(zs_model* zm) {
   const int stage = zm->ctx->config.stage, rank = zm->ctx->rank;
   for (int ui = 0; ui < zm->nunits; ui++) {
     zs__unit* u = &zm->units[ui];
+    if (u->elem != sizeof(float) || u->gelem != sizeof(float)) continue;
     std::vector<char> owned(u->layout.padded, 0);
     for (int i = 0; i < u->ntensors; i++) {
       const zs__tensor* t = &zm->tensors[u->tensors[i]];
@@ -221,7 +314,7 @@ zs_status RegisterModel(Model& model, zs_model* zm) {
       st = zs_model_add_tied_tensor(zm, unit_of[t], s.name.c_str(), s.tie, &id);
     } else {
       st = zs_model_add_tensor(zm, unit_of[t], s.name.c_str(), (int)s.shape.size(),
-                               s.shape.data(), ZS_FLOAT32,
+                               s.shape.data(), model.dtype,
                                s.frozen ? ZS_TENSOR_FROZEN : 0u, &id);
       if (st == ZS_OK && s.no_decay) {
         if (nodecay < 0)
@@ -250,6 +343,14 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
   c.reshard_after_forward = cfg.reshard_after_forward;
   c.max_live_elements = cfg.max_live_elements;
   c.progress_thread = cfg.progress_thread;
+  c.grad_accum_steps = cfg.grad_accum;
+  c.grad_accum_local = cfg.grad_accum_local;
+  c.clip_grad_norm = cfg.max_grad_norm > 0;
+  if (cfg.max_grad_norm > 0) c.max_grad_norm = cfg.max_grad_norm;
+  c.reduce_dtype = cfg.reduce_dtype;
+  c.loss_scaler.mode = cfg.loss_scaler;
+  c.loss_scaler.init_scale = cfg.init_scale;
+  model.dtype = cfg.param_dtype;
   zs_context* ctx = nullptr;
   zs_model* zm = nullptr;
   auto fail = [&](zs_status st) {
@@ -265,27 +366,48 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
   if (st == ZS_OK) st = zs_model_finalize(zm);
   if (st == ZS_OK) st = zs_model_init(zm, InitCallback, &model);
   if (st == ZS_OK && cfg.sentinel) FillPaddingNaN(zm);
-  const int nb = kGlobalBatch / world, b0 = rank * nb;
+  // Micro-batch k of rank r: samples [k*G/K + r*nb, +nb), nb = G/(W*K).
+  const int K = cfg.grad_accum, nb = cfg.global_batch / (world * K);
   ShardedAccess access(zm, model);
   for (int s = 0; st == ZS_OK && s < cfg.steps; s++) {
     zs_comm_counters before{}, after{};
     zs_comm_counters_get(ctx, &before);
     st = zs_model_set_lr(zm, ZS_ALL_GROUPS, LrAt(cfg, s));
-    float local = model.Step(access, s, b0, nb);
-    if (st == ZS_OK) st = zs_step(zm, nullptr);
+    double sum = 0, total = 0;
+    zs_step_info info{};
+    double used_scale = 1.0;
+    for (int k = 0; st == ZS_OK && k < K; k++) {
+      used_scale = zs_model_loss_scale(zm);
+      access.set_scale(used_scale);
+      const int b0 = k * (cfg.global_batch / K) + rank * nb;
+      sum += (double)model.Step(access, s, b0, nb) * nb;
+      st = zs_step(zm, &info);
+    }
     zs_comm_counters_get(ctx, &after);
     r.step_counters.push_back(Diff(after, before));
+    r.infos.push_back(info);
     zs_memory_stats ms;
     zs_memory_stats_get(ctx, &ms);
     r.step_memory.push_back(ms);
-    double sum = (double)local * nb, total = 0;
     MPI_Allreduce(&sum, &total, 1, MPI_DOUBLE, MPI_SUM, cfg.comm);
-    r.losses.push_back((float)(total / kGlobalBatch));
+    r.losses.push_back((float)(total / cfg.global_batch));
+    if (st == ZS_OK && cfg.max_grad_norm > 0) {
+      // The independent norm: every trainable tensor's reduced gradient.
+      double sumsq = 0;
+      for (size_t t = 0; st == ZS_OK && t < model.tensors.size(); t++) {
+        const TensorSpec& ts = model.tensors[t];
+        if (ts.tie >= 0 || ts.frozen) continue;
+        std::vector<float> g(ts.numel());
+        st = GetFloat(zm, (int)t, ZS_FIELD_GRAD, g);
+        for (float x : g) sumsq += (double)x * x;
+      }
+      r.norms.push_back(std::sqrt(sumsq) / used_scale);
+    }
   }
   if (st != ZS_OK) fail(st);
   for (size_t t = 0; st == ZS_OK && t < model.tensors.size(); t++) {
     std::vector<float> p(model.tensors[t].numel()), s0(p.size());
-    st = zs_tensor_get(zm, (int)t, ZS_FIELD_PARAM, p.data());
+    st = GetFloat(zm, (int)t, ZS_FIELD_PARAM, p);
     const TensorSpec& ts = model.tensors[t];
     const TensorSpec& own = ts.tie >= 0 ? model.tensors[ts.tie] : ts;
     zs_field f = cfg.optimizer == ZS_OPTIM_SGD ? ZS_FIELD_MOMENTUM : ZS_FIELD_EXP_AVG;

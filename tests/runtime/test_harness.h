@@ -32,6 +32,15 @@ struct TrainConfig {
   int reshard_after_forward = 1;
   size_t max_live_elements = 0;
   int progress_thread = 1;
+  // Precision, clipping, accumulation (docs/precision.md).
+  int global_batch = kGlobalBatch;  // sequences per optimizer step
+  int grad_accum = 1;        // K micro-batches per optimizer step
+  int grad_accum_local = 0;  // zs_config.grad_accum_local
+  double max_grad_norm = 0;  // > 0: clip to it (both runs)
+  zs_dtype param_dtype = ZS_FLOAT32;  // of every tensor
+  int reduce_dtype = -1;     // zs_config.reduce_dtype
+  int loss_scaler = ZS_LOSS_SCALE_NONE;  // sharded run: the model's
+  double init_scale = 65536; // gradients are multiplied by the scale
 };
 
 struct TrainResult {
@@ -45,6 +54,11 @@ struct TrainResult {
   zs_memory_stats memory_after_destroy{};  // after zs_model_destroy
   zs_status status = ZS_OK;                // first failure, if any
   std::string error;
+  std::vector<zs_step_info> infos;  // sharded: per optimizer step
+  // Per optimizer step with clipping: the reference's pre-clip norm, or
+  // (sharded) the norm recomputed from the reduced gradients (zs_tensor_get
+  // of every trainable tensor's GRAD, sum of squares in double).
+  std::vector<double> norms;
 };
 
 zs_optimizer_config OptimizerFor(const TrainConfig& cfg);

@@ -55,6 +55,7 @@ class Model {
   virtual ~Model() = default;
   std::vector<TensorSpec> tensors;
   std::vector<UnitSpec> units;
+  zs_dtype dtype = ZS_FLOAT32;  // of every registered tensor (RegisterModel)
   // Deterministic initial values of tensor t (numel floats).
   virtual void Init(int t, float* data) const;
   // One forward + backward over samples [b0, b0 + nb) of the global batch
