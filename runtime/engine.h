@@ -124,6 +124,8 @@ struct zs_model {
   int finalized;
   int poisoned; /* a registration call failed on this rank */
   char poison_msg[512];
+  int eval;              /* zs_model_set_eval: forward only, outside the
+                            step's trace, no prefetch, no forward holds */
   int64_t steps_called;  /* zs_step calls that completed */
   int micro;             /* micro-batches accumulated toward the next
                             optimizer step (0..K-1) */

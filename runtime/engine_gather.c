@@ -253,7 +253,7 @@ zs_status zs_unit_gather(zs_model* m, int unit) {
                      "zs_unit_gather: unit '%s' is already gathered; release "
                      "it before gathering it again", u->name);
   zs__progress(m);
-  if (m->ctx->config.stage == 3) {
+  if (m->ctx->config.stage == 3 && !m->eval) {
     st = zs__trace_follow(m, unit);
     if (st != ZS_OK) return st;
   }
@@ -264,7 +264,7 @@ zs_status zs_unit_gather(zs_model* m, int unit) {
     st = zs__hold_for_use(m, u->owners[held]);
     if (st == ZS_OK) held++;
   }
-  if (st == ZS_OK) st = zs__prefetch_issue(m);
+  if (st == ZS_OK && !m->eval) st = zs__prefetch_issue(m);
   if (st == ZS_OK) st = zs__ready(m, u);
   for (int k = 0; k < u->nowners && st == ZS_OK; k++)
     st = zs__ready(m, &m->units[u->owners[k]]);
@@ -289,7 +289,7 @@ zs_status zs_unit_release(zs_model* m, int unit) {
   /* Released in the forward pass (its gradients not touched yet this
    * step) with reshard_after_forward off: keep it for the backward. */
   if (m->ctx->config.stage == 3 && !m->ctx->config.reshard_after_forward &&
-      !u->forward_hold && u->grad_state == ZS__GRAD_IDLE && u->releases == 0 &&
+      !m->eval && !u->forward_hold && u->grad_state == ZS__GRAD_IDLE && u->releases == 0 &&
       !u->user_grad_open)
     u->forward_hold = 1;
   else
@@ -307,9 +307,35 @@ void zs__forward_hold_end(zs_model* m, int unit) {
   zs__drop(m, unit);
 }
 
+zs_status zs_model_set_eval(zs_model* m, int eval) {
+  zs_status st = zs__check_finalized(m, "zs_model_set_eval");
+  if (st != ZS_OK) return st;
+  ZS_REQUIRE(eval == 0 || eval == 1,
+             "zs_model_set_eval: eval must be 0 or 1, got %d", eval);
+  if (eval == m->eval) return ZS_OK;
+  for (int i = 0; i < m->nunits; i++) {
+    const zs__unit* u = &m->units[i];
+    if (u->user_gathered || u->user_grad_open)
+      return zs__error(ZS_ERR_INVALID_STATE,
+                       "zs_model_set_eval: unit '%s' is still %s; release it "
+                       "first", u->name,
+                       u->user_gathered ? "gathered" : "acquired for gradients");
+  }
+  if (eval && m->seen_len > 0)
+    return zs__error(ZS_ERR_INVALID_STATE,
+                     "zs_model_set_eval: a training step is in progress (%d "
+                     "gathers since the last zs_step); evaluate between "
+                     "steps", m->seen_len);
+  /* Unused prefetches and forward holds belong to the training step. */
+  st = zs__prefetch_drain(m);
+  if (st == ZS_OK) m->eval = eval;
+  return st;
+}
+
 zs_status zs_unit_prefetch(zs_model* m, int unit) {
   zs_status st = zs__check_unit(m, unit, "zs_unit_prefetch");
   if (st != ZS_OK) return st;
+  if (m->eval) return ZS_OK;
   if (m->ctx->config.stage != 3 || m->units[unit].gather_refs > 0) return ZS_OK;
   if (m->max_live_elems > 0 &&
       m->live_elems + zs__prefetch_cost(m, unit) > m->max_live_elems)

@@ -269,6 +269,11 @@ zs_status zs_unit_grad_acquire(zs_model* m, int unit) {
   if (st != ZS_OK) return st;
   zs__progress(m);
   zs__unit* u = &m->units[unit];
+  if (m->eval)
+    return zs__error(ZS_ERR_INVALID_STATE,
+                     "zs_unit_grad_acquire: unit '%s': the model is in eval "
+                     "mode (zs_model_set_eval(model, 0) before training)",
+                     u->name);
   if (u->user_grad_open)
     return zs__error(ZS_ERR_INVALID_STATE,
                      "zs_unit_grad_acquire: gradients of unit '%s' are already "

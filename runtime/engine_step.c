@@ -218,6 +218,10 @@ static zs_status zs__step_consistency(zs_model* m, zs_status local) {
 }
 
 static zs_status zs__step_check_closed(const zs_model* m) {
+  if (m->eval)
+    return zs__error(ZS_ERR_INVALID_STATE,
+                     "zs_step: the model is in eval mode; call "
+                     "zs_model_set_eval(model, 0) before training");
   for (int i = 0; i < m->nunits; i++) {
     const zs__unit* u = &m->units[i];
     if (u->user_gathered)

@@ -289,12 +289,14 @@ static double model_eval(model* m, const gpt2_data* d, const gpt2_args* a,
   const int total = a->val_batches * a->batch, K = a->grad_accum;
   const int Bm = a->batch / world / K;
   double sum = 0, all = 0;
+  CHECK(zs_model_set_eval(m->zm, 1)); /* not part of the training trace */
   for (int k = 0; k < a->val_batches; k++)
     for (int j = 0; j < K; j++) {
       gpt2_data_val_batch(d, k * a->batch + j * (a->batch / K) + rank * Bm, Bm,
                           total, a->seq, tokens, targets);
       sum += model_forward(m, tokens, targets);
     }
+  CHECK(zs_model_set_eval(m->zm, 0));
   MPI_Allreduce(&sum, &all, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
   return all / world / K / a->val_batches;
 }
@@ -315,6 +317,7 @@ static char* model_sample(model* m, const gpt2_args* a, int n) {
   }
   int len = 1;
   ctx[0] = '\n';
+  CHECK(zs_model_set_eval(m->zm, 1));
   for (int k = 0; k < n; k++) {
     model_forward(m, ctx, NULL);
     gpt2_softmax(m->acts.logits + (size_t)(len - 1) * GPT2_VOCAB, probs, GPT2_VOCAB);
@@ -324,6 +327,7 @@ static char* model_sample(model* m, const gpt2_args* a, int n) {
     else len++;
     ctx[len - 1] = b;
   }
+  CHECK(zs_model_set_eval(m->zm, 0));
   free(ctx);
   free(probs);
   return text;

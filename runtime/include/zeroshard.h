@@ -621,6 +621,17 @@ zs_status zs_tensor_grad(zs_model* model, int tensor, void** grad);
  * Errors: INVALID_STATE (not acquired), COMM, OUT_OF_MEMORY. */
 zs_status zs_unit_grad_release(zs_model* model, int unit);
 
+/* Eval mode (1) for forward-only passes between steps (validation,
+ * sampling): gathers and releases work as in training, but they are not
+ * part of the step's recorded order (so prefetch keeps its trace for the
+ * training steps), nothing is prefetched, reshard_after_forward is ignored
+ * (a release frees), and gradient acquire and zs_step are INVALID_STATE.
+ * Enter between steps (after zs_step, before the next forward) with no
+ * unit held; leaving (0) needs no unit held. Not collective, but every rank
+ * must switch at the same point (as with gathers). Errors: INVALID_ARGUMENT,
+ * INVALID_STATE naming the unit or the step in progress. */
+zs_status zs_model_set_eval(zs_model* model, int eval);
+
 /* Learning rate of a param group for the next steps (ZS_ALL_GROUPS: every
  * group). Errors: INVALID_ARGUMENT (unknown group, negative or non-finite
  * lr). Not collective, but every rank should set the same value. */

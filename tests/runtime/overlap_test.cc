@@ -351,6 +351,8 @@ zs_status InitWeights(void*, int tensor, const zs_tensor_desc* d, void* data) {
 
 struct DriverRun {
   std::vector<std::vector<float>> params;
+  std::vector<uint64_t> gathers;     // all-gathers per training step
+  int trace_valid_at_end = 0, trace_len_at_end = 0;
   std::vector<uint64_t> reductions;  // reduce-scatters per step
   zs_memory_stats memory{};
   zs_status status = ZS_OK;
@@ -361,7 +363,8 @@ struct DriverRun {
 // must see an error from zs_driver_backward, then zs_step_discard.
 // skip_step: that step's data is not trained on at all.
 DriverRun RunDriverNet(int stage, int checkpoint, MPI_Comm comm, int steps,
-                       int fail_step = -1, int skip_step = -1) {
+                       int fail_step = -1, int skip_step = -1,
+                       bool eval_between = false) {
   DriverRun out;
   int rank = 0, world = 1;
   MPI_Comm_rank(comm, &rank);
@@ -443,6 +446,23 @@ DriverRun RunDriverNet(int stage, int checkpoint, MPI_Comm comm, int steps,
     zs_comm_counters_get(ctx, &after);
     out.reductions.push_back(after.calls[ZS_COLL_REDUCE_SCATTER] -
                              before.calls[ZS_COLL_REDUCE_SCATTER]);
+    out.gathers.push_back(after.calls[ZS_COLL_ALL_GATHER] -
+                          before.calls[ZS_COLL_ALL_GATHER]);
+    if (eval_between && st == ZS_OK) {
+      // A forward-only pass (validation) between steps, in eval mode.
+      st = zs_model_set_eval(m, 1);
+      if (st == ZS_OK) st = zs_driver_forward(d);
+      if (st == ZS_OK) {
+        EXPECT_EQ(zs_unit_grad_acquire(m, units[0]), ZS_ERR_INVALID_STATE);
+        EXPECT_NE(std::string(zs_last_error()).find("eval mode"),
+                  std::string::npos);
+        zs_step_info info{};
+        EXPECT_EQ(zs_step(m, &info), ZS_ERR_INVALID_STATE);
+        EXPECT_NE(std::string(zs_last_error()).find("eval mode"),
+                  std::string::npos);
+      }
+      if (st == ZS_OK) st = zs_model_set_eval(m, 0);
+    }
   }
   if (st != ZS_OK) fail(st);
   for (int u = 0; u < 3 && out.status == ZS_OK; u++) {
@@ -452,6 +472,10 @@ DriverRun RunDriverNet(int stage, int checkpoint, MPI_Comm comm, int steps,
     out.params.push_back(p);
   }
   if (ctx != nullptr) zs_memory_stats_get(ctx, &out.memory);
+  if (m != nullptr) {
+    out.trace_valid_at_end = m->trace_valid;
+    out.trace_len_at_end = m->trace_len;
+  }
   zs_driver_destroy(d);
   zs_model_destroy(m);
   zs_context_destroy(ctx);
@@ -497,6 +521,56 @@ TEST_F(OverlapTest, DriverCallbackFailureOnOneRankIsAgreedAndDiscarded) {
       EXPECT_TRUE(Bitwise(failed.params[u], skipped.params[u]))
           << "stage " << stage << " unit " << u;
   }
+}
+
+// Eval mode between steps (validation): gradients and zs_step are refused,
+// the forward-only pass is not part of the recorded order, so training
+// steps keep their trace (the same all-gathers per step as without eval)
+// and their results, bitwise.
+TEST_F(OverlapTest, EvalPassesBetweenStepsKeepTheTraceAndTheResults) {
+  for (int stage : {1, 3}) {
+    DriverRun plain = RunDriverNet(stage, 0, MPI_COMM_WORLD, 5);
+    DriverRun ev = RunDriverNet(stage, 0, MPI_COMM_WORLD, 5, -1, -1, true);
+    ASSERT_EQ(plain.status, ZS_OK) << plain.error;
+    ASSERT_EQ(ev.status, ZS_OK) << ev.error;
+    EXPECT_EQ(ev.gathers, plain.gathers) << "stage " << stage;
+    EXPECT_EQ(ev.trace_valid_at_end, plain.trace_valid_at_end);
+    EXPECT_EQ(ev.trace_len_at_end, plain.trace_len_at_end);
+    if (stage == 3) {
+      EXPECT_EQ(ev.trace_valid_at_end, 1);
+      EXPECT_GT(ev.trace_len_at_end, 0);
+    }
+    for (size_t u = 0; u < plain.params.size(); u++)
+      EXPECT_TRUE(Bitwise(ev.params[u], plain.params[u])) << "stage " << stage;
+  }
+}
+
+// Layers added before finalize declare use counts, ties included: a head
+// unit whose weight is tied to the embedding's uses the embedding unit too.
+TEST_F(OverlapTest, DriverDeclaresUsesOfTieOwners) {
+  zs_config cfg = ZS_CONFIG_INIT;
+  cfg.stage = 3;
+  zs_context* ctx = nullptr;
+  zs_model* m = nullptr;
+  zs_driver* d = nullptr;
+  ASSERT_EQ(zs_context_create_mpi(&cfg, MPI_COMM_WORLD, &ctx), ZS_OK);
+  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+  int e = -1, h = -1, w = -1, tied = -1;
+  const int64_t shape[2] = {4, 3};
+  ASSERT_EQ(zs_model_add_unit(m, "embed", &e), ZS_OK);
+  ASSERT_EQ(zs_model_add_unit(m, "head", &h), ZS_OK);
+  ASSERT_EQ(zs_model_add_tensor(m, e, "wte", 2, shape, ZS_FLOAT32, 0, &w), ZS_OK);
+  ASSERT_EQ(zs_model_add_tied_tensor(m, h, "lm_head", w, &tied), ZS_OK);
+  ASSERT_EQ(zs_driver_create(m, 16, 0, &d), ZS_OK);
+  zs_layer_desc le = {e, LinForward, LinBackward, nullptr, 16, 0, 0};
+  zs_layer_desc lh = {h, LinForward, LinBackward, nullptr, 16, 0, 0};
+  ASSERT_EQ(zs_driver_add_layer(d, &le, nullptr), ZS_OK);
+  ASSERT_EQ(zs_driver_add_layer(d, &lh, nullptr), ZS_OK);
+  EXPECT_EQ(m->units[e].uses_explicit, 2);
+  EXPECT_EQ(m->units[h].uses_explicit, 1);
+  zs_driver_destroy(d);
+  zs_model_destroy(m);
+  zs_context_destroy(ctx);
 }
 
 // The driver at W ranks equals the driver at one rank (a single-process
