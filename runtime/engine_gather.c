@@ -134,6 +134,15 @@ static size_t zs__prefetch_cost(const zs_model* m, int unit) {
   return cost;
 }
 
+/* All-gathers a prefetch of `unit` would start (itself and the owners of
+ * its ties that are not gathered), each counting against prefetch_depth. */
+static int zs__prefetch_count(const zs_model* m, int unit) {
+  const zs__unit* u = &m->units[unit];
+  int n = u->gather_refs == 0;
+  for (int k = 0; k < u->nowners; k++) n += m->units[u->owners[k]].gather_refs == 0;
+  return n;
+}
+
 static zs_status zs__prefetch_one(zs_model* m, int unit) {
   zs__unit* u = &m->units[unit];
   zs_status st = zs__hold(m, unit);
@@ -167,6 +176,8 @@ static zs_status zs__prefetch_issue(zs_model* m) {
     const size_t cost = zs__prefetch_cost(m, v);
     if (m->max_live_elems > 0 && m->live_elems + cost > m->max_live_elems)
       break;
+    /* never more than `depth` prefetched all-gathers, ties included */
+    if (m->prefetches + zs__prefetch_count(m, v) > depth) break;
     zs_status st = zs__prefetch_one(m, v);
     if (st != ZS_OK) return st;
   }
@@ -340,6 +351,8 @@ zs_status zs_unit_prefetch(zs_model* m, int unit) {
   if (m->max_live_elems > 0 &&
       m->live_elems + zs__prefetch_cost(m, unit) > m->max_live_elems)
     return ZS_OK; /* a hint: the live limit wins */
+  if (m->prefetches + zs__prefetch_count(m, unit) > m->ctx->config.prefetch_depth)
+    return ZS_OK; /* ... and so does the depth */
   return zs__prefetch_one(m, unit);
 }
 

@@ -575,7 +575,9 @@ zs_status zs_tensor_get(zs_model* model, int tensor, zs_field field,
 zs_status zs_unit_gather(zs_model* model, int unit);
 
 /* A hint that `unit` will be gathered soon: at stage 3 its all-gather
- * starts now (if it is not gathered and the live-elements limit allows) and
+ * starts now (if it is not gathered and the live-elements limit and
+ * prefetch_depth allow: a hint counts against the depth like a prefetch
+ * along the recorded order, so depth 0 makes hints no-ops) and
  * the later zs_unit_gather only waits for it; the prefetch is dropped at
  * zs_step if unused. A no-op at stages 0-2. Collective at stage 3 (every
  * rank must give the same hints). Prefetch along the recorded order needs

@@ -224,6 +224,57 @@ TEST_F(OverlapTest, PrefetchIssuesTheNextGatherBeforeComputeEnds) {
   }
 }
 
+// A prefetch of a unit with a tied tensor brings its owner's unit along:
+// both count against prefetch_depth, so unused prefetched all-gathers
+// never exceed it. Hints obey the same bound.
+TEST_F(OverlapTest, PrefetchDepthCountsTieOwnersAndBoundsHints) {
+  zs_config cfg = ZS_CONFIG_INIT;
+  cfg.stage = 3;
+  cfg.prefetch_depth = 1;
+  zs_context* ctx = nullptr;
+  zs_model* m = nullptr;
+  ASSERT_EQ(zs_context_create_mpi(&cfg, MPI_COMM_WORLD, &ctx), ZS_OK);
+  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+  int e = -1, a = -1, h = -1, we = -1, wa = -1, wh = -1;
+  const int64_t shape[2] = {6, 5};
+  ASSERT_EQ(zs_model_add_unit(m, "E", &e), ZS_OK);
+  ASSERT_EQ(zs_model_add_unit(m, "A", &a), ZS_OK);
+  ASSERT_EQ(zs_model_add_unit(m, "H", &h), ZS_OK);
+  ASSERT_EQ(zs_model_add_tensor(m, e, "E.w", 2, shape, ZS_FLOAT32, 0, &we), ZS_OK);
+  ASSERT_EQ(zs_model_add_tensor(m, a, "A.w", 2, shape, ZS_FLOAT32, 0, &wa), ZS_OK);
+  ASSERT_EQ(zs_model_add_tied_tensor(m, h, "H.w", we, &wh), ZS_OK);
+  ASSERT_EQ(zs_model_finalize(m), ZS_OK) << zs_last_error();
+  const int fwd[3] = {e, a, h}, bwd[3] = {h, a, e};
+  for (int step = 0; step < 3; step++) {
+    for (int u : fwd) {
+      ASSERT_EQ(zs_unit_gather(m, u), ZS_OK);
+      EXPECT_LE(m->prefetches, 1) << "step " << step << " unit " << u;
+      ASSERT_EQ(zs_unit_release(m, u), ZS_OK);
+    }
+    for (int u : bwd) {
+      ASSERT_EQ(zs_unit_gather(m, u), ZS_OK);
+      EXPECT_LE(m->prefetches, 1) << "step " << step << " unit " << u;
+      ASSERT_EQ(zs_unit_grad_acquire(m, u), ZS_OK);
+      ASSERT_EQ(zs_unit_grad_release(m, u), ZS_OK);
+      ASSERT_EQ(zs_unit_release(m, u), ZS_OK);
+    }
+    ASSERT_EQ(zs_step(m, nullptr), ZS_OK) << zs_last_error();
+  }
+  // A hint for H (2 all-gathers with its owner E) does not fit depth 1.
+  ASSERT_EQ(zs_unit_prefetch(m, h), ZS_OK);
+  EXPECT_EQ(m->prefetches, 0);
+  ASSERT_EQ(zs_unit_prefetch(m, a), ZS_OK);
+  EXPECT_EQ(m->prefetches, 1);
+  ASSERT_EQ(zs_unit_prefetch(m, e), ZS_OK);  // depth reached: a no-op
+  EXPECT_EQ(m->prefetches, 1);
+  ASSERT_EQ(zs_step(m, nullptr), ZS_OK) << zs_last_error();  // drops it
+  zs_memory_stats ms;
+  zs_memory_stats_get(ctx, &ms);
+  EXPECT_EQ(ms.current[ZS_MEM_PARAMS_GATHERED], 0u);
+  zs_model_destroy(m);
+  zs_context_destroy(ctx);
+}
+
 // Without prefetch a unit's all-gather is issued only at its use.
 TEST_F(OverlapTest, NoPrefetchGathersOnlyAtUse) {
   Chain c;
