@@ -433,6 +433,46 @@ TEST_F(PrecisionTest, Fp16NormOfThreeHundredDoesNotOverflow) {
   zs_context_destroy(ctx);
 }
 
+// ZeRO's 2 + 2 + 12 bytes per parameter for 16-bit parameters and
+// gradients with AdamW (fp32 master + two fp32 moments), per stage: what
+// each rank holds is exactly the paper's formula (Rajbhandari et al.,
+// section 3), padded per unit.
+TEST_F(PrecisionTest, SixteenBitMemoryFollowsTheZeroFormula) {
+  for (zs_dtype dtype : {ZS_BFLOAT16, ZS_FLOAT16}) {
+    for (int stage = 0; stage <= 3; stage++) {
+      zs_config c = ZS_CONFIG_INIT;
+      c.stage = stage;
+      zs_context* ctx = nullptr;
+      zs_model* m = nullptr;
+      int unit = -1, t = -1;
+      const int64_t shape[2] = {37, 29};
+      ASSERT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), ZS_OK);
+      ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+      ASSERT_EQ(zs_model_add_unit(m, "u", &unit), ZS_OK);
+      ASSERT_EQ(zs_model_add_tensor(m, unit, "w", 2, shape, dtype, 0, &t), ZS_OK);
+      ASSERT_EQ(zs_model_finalize(m), ZS_OK) << zs_last_error();
+      size_t P = 0, S = 0;
+      ASSERT_EQ(zs_unit_layout(m, unit, nullptr, &P, &S), ZS_OK);
+      zs_memory_stats ms;
+      zs_memory_stats_get(ctx, &ms);
+      const size_t params = stage == 3 ? 2 * S : 2 * P;
+      const size_t grads = stage >= 2 ? 2 * S : 2 * P;
+      const size_t span = stage == 0 ? P : S;
+      const std::string where = std::string(zs_dtype_name(dtype)) + " stage " +
+                                std::to_string(stage);
+      EXPECT_EQ(ms.current[ZS_MEM_PARAMS], params) << where;
+      EXPECT_EQ(ms.current[ZS_MEM_GRADS], grads) << where;
+      EXPECT_EQ(ms.current[ZS_MEM_MASTER_WEIGHTS], 4 * span) << where;
+      EXPECT_EQ(ms.current[ZS_MEM_OPTIMIZER_STATES], 8 * span) << where;
+      EXPECT_EQ(zs_tensor_field_dtype(m, t, ZS_FIELD_PARAM), dtype);
+      EXPECT_EQ(zs_tensor_field_dtype(m, t, ZS_FIELD_GRAD), dtype);
+      EXPECT_EQ(zs_tensor_field_dtype(m, t, ZS_FIELD_MASTER), ZS_FLOAT32);
+      zs_model_destroy(m);
+      zs_context_destroy(ctx);
+    }
+  }
+}
+
 // Bad input: gradients in a 16-bit type need the fixed reduce order.
 TEST_F(PrecisionTest, UnsupportedDtypeCombinationNamesTheUnit) {
   zs_config c = ZS_CONFIG_INIT;
