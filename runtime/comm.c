@@ -23,6 +23,8 @@ struct zs__coll {
   int is_param_gather;
   void* tmp;          /* reduce-scatter temporary (device memory) */
   void* dst;          /* fixed-order reduce-scatter: the sum goes here */
+  void* div_dst;      /* backend reduce-scatter: divided at completion */
+  float divisor;      /* reduce-scatter: the sum is divided by this */
 };
 
 /* Counts a collective at issue and folds it into the sequence hash (in
@@ -79,7 +81,10 @@ static zs_status zs__coll_finish(zs__comm* c, zs__coll* op) {
   zs_status st = ZS_OK;
   if (op->dst != NULL)
     st = c->dev->ops->sum_chunks(c->dev, op->dst, op->tmp, c->world, op->count,
-                                 op->dtype, NULL);
+                                 op->divisor, op->dtype, NULL);
+  else if (op->div_dst != NULL && op->divisor != 1.0f)
+    st = c->dev->ops->div_add(c->dev, op->div_dst, NULL, op->div_dst,
+                              op->divisor, op->count, op->dtype, NULL);
   double now = zs__now();
   c->counters.seconds[op->op] += now - op->t_issue;
   if (c->log != NULL) {
@@ -190,8 +195,10 @@ zs_status zs__comm_iall_gather_strided(zs__comm* c, zs__coll_tag tag,
 zs_status zs__comm_ireduce_scatter(zs__comm* c, zs__coll_tag tag,
                                    zs__reduce_order order, const void* send,
                                    size_t offset, size_t stride, size_t chunk,
-                                   void* dst, zs_dtype dtype, zs__coll** out) {
+                                   void* dst, float divisor, zs_dtype dtype,
+                                   zs__coll** out) {
   ZS__COLL_BEGIN(ZS_COLL_REDUCE_SCATTER, chunk, dtype);
+  op->divisor = divisor;
   const size_t elem = zs_dtype_size(dtype), W = (size_t)c->world;
   st = zs__dev_alloc(c->dev, ZS_MEM_COMM_BUFFERS, W * chunk * elem, 0,
                      "reduce-scatter bucket", &op->tmp);
@@ -211,6 +218,7 @@ zs_status zs__comm_ireduce_scatter(zs__comm* c, zs__coll_tag tag,
     for (size_t r = 0; st == ZS_OK && r < W; r++)
       st = c->dev->ops->copy(c->dev, (char*)op->tmp + r * chunk * elem,
                              s + offsets[r] * elem, chunk * elem, NULL);
+    op->div_dst = dst;
     if (st == ZS_OK)
       st = c->ops->reduce_scatter(c, op->tmp, dst, chunk, dtype, ZS__RED_SUM,
                                   NULL, &op->req);

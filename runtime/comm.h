@@ -178,13 +178,17 @@ typedef enum zs__reduce_order {
 
 /* Starts the reduce-scatter of one bucket: every rank contributes
  * send[r * stride + offset .. + chunk) for each rank r, and dst (chunk
- * elements) receives the SUM over ranks of this rank's chunk. send must stay
- * untouched until completion; dst is written at completion. A temporary of
- * world * chunk elements (comm_buffers) lives until then. */
+ * elements) receives the SUM over ranks of this rank's chunk divided by
+ * `divisor` (1: the plain sum; the world size: the mean, ncclAvg's role).
+ * FIXED order sums in fp32 and rounds once into dtype; BACKEND divides the
+ * backend's sum at completion. send must stay untouched until completion;
+ * dst is written at completion. A temporary of world * chunk elements
+ * (comm_buffers) lives until then. */
 zs_status zs__comm_ireduce_scatter(zs__comm* c, zs__coll_tag tag,
                                    zs__reduce_order order, const void* send,
                                    size_t offset, size_t stride, size_t chunk,
-                                   void* dst, zs_dtype dtype, zs__coll** out);
+                                   void* dst, float divisor, zs_dtype dtype,
+                                   zs__coll** out);
 
 /* Waits (polling, with the timeout of the blocking wrappers) and completes:
  * finishes a reduce-scatter's sum, logs the completion, frees op. */

@@ -114,10 +114,12 @@ zs_status zs_config_validate(const zs_config* c) {
                "config.loss_scaler.min_scale: expected a finite value > 0, "
                "got %g", ls->min_scale);
     ZS_REQUIRE(isfinite(ls->init_scale) && ls->init_scale > 0.0 &&
+                   ls->init_scale <= 3.4028234663852886e38 &&
                    (ls->mode == ZS_LOSS_SCALE_STATIC ||
                     ls->init_scale >= ls->min_scale),
                "config.loss_scaler.init_scale: expected a finite value > 0 "
-               "(and >= min_scale %g when dynamic), got %g", ls->min_scale,
+               "that fits in fp32 (and >= min_scale %g when dynamic), got %g",
+               ls->min_scale,
                ls->init_scale);
     ZS_REQUIRE(isfinite(ls->growth_factor) && ls->growth_factor > 1.0,
                "config.loss_scaler.growth_factor: expected a finite value "
@@ -391,7 +393,7 @@ static zs_status zs__json_apply(const cJSON* root, zs_config* c) {
     double fixed = ls->mode == ZS_LOSS_SCALE_STATIC ? ls->init_scale : 0.0;
     ZS_CHECK(zs__json_number(fp16, "loss_scale", "fp16", &fixed));
     int power = -1;
-    ZS_CHECK(zs__json_int(fp16, "initial_scale_power", "fp16", 0, 1000,
+    ZS_CHECK(zs__json_int(fp16, "initial_scale_power", "fp16", 0, 64,
                           &power));
     ZS_CHECK(zs__json_int(fp16, "loss_scale_window", "fp16", 1, 1 << 30,
                           &ls->growth_interval));
@@ -402,14 +404,22 @@ static zs_status zs__json_apply(const cJSON* root, zs_config* c) {
       ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
               "config JSON: fp16.loss_scale: expected 0 (dynamic) or a "
               "finite value > 0, got %g", fixed);
+    /* Loss-scaling keys without "enabled": true would be ignored by
+     * DeepSpeed; here that is an error (a silently ignored setting). */
+    if (cJSON_GetObjectItemCaseSensitive(fp16, "enabled") == NULL &&
+        ls->mode == ZS_LOSS_SCALE_NONE && fp16->child != NULL)
+      ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+              "config JSON: fp16: loss-scaling keys without \"enabled\": "
+              "true (set it, or remove the fp16 block)");
     if (!enabled) {
       ls->mode = ZS_LOSS_SCALE_NONE;
     } else if (fixed > 0.0) {
       ls->mode = ZS_LOSS_SCALE_STATIC;
       ls->init_scale = fixed;
     } else {
+      /* DeepSpeed: dynamic from 2^initial_scale_power, default 16 */
       ls->mode = ZS_LOSS_SCALE_DYNAMIC;
-      if (power >= 0) ls->init_scale = ldexp(1.0, power);
+      ls->init_scale = ldexp(1.0, power >= 0 ? power : 16);
     }
   }
 cleanup:

@@ -39,13 +39,14 @@ typedef struct zs__device_ops {
   zs_status (*div_add)(zs__device* dev, void* dst, const void* base,
                        const void* src, float divisor, size_t n,
                        zs_dtype dtype, zs__stream* stream);
-  /* dst[i] = (((src[0][i] + src[1][i]) + src[2][i]) + ...) over nchunks
-   * chunks of `chunk` elements laid out back to back in src (fp32): the
-   * rank-ordered sum of the fixed-order reduce-scatter. dst must not
-   * overlap src. */
+  /* dst[i] = (((src[0][i] + src[1][i]) + src[2][i]) + ...) / divisor
+   * over nchunks chunks of `chunk` elements laid out back to back in src:
+   * the rank-ordered sum of the fixed-order reduce-scatter, scaled (the
+   * mean over ranks: ncclAvg's role). Computed in fp32 and rounded once to
+   * dtype (fp32, bf16, fp16). dst must not overlap src. */
   zs_status (*sum_chunks)(zs__device* dev, void* dst, const void* src,
-                          int nchunks, size_t chunk, zs_dtype dtype,
-                          zs__stream* stream);
+                          int nchunks, size_t chunk, float divisor,
+                          zs_dtype dtype, zs__stream* stream);
   zs_status (*stream_create)(zs__device* dev, zs__stream** out);
   void (*stream_destroy)(zs__device* dev, zs__stream* stream);
   zs_status (*stream_sync)(zs__device* dev, zs__stream* stream);

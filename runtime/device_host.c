@@ -83,8 +83,8 @@ static zs_status zs__host_div_add(zs__device* dev, void* dst, const void* base,
 
 static zs_status zs__host_sum_chunks(zs__device* dev, void* dst,
                                      const void* src, int nchunks,
-                                     size_t chunk, zs_dtype dtype,
-                                     zs__stream* stream) {
+                                     size_t chunk, float divisor,
+                                     zs_dtype dtype, zs__stream* stream) {
   (void)dev;
   (void)stream;
   if (!zs__host_float_type(dtype))
@@ -102,13 +102,15 @@ static zs_status zs__host_sum_chunks(zs__device* dev, void* dst,
       const float* x = s + (size_t)r * chunk;
       for (size_t i = 0; i < chunk; i++) d[i] += x[i];
     }
+    if (divisor != 1.0f)
+      for (size_t i = 0; i < chunk; i++) d[i] /= divisor;
     return ZS_OK;
   }
   for (size_t i = 0; i < chunk; i++) {
     float v = zs__load(src, dtype, i);
     for (int r = 1; r < nchunks; r++)
       v += zs__load(src, dtype, (size_t)r * chunk + i);
-    zs__store(dst, dtype, i, v);
+    zs__store(dst, dtype, i, divisor != 1.0f ? v / divisor : v);
   }
   return ZS_OK;
 }

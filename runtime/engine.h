@@ -84,9 +84,9 @@ typedef struct zs__unit {
   void* master;     /* 16-bit units: fp32 master weights of the optimizer
                        span (MASTER_WEIGHTS), the values the optimizer
                        updates; params hold their rounding */
-  int master_stale; /* params were written (init, zs_tensor_set): the
-                       master copy is refreshed from them before the next
-                       optimizer step */
+  int master_stale; /* the master copy was never filled: it is, from the
+                       parameters, before the first optimizer step (later
+                       writes refresh the elements they write) */
 
   /* Collectives in flight. */
   zs__inflight gather_ops; /* stage 3: the all-gather filling params_full */
@@ -174,6 +174,10 @@ void* zs__state_shard_ptr(zs_model* m, zs__unit* u, int k);
  * refresh from the parameters after these were written (master_stale). */
 void* zs__master_shard_ptr(zs_model* m, zs__unit* u);
 zs_status zs__master_refresh(zs_model* m, zs__unit* u);
+/* After elements [begin, begin + n) of the unit's flat buffer were written:
+ * refreshes the master weights of those that are in this rank's span. */
+zs_status zs__master_refresh_range(zs_model* m, zs__unit* u, size_t begin,
+                                   size_t n);
 zs_status zs__check_finalized(const zs_model* m, const char* fn);
 
 /* ---- engine_gather.c ---- */

@@ -115,6 +115,11 @@ cleanup:
 
 /* ==== Reduction ============================================================= */
 
+/* The divisor of the gradient mean: ranks * micro-batches per step. */
+static float zs__grad_divisor(const zs_model* m) {
+  return (float)m->ctx->world * (float)m->ctx->config.grad_accum_steps;
+}
+
 /* One reduce-scatter per bucket of the shard, all started now; each sums
  * into this rank's shard (or, for a re-opened unit, into red_sum, added to
  * the saved shard at the end). The accumulation buffer is their send
@@ -137,7 +142,8 @@ zs_status zs__grad_reduce_start(zs_model* m, zs__unit* u) {
     zs__coll* op = NULL;
     ZS_CHECK(zs__comm_ireduce_scatter(comm, tag, order, u->grad_accum, off,
                                       u->layout.shard, cnt,
-                                      dst + off * u->gelem, u->gdtype, &op));
+                                      dst + off * u->gelem,
+                                      zs__grad_divisor(m), u->gdtype, &op));
     ZS_CHECK(zs__inflight_push(&u->red_ops, op));
   }
   u->grad_state = ZS__GRAD_REDUCING;
@@ -183,16 +189,15 @@ static void zs__reducing_remove(zs_model* m, int ui) {
 zs_status zs__grad_reduce_finish(zs_model* m, zs__unit* u) {
   zs__device* dev = m->ctx->device;
   zs__comm* comm = m->ctx->comm;
-  /* The mean over ranks and micro-batches: sum / (ranks * K). */
-  const float world =
-      (float)m->ctx->world * (float)m->ctx->config.grad_accum_steps;
   void* shard = zs__grad_shard_ptr(m, u);
   zs_status st = ZS_OK;
   zs__reducing_remove(m, (int)(u - m->units));
+  /* The buckets deliver the mean (sum / (ranks * K), one rounding); a
+   * re-opened unit adds its new mean to the saved one. */
   ZS_CHECK(zs__inflight_wait(comm, &u->red_ops));
-  ZS_CHECK(dev->ops->div_add(dev, shard, u->grad_saved,
-                             u->reopened ? u->red_sum : shard, world,
-                             u->layout.shard, u->gdtype, NULL));
+  if (u->reopened)
+    ZS_CHECK(dev->ops->div_add(dev, shard, u->grad_saved, u->red_sum, 1.0f,
+                               u->layout.shard, u->gdtype, NULL));
   if (u->grad_accum != u->grads_full) zs__dev_free(dev, u->grad_accum);
   u->grad_accum = NULL;
   zs__dev_free(dev, u->grad_saved);

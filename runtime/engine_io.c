@@ -25,17 +25,23 @@ static zs_status zs__check_none_gathered(const zs_model* m, const char* fn) {
 static zs_status zs__store_params(zs_model* m, zs__unit* u, const char* full,
                                   size_t begin, size_t n) {
   zs__device* dev = m->ctx->device;
-  u->master_stale = 1;
-  if (m->ctx->config.stage <= 2)
-    return dev->ops->copy(dev, zs__at(u->params_full, begin, u->elem),
-                          full, n * u->elem, NULL);
-  size_t s0 = zs__layout_shard_begin(&u->layout, m->ctx->rank);
-  size_t s1 = s0 + u->layout.shard;
-  size_t lo = begin > s0 ? begin : s0, hi = begin + n < s1 ? begin + n : s1;
-  if (lo >= hi) return ZS_OK;
-  return dev->ops->copy(dev, zs__at(u->params_shard, lo - s0, u->elem),
-                        full + (lo - begin) * u->elem, (hi - lo) * u->elem,
-                        NULL);
+  zs_status st = ZS_OK;
+  if (m->ctx->config.stage <= 2) {
+    st = dev->ops->copy(dev, zs__at(u->params_full, begin, u->elem), full,
+                        n * u->elem, NULL);
+  } else {
+    size_t s0 = zs__layout_shard_begin(&u->layout, m->ctx->rank);
+    size_t s1 = s0 + u->layout.shard;
+    size_t lo = begin > s0 ? begin : s0, hi = begin + n < s1 ? begin + n : s1;
+    if (lo < hi)
+      st = dev->ops->copy(dev, zs__at(u->params_shard, lo - s0, u->elem),
+                          full + (lo - begin) * u->elem, (hi - lo) * u->elem,
+                          NULL);
+  }
+  /* The written elements' master weights follow (only those: the others
+   * keep their fp32 precision). */
+  if (st == ZS_OK) st = zs__master_refresh_range(m, u, begin, n);
+  return st;
 }
 
 zs_status zs_model_init(zs_model* m, zs_init_fn fn, void* user) {
@@ -184,14 +190,20 @@ static zs_status zs__field_shard(zs_model* m, const zs__tensor* t,
 zs_dtype zs_tensor_field_dtype(const zs_model* m, int tensor, zs_field field) {
   if (m == NULL || !m->finalized || tensor < 0 || tensor >= m->ntensors)
     return ZS_DTYPE_COUNT;
+  const zs__tensor* t = &m->tensors[tensor];
+  const zs__tensor* owner = t->tied_to >= 0 ? &m->tensors[t->tied_to] : t;
   const zs__unit* u = &m->units[zs__storage_unit(m, tensor)];
+  const int frozen = (owner->flags & ZS_TENSOR_FROZEN) != 0;
+  const int adam = m->ctx->config.optimizer.kind != ZS_OPTIM_SGD;
   switch (field) {
     case ZS_FIELD_PARAM: return u->dtype;
-    case ZS_FIELD_GRAD: return u->gdtype;
+    case ZS_FIELD_GRAD: return frozen ? ZS_DTYPE_COUNT : u->gdtype;
     case ZS_FIELD_EXP_AVG:
-    case ZS_FIELD_EXP_AVG_SQ:
+    case ZS_FIELD_EXP_AVG_SQ: return frozen || !adam ? ZS_DTYPE_COUNT : ZS_FLOAT32;
     case ZS_FIELD_MOMENTUM:
-    case ZS_FIELD_MASTER: return ZS_FLOAT32;
+      return frozen || adam || u->nstates == 0 ? ZS_DTYPE_COUNT : ZS_FLOAT32;
+    case ZS_FIELD_MASTER:
+      return frozen || u->master == NULL ? ZS_DTYPE_COUNT : ZS_FLOAT32;
   }
   return ZS_DTYPE_COUNT;
 }

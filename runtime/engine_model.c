@@ -633,6 +633,20 @@ void* zs__master_shard_ptr(zs_model* m, zs__unit* u) {
                 sizeof(float));
 }
 
+zs_status zs__master_refresh_range(zs_model* m, zs__unit* u, size_t begin,
+                                   size_t n) {
+  if (u->master == NULL || u->master_stale) return ZS_OK; /* all, later */
+  const int stage = m->ctx->config.stage;
+  const size_t s0 = stage == 0 ? 0 : zs__layout_shard_begin(&u->layout, m->ctx->rank);
+  const size_t s1 = s0 + (stage == 0 ? u->layout.padded : u->layout.shard);
+  const size_t lo = begin > s0 ? begin : s0;
+  const size_t hi = begin + n < s1 ? begin + n : s1;
+  if (lo >= hi) return ZS_OK;
+  const void* p = stage == 0 ? u->params_full : zs__param_shard_ptr(m, u);
+  return zs_convert((float*)u->master + (lo - s0), ZS_FLOAT32,
+                    zs__at((void*)p, lo - s0, u->elem), u->dtype, hi - lo);
+}
+
 zs_status zs__master_refresh(zs_model* m, zs__unit* u) {
   if (u->master == NULL || !u->master_stale) return ZS_OK;
   const int stage = m->ctx->config.stage;

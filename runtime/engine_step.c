@@ -161,7 +161,8 @@ double zs_model_loss_scale(const zs_model* m) {
  * the same units since the context was created, used every unit the same
  * number of times this step, will schedule reductions the same way, and
  * uses the same learning rates. Runs before anything of the step moves. */
-static zs_status zs__step_consistency(zs_model* m, zs_status local) {
+static zs_status zs__step_consistency(zs_model* m, zs_status local,
+                                      int discard) {
   uint64_t uses = ZS__FNV_SEED, lrs = ZS__FNV_SEED;
   for (int i = 0; i < m->nunits; i++) {
     const zs__unit* u = &m->units[i];
@@ -171,8 +172,8 @@ static zs_status zs__step_consistency(zs_model* m, zs_status local) {
   lrs = zs__hash_bytes(lrs, m->group_lr, sizeof(double) * (size_t)m->ngroups);
   lrs = zs__hash_bytes(lrs, m->group_wd, sizeof(double) * (size_t)m->ngroups);
   enum { K = 4 };
-  uint64_t mine[K] = {(uint64_t)m->steps_called, m->ctx->comm->seq_hash, uses,
-                      lrs};
+  uint64_t mine[K] = {((uint64_t)m->steps_called << 1) | (uint64_t)discard,
+                      m->ctx->comm->seq_hash, uses, lrs};
   /* Heap, not stack: a collective's buffer (see zs__comm_free). */
   uint64_t* v = (uint64_t*)malloc((2 * K + 1) * sizeof *v);
   if (v == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "zs_step: malloc");
@@ -196,7 +197,7 @@ static zs_status zs__step_consistency(zs_model* m, zs_status local) {
   st = zs__comm_agree_finish(m->ctx->comm, local, r[2 * K], "zs_step");
   if (st != ZS_OK) return st;
   static const char* const what[K] = {
-      "step counters",
+      "step counters (or some called zs_step, others zs_step_discard)",
       "collective sequences (which units were gathered and reduced, in "
       "which order)",
       "gradient use counts", "learning rates or weight decays"};
@@ -337,7 +338,7 @@ static zs_status zs__step_run(zs_model* m, zs_step_info* info, int discard) {
   info->grad_norm = -1.0;
   /* Misuse on any rank ends the step on every rank before anything moves;
    * nothing changes, so the caller can fix the order and call again. */
-  st = zs__step_consistency(m, zs__step_check_closed(m));
+  st = zs__step_consistency(m, zs__step_check_closed(m), discard);
   if (st != ZS_OK) goto out;
   const int boundary = discard || zs__accum_boundary(m);
   const int reduce_now = !discard && (boundary || !m->ctx->config.grad_accum_local);

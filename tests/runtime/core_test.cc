@@ -320,6 +320,17 @@ TEST(Config, PrecisionDefaultsAndRanges) {
       << zs_last_error();
   EXPECT_EQ(j.loss_scaler.mode, ZS_LOSS_SCALE_STATIC);
   EXPECT_EQ(j.loss_scaler.init_scale, 128.0);
+  zs_config d = ZS_CONFIG_INIT;
+  EXPECT_EQ(zs_config_from_json(R"({"fp16": {"loss_scale": 128}})", &d),
+            ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_LAST_ERROR_HAS("enabled");
+  ASSERT_EQ(zs_config_from_json(R"({"fp16": {"enabled": true}})", &d), ZS_OK);
+  EXPECT_EQ(d.loss_scaler.mode, ZS_LOSS_SCALE_DYNAMIC);
+  EXPECT_EQ(d.loss_scaler.init_scale, 65536.0);  // DeepSpeed's 2^16
+  EXPECT_EQ(zs_config_from_json(
+                R"({"fp16": {"enabled": true, "initial_scale_power": 200}})", &d),
+            ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_LAST_ERROR_HAS("initial_scale_power");
   ASSERT_EQ(zs_config_from_json(R"({"gradient_clipping": 0})", &j), ZS_OK);
   EXPECT_EQ(j.clip_grad_norm, 0);
   EXPECT_EQ(zs_config_from_json(R"({"gradient_clipping": -1})", &j),

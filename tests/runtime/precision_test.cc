@@ -473,6 +473,114 @@ TEST_F(PrecisionTest, SixteenBitMemoryFollowsTheZeroFormula) {
   }
 }
 
+// zs_tensor_set of one tensor refreshes the master weights of the elements
+// it wrote only: the other tensors of the unit keep their fp32 masters.
+TEST_F(PrecisionTest, TensorSetKeepsTheOtherTensorsMasters) {
+  for (int stage = 0; stage <= 3; stage++) {
+    zs_config c = ZS_CONFIG_INIT;
+    c.stage = stage;
+    c.optimizer.lr = 1e-4;
+    zs_context* ctx = nullptr;
+    zs_model* m = nullptr;
+    int unit = -1, a = -1, b = -1;
+    const int64_t na = 13, nb = 11;
+    ASSERT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), ZS_OK);
+    ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+    ASSERT_EQ(zs_model_add_unit(m, "u", &unit), ZS_OK);
+    ASSERT_EQ(zs_model_add_tensor(m, unit, "a", 1, &na, ZS_BFLOAT16, 0, &a), ZS_OK);
+    ASSERT_EQ(zs_model_add_tensor(m, unit, "b", 1, &nb, ZS_BFLOAT16, 0, &b), ZS_OK);
+    ASSERT_EQ(zs_model_finalize(m), ZS_OK) << zs_last_error();
+    for (int s = 0; s < 3; s++) {
+      ASSERT_EQ(zs_unit_gather(m, unit), ZS_OK);
+      ASSERT_EQ(zs_unit_grad_acquire(m, unit), ZS_OK);
+      for (int t : {a, b}) {
+        void* g = nullptr;
+        ASSERT_EQ(zs_tensor_grad(m, t, &g), ZS_OK);
+        const int64_t n = t == a ? na : nb;
+        for (int64_t i = 0; i < n; i++) {
+          float v = HashUniform(5, s, t * 100 + i);
+          zs_convert((uint16_t*)g + i, ZS_BFLOAT16, &v, ZS_FLOAT32, 1);
+        }
+      }
+      ASSERT_EQ(zs_unit_grad_release(m, unit), ZS_OK);
+      ASSERT_EQ(zs_unit_release(m, unit), ZS_OK);
+      ASSERT_EQ(zs_step(m, nullptr), ZS_OK) << zs_last_error();
+    }
+    std::vector<float> before((size_t)nb), after((size_t)nb), pa((size_t)na);
+    std::vector<uint16_t> ha((size_t)na);
+    ASSERT_EQ(zs_tensor_get(m, b, ZS_FIELD_MASTER, before.data()), ZS_OK);
+    ASSERT_EQ(zs_tensor_get(m, a, ZS_FIELD_PARAM, ha.data()), ZS_OK);
+    ASSERT_EQ(zs_tensor_set(m, a, ha.data()), ZS_OK) << zs_last_error();
+    ASSERT_EQ(zs_tensor_get(m, b, ZS_FIELD_MASTER, after.data()), ZS_OK);
+    EXPECT_TRUE(Bitwise(after, before)) << "stage " << stage;
+    // ... and a's masters are now its (16-bit) values.
+    ASSERT_EQ(zs_tensor_get(m, a, ZS_FIELD_MASTER, pa.data()), ZS_OK);
+    std::vector<float> wa((size_t)na);
+    zs_convert(wa.data(), ZS_FLOAT32, ha.data(), ZS_BFLOAT16, ha.size());
+    EXPECT_TRUE(Bitwise(pa, wa)) << "stage " << stage;
+    // Sanity: the masters carried more than bf16 precision.
+    int finer = 0;
+    for (float x : before) {
+      uint16_t h;
+      float r;
+      zs_convert(&h, ZS_BFLOAT16, &x, ZS_FLOAT32, 1);
+      zs_convert(&r, ZS_FLOAT32, &h, ZS_BFLOAT16, 1);
+      finer += r != x;
+    }
+    EXPECT_GT(finer, 0);
+    zs_model_destroy(m);
+    zs_context_destroy(ctx);
+  }
+}
+
+// A 16-bit gradient mean is rounded once: the rank-ordered fp32 sum divided
+// by ranks * K, then stored (not the rounded sum divided and rounded again).
+TEST_F(PrecisionTest, SixteenBitMeanIsRoundedOnce) {
+  for (int stage : {0, 2}) {
+    zs_config c = ZS_CONFIG_INIT;
+    c.stage = stage;
+    zs_context* ctx = nullptr;
+    zs_model* m = nullptr;
+    int unit = -1, t = -1;
+    const int64_t n = 53;
+    ASSERT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), ZS_OK);
+    ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+    ASSERT_EQ(zs_model_add_unit(m, "u", &unit), ZS_OK);
+    ASSERT_EQ(zs_model_add_tensor(m, unit, "w", 1, &n, ZS_BFLOAT16, 0, &t), ZS_OK);
+    ASSERT_EQ(zs_model_finalize(m), ZS_OK) << zs_last_error();
+    ASSERT_EQ(zs_unit_gather(m, unit), ZS_OK);
+    ASSERT_EQ(zs_unit_grad_acquire(m, unit), ZS_OK);
+    void* g = nullptr;
+    ASSERT_EQ(zs_tensor_grad(m, t, &g), ZS_OK);
+    auto value = [](int r, int64_t i) {  // exactly representable in bf16
+      float v = HashUniform(9, r, i);
+      uint16_t h;
+      zs_convert(&h, ZS_BFLOAT16, &v, ZS_FLOAT32, 1);
+      zs_convert(&v, ZS_FLOAT32, &h, ZS_BFLOAT16, 1);
+      return v;
+    };
+    for (int64_t i = 0; i < n; i++) {
+      float v = value(rank_, i);
+      zs_convert((uint16_t*)g + i, ZS_BFLOAT16, &v, ZS_FLOAT32, 1);
+    }
+    ASSERT_EQ(zs_unit_grad_release(m, unit), ZS_OK);
+    ASSERT_EQ(zs_unit_release(m, unit), ZS_OK);
+    ASSERT_EQ(zs_step(m, nullptr), ZS_OK) << zs_last_error();
+    std::vector<uint16_t> got((size_t)n);
+    ASSERT_EQ(zs_tensor_get(m, t, ZS_FIELD_GRAD, got.data()), ZS_OK);
+    for (int64_t i = 0; i < n; i++) {
+      float sum = value(0, i);
+      for (int r = 1; r < world_; r++) sum += value(r, i);
+      float mean = sum / (float)world_;
+      uint16_t want;
+      zs_convert(&want, ZS_BFLOAT16, &mean, ZS_FLOAT32, 1);
+      EXPECT_EQ(got[i], want) << "stage " << stage << " element " << i;
+    }
+    zs_model_destroy(m);
+    zs_context_destroy(ctx);
+  }
+}
+
 // Bad input: gradients in a 16-bit type need the fixed reduce order.
 TEST_F(PrecisionTest, UnsupportedDtypeCombinationNamesTheUnit) {
   zs_config c = ZS_CONFIG_INIT;
