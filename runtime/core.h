@@ -96,6 +96,13 @@ zs_status zs__accounting_remove(zs__accounting* acct, zs__owner owner,
                                 const void* ptr, zs_mem_category* category,
                                 size_t* bytes);
 void zs__accounting_stats(const zs__accounting* acct, zs_memory_stats* out);
+/* The step's phase changes (peaks per phase start from what is allocated
+ * then); step_done closes the step's phases (zs_step's end) and starts the
+ * next step's forward. */
+void zs__accounting_phase(zs__accounting* acct, zs_phase phase);
+void zs__accounting_step_done(zs__accounting* acct);
+/* The process's resident set in bytes (/proc/self/statm), 0 if unknown. */
+size_t zs__resident_bytes(void);
 void zs__accounting_reset_peak(zs__accounting* acct);
 
 /* ---- Configuration --------------------------------------------------------- */

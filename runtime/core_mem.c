@@ -6,8 +6,10 @@
  * Guarded by a mutex: later layers allocate from worker threads.
  */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "runtime/core.h"
 
@@ -32,7 +34,38 @@ struct zs__accounting {
   size_t peak[ZS_MEM_CATEGORY_COUNT];
   size_t total_current;
   size_t total_peak;
+  /* Peaks per phase of the step in progress (cur) and of the last
+   * completed step (last); phase_seen: the phase was entered. */
+  int phase;
+  size_t cur_peak[ZS_PHASE_COUNT][ZS_MEM_CATEGORY_COUNT];
+  size_t cur_total[ZS_PHASE_COUNT];
+  size_t last_peak[ZS_PHASE_COUNT][ZS_MEM_CATEGORY_COUNT];
+  size_t last_total[ZS_PHASE_COUNT];
+  int steps_done;
 };
+
+/* A phase starts with what is allocated when it begins. Lock held. */
+static void zs__phase_begin(zs__accounting* a, int phase) {
+  a->phase = phase;
+  memcpy(a->cur_peak[phase], a->current, sizeof a->current);
+  a->cur_total[phase] = a->total_current;
+}
+
+void zs__accounting_phase(zs__accounting* a, zs_phase phase) {
+  pthread_mutex_lock(&a->lock);
+  if ((int)phase != a->phase) zs__phase_begin(a, (int)phase);
+  pthread_mutex_unlock(&a->lock);
+}
+
+void zs__accounting_step_done(zs__accounting* a) {
+  pthread_mutex_lock(&a->lock);
+  memcpy(a->last_peak, a->cur_peak, sizeof a->cur_peak);
+  memcpy(a->last_total, a->cur_total, sizeof a->cur_total);
+  a->steps_done++;
+  for (int p = 0; p < ZS_PHASE_COUNT; p++) zs__phase_begin(a, p);
+  a->phase = ZS_PHASE_FORWARD;
+  pthread_mutex_unlock(&a->lock);
+}
 
 static size_t zs__slot_of(const void* key, size_t cap) {
   uint64_t h = (uint64_t)(uintptr_t)key;
@@ -125,6 +158,10 @@ zs_status zs__accounting_add(zs__accounting* a, zs__owner owner,
     a->peak[category] = a->current[category];
   a->total_current += bytes;
   if (a->total_current > a->total_peak) a->total_peak = a->total_current;
+  if (a->current[category] > a->cur_peak[a->phase][category])
+    a->cur_peak[a->phase][category] = a->current[category];
+  if (a->total_current > a->cur_total[a->phase])
+    a->cur_total[a->phase] = a->total_current;
 cleanup:
   pthread_mutex_unlock(&a->lock);
   return st;
@@ -179,7 +216,24 @@ void zs__accounting_stats(const zs__accounting* a_const, zs_memory_stats* out) {
       a->current[ZS_MEM_PARAMS] + a->current[ZS_MEM_GRADS] +
       a->current[ZS_MEM_MASTER_WEIGHTS] + a->current[ZS_MEM_OPTIMIZER_STATES];
   out->allocations = a->reg[0].count + a->reg[1].count;
+  /* The last completed step's phases; before the first, the one so far. */
+  const int done = a->steps_done > 0;
+  memcpy(out->phase_peak, done ? a->last_peak : a->cur_peak,
+         sizeof out->phase_peak);
+  memcpy(out->phase_peak_total, done ? a->last_total : a->cur_total,
+         sizeof out->phase_peak_total);
   pthread_mutex_unlock(&a->lock);
+  out->resident_bytes = zs__resident_bytes();
+}
+
+size_t zs__resident_bytes(void) {
+  /* /proc/self/statm: size resident shared text lib data dt (pages) */
+  FILE* f = fopen("/proc/self/statm", "r");
+  unsigned long long size = 0, resident = 0;
+  int n = f != NULL ? fscanf(f, "%llu %llu", &size, &resident) : 0;
+  if (f != NULL) fclose(f);
+  long page = sysconf(_SC_PAGESIZE);
+  return n == 2 && page > 0 ? (size_t)resident * (size_t)page : 0;
 }
 
 void zs__accounting_reset_peak(zs__accounting* a) {

@@ -117,6 +117,13 @@ const char* zs_mem_category_name(zs_mem_category category) {
   return names[category];
 }
 
+const char* zs_phase_name(zs_phase phase) {
+  static const char* const names[ZS_PHASE_COUNT] = {"forward", "backward",
+                                                    "step"};
+  if ((int)phase < 0 || phase >= ZS_PHASE_COUNT) return "unknown";
+  return names[phase];
+}
+
 const char* zs_coll_op_name(zs_coll_op op) {
   static const char* const names[ZS_COLL_OP_COUNT] = {
       "all_gather", "reduce_scatter", "all_reduce", "broadcast"};

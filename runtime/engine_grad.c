@@ -283,6 +283,7 @@ zs_status zs_unit_grad_acquire(zs_model* m, int unit) {
     return zs__error(ZS_ERR_INVALID_STATE,
                      "zs_unit_grad_acquire: gradients of unit '%s' are already "
                      "acquired; release them first", u->name);
+  zs__accounting_phase(m->ctx->acct, ZS_PHASE_BACKWARD);
   st = zs__grad_open(m, unit);
   if (st != ZS_OK) return st;
   for (int k = 0; k < u->nowners; k++) {

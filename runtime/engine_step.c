@@ -340,6 +340,7 @@ static zs_status zs__step_run(zs_model* m, zs_step_info* info, int discard) {
    * nothing changes, so the caller can fix the order and call again. */
   st = zs__step_consistency(m, zs__step_check_closed(m), discard);
   if (st != ZS_OK) goto out;
+  zs__accounting_phase(m->ctx->acct, ZS_PHASE_STEP);
   const int boundary = discard || zs__accum_boundary(m);
   const int reduce_now = !discard && (boundary || !m->ctx->config.grad_accum_local);
   int applied = 0;
@@ -374,6 +375,7 @@ cleanup:
     if (boundary || st != ZS_OK) zs__grad_drop(m, u);
   }
   zs__trace_end_step(m);
+  zs__accounting_step_done(m->ctx->acct);
   m->steps_called++;
   m->micro = boundary || st != ZS_OK ? 0 : m->micro + 1;
   info->applied = applied;

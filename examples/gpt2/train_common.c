@@ -120,6 +120,10 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
                          "rank runs batch/(ranks*K) sequences K times [1]\n"
                          "  --clip X            clip the global gradient norm "
                          "to X > 0 [off]\n"
+                         "  --describe FILE     write the model description "
+                         "(units, tensors, activations per rank) for\n"
+                         "                      tools/zs estimate --model, "
+                         "then exit without training\n"
                        : "",
                kUsage);
       return 1;
@@ -184,13 +188,16 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
       int s = 0;
       rc = gpt2__int(f, v, 0, 2147483647, &s, err, cap);
       a->seed = (unsigned long long)s;
-    } else if (strcmp(f, "--data") == 0 || strcmp(f, "--report") == 0) {
+    } else if (strcmp(f, "--data") == 0 || strcmp(f, "--report") == 0 ||
+               (sharded && strcmp(f, "--describe") == 0)) {
       if (v == NULL || v[0] == '\0' || strncmp(v, "--", 2) == 0) {
         snprintf(err, cap, "%s: expected a path, got '%s'", f,
                  v != NULL ? v : "(missing)");
         return -1;
       }
-      *(strcmp(f, "--data") == 0 ? &a->data : &a->report) = v;
+      *(strcmp(f, "--data") == 0     ? &a->data
+        : strcmp(f, "--report") == 0 ? &a->report
+                                     : &a->describe) = v;
     } else {
       snprintf(err, cap, "unknown flag '%s' (try --help)", f);
       return -1;
@@ -340,6 +347,16 @@ void gpt2_report_rank(gpt2_report* r, int rank, const zs_memory_stats* m) {
     cJSON_AddNumberToObject(peak, zs_mem_category_name((zs_mem_category)k),
                             (double)m->peak[k]);
   cJSON_AddNumberToObject(peak, "total", (double)m->total_peak);
+  /* Peaks per phase of the last step, and the process's resident set */
+  cJSON* phases = cJSON_AddObjectToObject(s, "phase_peak_bytes");
+  for (int p = 0; p < ZS_PHASE_COUNT; p++) {
+    cJSON* o = cJSON_AddObjectToObject(phases, zs_phase_name((zs_phase)p));
+    for (int k = 0; k < ZS_MEM_CATEGORY_COUNT; k++)
+      cJSON_AddNumberToObject(o, zs_mem_category_name((zs_mem_category)k),
+                              (double)m->phase_peak[p][k]);
+    cJSON_AddNumberToObject(o, "total", (double)m->phase_peak_total[p]);
+  }
+  cJSON_AddNumberToObject(s, "resident_bytes", (double)m->resident_bytes);
   cJSON_AddItemToArray(r->ranks, s);
 }
 
@@ -360,14 +377,27 @@ void gpt2_report_activations(gpt2_report* r, int checkpointing,
                               : 1.0);
 }
 
-void gpt2_report_comm(gpt2_report* r, const zs_comm_counters* c) {
+void gpt2_report_comm(gpt2_report* r, const zs_comm_counters* c, int ranks,
+                      int steps) {
   cJSON* comm = cJSON_AddObjectToObject(r->root, "comm");
+  cJSON_AddNumberToObject(comm, "ranks", ranks);
   for (int k = 0; k < ZS_COLL_OP_COUNT; k++) {
     cJSON* o = cJSON_AddObjectToObject(comm, zs_coll_op_name((zs_coll_op)k));
     cJSON_AddNumberToObject(o, "calls", (double)c->calls[k]);
     cJSON_AddNumberToObject(o, "bytes", (double)c->bytes[k]);
     cJSON_AddNumberToObject(o, "seconds", c->seconds[k]);
     cJSON_AddNumberToObject(o, "wait_seconds", c->wait_seconds[k]);
+    /* nccl-tests' definitions: algbw = bytes / time; busbw = algbw *
+     * (n-1)/n for all-gather and reduce-scatter, 2(n-1)/n for all-reduce,
+     * 1 for broadcast. Times are issue to completion (overlapped ones
+     * included), so these are lower bounds of the link's speed. */
+    const double n = ranks, algbw = c->seconds[k] > 0 ? c->bytes[k] / c->seconds[k] / 1e9 : 0;
+    const double f = k == ZS_COLL_ALL_REDUCE ? 2 * (n - 1) / n
+                     : k == ZS_COLL_BROADCAST ? 1.0 : (n - 1) / n;
+    cJSON_AddNumberToObject(o, "algbw_GBps", algbw);
+    cJSON_AddNumberToObject(o, "busbw_GBps", algbw * f);
+    cJSON_AddNumberToObject(o, "calls_per_step", steps > 0 ? (double)c->calls[k] / steps : 0);
+    cJSON_AddNumberToObject(o, "bytes_per_step", steps > 0 ? (double)c->bytes[k] / steps : 0);
   }
 }
 

@@ -42,6 +42,8 @@ typedef struct gpt2_args {
                           2 fp16); gradients fp32 */
   int grad_accum;      /* sharded: K micro-batches per optimizer step */
   double clip;         /* sharded: max global gradient norm, 0 = off */
+  const char* describe; /* sharded: write the model description JSON
+                           (tools/zs estimate --model) here and exit */
 } gpt2_args;
 
 /* Parses argv. Returns 0 on success, 1 for --help (printed if print_help),
@@ -77,7 +79,10 @@ void gpt2_report_activations(gpt2_report* r, int checkpointing,
                              size_t peak_bytes, size_t unchecked_bytes);
 /* Rank 0's communication counters (calls, bytes, seconds, wait seconds per
  * collective) under "comm". */
-void gpt2_report_comm(gpt2_report* r, const zs_comm_counters* c);
+/* The communication summary: per collective calls, bytes (the full size
+ * per rank, as nccl-tests counts), time, algbw/busbw, and per step. */
+void gpt2_report_comm(gpt2_report* r, const zs_comm_counters* c, int ranks,
+                      int steps);
 /* The n sampled bytes, as Latin-1 code points (valid UTF-8 JSON). */
 void gpt2_report_text(gpt2_report* r, const char* sample, size_t n);
 /* Writes path.tmp, fsyncs it and renames it to path, so a reader never sees

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <cjson/cJSON.h>
 #include <zs_mpi.h>
 
 #include "examples/gpt2/data.h"
@@ -269,6 +270,56 @@ static void model_build(model* m, const gpt2_args* a, int Bl) {
   }
 }
 
+/* The model description for tools/zs estimate --model: every unit with its
+ * tensors, and the activation bytes this rank holds (the driver's buffers
+ * and the model's backward buffers), which scale with the sequences per
+ * rank and micro-batch (all but the 4-byte loss). Rank 0 writes it. */
+static int model_describe(model* m, const char* path, int Bl,
+                          int checkpoint) {
+  static const char* const dtypes[3] = {"fp32", "bf16", "fp16"};
+  cJSON* root = cJSON_CreateObject();
+  cJSON_AddStringToObject(root, "format", "zeroshard-model-description");
+  cJSON_AddNumberToObject(root, "version", 1);
+  cJSON* units = cJSON_AddArrayToObject(root, "units");
+  for (int u = 0; u < zs_model_unit_count(m->zm); u++) {
+    cJSON* ju = cJSON_CreateObject();
+    cJSON_AddStringToObject(ju, "name", zs_model_unit_name(m->zm, u));
+    cJSON_AddStringToObject(ju, "dtype", dtypes[m->dtype % 3]);
+    cJSON* ts = cJSON_AddArrayToObject(ju, "tensors");
+    for (int t = 0; t < zs_model_tensor_count(m->zm); t++) {
+      zs_tensor_desc d;
+      CHECK(zs_model_tensor_desc(m->zm, t, &d));
+      if (d.unit != u) continue;
+      cJSON* jt = cJSON_CreateObject();
+      cJSON_AddStringToObject(jt, "name", d.name);
+      if (d.tied_to >= 0) {
+        zs_tensor_desc o;
+        CHECK(zs_model_tensor_desc(m->zm, d.tied_to, &o));
+        cJSON_AddStringToObject(jt, "tied_to", o.name);
+      } else {
+        cJSON_AddNumberToObject(jt, "numel", (double)d.numel);
+        if (d.flags & ZS_TENSOR_FROZEN) cJSON_AddBoolToObject(jt, "frozen", 1);
+      }
+      cJSON_AddItemToArray(ts, jt);
+    }
+    cJSON_AddItemToArray(units, ju);
+  }
+  size_t drv = 0;
+  CHECK(zs_driver_activation_bytes(m->drv, checkpoint, &drv));
+  cJSON* act = cJSON_AddObjectToObject(root, "activations");
+  cJSON_AddNumberToObject(act, "bytes_per_rank", (double)(drv + m->acts.bytes));
+  cJSON_AddNumberToObject(act, "fixed_bytes", (double)sizeof(float));
+  cJSON_AddNumberToObject(act, "sequences_per_rank", Bl);
+  char* text = cJSON_Print(root);
+  cJSON_Delete(root);
+  FILE* f = text != NULL ? fopen(path, "w") : NULL;
+  int ok = f != NULL && fputs(text, f) >= 0 && fputc('\n', f) != EOF;
+  if (f != NULL && fclose(f) != 0) ok = 0;
+  cJSON_free(text);
+  if (!ok) fprintf(stderr, "train_sharded: cannot write %s\n", path);
+  return ok ? 0 : 1;
+}
+
 /* ==== Forward, backward, evaluation, sampling ================================ */
 
 static float model_forward(model* m, const int* tokens, const int* targets) {
@@ -420,6 +471,25 @@ int main(int argc, char** argv) {
   int* targets = (int*)malloc((size_t)Bl * T * sizeof(int));
   if (!tokens || !targets) DIE("token buffers");
   model_build(&m, &args, Bl);
+  if (args.describe != NULL) {
+    int bad = rank == 0 ? model_describe(&m, args.describe, Bl,
+                                         args.checkpoint_activations)
+                        : 0;
+    MPI_Bcast(&bad, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    zs_driver_destroy(m.drv);
+    if (m.pcopy != NULL) CHECK(zs_memory_unregister(m.ctx, m.pcopy));
+    free(m.pcopy);
+    CHECK(zs_memory_unregister(m.ctx, m.acts.memory));
+    gpt2_acts_free(&m.acts);
+    zs_model_destroy(m.zm);
+    zs_context_destroy(m.ctx);
+    gpt2_data_free(&data);
+    free(tokens);
+    free(targets);
+    free(m.first);
+    MPI_Finalize();
+    return bad ? 1 : 0;
+  }
   const int threads = omp_get_max_threads();
   if (rank == 0 && !args.quiet) gpt2_args_print(&args, "sharded", world, threads, stdout);
   gpt2_report* report = gpt2_report_create(&args, "sharded", world, threads,
@@ -478,7 +548,7 @@ int main(int argc, char** argv) {
     gpt2_report_timing(report, t_train > 0 ? args.steps * (double)args.batch * T / t_train : 0, wall);
     zs_comm_counters cc;
     CHECK(zs_comm_counters_get(m.ctx, &cc));
-    gpt2_report_comm(report, &cc);
+    gpt2_report_comm(report, &cc, world, args.steps);
     /* What the activations would take without (with) checkpointing: the
      * measured peak with the driver's share swapped. */
     size_t with = 0, without = 0;

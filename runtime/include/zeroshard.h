@@ -330,6 +330,19 @@ const zs_config* zs_context_config(const zs_context* ctx);
 
 /* ==== Memory accounting ================================================== */
 
+/* Phases of a training step, for per-phase peaks: forward from the step's
+ * start to its first gradient acquire, backward from there to zs_step,
+ * step inside zs_step. */
+typedef enum zs_phase {
+  ZS_PHASE_FORWARD = 0,
+  ZS_PHASE_BACKWARD = 1,
+  ZS_PHASE_STEP = 2,
+  ZS_PHASE_COUNT = 3
+} zs_phase;
+
+/* Name of a phase ("forward", "backward", "step"); "unknown" otherwise. */
+const char* zs_phase_name(zs_phase phase);
+
 /* Per-rank byte counts. total_peak is the peak of the sum over categories
  * (not the sum of per-category peaks). */
 typedef struct zs_memory_stats {
@@ -339,6 +352,14 @@ typedef struct zs_memory_stats {
   size_t total_peak;                     /* bytes, max of the sum */
   size_t model_state_bytes; /* current params+grads+master+optimizer states */
   size_t allocations;       /* live allocations (user registrations too) */
+  /* Peaks per phase of the last completed step (of the steps of every
+   * model of the context; before the first zs_step: so far), each phase
+   * starting from what was allocated when it began. */
+  size_t phase_peak[ZS_PHASE_COUNT][ZS_MEM_CATEGORY_COUNT];
+  size_t phase_peak_total[ZS_PHASE_COUNT];
+  size_t resident_bytes; /* the process's resident set now (RSS, from
+                            /proc/self/statm; 0 if unknown): what the
+                            categories miss shows as the difference */
 } zs_memory_stats;
 
 /* Copies this rank's counters. Not collective. Errors: INVALID_ARGUMENT. */
@@ -783,6 +804,58 @@ zs_status zs_driver_forward(zs_driver* driver);
  * unit's reduce-scatter after its last use), release. Collective. Call
  * zs_step afterwards. */
 zs_status zs_driver_backward(zs_driver* driver);
+
+/* ==== Memory estimator (docs/profiling.md) =============================== */
+/* Per-rank memory before running anything. Model states (params, grads,
+ * master weights, optimizer states) are computed with the engine's own
+ * layout (alignment and per-rank padding of every unit), so for a model
+ * description they equal what zs_memory_stats reports after finalize,
+ * byte for byte; from a bare parameter count they are the ZeRO paper's
+ * formula (Rajbhandari et al., arXiv:1910.02054, section 3: Psi elements,
+ * 2+2+K bytes each at 16 bits, no padding). The rest are estimates of the
+ * training peak: at stage 3 the gathered working set (the 1 +
+ * prefetch_depth largest units with their tie owners), the gradient
+ * reduction buffers (the largest units' bucket temporaries, plus their
+ * accumulation buffers at stages 2-3) and, for a description that has
+ * them, activations (scaled linearly with sequences per rank). */
+typedef struct zs_estimate_config {
+  int ranks;          /* data-parallel world size, >= 1 */
+  int nodes;          /* >= 1, divides ranks (per-node sums in the CLI) */
+  int stage;          /* 0..3 */
+  zs_dtype dtype;     /* parameters: fp32/bf16/fp16; ZS_DTYPE_COUNT: the
+                         description's per-unit dtypes (fp32 for a count) */
+  int reduce_dtype;   /* as zs_config.reduce_dtype: -1 or ZS_FLOAT32 */
+  zs_optimizer_kind optimizer;
+  int sgd_momentum;   /* SGD: 1 keeps a momentum buffer */
+  int prefetch_depth; /* as zs_config, 0..64 */
+  int global_batch;   /* sequences per optimizer step to scale described
+                         activations to; 0: the description's own */
+  int grad_accum_steps; /* >= 1, with global_batch */
+} zs_estimate_config;
+
+#define ZS_ESTIMATE_CONFIG_INIT \
+  { 1, 1, 0, ZS_DTYPE_COUNT, -1, ZS_OPTIM_ADAMW, 0, 2, 0, 1 }
+
+typedef struct zs_memory_estimate {
+  size_t bytes[ZS_MEM_CATEGORY_COUNT]; /* per rank, peak per category */
+  size_t model_state_bytes; /* params + grads + master + optimizer states */
+  size_t total;             /* the sum over categories */
+} zs_memory_estimate;
+
+/* From a parameter count (a whole number, elements). Pure computation.
+ * Errors: INVALID_ARGUMENT naming the field (ranks 0, unknown stage or
+ * dtype, ...). */
+zs_status zs_estimate_params(double params, const zs_estimate_config* config,
+                             zs_memory_estimate* out);
+/* From a model description (JSON text, not retained; docs/profiling.md):
+ * {"units": [{"name": .., "dtype": "bf16", "tensors": [{"name": ..,
+ * "numel": N, "frozen": false} | {"name": .., "tied_to": NAME}]}, ...],
+ * "activations": {"bytes_per_rank": B, "fixed_bytes": F,
+ * "sequences_per_rank": S}} (activations optional). Errors:
+ * INVALID_ARGUMENT naming what is malformed, OUT_OF_MEMORY. */
+zs_status zs_estimate_model(const char* description,
+                            const zs_estimate_config* config,
+                            zs_memory_estimate* out);
 
 /* ==== Element conversions (optim/) ======================================= */
 

@@ -39,6 +39,12 @@ struct Report {
   bool ok = false;
 };
 
+// A number field, or -1 when the object or the field is missing.
+double NumOr(const cJSON* o, const char* k) {
+  const cJSON* v = o != nullptr ? cJSON_GetObjectItem(o, k) : nullptr;
+  return cJSON_IsNumber(v) ? v->valuedouble : -1;
+}
+
 Report ReadReport(const std::string& path) {
   Report r;
   std::ifstream in(path);
@@ -59,6 +65,23 @@ Report ReadReport(const std::string& path) {
                           "optimizer_states", "comm_buffers", "activations",
                           "total"})
       if (!cJSON_IsNumber(cJSON_GetObjectItem(peak, k))) return r;
+    // The sharded trainer: per phase of the last step too, and the
+    // resident set (the plain trainer has no ZeroShard to ask).
+    if (cJSON_GetObjectItem(root, "comm") == nullptr) continue;
+    cJSON* phases = cJSON_GetObjectItem(it, "phase_peak_bytes");
+    for (const char* p : {"forward", "backward", "step"})
+      if (!(NumOr(cJSON_GetObjectItem(phases, p), "total") > 0)) return r;
+    if (!(NumOr(it, "resident_bytes") > 0)) return r;
+  }
+  // The communication summary: busbw = algbw * (n-1)/n for reduce-scatter.
+  cJSON* comm = cJSON_GetObjectItem(root, "comm");
+  cJSON* rs = cJSON_GetObjectItem(comm, "reduce_scatter");
+  if (comm != nullptr) {  // the plain trainer has none
+    const double n = NumOr(comm, "ranks");
+    const double alg = NumOr(rs, "algbw_GBps"), bus = NumOr(rs, "busbw_GBps");
+    if (n < 1 || alg < 0 || std::fabs(bus - alg * (n - 1) / n) > 1e-9 * alg)
+      return r;
+    if (!(NumOr(rs, "calls_per_step") > 0)) return r;
   }
   r.ok = cJSON_IsNumber(cJSON_GetObjectItem(root, "tokens_per_s")) &&
          cJSON_IsNumber(cJSON_GetObjectItem(root, "wall_s")) &&

@@ -596,6 +596,33 @@ TEST_F(OverlapTest, EvalPassesBetweenStepsKeepTheTraceAndTheResults) {
   }
 }
 
+// Per-phase peaks of the last step: at stage 3 the forward holds gathered
+// parameters and no reduction buffers, the backward the reduction buffers,
+// the optimizer step neither; the resident set covers what is counted.
+TEST_F(OverlapTest, PhasePeaksSeparateForwardBackwardAndStep) {
+  DriverRun r = RunDriverNet(3, 0, MPI_COMM_WORLD, 3);
+  ASSERT_EQ(r.status, ZS_OK) << r.error;
+  const zs_memory_stats& m = r.memory;
+  EXPECT_GT(m.phase_peak[ZS_PHASE_FORWARD][ZS_MEM_PARAMS_GATHERED], 0u);
+  EXPECT_EQ(m.phase_peak[ZS_PHASE_FORWARD][ZS_MEM_COMM_BUFFERS], 0u);
+  EXPECT_GT(m.phase_peak[ZS_PHASE_BACKWARD][ZS_MEM_COMM_BUFFERS], 0u);
+  EXPECT_GT(m.phase_peak[ZS_PHASE_BACKWARD][ZS_MEM_PARAMS_GATHERED], 0u);
+  EXPECT_EQ(m.phase_peak[ZS_PHASE_STEP][ZS_MEM_PARAMS_GATHERED], 0u);
+  for (int p = 0; p < ZS_PHASE_COUNT; p++) {
+    size_t sum = 0;
+    for (int k = 0; k < ZS_MEM_CATEGORY_COUNT; k++) {
+      EXPECT_LE(m.phase_peak[p][k], m.peak[k]) << zs_phase_name((zs_phase)p);
+      sum += m.phase_peak[p][k];
+    }
+    EXPECT_LE(m.phase_peak_total[p], sum) << zs_phase_name((zs_phase)p);
+    EXPECT_GE(m.phase_peak_total[p], m.phase_peak[p][ZS_MEM_PARAMS]);
+    EXPECT_LE(m.phase_peak_total[p], m.total_peak);
+  }
+  EXPECT_GT(m.resident_bytes, m.total_current);
+  EXPECT_STREQ(zs_phase_name(ZS_PHASE_BACKWARD), "backward");
+  EXPECT_STREQ(zs_phase_name((zs_phase)7), "unknown");
+}
+
 // Layers added before finalize declare use counts, ties included: a head
 // unit whose weight is tied to the embedding's uses the embedding unit too.
 TEST_F(OverlapTest, DriverDeclaresUsesOfTieOwners) {

@@ -1,0 +1,313 @@
+/*
+ * estimate.c — per-rank memory before running anything (zeroshard.h,
+ * "Memory estimator"): model states from the same layout code the engine
+ * uses (so they are exact), plus the stage-3 gathered working set, the
+ * gradient reduction buffers and described activations (estimates).
+ * Model states follow the ZeRO paper (Rajbhandari et al., arXiv:1910.02054,
+ * section 3 and Figure 1).
+ */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/core.h"
+#include "runtime/layout.h"
+
+/* Mirrors zs__alloc_unit (engine_model.c): what each rank holds for a unit
+ * of `padded`/`shard` elements. */
+static void zs__estimate_states(const zs_estimate_config* c, size_t padded,
+                                size_t shard, size_t elem, size_t gelem,
+                                int lowp, int trainable, int nstates,
+                                zs_memory_estimate* out) {
+  const int stage = c->stage;
+  const size_t span = stage == 0 ? padded : shard;
+  out->bytes[ZS_MEM_PARAMS] += (stage <= 2 ? padded : shard) * elem;
+  if (!trainable) return;
+  out->bytes[ZS_MEM_GRADS] += (stage <= 1 ? padded : shard) * gelem;
+  if (lowp) out->bytes[ZS_MEM_MASTER_WEIGHTS] += span * 4;
+  out->bytes[ZS_MEM_OPTIMIZER_STATES] += (size_t)nstates * span * 4;
+}
+
+static int zs__estimate_nstates(const zs_estimate_config* c) {
+  if (c->optimizer == ZS_OPTIM_SGD) return c->sgd_momentum ? 1 : 0;
+  return 2;
+}
+
+static zs_status zs__estimate_check(const zs_estimate_config* c) {
+  ZS_REQUIRE(c != NULL, "zs_estimate: config is NULL");
+  ZS_REQUIRE(c->ranks >= 1, "zs_estimate: ranks must be >= 1, got %d",
+             c->ranks);
+  ZS_REQUIRE(c->nodes >= 1 && c->ranks % c->nodes == 0,
+             "zs_estimate: nodes must be >= 1 and divide ranks %d, got %d",
+             c->ranks, c->nodes);
+  ZS_REQUIRE(c->stage >= 0 && c->stage <= 3,
+             "zs_estimate: stage must be 0..3, got %d", c->stage);
+  ZS_REQUIRE(c->dtype == ZS_FLOAT32 || c->dtype == ZS_BFLOAT16 ||
+                 c->dtype == ZS_FLOAT16 || c->dtype == ZS_DTYPE_COUNT,
+             "zs_estimate: dtype must be fp32, bf16 or fp16, got %d",
+             (int)c->dtype);
+  ZS_REQUIRE(c->reduce_dtype == -1 || c->reduce_dtype == ZS_FLOAT32,
+             "zs_estimate: reduce_dtype must be -1 or ZS_FLOAT32, got %d",
+             c->reduce_dtype);
+  ZS_REQUIRE(c->optimizer == ZS_OPTIM_ADAMW || c->optimizer == ZS_OPTIM_ADAM ||
+                 c->optimizer == ZS_OPTIM_SGD,
+             "zs_estimate: unknown optimizer %d", (int)c->optimizer);
+  ZS_REQUIRE(c->prefetch_depth >= 0 && c->prefetch_depth <= 64,
+             "zs_estimate: prefetch_depth must be 0..64, got %d",
+             c->prefetch_depth);
+  ZS_REQUIRE(c->grad_accum_steps >= 1,
+             "zs_estimate: grad_accum_steps must be >= 1, got %d",
+             c->grad_accum_steps);
+  return ZS_OK;
+}
+
+static void zs__estimate_total(zs_memory_estimate* out) {
+  out->model_state_bytes =
+      out->bytes[ZS_MEM_PARAMS] + out->bytes[ZS_MEM_GRADS] +
+      out->bytes[ZS_MEM_MASTER_WEIGHTS] + out->bytes[ZS_MEM_OPTIMIZER_STATES];
+  out->total = 0;
+  for (int k = 0; k < ZS_MEM_CATEGORY_COUNT; k++) out->total += out->bytes[k];
+}
+
+zs_status zs_estimate_params(double params, const zs_estimate_config* c,
+                             zs_memory_estimate* out) {
+  zs_status st = zs__estimate_check(c);
+  if (st != ZS_OK) return st;
+  ZS_REQUIRE(out != NULL, "zs_estimate_params: out is NULL");
+  ZS_REQUIRE(isfinite(params) && params >= 0 && params <= 1e18 &&
+                 params == floor(params),
+             "zs_estimate_params: params must be a whole number 0..1e18, "
+             "got %g", params);
+  memset(out, 0, sizeof *out);
+  const zs_dtype dt = c->dtype == ZS_DTYPE_COUNT ? ZS_FLOAT32 : c->dtype;
+  const zs_dtype gdt = c->reduce_dtype < 0 ? dt : ZS_FLOAT32;
+  /* The paper's Psi: no alignment, the shard rounded up. */
+  const size_t n = (size_t)params, W = (size_t)c->ranks;
+  const size_t shard = (n + W - 1) / W;
+  zs__estimate_states(c, n, shard, zs_dtype_size(dt), zs_dtype_size(gdt),
+                      dt != ZS_FLOAT32, n > 0, zs__estimate_nstates(c), out);
+  zs__estimate_total(out);
+  return ZS_OK;
+}
+
+/* ---- A model description ---------------------------------------------- */
+
+typedef struct zs__est_unit {
+  size_t padded, shard, elem, gelem;
+  int lowp, trainable;
+  int* owners; /* units owning tensors tied from this one */
+  int nowners;
+} zs__est_unit;
+
+static zs_status zs__parse_dtype(const cJSON* v, const char* where,
+                                 zs_dtype* out) {
+  if (v == NULL) return ZS_OK;
+  const char* s = cJSON_IsString(v) ? v->valuestring : "";
+  if (strcmp(s, "fp32") == 0) *out = ZS_FLOAT32;
+  else if (strcmp(s, "bf16") == 0) *out = ZS_BFLOAT16;
+  else if (strcmp(s, "fp16") == 0) *out = ZS_FLOAT16;
+  else
+    return zs__error(ZS_ERR_INVALID_ARGUMENT,
+                     "model description: %s: dtype must be \"fp32\", \"bf16\" "
+                     "or \"fp16\"", where);
+  return ZS_OK;
+}
+
+/* A non-negative whole number field (0 if absent and optional). */
+static zs_status zs__json_count(const cJSON* obj, const char* key,
+                                const char* where, int required, size_t* out) {
+  const cJSON* v = cJSON_GetObjectItemCaseSensitive(obj, key);
+  *out = 0;
+  if (v == NULL) {
+    if (required)
+      return zs__error(ZS_ERR_INVALID_ARGUMENT,
+                       "model description: %s: \"%s\" is missing", where, key);
+    return ZS_OK;
+  }
+  if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 1e18 ||
+      v->valuedouble != floor(v->valuedouble))
+    return zs__error(ZS_ERR_INVALID_ARGUMENT,
+                     "model description: %s: \"%s\" must be a whole number "
+                     ">= 0", where, key);
+  *out = (size_t)v->valuedouble;
+  return ZS_OK;
+}
+
+zs_status zs_estimate_model(const char* description, const zs_estimate_config* c,
+                            zs_memory_estimate* out) {
+  zs_status st = zs__estimate_check(c);
+  if (st != ZS_OK) return st;
+  ZS_REQUIRE(description != NULL && out != NULL,
+             "zs_estimate_model: description and out must not be NULL");
+  memset(out, 0, sizeof *out);
+  cJSON* root = cJSON_Parse(description);
+  zs__est_unit* units = NULL;
+  size_t* numels = NULL;
+  size_t* offsets = NULL;
+  int* alias = NULL;
+  int nunits = 0;
+  char** tnames = NULL; /* tensor name -> unit, for ties */
+  int* tunit = NULL;
+  int ntn = 0;
+  if (root == NULL || !cJSON_IsObject(root))
+    ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+            "model description: not a JSON object (truncated or not JSON?)");
+  const cJSON* ju = cJSON_GetObjectItemCaseSensitive(root, "units");
+  if (!cJSON_IsArray(ju) || cJSON_GetArraySize(ju) == 0)
+    ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+            "model description: \"units\" must be a non-empty array");
+  nunits = cJSON_GetArraySize(ju);
+  units = (zs__est_unit*)calloc((size_t)nunits, sizeof *units);
+  int total_tensors = 0;
+  const cJSON* it;
+  cJSON_ArrayForEach(it, ju) {
+    const cJSON* jt = cJSON_GetObjectItemCaseSensitive(it, "tensors");
+    total_tensors += cJSON_IsArray(jt) ? cJSON_GetArraySize(jt) : 0;
+  }
+  tnames = (char**)calloc((size_t)total_tensors + 1, sizeof *tnames);
+  tunit = (int*)calloc((size_t)total_tensors + 1, sizeof *tunit);
+  numels = (size_t*)calloc((size_t)total_tensors + 1, sizeof *numels);
+  offsets = (size_t*)calloc((size_t)total_tensors + 1, sizeof *offsets);
+  alias = (int*)calloc((size_t)total_tensors + 1, sizeof *alias);
+  if (!units || !tnames || !tunit || !numels || !offsets || !alias)
+    ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "model description");
+  /* Pass 1: names of untied tensors (ties may point forward). */
+  int ui = 0;
+  cJSON_ArrayForEach(it, ju) {
+    const cJSON* jt = cJSON_GetObjectItemCaseSensitive(it, "tensors");
+    const cJSON* t;
+    cJSON_ArrayForEach(t, jt) {
+      const cJSON* name = cJSON_GetObjectItemCaseSensitive(t, "name");
+      if (cJSON_IsString(name)) {
+        tnames[ntn] = name->valuestring;
+        tunit[ntn++] = ui;
+      }
+    }
+    ui++;
+  }
+  ui = 0;
+  cJSON_ArrayForEach(it, ju) {
+    char where[96];
+    snprintf(where, sizeof where, "unit %d", ui);
+    if (!cJSON_IsObject(it))
+      ZS_FAIL(ZS_ERR_INVALID_ARGUMENT, "model description: %s: not an object",
+              where);
+    zs_dtype dt = ZS_FLOAT32;
+    ZS_CHECK(zs__parse_dtype(cJSON_GetObjectItemCaseSensitive(it, "dtype"),
+                             where, &dt));
+    if (c->dtype != ZS_DTYPE_COUNT) dt = c->dtype; /* an override */
+    const cJSON* jt = cJSON_GetObjectItemCaseSensitive(it, "tensors");
+    if (!cJSON_IsArray(jt))
+      ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+              "model description: %s: \"tensors\" must be an array", where);
+    zs__est_unit* u = &units[ui];
+    u->owners = (int*)calloc((size_t)cJSON_GetArraySize(jt) + 1, sizeof(int));
+    if (u->owners == NULL) ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "model description");
+    int n = 0;
+    const cJSON* t;
+    cJSON_ArrayForEach(t, jt) {
+      snprintf(where, sizeof where, "unit %d tensor %d", ui, n);
+      const cJSON* tied = cJSON_GetObjectItemCaseSensitive(t, "tied_to");
+      const cJSON* frozen = cJSON_GetObjectItemCaseSensitive(t, "frozen");
+      alias[n] = tied != NULL;
+      numels[n] = 0;
+      if (tied != NULL) {
+        int owner = -1;
+        for (int k = 0; cJSON_IsString(tied) && k < ntn; k++)
+          if (strcmp(tnames[k], tied->valuestring) == 0) owner = tunit[k];
+        if (owner < 0)
+          ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+                  "model description: %s: tied_to names no tensor", where);
+        int seen = owner == ui;
+        for (int k = 0; k < u->nowners; k++) seen |= u->owners[k] == owner;
+        if (!seen) u->owners[u->nowners++] = owner;
+      } else {
+        ZS_CHECK(zs__json_count(t, "numel", where, 1, &numels[n]));
+        if (!cJSON_IsTrue(frozen)) u->trainable = 1;
+      }
+      n++;
+    }
+    u->elem = zs_dtype_size(dt);
+    u->lowp = dt != ZS_FLOAT32;
+    u->gelem = c->reduce_dtype < 0 ? u->elem : 4;
+    zs__unit_layout l;
+    ZS_CHECK(zs__layout_unit(numels, alias, n, zs__layout_align(u->elem),
+                             c->ranks, offsets, &l));
+    u->padded = l.padded;
+    u->shard = l.shard;
+    zs__estimate_states(c, l.padded, l.shard, u->elem, u->gelem, u->lowp,
+                        u->trainable, zs__estimate_nstates(c), out);
+    ui++;
+  }
+  /* Stage 3: the unit in use and `prefetch_depth` prefetched ones, each
+   * with its tie owners: the largest such sums (the working set). */
+  if (c->stage == 3) {
+    size_t* need = (size_t*)calloc((size_t)nunits, sizeof *need);
+    if (need == NULL) ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "model description");
+    for (int i = 0; i < nunits; i++) {
+      need[i] = units[i].padded * units[i].elem;
+      for (int k = 0; k < units[i].nowners; k++)
+        need[i] += units[units[i].owners[k]].padded * units[units[i].owners[k]].elem;
+    }
+    for (int k = 0; k <= c->prefetch_depth && k < nunits; k++) {
+      int best = 0;
+      for (int i = 1; i < nunits; i++) if (need[i] > need[best]) best = i;
+      out->bytes[ZS_MEM_PARAMS_GATHERED] += need[best];
+      need[best] = 0;
+    }
+    free(need);
+  }
+  /* Gradient reduction: up to ZS__MAX_REDUCING units reducing and one
+   * accumulating; each reducing unit holds its bucket temporaries (its
+   * whole buffer, world x shard), and at stages 2-3 every one of them a
+   * full accumulation buffer. The largest units bound it. */
+  {
+    size_t* g = (size_t*)calloc((size_t)nunits, sizeof *g);
+    if (g == NULL) ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "model description");
+    for (int i = 0; i < nunits; i++)
+      g[i] = units[i].trainable ? units[i].padded * units[i].gelem : 0;
+    for (int k = 0; k < 3 && k < nunits; k++) {
+      int best = 0;
+      for (int i = 1; i < nunits; i++) if (g[i] > g[best]) best = i;
+      const int reducing = k < 2;
+      out->bytes[ZS_MEM_COMM_BUFFERS] +=
+          (reducing ? g[best] : 0) + (c->stage >= 2 ? g[best] : 0);
+      g[best] = 0;
+    }
+    free(g);
+  }
+  /* Activations, when described: measured at the describing run's
+   * sequences per rank and micro-batch, scaled linearly to this one. */
+  const cJSON* act = cJSON_GetObjectItemCaseSensitive(root, "activations");
+  if (act != NULL) {
+    size_t bytes = 0, seqs = 0, fixed = 0;
+    ZS_CHECK(zs__json_count(act, "bytes_per_rank", "activations", 1, &bytes));
+    ZS_CHECK(zs__json_count(act, "fixed_bytes", "activations", 0, &fixed));
+    ZS_CHECK(zs__json_count(act, "sequences_per_rank", "activations", 1, &seqs));
+    if (seqs == 0 || fixed > bytes)
+      ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+              "model description: activations: sequences_per_rank must be "
+              "> 0 and fixed_bytes <= bytes_per_rank");
+    double scale = 1.0;
+    if (c->global_batch > 0) {
+      const double mine = (double)c->global_batch /
+                          ((double)c->ranks * (double)c->grad_accum_steps);
+      scale = mine / (double)seqs;
+    }
+    out->bytes[ZS_MEM_ACTIVATIONS] =
+        fixed + (size_t)llround((double)(bytes - fixed) * scale);
+  }
+  zs__estimate_total(out);
+cleanup:
+  for (int i = 0; units != NULL && i < nunits; i++) free(units[i].owners);
+  free(units);
+  free(tnames);
+  free(tunit);
+  free(numels);
+  free(offsets);
+  free(alias);
+  cJSON_Delete(root);
+  return st;
+}

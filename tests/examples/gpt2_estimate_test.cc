@@ -1,0 +1,133 @@
+// gpt2_estimate_test.cc — the memory estimator against measured memory:
+// the GPT-2 demo describes itself (--describe), tools' zs_estimate
+// predicts each rank's memory from that, and short real runs at 1, 2 and 4
+// ranks x stages 0-3 measure it. Model states must be equal to the byte;
+// the peak total within 10%. Also the CLI's bad input.
+#include <gtest/gtest.h>
+
+#include <cjson/cJSON.h>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/examples/process_util.h"
+
+namespace {
+
+using zstest::Mpirun;
+using zstest::RunResult;
+using zstest::Shell;
+using zstest::TmpDir;
+
+std::string g_sharded, g_estimate, g_data;
+
+const char* kFlags = " --batch 12 --steps 2 --eval-every 0 --sample-bytes 0 --quiet";
+
+cJSON* ParseFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return cJSON_Parse(ss.str().c_str());
+}
+
+double Num(const cJSON* o, const char* k) {
+  const cJSON* v = cJSON_GetObjectItem(o, k);
+  return cJSON_IsNumber(v) ? v->valuedouble : -1;
+}
+
+TEST(Gpt2Estimate, ModelStatesExactPeakWithinTenPercent) {
+  for (int ranks : {1, 2, 4}) {
+    const std::string desc = TmpDir() + "/describe_" + std::to_string(ranks) + ".json";
+    RunResult d = Shell(Mpirun(ranks) + g_sharded + kFlags + " --data " + g_data +
+                        " --describe " + desc);
+    ASSERT_EQ(d.exit_code, 0) << d.output;
+    for (int stage = 0; stage <= 3; stage++) {
+      const std::string where = std::to_string(ranks) + " ranks, stage " +
+                                std::to_string(stage);
+      RunResult e = Shell(g_estimate + " --model " + desc + " --ranks " +
+                          std::to_string(ranks) + " --stage " +
+                          std::to_string(stage) + " --json");
+      ASSERT_EQ(e.exit_code, 0) << e.output;
+      cJSON* est = cJSON_Parse(e.output.c_str());
+      ASSERT_NE(est, nullptr) << e.output;
+      const std::string report = TmpDir() + "/est_run.json";
+      RunResult r = Shell(Mpirun(ranks) + g_sharded + kFlags + " --data " + g_data +
+                          " --stage " + std::to_string(stage) + " --report " + report);
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      cJSON* rep = ParseFile(report);
+      ASSERT_NE(rep, nullptr);
+      const cJSON* rows = cJSON_GetObjectItem(rep, "ranks");
+      ASSERT_EQ(cJSON_GetArraySize(rows), ranks);
+      const double est_states = Num(est, "model_state_bytes");
+      const double est_total = Num(cJSON_GetObjectItem(est, "peak_bytes"), "total");
+      const cJSON* row;
+      cJSON_ArrayForEach(row, rows) {
+        const double states = Num(row, "model_state_bytes");
+        const double total = Num(cJSON_GetObjectItem(row, "peak_bytes"), "total");
+        EXPECT_EQ(est_states, states) << where << " rank " << Num(row, "rank");
+        EXPECT_LE(std::fabs(est_total - total), 0.10 * total)
+            << where << " rank " << Num(row, "rank") << ": estimated "
+            << est_total << " measured " << total;
+        std::printf("%s rank %.0f: model states %.0f (estimated %.0f), peak "
+                    "%.0f (estimated %.0f, %+.1f%%)\n", where.c_str(),
+                    Num(row, "rank"), states, est_states, total, est_total,
+                    100.0 * (est_total - total) / total);
+      }
+      cJSON_Delete(rep);
+      cJSON_Delete(est);
+    }
+  }
+}
+
+struct BadCase {
+  std::string name, args, expect;
+};
+
+class EstimateBadInput : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(EstimateBadInput, ClearMessageNonZeroExit) {
+  const BadCase& c = GetParam();
+  const std::string trunc = TmpDir() + "/truncated.json";
+  { std::ofstream(trunc) << R"({"units": [{"name": "a", "tensors": [{"name")"; }
+  std::string args = c.args;
+  size_t at = args.find("@TRUNC");
+  if (at != std::string::npos) args.replace(at, 6, trunc);
+  RunResult r = Shell(g_estimate + " " + args);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(c.expect), std::string::npos)
+      << "expected '" << c.expect << "' in:\n" << r.output;
+}
+
+const BadCase kBad[] = {
+    {"ranks_zero", "--params 1e9 --ranks 0", "--ranks"},
+    {"no_ranks", "--params 1e9", "--ranks"},
+    {"unknown_stage", "--params 1e9 --ranks 8 --stage 4", "--stage"},
+    {"unknown_dtype", "--params 1e9 --ranks 8 --dtype fp8", "--dtype"},
+    {"both_sources", "--params 1e9 --model x.json --ranks 8", "exactly one"},
+    {"missing_model", "--model /nonexistent/m.json --ranks 8", "/nonexistent/m.json"},
+    {"truncated_model", "--model @TRUNC --ranks 8", "truncated"},
+    {"fractional_params", "--params 1.5 --ranks 8", "--params"},
+    {"nodes_not_dividing", "--params 1e9 --ranks 6 --nodes 4", "--nodes"},
+};
+
+INSTANTIATE_TEST_SUITE_P(Cases, EstimateBadInput, ::testing::ValuesIn(kBad),
+                         [](const ::testing::TestParamInfo<BadCase>& i) {
+                           return i.param.name;
+                         });
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: %s TRAIN_SHARDED ZS_ESTIMATE DATA\n", argv[0]);
+    return 2;
+  }
+  g_sharded = argv[1];
+  g_estimate = argv[2];
+  g_data = argv[3];
+  return RUN_ALL_TESTS();
+}

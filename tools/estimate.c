@@ -1,0 +1,183 @@
+/*
+ * estimate.c — `tools/zs estimate`: per-rank memory of a ZeRO stage before
+ * running anything (zs_estimate_params / zs_estimate_model,
+ * docs/profiling.md).
+ *
+ *   zs_estimate --params 7.5e9 --ranks 64 --stage 3 --dtype bf16 --json
+ *   zs_estimate --model gpt2.json --ranks 4 --stage 3
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zeroshard.h>
+
+static const char kUsage[] =
+    "usage: zs_estimate (--params N | --model FILE) --ranks W [flags]\n"
+    "  --params N          parameter count (elements; 7.5e9 accepted)\n"
+    "  --model FILE        a model description (train_sharded --describe)\n"
+    "  --ranks W           data-parallel ranks (>= 1)\n"
+    "  --nodes N           nodes (divides ranks) [1]\n"
+    "  --stage S           ZeRO stage 0..3 [3]\n"
+    "  --stages            every stage, one row each\n"
+    "  --dtype D           parameters fp32|bf16|fp16 [fp32, or the model's]\n"
+    "  --reduce-dtype D    gradients: same|fp32 [same]\n"
+    "  --optimizer O       adamw|adam|sgd|sgd-momentum [adamw]\n"
+    "  --prefetch-depth N  stage-3 prefetch depth 0..64 [2]\n"
+    "  --batch B           global batch to scale described activations to\n"
+    "  --grad-accum K      micro-batches per step, with --batch [1]\n"
+    "  --json              one JSON object (an array with --stages)\n";
+
+static int fail(const char* msg, const char* arg) {
+  fprintf(stderr, "zs_estimate: %s%s%s\n", msg, arg ? ": " : "", arg ? arg : "");
+  return 2;
+}
+
+static int parse_int(const char* v, long lo, long hi, int* out) {
+  char* end = NULL;
+  errno = 0;
+  long x = v ? strtol(v, &end, 10) : 0;
+  if (!v || !*v || *end || errno || x < lo || x > hi) return -1;
+  *out = (int)x;
+  return 0;
+}
+
+static char* read_file(const char* path) {
+  FILE* f = fopen(path, "rb");
+  if (f == NULL) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  rewind(f);
+  char* s = n >= 0 && n < (1L << 28) ? (char*)malloc((size_t)n + 1) : NULL;
+  if (s != NULL && fread(s, 1, (size_t)n, f) != (size_t)n) {
+    free(s);
+    s = NULL;
+  }
+  if (s != NULL) s[n] = '\0';
+  fclose(f);
+  return s;
+}
+
+static void print_json(const zs_estimate_config* c, const zs_memory_estimate* e,
+                       FILE* out) {
+  fprintf(out, "{\"ranks\":%d,\"nodes\":%d,\"stage\":%d,\"model_state_bytes\":%zu,"
+          "\"per_node_model_state_bytes\":%zu,\"peak_bytes\":{",
+          c->ranks, c->nodes, c->stage, e->model_state_bytes,
+          e->model_state_bytes * (size_t)(c->ranks / c->nodes));
+  for (int k = 0; k < ZS_MEM_CATEGORY_COUNT; k++)
+    fprintf(out, "\"%s\":%zu,", zs_mem_category_name((zs_mem_category)k),
+            e->bytes[k]);
+  fprintf(out, "\"total\":%zu}}", e->total);
+}
+
+static void print_row(const zs_estimate_config* c, const zs_memory_estimate* e,
+                      FILE* out) {
+  fprintf(out, "stage %d  %4d ranks  model states %10.3f GB/rank  (params "
+          "%.3f, grads %.3f, master %.3f, optimizer %.3f)  peak %10.3f GB/rank"
+          "  node %.3f GB\n",
+          c->stage, c->ranks, e->model_state_bytes / 1e9,
+          e->bytes[ZS_MEM_PARAMS] / 1e9, e->bytes[ZS_MEM_GRADS] / 1e9,
+          e->bytes[ZS_MEM_MASTER_WEIGHTS] / 1e9,
+          e->bytes[ZS_MEM_OPTIMIZER_STATES] / 1e9, e->total / 1e9,
+          e->total * (double)(c->ranks / c->nodes) / 1e9);
+}
+
+int main(int argc, char** argv) {
+  zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
+  c.ranks = 0;
+  c.stage = 3;
+  double params = -1;
+  const char* model = NULL;
+  int json = 0, all = 0, have_stage = 0;
+  for (int i = 1; i < argc; i++) {
+    const char* f = argv[i];
+    const char* v = i + 1 < argc ? argv[i + 1] : NULL;
+    int takes = 1;
+    if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+      fputs(kUsage, stdout);
+      return 0;
+    } else if (!strcmp(f, "--params")) {
+      char* end = NULL;
+      params = v ? strtod(v, &end) : -1;
+      if (!v || !*v || *end || !isfinite(params) || params < 0 ||
+          params != floor(params))
+        return fail("--params: expected a whole number >= 0", v);
+    } else if (!strcmp(f, "--model")) {
+      model = v;
+      if (!v) return fail("--model: expected a file", NULL);
+    } else if (!strcmp(f, "--ranks")) {
+      if (parse_int(v, 1, 1 << 24, &c.ranks)) return fail("--ranks: expected an integer >= 1", v);
+    } else if (!strcmp(f, "--nodes")) {
+      if (parse_int(v, 1, 1 << 24, &c.nodes)) return fail("--nodes: expected an integer >= 1", v);
+    } else if (!strcmp(f, "--stage")) {
+      if (parse_int(v, 0, 3, &c.stage)) return fail("--stage: expected 0..3", v);
+      have_stage = 1;
+    } else if (!strcmp(f, "--stages")) {
+      all = 1;
+      takes = 0;
+    } else if (!strcmp(f, "--dtype")) {
+      if (v && !strcmp(v, "fp32")) c.dtype = ZS_FLOAT32;
+      else if (v && !strcmp(v, "bf16")) c.dtype = ZS_BFLOAT16;
+      else if (v && !strcmp(v, "fp16")) c.dtype = ZS_FLOAT16;
+      else return fail("--dtype: expected fp32, bf16 or fp16", v);
+    } else if (!strcmp(f, "--reduce-dtype")) {
+      if (v && !strcmp(v, "same")) c.reduce_dtype = -1;
+      else if (v && !strcmp(v, "fp32")) c.reduce_dtype = ZS_FLOAT32;
+      else return fail("--reduce-dtype: expected same or fp32", v);
+    } else if (!strcmp(f, "--optimizer")) {
+      if (v && !strcmp(v, "adamw")) c.optimizer = ZS_OPTIM_ADAMW;
+      else if (v && !strcmp(v, "adam")) c.optimizer = ZS_OPTIM_ADAM;
+      else if (v && !strcmp(v, "sgd")) c.optimizer = ZS_OPTIM_SGD;
+      else if (v && !strcmp(v, "sgd-momentum")) {
+        c.optimizer = ZS_OPTIM_SGD;
+        c.sgd_momentum = 1;
+      } else return fail("--optimizer: expected adamw, adam, sgd or sgd-momentum", v);
+    } else if (!strcmp(f, "--prefetch-depth")) {
+      if (parse_int(v, 0, 64, &c.prefetch_depth)) return fail("--prefetch-depth: expected 0..64", v);
+    } else if (!strcmp(f, "--batch")) {
+      if (parse_int(v, 1, 1 << 30, &c.global_batch)) return fail("--batch: expected an integer >= 1", v);
+    } else if (!strcmp(f, "--grad-accum")) {
+      if (parse_int(v, 1, 1 << 20, &c.grad_accum_steps)) return fail("--grad-accum: expected an integer >= 1", v);
+    } else if (!strcmp(f, "--json")) {
+      json = 1;
+      takes = 0;
+    } else {
+      fprintf(stderr, "zs_estimate: unknown flag '%s'\n%s", f, kUsage);
+      return 2;
+    }
+    i += takes;
+  }
+  if ((params < 0) == (model == NULL))
+    return fail("give exactly one of --params N and --model FILE", NULL);
+  if (c.ranks < 1) return fail("--ranks W is required (W >= 1)", NULL);
+  if (c.ranks % c.nodes != 0) return fail("--nodes must divide --ranks", NULL);
+  char* text = NULL;
+  if (model != NULL && (text = read_file(model)) == NULL)
+    return fail("cannot read the model description", model);
+  int first = all ? 0 : c.stage, last = all ? 3 : c.stage;
+  (void)have_stage;
+  int rc = 0;
+  if (json && all) printf("[");
+  for (int s = first; s <= last && rc == 0; s++) {
+    c.stage = s;
+    zs_memory_estimate e;
+    zs_status st = model != NULL ? zs_estimate_model(text, &c, &e)
+                                 : zs_estimate_params(params, &c, &e);
+    if (st != ZS_OK) {
+      fprintf(stderr, "zs_estimate: %s\n", zs_last_error());
+      rc = 2;
+      break;
+    }
+    if (json) {
+      if (s > first) printf(",");
+      print_json(&c, &e, stdout);
+    } else {
+      print_row(&c, &e, stdout);
+    }
+  }
+  if (json && all && rc == 0) printf("]");
+  if (json && rc == 0) printf("\n");
+  free(text);
+  return rc;
+}
