@@ -90,6 +90,7 @@ struct zs__comm {
   void* impl;
   zs__device* dev;    /* for reduction temporaries (not owned) */
   zs__comm_log_entry* log; /* ring of ZS__COMM_LOG_CAP entries, or NULL */
+  double log_t0;      /* zs__now() when the log started */
   uint64_t in_flight; /* started and not yet completed collectives (read
                          by the progress thread: atomic) */
   uint64_t max_in_flight_gathers; /* most parameter all-gathers in flight */

@@ -22,6 +22,10 @@ zs_status zs__context_create(const zs_config* config, zs__comm* comm,
   ctx->rank = comm->rank;
   ctx->world = comm->world;
   zs__set_log_rank(comm->world > 1 ? comm->rank : -1);
+  /* The communication log records from the first collective on (the
+   * configuration check below); a failed allocation is reported after it. */
+  comm->log = (zs__comm_log_entry*)calloc(ZS__COMM_LOG_CAP, sizeof *comm->log);
+  comm->log_t0 = zs__now();
 
   /* A rank whose config is invalid still joins the check, describing its
    * error instead (without the rank prefix, so that the same error on every
@@ -48,13 +52,13 @@ zs_status zs__context_create(const zs_config* config, zs__comm* comm,
   ZS_CHECK(zs__device_create(resolved.device, ctx->acct, &ctx->device));
   ctx->device->hold_memory = &comm->failed;
   comm->dev = ctx->device;
-  comm->log = (zs__comm_log_entry*)calloc(ZS__COMM_LOG_CAP, sizeof *comm->log);
   if (comm->log == NULL)
     ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "context: communication log");
   ZS_CHECK(zs__accounting_add(ctx->acct, ZS__OWNER_RUNTIME, ZS_MEM_OTHER,
                               comm->log,
                               ZS__COMM_LOG_CAP * sizeof *comm->log,
                               "communication log"));
+  ctx->log_counted = 1;
   if (resolved.progress_thread && comm->ops->start_progress != NULL &&
       comm->ops->start_progress(comm) != ZS_OK)
     zs__log(ZS_LOG_WARN, "%s", zs__error_body());
@@ -73,7 +77,7 @@ void zs_context_destroy(zs_context* ctx) {
             "now and zs_model_destroy only releases what remains (destroy "
             "models before their context)");
   while (ctx->models != NULL) zs__model_detach(ctx->models);
-  if (ctx->acct != NULL && ctx->comm != NULL && ctx->comm->log != NULL)
+  if (ctx->log_counted)
     (void)zs__accounting_remove(ctx->acct, ZS__OWNER_RUNTIME, ctx->comm->log,
                                 NULL, NULL);
   zs__device_destroy(ctx->device);
@@ -111,6 +115,61 @@ zs_status zs_memory_register(zs_context* ctx, zs_mem_category category,
 zs_status zs_memory_unregister(zs_context* ctx, const void* ptr) {
   ZS_REQUIRE(ctx != NULL, "zs_memory_unregister: ctx is NULL");
   return zs__accounting_remove(ctx->acct, ZS__OWNER_USER, ptr, NULL, NULL);
+}
+
+static const char* zs__purpose_name(int purpose) {
+  static const char* const names[] = {
+      "other",          "consistency check", "agreement",
+      "param gather",   "grad reduce",       "grad gather (stage 0)",
+      "param update gather", "init broadcast", "tensor set",
+      "tensor get",     "grad norm"};
+  if (purpose < 0 || purpose >= (int)(sizeof names / sizeof *names))
+    return "other";
+  return names[purpose];
+}
+
+double zs_busbw_factor(zs_coll_op op, int ranks) {
+  if (ranks < 1) return 0.0;
+  const double n = ranks;
+  switch (op) {
+    case ZS_COLL_ALL_GATHER:
+    case ZS_COLL_REDUCE_SCATTER: return (n - 1) / n;
+    case ZS_COLL_ALL_REDUCE: return 2 * (n - 1) / n;
+    case ZS_COLL_BROADCAST: return 1.0;
+    default: return 0.0;
+  }
+}
+
+size_t zs_comm_log_get(const zs_context* ctx, zs_comm_record* out,
+                       size_t cap) {
+  if (ctx == NULL || ctx->comm == NULL || ctx->comm->log == NULL) return 0;
+  const zs__comm* c = ctx->comm;
+  zs__comm_log_entry* tmp =
+      (zs__comm_log_entry*)malloc(ZS__COMM_LOG_CAP * sizeof *tmp);
+  if (tmp == NULL) return 0;
+  size_t n = zs__comm_log_read(c, tmp, ZS__COMM_LOG_CAP);
+  if (out == NULL) {
+    free(tmp);
+    return n;
+  }
+  const size_t first = n > cap ? n - cap : 0; /* the most recent `cap` */
+  for (size_t i = first; i < n; i++) {
+    const zs__comm_log_entry* e = &tmp[i];
+    zs_comm_record* r = &out[i - first];
+    memset(r, 0, sizeof *r);
+    r->seq = e->seq;
+    r->op = (zs_coll_op)e->op;
+    r->purpose = zs__purpose_name(e->purpose);
+    r->unit = e->unit;
+    r->bytes = e->bytes;
+    r->issue_s = e->t_issue - c->log_t0;
+    r->done_s = e->t_done > 0 ? e->t_done - c->log_t0 : 0.0;
+    const double dt = e->t_done > 0 ? e->t_done - e->t_issue : 0.0;
+    r->algbw_GBps = dt > 0 ? (double)e->bytes / dt / 1e9 : 0.0;
+    r->busbw_GBps = r->algbw_GBps * zs_busbw_factor(r->op, c->world);
+  }
+  free(tmp);
+  return n - first;
 }
 
 zs_status zs_comm_counters_get(const zs_context* ctx, zs_comm_counters* out) {

@@ -18,6 +18,7 @@ struct zs_context {
   int rank;
   int world;
   zs__accounting* acct; /* owned */
+  int log_counted;       /* the communication log is in the accounting */
   zs__device* device;   /* owned */
   zs__comm* comm;       /* owned; may finalize MPI when destroyed */
   zs_model* models;     /* live models (linked through zs_model.next) */

@@ -413,6 +413,31 @@ typedef struct zs_comm_counters {
 /* Copies this rank's counters. Not collective. Errors: INVALID_ARGUMENT. */
 zs_status zs_comm_counters_get(const zs_context* ctx, zs_comm_counters* out);
 
+/* nccl-tests' bus-bandwidth factor (busbw = algbw * factor): (n-1)/n for
+ * all-gather and reduce-scatter, 2(n-1)/n for all-reduce, 1 for
+ * broadcast; 0 for a bad op or ranks < 1. */
+double zs_busbw_factor(zs_coll_op op, int ranks);
+
+/* One collective of this rank's communication log. */
+typedef struct zs_comm_record {
+  uint64_t seq;        /* position in this rank's collective sequence */
+  zs_coll_op op;
+  const char* purpose; /* "param gather", "grad reduce", ... (static) */
+  int unit;            /* the unit it was for, or -1 */
+  uint64_t bytes;      /* the full (gathered) size per rank, as nccl-tests */
+  double issue_s;      /* seconds since the context was created */
+  double done_s;       /* when this rank saw it complete; 0 in flight */
+  double algbw_GBps;   /* bytes / (done - issue) / 1e9; 0 in flight */
+  double busbw_GBps;   /* algbw * zs_busbw_factor(op, ranks) */
+} zs_comm_record;
+
+/* Copies the most recent min(cap, logged) collectives (the log keeps the
+ * last 8192), oldest first, into out[0..); returns how many it wrote (with
+ * out NULL: how many it holds). Times are issue to completion, so an
+ * overlapped collective shows a lower bandwidth than the link has. Not
+ * collective; call it from the thread that drives the model. */
+size_t zs_comm_log_get(const zs_context* ctx, zs_comm_record* out, size_t cap);
+
 /* ==== Model registration ================================================= */
 
 typedef struct zs_model zs_model;

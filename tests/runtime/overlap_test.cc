@@ -275,6 +275,60 @@ TEST_F(OverlapTest, PrefetchDepthCountsTieOwnersAndBoundsHints) {
   zs_context_destroy(ctx);
 }
 
+// The public communication log: every collective with its size (the full
+// size per rank, as the counters), issue and completion times, algbw and
+// busbw by nccl-tests' factors; the log adds up to the counters.
+TEST_F(OverlapTest, CommunicationLogAddsUpToTheCounters) {
+  Chain c;
+  BuildChain(&c, 2);
+  for (int step = 0; step < 2; step++) {
+    for (int u = 0; u < Chain::kUnits; u++) {
+      ASSERT_EQ(zs_unit_gather(c.m, c.units[u]), ZS_OK);
+      ASSERT_EQ(zs_unit_release(c.m, c.units[u]), ZS_OK);
+    }
+    for (int u = Chain::kUnits - 1; u >= 0; u--) {
+      ASSERT_EQ(zs_unit_gather(c.m, c.units[u]), ZS_OK);
+      ASSERT_EQ(zs_unit_grad_acquire(c.m, c.units[u]), ZS_OK);
+      ASSERT_EQ(zs_unit_grad_release(c.m, c.units[u]), ZS_OK);
+      ASSERT_EQ(zs_unit_release(c.m, c.units[u]), ZS_OK);
+    }
+    ASSERT_EQ(zs_step(c.m, nullptr), ZS_OK) << zs_last_error();
+  }
+  const size_t n = zs_comm_log_get(c.ctx, nullptr, 0);
+  ASSERT_EQ(n, (size_t)c.ctx->comm->seq_count);
+  std::vector<zs_comm_record> log(n);
+  ASSERT_EQ(zs_comm_log_get(c.ctx, log.data(), log.size()), n);
+  zs_comm_counters cc;
+  ASSERT_EQ(zs_comm_counters_get(c.ctx, &cc), ZS_OK);
+  uint64_t bytes[ZS_COLL_OP_COUNT] = {0}, calls[ZS_COLL_OP_COUNT] = {0};
+  int gathers = 0, reduces = 0;
+  for (size_t i = 0; i < n; i++) {
+    const zs_comm_record& r = log[i];
+    bytes[r.op] += r.bytes;
+    calls[r.op]++;
+    EXPECT_EQ(r.seq, (uint64_t)i);
+    EXPECT_GE(r.done_s, r.issue_s) << i;
+    EXPECT_GT(r.done_s, 0.0) << i;
+    EXPECT_DOUBLE_EQ(r.busbw_GBps, r.algbw_GBps * zs_busbw_factor(r.op, world_));
+    gathers += std::string(r.purpose) == "param gather";
+    reduces += std::string(r.purpose) == "grad reduce";
+  }
+  for (int k = 0; k < ZS_COLL_OP_COUNT; k++) {
+    EXPECT_EQ(bytes[k], cc.bytes[k]) << zs_coll_op_name((zs_coll_op)k);
+    EXPECT_EQ(calls[k], cc.calls[k]) << zs_coll_op_name((zs_coll_op)k);
+  }
+  EXPECT_EQ(gathers, 2 * 2 * Chain::kUnits);  // forward + backward, 2 steps
+  EXPECT_EQ(reduces, 2 * Chain::kUnits);
+  // The most recent 3 only.
+  std::vector<zs_comm_record> last(3);
+  ASSERT_EQ(zs_comm_log_get(c.ctx, last.data(), 3), 3u);
+  EXPECT_EQ(last[2].seq, log[n - 1].seq);
+  EXPECT_DOUBLE_EQ(zs_busbw_factor(ZS_COLL_ALL_REDUCE, 4), 1.5);
+  EXPECT_DOUBLE_EQ(zs_busbw_factor(ZS_COLL_REDUCE_SCATTER, 4), 0.75);
+  zs_model_destroy(c.m);
+  zs_context_destroy(c.ctx);
+}
+
 // Without prefetch a unit's all-gather is issued only at its use.
 TEST_F(OverlapTest, NoPrefetchGathersOnlyAtUse) {
   Chain c;
