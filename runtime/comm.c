@@ -27,6 +27,17 @@ struct zs__coll {
   float divisor;      /* reduce-scatter: the sum is divided by this */
 };
 
+const char* zs__purpose_name(int purpose) {
+  static const char* const names[] = {
+      "other",          "consistency check", "agreement",
+      "param gather",   "grad reduce",       "grad gather (stage 0)",
+      "param update gather", "init broadcast", "tensor set",
+      "tensor get",     "grad norm"};
+  if (purpose < 0 || purpose >= (int)(sizeof names / sizeof *names))
+    return "other";
+  return names[purpose];
+}
+
 /* Counts a collective at issue and folds it into the sequence hash (in
  * issue order, which is what ranks must agree on) and the log. */
 static void zs__comm_note(zs__comm* c, zs__coll* op, int root) {
@@ -87,6 +98,19 @@ static zs_status zs__coll_finish(zs__comm* c, zs__coll* op) {
                               op->divisor, op->count, op->dtype, NULL);
   double now = zs__now();
   c->counters.seconds[op->op] += now - op->t_issue;
+  if (c->prof != NULL) {
+    size_t bytes = op->count * zs_dtype_size(op->dtype);
+    if (op->op == ZS_COLL_ALL_GATHER || op->op == ZS_COLL_REDUCE_SCATTER)
+      bytes *= (size_t)c->world;
+    const double dt = now - op->t_issue;
+    const double algbw = dt > 0 ? (double)bytes / dt / 1e9 : 0.0;
+    char name[48];
+    snprintf(name, sizeof name, "%s (%s)", zs_coll_op_name(op->op),
+             zs__purpose_name(op->tag.purpose));
+    zs__profiler_span(c->prof, 1, name, "comm", op->t_issue, now,
+                      op->tag.name, bytes, algbw,
+                      algbw * zs_busbw_factor(op->op, c->world));
+  }
   if (c->log != NULL) {
     zs__comm_log_entry* e = &c->log[op->seq % ZS__COMM_LOG_CAP];
     if (e->seq == op->seq) e->t_done = now;

@@ -80,6 +80,9 @@ typedef struct zs__comm_log_entry {
   double t_done;       /* 0 while in flight */
 } zs__comm_log_entry;
 
+/* A short name of a zs__purpose ("param gather", "grad reduce", ...). */
+const char* zs__purpose_name(int purpose);
+
 /* The log keeps the most recent ZS__COMM_LOG_CAP entries. */
 #define ZS__COMM_LOG_CAP 8192
 
@@ -91,6 +94,7 @@ struct zs__comm {
   zs__device* dev;    /* for reduction temporaries (not owned) */
   zs__comm_log_entry* log; /* ring of ZS__COMM_LOG_CAP entries, or NULL */
   double log_t0;      /* zs__now() when the log started */
+  zs__profiler* prof; /* not owned; NULL: no collective spans */
   uint64_t in_flight; /* started and not yet completed collectives (read
                          by the progress thread: atomic) */
   uint64_t max_in_flight_gathers; /* most parameter all-gathers in flight */

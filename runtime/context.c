@@ -59,6 +59,13 @@ zs_status zs__context_create(const zs_config* config, zs__comm* comm,
                               ZS__COMM_LOG_CAP * sizeof *comm->log,
                               "communication log"));
   ctx->log_counted = 1;
+  /* Profiling: ZS_PROFILE=DIR, else config.profile_dir (not retained). */
+  const char* pdir = getenv("ZS_PROFILE");
+  if (pdir == NULL || pdir[0] == '\0') pdir = resolved.profile_dir;
+  ctx->config.profile_dir = NULL;
+  (void)zs__profiler_create(pdir, comm->rank, comm->world, &ctx->prof);
+  zs__accounting_set_profiler(ctx->acct, ctx->prof);
+  comm->prof = ctx->prof;
   if (resolved.progress_thread && comm->ops->start_progress != NULL &&
       comm->ops->start_progress(comm) != ZS_OK)
     zs__log(ZS_LOG_WARN, "%s", zs__error_body());
@@ -81,6 +88,14 @@ void zs_context_destroy(zs_context* ctx) {
     (void)zs__accounting_remove(ctx->acct, ZS__OWNER_RUNTIME, ctx->comm->log,
                                 NULL, NULL);
   zs__device_destroy(ctx->device);
+  if (ctx->prof != NULL) {
+    zs_memory_stats final;
+    zs__accounting_stats(ctx->acct, &final);
+    zs__accounting_set_profiler(ctx->acct, NULL);
+    if (ctx->comm != NULL) ctx->comm->prof = NULL;
+    zs__profiler_destroy(ctx->prof, &final);
+    ctx->prof = NULL;
+  }
   zs__accounting_destroy(ctx->acct);
   zs__comm_destroy(ctx->comm);
   free(ctx);
@@ -115,29 +130,6 @@ zs_status zs_memory_register(zs_context* ctx, zs_mem_category category,
 zs_status zs_memory_unregister(zs_context* ctx, const void* ptr) {
   ZS_REQUIRE(ctx != NULL, "zs_memory_unregister: ctx is NULL");
   return zs__accounting_remove(ctx->acct, ZS__OWNER_USER, ptr, NULL, NULL);
-}
-
-static const char* zs__purpose_name(int purpose) {
-  static const char* const names[] = {
-      "other",          "consistency check", "agreement",
-      "param gather",   "grad reduce",       "grad gather (stage 0)",
-      "param update gather", "init broadcast", "tensor set",
-      "tensor get",     "grad norm"};
-  if (purpose < 0 || purpose >= (int)(sizeof names / sizeof *names))
-    return "other";
-  return names[purpose];
-}
-
-double zs_busbw_factor(zs_coll_op op, int ranks) {
-  if (ranks < 1) return 0.0;
-  const double n = ranks;
-  switch (op) {
-    case ZS_COLL_ALL_GATHER:
-    case ZS_COLL_REDUCE_SCATTER: return (n - 1) / n;
-    case ZS_COLL_ALL_REDUCE: return 2 * (n - 1) / n;
-    case ZS_COLL_BROADCAST: return 1.0;
-    default: return 0.0;
-  }
 }
 
 size_t zs_comm_log_get(const zs_context* ctx, zs_comm_record* out,

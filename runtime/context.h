@@ -22,6 +22,7 @@ struct zs_context {
   zs__device* device;   /* owned */
   zs__comm* comm;       /* owned; may finalize MPI when destroyed */
   zs_model* models;     /* live models (linked through zs_model.next) */
+  zs__profiler* prof;   /* owned; NULL: not profiling */
 };
 
 /* Builds a context around an existing communicator (takes ownership of comm

@@ -103,6 +103,26 @@ void zs__accounting_phase(zs__accounting* acct, zs_phase phase);
 void zs__accounting_step_done(zs__accounting* acct);
 /* The process's resident set in bytes (/proc/self/statm), 0 if unknown. */
 size_t zs__resident_bytes(void);
+
+/* ---- Profiler (core_profile.c, docs/profiling.md) ---- */
+typedef struct zs__profiler zs__profiler;
+/* *out = NULL when dir is NULL/empty or cannot be written (a warning, once:
+ * profiling never stops a run). Always ZS_OK. */
+zs_status zs__profiler_create(const char* dir, int rank, int world,
+                              zs__profiler** out);
+/* Writes DIR/zs_profile_rank<R>.json (via a temporary and a rename) and
+ * frees; final: the accounting at the end (its peaks go in the header). */
+void zs__profiler_destroy(zs__profiler* p, const zs_memory_stats* final);
+/* A memory counter sample (current bytes per category). NULL p: no-op. */
+void zs__profiler_counter(zs__profiler* p, const size_t* current);
+/* A span [t0, t1] (zs__now seconds) on track tid (0 caller, 1 collectives)
+ * with an optional unit name and, for collectives, bytes and bandwidths. */
+void zs__profiler_span(zs__profiler* p, int tid, const char* name,
+                       const char* cat, double t0, double t1,
+                       const char* unit, uint64_t bytes, double algbw,
+                       double busbw);
+/* Every allocation and free of the accounting becomes a counter sample. */
+void zs__accounting_set_profiler(zs__accounting* acct, zs__profiler* p);
 void zs__accounting_reset_peak(zs__accounting* acct);
 
 /* ---- Configuration --------------------------------------------------------- */

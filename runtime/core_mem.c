@@ -42,7 +42,15 @@ struct zs__accounting {
   size_t last_peak[ZS_PHASE_COUNT][ZS_MEM_CATEGORY_COUNT];
   size_t last_total[ZS_PHASE_COUNT];
   int steps_done;
+  zs__profiler* prof; /* not owned; NULL: not profiling */
 };
+
+void zs__accounting_set_profiler(zs__accounting* a, zs__profiler* p) {
+  pthread_mutex_lock(&a->lock);
+  a->prof = p;
+  if (p != NULL) zs__profiler_counter(p, a->current);
+  pthread_mutex_unlock(&a->lock);
+}
 
 /* A phase starts with what is allocated when it begins. Lock held. */
 static void zs__phase_begin(zs__accounting* a, int phase) {
@@ -162,6 +170,7 @@ zs_status zs__accounting_add(zs__accounting* a, zs__owner owner,
     a->cur_peak[a->phase][category] = a->current[category];
   if (a->total_current > a->cur_total[a->phase])
     a->cur_total[a->phase] = a->total_current;
+  zs__profiler_counter(a->prof, a->current);
 cleanup:
   pthread_mutex_unlock(&a->lock);
   return st;
@@ -186,6 +195,7 @@ zs_status zs__accounting_remove(zs__accounting* a, zs__owner owner,
   if (bytes != NULL) *bytes = e->bytes;
   a->current[e->category] -= e->bytes;
   a->total_current -= e->bytes;
+  zs__profiler_counter(a->prof, a->current);
   r->count--;
   /* Backward-shift deletion keeps probe chains intact without tombstones. */
   size_t hole = (size_t)(e - r->slots);

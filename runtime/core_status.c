@@ -117,6 +117,18 @@ const char* zs_mem_category_name(zs_mem_category category) {
   return names[category];
 }
 
+double zs_busbw_factor(zs_coll_op op, int ranks) {
+  if (ranks < 1) return 0.0;
+  const double n = ranks;
+  switch (op) {
+    case ZS_COLL_ALL_GATHER:
+    case ZS_COLL_REDUCE_SCATTER: return (n - 1) / n;
+    case ZS_COLL_ALL_REDUCE: return 2 * (n - 1) / n;
+    case ZS_COLL_BROADCAST: return 1.0;
+    default: return 0.0;
+  }
+}
+
 const char* zs_phase_name(zs_phase phase) {
   static const char* const names[ZS_PHASE_COUNT] = {"forward", "backward",
                                                     "step"};

@@ -258,6 +258,7 @@ static zs_status zs__trace_follow(zs_model* m, int unit) {
 zs_status zs_unit_gather(zs_model* m, int unit) {
   zs_status st = zs__check_unit(m, unit, "zs_unit_gather");
   if (st != ZS_OK) return st;
+  const double t0 = m->ctx->prof != NULL ? zs__now() : 0.0;
   zs__unit* u = &m->units[unit];
   if (u->user_gathered)
     return zs__error(ZS_ERR_INVALID_STATE,
@@ -285,6 +286,9 @@ zs_status zs_unit_gather(zs_model* m, int unit) {
     return st;
   }
   u->user_gathered = 1;
+  if (m->ctx->prof != NULL)  /* from the call until the parameters are ready */
+    zs__profiler_span(m->ctx->prof, 0, "gather", "gather", t0, zs__now(),
+                      u->name, 0, 0, 0);
   return ZS_OK;
 }
 
@@ -307,6 +311,11 @@ zs_status zs_unit_release(zs_model* m, int unit) {
     zs__drop(m, unit);
   u->user_gathered = 0;
   zs__progress(m);
+  if (m->ctx->prof != NULL) {
+    const double t = zs__now();
+    zs__profiler_span(m->ctx->prof, 0, "release", "release", t, t, u->name, 0,
+                      0, 0);
+  }
   return ZS_OK;
 }
 

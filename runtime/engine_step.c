@@ -287,8 +287,13 @@ static zs_status zs__step_apply(zs_model* m, zs_step_info* info,
   for (int i = 0; i < m->nunits; i++)
     ZS_CHECK(zs__inflight_wait(m->ctx->comm, &m->units[i].shard_ops));
   for (int i = 0; i < m->nunits; i++)
-    if (m->units[i].trainable)
+    if (m->units[i].trainable) {
+      const double t0 = m->ctx->prof != NULL ? zs__now() : 0.0;
       ZS_CHECK(zs__optimize_unit(m, &m->units[i], (float)coef));
+      if (m->ctx->prof != NULL)
+        zs__profiler_span(m->ctx->prof, 0, "optimizer", "optimizer", t0,
+                          zs__now(), m->units[i].name, 0, 0, 0);
+    }
   /* Stages 1-2 keep full parameters: every rank's updated shard goes back
    * into everyone's full buffer, bucket by bucket, without waiting. */
   if (cfg->stage == 1 || cfg->stage == 2)
@@ -341,6 +346,7 @@ static zs_status zs__step_run(zs_model* m, zs_step_info* info, int discard) {
   st = zs__step_consistency(m, zs__step_check_closed(m), discard);
   if (st != ZS_OK) goto out;
   zs__accounting_phase(m->ctx->acct, ZS_PHASE_STEP);
+  const double t_step = zs__now();
   const int boundary = discard || zs__accum_boundary(m);
   const int reduce_now = !discard && (boundary || !m->ctx->config.grad_accum_local);
   int applied = 0;
@@ -376,6 +382,9 @@ cleanup:
   }
   zs__trace_end_step(m);
   zs__accounting_step_done(m->ctx->acct);
+  if (m->ctx->prof != NULL)
+    zs__profiler_span(m->ctx->prof, 0, discard ? "zs_step_discard" : "zs_step",
+                      "step", t_step, zs__now(), NULL, 0, 0, 0);
   m->steps_called++;
   m->micro = boundary || st != ZS_OK ? 0 : m->micro + 1;
   info->applied = applied;

@@ -229,9 +229,18 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
       }
       n++;
     }
+    /* Gradients: reduce_dtype fp32 wins; else the unit's "grad_dtype"
+     * ("fp32" or its parameter dtype), else the parameter dtype. */
+    zs_dtype gdt = dt;
+    ZS_CHECK(zs__parse_dtype(cJSON_GetObjectItemCaseSensitive(it, "grad_dtype"),
+                             where, &gdt));
+    if (gdt != ZS_FLOAT32 && gdt != dt)
+      ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+              "model description: %s: grad_dtype must be fp32 or the "
+              "parameter dtype", where);
     u->elem = zs_dtype_size(dt);
     u->lowp = dt != ZS_FLOAT32;
-    u->gelem = c->reduce_dtype < 0 ? u->elem : 4;
+    u->gelem = c->reduce_dtype < 0 ? zs_dtype_size(gdt) : 4;
     zs__unit_layout l;
     ZS_CHECK(zs__layout_unit(numels, alias, n, zs__layout_align(u->elem),
                              c->ranks, offsets, &l));

@@ -484,8 +484,8 @@ void gpt2_print_memory_table(FILE* out, const zs_memory_stats* rows,
                              int ranks) {
   static const zs_mem_category cols[] = {
       ZS_MEM_PARAMS,          ZS_MEM_PARAMS_GATHERED, ZS_MEM_GRADS,
-      ZS_MEM_OPTIMIZER_STATES, ZS_MEM_COMM_BUFFERS,    ZS_MEM_ACTIVATIONS,
-      ZS_MEM_OTHER};
+      ZS_MEM_MASTER_WEIGHTS,  ZS_MEM_OPTIMIZER_STATES, ZS_MEM_COMM_BUFFERS,
+      ZS_MEM_ACTIVATIONS,     ZS_MEM_OTHER};
   const int ncol = (int)(sizeof cols / sizeof cols[0]);
   fprintf(out, "peak memory per rank (MiB):\n%4s", "rank");
   for (int k = 0; k < ncol; k++)

@@ -285,6 +285,9 @@ static int model_describe(model* m, const char* path, int Bl,
     cJSON* ju = cJSON_CreateObject();
     cJSON_AddStringToObject(ju, "name", zs_model_unit_name(m->zm, u));
     cJSON_AddStringToObject(ju, "dtype", dtypes[m->dtype % 3]);
+    /* the trainer's gradients are fp32 whatever the parameters (it sets
+     * reduce_dtype to fp32) */
+    cJSON_AddStringToObject(ju, "grad_dtype", "fp32");
     cJSON* ts = cJSON_AddArrayToObject(ju, "tensors");
     for (int t = 0; t < zs_model_tensor_count(m->zm); t++) {
       zs_tensor_desc d;

@@ -259,6 +259,13 @@ typedef struct zs_config {
                     default 0 */
   double max_grad_norm; /* > 0 when clipping; default 1.0 */
   zs_loss_scaler_config loss_scaler;
+  /* ---- Profiling (docs/profiling.md) ---- */
+  const char* profile_dir; /* each rank writes a Chrome trace of memory
+                    and communication here when its context is destroyed;
+                    NULL (default): off. The environment variable
+                    ZS_PROFILE=DIR overrides it. Read at zs_context_create,
+                    not retained. An unwritable directory is a warning and
+                    profiling is off; training continues. */
 } zs_config;
 
 #define ZS_CONFIG_INIT                                                     \
@@ -267,7 +274,8 @@ typedef struct zs_config {
         {ZS_OPTIM_ADAMW, 1e-3, 0.9, 0.999, 1e-8, ZS_WEIGHT_DECAY_DEFAULT,  \
          0.0, 0.0, 0},                                                     \
         1, 1800.0, (size_t)1 << 22, 2, 0, 1, ZS_REDUCE_FIXED, 1, -1, 1, 0, \
-        0, 1.0, {ZS_LOSS_SCALE_NONE, 65536.0, 2.0, 0.5, 2000, 1.0, 1}      \
+        0, 1.0, {ZS_LOSS_SCALE_NONE, 65536.0, 2.0, 0.5, 2000, 1.0, 1},     \
+        NULL                                                               \
   }
 
 /* Fills *config with the defaults (the same values as ZS_CONFIG_INIT).
@@ -873,7 +881,8 @@ typedef struct zs_memory_estimate {
 zs_status zs_estimate_params(double params, const zs_estimate_config* config,
                              zs_memory_estimate* out);
 /* From a model description (JSON text, not retained; docs/profiling.md):
- * {"units": [{"name": .., "dtype": "bf16", "tensors": [{"name": ..,
+ * {"units": [{"name": .., "dtype": "bf16", "grad_dtype": "fp32" (optional,
+ * default the dtype), "tensors": [{"name": ..,
  * "numel": N, "frozen": false} | {"name": .., "tied_to": NAME}]}, ...],
  * "activations": {"bytes_per_rank": B, "fixed_bytes": F,
  * "sequences_per_rank": S}} (activations optional). Errors:

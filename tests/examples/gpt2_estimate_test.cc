@@ -82,6 +82,38 @@ TEST(Gpt2Estimate, ModelStatesExactPeakWithinTenPercent) {
   }
 }
 
+// 16-bit parameters with the trainer's fp32 gradients: the description
+// says so (grad_dtype), and the model states are exact again.
+TEST(Gpt2Estimate, Bf16ModelStatesExact) {
+  const std::string desc = TmpDir() + "/describe_bf16.json";
+  RunResult d = Shell(Mpirun(2) + g_sharded + kFlags + " --dtype bf16 --data " +
+                      g_data + " --describe " + desc);
+  ASSERT_EQ(d.exit_code, 0) << d.output;
+  for (int stage : {0, 3}) {
+    RunResult e = Shell(g_estimate + " --model " + desc + " --ranks 2 --stage " +
+                        std::to_string(stage) + " --json");
+    ASSERT_EQ(e.exit_code, 0) << e.output;
+    cJSON* est = cJSON_Parse(e.output.c_str());
+    ASSERT_NE(est, nullptr);
+    const std::string report = TmpDir() + "/est_bf16.json";
+    RunResult r = Shell(Mpirun(2) + g_sharded + kFlags + " --dtype bf16 --data " +
+                        g_data + " --stage " + std::to_string(stage) +
+                        " --report " + report);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    cJSON* rep = ParseFile(report);
+    ASSERT_NE(rep, nullptr);
+    const cJSON* row;
+    cJSON_ArrayForEach(row, cJSON_GetObjectItem(rep, "ranks")) {
+      EXPECT_EQ(Num(est, "model_state_bytes"), Num(row, "model_state_bytes"))
+          << "stage " << stage;
+      EXPECT_EQ(Num(cJSON_GetObjectItem(est, "peak_bytes"), "master_weights"),
+                Num(cJSON_GetObjectItem(row, "peak_bytes"), "master_weights"));
+    }
+    cJSON_Delete(rep);
+    cJSON_Delete(est);
+  }
+}
+
 struct BadCase {
   std::string name, args, expect;
 };

@@ -79,6 +79,13 @@ TEST(Estimate, ModelDescriptionLayoutTiesFrozenAndActivations) {
   ASSERT_EQ(zs_estimate_model(model, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_MASTER_WEIGHTS], 64u * 4);
   EXPECT_EQ(e.bytes[ZS_MEM_GRADS], 64u * 2);
+  // A unit whose gradients are fp32 (the description's grad_dtype).
+  const char* fp32_grads = R"({"units": [{"name": "u", "dtype": "bf16",
+      "grad_dtype": "fp32", "tensors": [{"name": "w", "numel": 100}]}]})";
+  c.dtype = ZS_DTYPE_COUNT;
+  ASSERT_EQ(zs_estimate_model(fp32_grads, &c, &e), ZS_OK) << zs_last_error();
+  EXPECT_EQ(e.bytes[ZS_MEM_PARAMS], 32u * 2);  // padded 128, shard 32
+  EXPECT_EQ(e.bytes[ZS_MEM_GRADS], 32u * 4);
 }
 
 TEST(Estimate, BadInputNamesTheSetting) {

@@ -12,6 +12,8 @@
 #include <zs_mpi.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -327,6 +329,44 @@ TEST_F(OverlapTest, CommunicationLogAddsUpToTheCounters) {
   EXPECT_DOUBLE_EQ(zs_busbw_factor(ZS_COLL_REDUCE_SCATTER, 4), 0.75);
   zs_model_destroy(c.m);
   zs_context_destroy(c.ctx);
+}
+
+// config.profile_dir: each rank writes its Chrome trace when the context
+// is destroyed, with memory counters and collective spans.
+TEST_F(OverlapTest, ProfileDirFromTheConfigWritesEachRanksTrace) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp");
+  zs_config cfg = ZS_CONFIG_INIT;
+  cfg.stage = 3;
+  cfg.profile_dir = dir.c_str();
+  zs_context* ctx = nullptr;
+  zs_model* m = nullptr;
+  ASSERT_EQ(zs_context_create_mpi(&cfg, MPI_COMM_WORLD, &ctx), ZS_OK);
+  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+  int u = -1, t = -1;
+  const int64_t n = 100;
+  ASSERT_EQ(zs_model_add_unit(m, "prof_unit", &u), ZS_OK);
+  ASSERT_EQ(zs_model_add_tensor(m, u, "w", 1, &n, ZS_FLOAT32, 0, &t), ZS_OK);
+  ASSERT_EQ(zs_model_finalize(m), ZS_OK);
+  ASSERT_EQ(zs_unit_gather(m, u), ZS_OK);
+  ASSERT_EQ(zs_unit_release(m, u), ZS_OK);
+  ASSERT_EQ(zs_step(m, nullptr), ZS_OK);
+  zs_model_destroy(m);
+  zs_context_destroy(ctx);
+  const std::string path = dir + "/zs_profile_rank" + std::to_string(rank_) + ".json";
+  FILE* f = std::fopen(path.c_str(), "r");
+  ASSERT_NE(f, nullptr) << path;
+  std::string text;
+  char buf[4096];
+  size_t k;
+  while ((k = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, k);
+  std::fclose(f);
+  EXPECT_NE(text.find("\"format\":\"zeroshard-profile\""), std::string::npos);
+  EXPECT_NE(text.find("\"ph\":\"C\""), std::string::npos);  // memory counters
+  EXPECT_NE(text.find("\"cat\":\"gather\""), std::string::npos);
+  EXPECT_NE(text.find("\"unit\":\"prof_unit\""), std::string::npos);
+  EXPECT_NE(text.find("\"cat\":\"comm\""), std::string::npos);
+  EXPECT_EQ(text.substr(text.size() - 4), "\n]}\n");  // complete
 }
 
 // Without prefetch a unit's all-gather is issued only at its use.

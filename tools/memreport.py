@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""tools/zs memreport DIR: merge the per-rank profiles ZeroShard wrote
+(ZS_PROFILE=DIR or zs_config.profile_dir; docs/profiling.md) into
+
+  - a table: peak bytes per rank x memory category,
+  - a picture: each rank's memory over time, stacked by category (SVG),
+  - the communication summary: per collective calls, bytes (the full size
+    per rank, as nccl-tests counts it), time, algbw and busbw, per step.
+
+Every series of the picture is one <path class="series"> with
+data-rank, data-category and data-max-bytes attributes, so tools (and the
+tests) can read the numbers behind it.
+
+Exit status 2 with a message naming the file for a missing directory, no
+profiles, a truncated or foreign file, missing ranks or files of different
+runs.
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import sys
+
+CATEGORIES = ["params", "params_gathered", "grads", "master_weights",
+              "optimizer_states", "comm_buffers", "activations",
+              "offload_host", "nvme_staging", "other"]
+COLORS = ["#4e79a7", "#a0cbe8", "#f28e2b", "#ffbe7d", "#59a14f",
+          "#e15759", "#b07aa1", "#76b7b2", "#edc948", "#bab0ac"]
+BUSBW = {"all_gather": lambda n: (n - 1) / n,
+         "reduce_scatter": lambda n: (n - 1) / n,
+         "all_reduce": lambda n: 2 * (n - 1) / n,
+         "broadcast": lambda n: 1.0}
+# Files of one run start within this many seconds of each other.
+SAME_RUN_S = 120.0
+
+
+def fail(msg):
+    print("memreport: " + msg, file=sys.stderr)
+    sys.exit(2)
+
+
+def load(directory):
+    if not os.path.isdir(directory):
+        fail("%s: not a directory" % directory)
+    paths = sorted(glob.glob(os.path.join(directory, "zs_profile_rank*.json")))
+    if not paths:
+        fail("%s: no zs_profile_rank*.json files (run with ZS_PROFILE=%s)"
+             % (directory, directory))
+    profiles = []
+    for p in paths:
+        try:
+            with open(p) as f:
+                d = json.load(f)
+        except (ValueError, OSError) as e:
+            fail("%s: truncated or not JSON (%s)" % (p, e))
+        meta = d.get("otherData", {}) if isinstance(d, dict) else {}
+        if meta.get("format") != "zeroshard-profile" or \
+                not isinstance(d.get("traceEvents"), list):
+            fail("%s: not a ZeroShard profile" % p)
+        m = re.search(r"rank(\d+)\.json$", p)
+        if m is None or int(m.group(1)) != meta.get("rank"):
+            fail("%s: the file name and its rank (%s) disagree"
+                 % (p, meta.get("rank")))
+        profiles.append((p, meta, d["traceEvents"]))
+    worlds = {meta["world"] for _, meta, _ in profiles}
+    starts = [meta["start_unix_s"] for _, meta, _ in profiles]
+    if len(worlds) != 1 or max(starts) - min(starts) > SAME_RUN_S:
+        fail("%s: files of different runs (world sizes %s, starts %.0f s "
+             "apart); keep one run per directory"
+             % (directory, sorted(worlds), max(starts) - min(starts)))
+    world = worlds.pop()
+    ranks = sorted(meta["rank"] for _, meta, _ in profiles)
+    missing = sorted(set(range(world)) - set(ranks))
+    if missing or len(ranks) != world:
+        fail("%s: world size %d but ranks %s are missing" %
+             (directory, world, ", ".join(map(str, missing)) or "(duplicated)"))
+    return world, sorted(profiles, key=lambda x: x[1]["rank"])
+
+
+def memory_series(events):
+    """[(t_seconds, {category: bytes})] from the counter samples."""
+    out = []
+    for e in events:
+        if e.get("ph") == "C" and e.get("name") == "memory":
+            out.append((e["ts"] / 1e6, e["args"]))
+    return out
+
+
+def comm_summary(profiles, world):
+    ops, steps = {}, 0
+    for _, meta, events in profiles[:1]:  # every rank issues the same
+        for e in events:
+            if e.get("ph") != "X":
+                continue
+            if e.get("cat") == "step" and e.get("name") == "zs_step":
+                steps += 1
+            if e.get("cat") != "comm":
+                continue
+            op = e["name"].split(" ")[0]
+            s = ops.setdefault(op, {"calls": 0, "bytes": 0, "seconds": 0.0})
+            s["calls"] += 1
+            s["bytes"] += e["args"].get("bytes", 0)
+            s["seconds"] += e["dur"] / 1e6
+    for op, s in ops.items():
+        s["algbw_GBps"] = s["bytes"] / s["seconds"] / 1e9 if s["seconds"] > 0 else 0.0
+        s["busbw_GBps"] = s["algbw_GBps"] * BUSBW.get(op, lambda n: 0.0)(world)
+        s["calls_per_step"] = s["calls"] / steps if steps else 0.0
+        s["bytes_per_step"] = s["bytes"] / steps if steps else 0.0
+    return {"ranks": world, "steps": steps, "ops": ops}
+
+
+def svg(profiles, width=900, panel=150):
+    left, right, top, gap = 90, 200, 30, 40
+    plot_w = width - left - right
+    height = top + len(profiles) * (panel + gap)
+    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" '
+           'font-family="sans-serif" font-size="11">' % (width, height),
+           '<title>ZeroShard memory per rank, stacked by category</title>']
+    for i, (_, meta, events) in enumerate(profiles):
+        series = memory_series(events)
+        if not series:
+            continue
+        rank = meta["rank"]
+        y0 = top + i * (panel + gap)
+        t_end = max(series[-1][0], 1e-9)
+        totals = [sum(v for k, v in s.items() if k in CATEGORIES) for _, s in series]
+        ymax = max(max(totals), 1)
+        used = [c for c in CATEGORIES if any(s.get(c, 0) for _, s in series)]
+        out.append('<text x="%d" y="%d" font-weight="bold">rank %d</text>'
+                   % (left, y0 - 8, rank))
+        out.append('<rect x="%d" y="%d" width="%d" height="%d" fill="none" '
+                   'stroke="#999"/>' % (left, y0, plot_w, panel))
+        out.append('<text x="%d" y="%d" text-anchor="end">%.1f MiB</text>'
+                   % (left - 4, y0 + 10, ymax / 2**20))
+        out.append('<text x="%d" y="%d" text-anchor="end">0</text>'
+                   % (left - 4, y0 + panel))
+        out.append('<text x="%d" y="%d" text-anchor="end">%.3f s</text>'
+                   % (left + plot_w, y0 + panel + 14, t_end))
+
+        def xy(t, b):
+            return (left + plot_w * t / t_end, y0 + panel - panel * b / ymax)
+        below = [0] * len(series)
+        for c in used:
+            vals = [s.get(c, 0) for _, s in series]
+            upper = [b + v for b, v in zip(below, vals)]
+            pts = []
+            for j, (t, _) in enumerate(series):  # a step function
+                t_next = series[j + 1][0] if j + 1 < len(series) else t_end
+                pts.append(xy(t, upper[j]))
+                pts.append(xy(t_next, upper[j]))
+            for j in range(len(series) - 1, -1, -1):
+                t = series[j][0]
+                t_next = series[j + 1][0] if j + 1 < len(series) else t_end
+                pts.append(xy(t_next, below[j]))
+                pts.append(xy(t, below[j]))
+            d = "M" + " L".join("%.2f,%.2f" % p for p in pts) + " Z"
+            out.append('<path class="series" data-rank="%d" data-category="%s" '
+                       'data-max-bytes="%d" fill="%s" stroke="none" d="%s"/>'
+                       % (rank, c, max(vals), COLORS[CATEGORIES.index(c)], d))
+            below = upper
+    for k, c in enumerate(CATEGORIES):  # legend
+        out.append('<rect x="%d" y="%d" width="10" height="10" fill="%s"/>'
+                   '<text x="%d" y="%d">%s</text>'
+                   % (width - right + 20, top + 16 * k, COLORS[k],
+                      width - right + 36, top + 16 * k + 9, c))
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("dir")
+    ap.add_argument("--svg", help="where to write the picture [DIR/memreport.svg]")
+    ap.add_argument("--json", action="store_true",
+                    help="print one JSON object instead of tables")
+    a = ap.parse_args()
+    world, profiles = load(a.dir)
+    peaks = []
+    for _, meta, events in profiles:
+        row = {c: 0 for c in CATEGORIES}
+        total = 0
+        for _, s in memory_series(events):
+            for c in CATEGORIES:
+                row[c] = max(row[c], s.get(c, 0))
+            total = max(total, sum(s.get(c, 0) for c in CATEGORIES))
+        row["total"] = total
+        peaks.append(row)
+    comm = comm_summary(profiles, world)
+    path = a.svg or os.path.join(a.dir, "memreport.svg")
+    try:
+        with open(path + ".tmp", "w") as f:
+            f.write(svg(profiles))
+        os.replace(path + ".tmp", path)
+    except OSError as e:
+        fail("%s: cannot write the picture (%s)" % (path, e))
+    if a.json:
+        print(json.dumps({"ranks": world, "peak_bytes": peaks, "comm": comm,
+                          "svg": path}))
+        return
+    used = [c for c in CATEGORIES if any(r[c] for r in peaks)] + ["total"]
+    print("peak MiB per rank and category (%d ranks)" % world)
+    print("%-6s" % "rank" + "".join("%17s" % c for c in used))
+    for rank, r in enumerate(peaks):
+        print("%-6d" % rank + "".join("%17.3f" % (r[c] / 2**20) for c in used))
+    print("\ncommunication, rank 0, %d steps, %d ranks (bytes: full size per "
+          "rank, as nccl-tests)" % (comm["steps"], world))
+    print("%-15s %8s %14s %10s %11s %11s %10s" % (
+        "op", "calls", "bytes", "seconds", "algbw GB/s", "busbw GB/s",
+        "calls/step"))
+    for op, s in sorted(comm["ops"].items()):
+        print("%-15s %8d %14d %10.4f %11.3f %11.3f %10.1f" % (
+            op, s["calls"], s["bytes"], s["seconds"], s["algbw_GBps"],
+            s["busbw_GBps"], s["calls_per_step"]))
+    print("\npicture: %s" % path)
+
+
+if __name__ == "__main__":
+    main()
