@@ -246,6 +246,8 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
                              c->ranks, offsets, &l));
     u->padded = l.padded;
     u->shard = l.shard;
+    if (l.padded > out->largest_unit_elements)
+      out->largest_unit_elements = l.padded;
     zs__estimate_states(c, l.padded, l.shard, u->elem, u->gelem, u->lowp,
                         u->trainable, zs__estimate_nstates(c), out);
     ui++;

@@ -27,7 +27,11 @@ static const char kUsage[] =
     "  --prefetch-depth N  stage-3 prefetch depth 0..64 [2]\n"
     "  --batch B           global batch to scale described activations to\n"
     "  --grad-accum K      micro-batches per step, with --batch [1]\n"
-    "  --json              one JSON object (an array with --stages)\n";
+    "  --largest-layer N   with --params: the largest layer's elements, for\n"
+    "                      DeepSpeed's stage-3 row (a model gives its own)\n"
+    "  --json              one JSON object (an array with --stages)\n"
+    "Stages 2 and 3 also print DeepSpeed's estimate_zero2/zero3_model_states_\n"
+    "mem_needs (offload none, per GPU) for comparison.\n";
 
 static int fail(const char* msg, const char* arg) {
   fprintf(stderr, "zs_estimate: %s%s%s\n", msg, arg ? ": " : "", arg ? arg : "");
@@ -59,8 +63,19 @@ static char* read_file(const char* path) {
   return s;
 }
 
+/* DeepSpeed's own rules of thumb (deepspeed.runtime.zero
+ * estimate_zero2_model_states_mem_needs / estimate_zero3_..., offload
+ * none, per GPU, fp16 Adam): stage 2: 4 Psi + 16 Psi / N; stage 3:
+ * 4 * largest layer + 18 Psi / N. 0 where they do not apply. */
+static double deepspeed_gpu_bytes(int stage, double psi, double largest,
+                                  int ranks) {
+  if (stage == 2) return 4 * psi + floor(16 * psi / ranks);
+  if (stage == 3 && largest > 0) return 4 * largest + floor(18 * psi / ranks);
+  return 0;
+}
+
 static void print_json(const zs_estimate_config* c, const zs_memory_estimate* e,
-                       FILE* out) {
+                       double ds, FILE* out) {
   fprintf(out, "{\"ranks\":%d,\"nodes\":%d,\"stage\":%d,\"model_state_bytes\":%zu,"
           "\"per_node_model_state_bytes\":%zu,\"peak_bytes\":{",
           c->ranks, c->nodes, c->stage, e->model_state_bytes,
@@ -68,11 +83,13 @@ static void print_json(const zs_estimate_config* c, const zs_memory_estimate* e,
   for (int k = 0; k < ZS_MEM_CATEGORY_COUNT; k++)
     fprintf(out, "\"%s\":%zu,", zs_mem_category_name((zs_mem_category)k),
             e->bytes[k]);
-  fprintf(out, "\"total\":%zu}}", e->total);
+  fprintf(out, "\"total\":%zu}", e->total);
+  if (ds > 0) fprintf(out, ",\"deepspeed_model_states_bytes\":%.0f", ds);
+  fprintf(out, "}");
 }
 
 static void print_row(const zs_estimate_config* c, const zs_memory_estimate* e,
-                      FILE* out) {
+                      double ds, FILE* out) {
   fprintf(out, "stage %d  %4d ranks  model states %10.3f GB/rank  (params "
           "%.3f, grads %.3f, master %.3f, optimizer %.3f)  peak %10.3f GB/rank"
           "  node %.3f GB\n",
@@ -81,13 +98,16 @@ static void print_row(const zs_estimate_config* c, const zs_memory_estimate* e,
           e->bytes[ZS_MEM_MASTER_WEIGHTS] / 1e9,
           e->bytes[ZS_MEM_OPTIMIZER_STATES] / 1e9, e->total / 1e9,
           e->total * (double)(c->ranks / c->nodes) / 1e9);
+  if (ds > 0)
+    fprintf(out, "         DeepSpeed's estimate_zero%d_model_states_mem_needs "
+            "(offload none): %.3f GB/GPU\n", c->stage, ds / 1e9);
 }
 
 int main(int argc, char** argv) {
   zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
   c.ranks = 0;
   c.stage = 3;
-  double params = -1;
+  double params = -1, largest = 0;
   const char* model = NULL;
   int json = 0, all = 0, have_stage = 0;
   for (int i = 1; i < argc; i++) {
@@ -139,6 +159,11 @@ int main(int argc, char** argv) {
       if (parse_int(v, 1, 1 << 30, &c.global_batch)) return fail("--batch: expected an integer >= 1", v);
     } else if (!strcmp(f, "--grad-accum")) {
       if (parse_int(v, 1, 1 << 20, &c.grad_accum_steps)) return fail("--grad-accum: expected an integer >= 1", v);
+    } else if (!strcmp(f, "--largest-layer")) {
+      char* end = NULL;
+      largest = v ? strtod(v, &end) : -1;
+      if (!v || !*v || *end || !isfinite(largest) || largest < 0)
+        return fail("--largest-layer: expected a number >= 0", v);
     } else if (!strcmp(f, "--json")) {
       json = 1;
       takes = 0;
@@ -169,11 +194,27 @@ int main(int argc, char** argv) {
       rc = 2;
       break;
     }
+    /* DeepSpeed counts parameters once (ties too) and layers by module. */
+    double psi = params;
+    if (model != NULL) {
+      psi = 0;
+      zs_estimate_config one = c;
+      one.stage = 0;
+      one.ranks = 1;
+      one.nodes = 1;
+      one.dtype = ZS_FLOAT32;
+      one.reduce_dtype = -1;
+      zs_memory_estimate e1;
+      if (zs_estimate_model(text, &one, &e1) == ZS_OK)
+        psi = (double)e1.bytes[ZS_MEM_PARAMS] / 4; /* elements, padded */
+    }
+    const double big = model != NULL ? (double)e.largest_unit_elements : largest;
+    const double ds = deepspeed_gpu_bytes(s, psi, big, c.ranks);
     if (json) {
       if (s > first) printf(",");
-      print_json(&c, &e, stdout);
+      print_json(&c, &e, ds, stdout);
     } else {
-      print_row(&c, &e, stdout);
+      print_row(&c, &e, ds, stdout);
     }
   }
   if (json && all && rc == 0) printf("]");

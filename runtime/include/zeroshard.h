@@ -873,6 +873,8 @@ typedef struct zs_memory_estimate {
   size_t bytes[ZS_MEM_CATEGORY_COUNT]; /* per rank, peak per category */
   size_t model_state_bytes; /* params + grads + master + optimizer states */
   size_t total;             /* the sum over categories */
+  size_t largest_unit_elements; /* of a description: the largest unit's
+                                   padded elements; 0 for a count */
 } zs_memory_estimate;
 
 /* From a parameter count (a whole number, elements). Pure computation.

@@ -114,6 +114,25 @@ TEST(Gpt2Estimate, Bf16ModelStatesExact) {
   }
 }
 
+// DeepSpeed's rules of thumb next to ours (offload none, per GPU): 13B
+// parameters on 8 GPUs, largest layer 325M: stage 2 4 Psi + 16 Psi / N =
+// 78 GB; stage 3 4 * 325M + 18 Psi / N = 30.55 GB (DeepSpeed's docs example).
+TEST(Gpt2Estimate, DeepSpeedRowsForComparison) {
+  RunResult s2 = Shell(g_estimate + " --params 13e9 --ranks 8 --stage 2 "
+                       "--dtype fp16 --json");
+  ASSERT_EQ(s2.exit_code, 0) << s2.output;
+  EXPECT_NE(s2.output.find("\"deepspeed_model_states_bytes\":78000000000"),
+            std::string::npos) << s2.output;
+  RunResult s3 = Shell(g_estimate + " --params 13e9 --ranks 8 --stage 3 "
+                       "--dtype fp16 --largest-layer 325e6 --json");
+  ASSERT_EQ(s3.exit_code, 0) << s3.output;
+  EXPECT_NE(s3.output.find("\"deepspeed_model_states_bytes\":30550000000"),
+            std::string::npos) << s3.output;
+  // ... and ours: the paper's 2 + 2 + 12 bytes, sharded.
+  EXPECT_NE(s3.output.find("\"model_state_bytes\":26000000000"),
+            std::string::npos) << s3.output;
+}
+
 struct BadCase {
   std::string name, args, expect;
 };
