@@ -225,7 +225,7 @@ zs_status zs__comm_ireduce_scatter(zs__comm* c, zs__coll_tag tag,
   op->divisor = divisor;
   const size_t elem = zs_dtype_size(dtype), W = (size_t)c->world;
   st = zs__dev_alloc(c->dev, ZS_MEM_COMM_BUFFERS, W * chunk * elem, 0,
-                     "reduce-scatter bucket", &op->tmp);
+                     ZS__LABEL_BUCKET, &op->tmp);
   size_t* offsets = st == ZS_OK ? (size_t*)malloc(W * sizeof *offsets) : NULL;
   if (st == ZS_OK && offsets == NULL)
     st = zs__error(ZS_ERR_OUT_OF_MEMORY, "reduce-scatter offsets");

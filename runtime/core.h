@@ -114,7 +114,11 @@ zs_status zs__profiler_create(const char* dir, int rank, int world,
  * frees; final: the accounting at the end (its peaks go in the header). */
 void zs__profiler_destroy(zs__profiler* p, const zs_memory_stats* final);
 /* A memory counter sample (current bytes per category). NULL p: no-op. */
-void zs__profiler_counter(zs__profiler* p, const size_t* current);
+void zs__profiler_counter(zs__profiler* p, const size_t* current,
+                          size_t comm_buckets);
+/* The label of reduce-scatter bucket temporaries: the accounting counts
+ * them apart inside comm_buffers. */
+#define ZS__LABEL_BUCKET "reduce-scatter bucket"
 /* A span [t0, t1] (zs__now seconds) on track tid (0 caller, 1 collectives)
  * with an optional unit name and, for collectives, bytes and bandwidths. */
 void zs__profiler_span(zs__profiler* p, int tid, const char* name,

@@ -43,12 +43,18 @@ struct zs__accounting {
   size_t last_total[ZS_PHASE_COUNT];
   int steps_done;
   zs__profiler* prof; /* not owned; NULL: not profiling */
+  size_t bucket_current, bucket_peak; /* comm_buffers: bucket temporaries */
 };
+
+static int zs__is_bucket(zs_mem_category c, const char* label) {
+  return c == ZS_MEM_COMM_BUFFERS && label != NULL &&
+         strcmp(label, ZS__LABEL_BUCKET) == 0;
+}
 
 void zs__accounting_set_profiler(zs__accounting* a, zs__profiler* p) {
   pthread_mutex_lock(&a->lock);
   a->prof = p;
-  if (p != NULL) zs__profiler_counter(p, a->current);
+  if (p != NULL) zs__profiler_counter(p, a->current, a->bucket_current);
   pthread_mutex_unlock(&a->lock);
 }
 
@@ -170,7 +176,11 @@ zs_status zs__accounting_add(zs__accounting* a, zs__owner owner,
     a->cur_peak[a->phase][category] = a->current[category];
   if (a->total_current > a->cur_total[a->phase])
     a->cur_total[a->phase] = a->total_current;
-  zs__profiler_counter(a->prof, a->current);
+  if (zs__is_bucket(category, label)) {
+    a->bucket_current += bytes;
+    if (a->bucket_current > a->bucket_peak) a->bucket_peak = a->bucket_current;
+  }
+  zs__profiler_counter(a->prof, a->current, a->bucket_current);
 cleanup:
   pthread_mutex_unlock(&a->lock);
   return st;
@@ -195,7 +205,8 @@ zs_status zs__accounting_remove(zs__accounting* a, zs__owner owner,
   if (bytes != NULL) *bytes = e->bytes;
   a->current[e->category] -= e->bytes;
   a->total_current -= e->bytes;
-  zs__profiler_counter(a->prof, a->current);
+  if (zs__is_bucket(e->category, e->label)) a->bucket_current -= e->bytes;
+  zs__profiler_counter(a->prof, a->current, a->bucket_current);
   r->count--;
   /* Backward-shift deletion keeps probe chains intact without tombstones. */
   size_t hole = (size_t)(e - r->slots);
@@ -226,6 +237,8 @@ void zs__accounting_stats(const zs__accounting* a_const, zs_memory_stats* out) {
       a->current[ZS_MEM_PARAMS] + a->current[ZS_MEM_GRADS] +
       a->current[ZS_MEM_MASTER_WEIGHTS] + a->current[ZS_MEM_OPTIMIZER_STATES];
   out->allocations = a->reg[0].count + a->reg[1].count;
+  out->comm_bucket_current = a->bucket_current;
+  out->comm_bucket_peak = a->bucket_peak;
   /* The last completed step's phases; before the first, the one so far. */
   const int done = a->steps_done > 0;
   memcpy(out->phase_peak, done ? a->last_peak : a->cur_peak,
@@ -250,5 +263,6 @@ void zs__accounting_reset_peak(zs__accounting* a) {
   pthread_mutex_lock(&a->lock);
   memcpy(a->peak, a->current, sizeof a->peak);
   a->total_peak = a->total_current;
+  a->bucket_peak = a->bucket_current;
   pthread_mutex_unlock(&a->lock);
 }

@@ -29,6 +29,7 @@ typedef struct zs__prof_event {
   uint64_t bytes;
   double algbw, busbw;
   size_t mem[ZS_MEM_CATEGORY_COUNT]; /* counter samples */
+  size_t buckets;                    /* ... of comm_buffers, buckets */
 } zs__prof_event;
 
 struct zs__profiler {
@@ -100,7 +101,8 @@ static zs__prof_event* zs__prof_push(zs__profiler* p) {
   return e;
 }
 
-void zs__profiler_counter(zs__profiler* p, const size_t* current) {
+void zs__profiler_counter(zs__profiler* p, const size_t* current,
+                          size_t comm_buckets) {
   if (p == NULL) return;
   pthread_mutex_lock(&p->lock);
   zs__prof_event* e = zs__prof_push(p);
@@ -108,6 +110,7 @@ void zs__profiler_counter(zs__profiler* p, const size_t* current) {
     e->t0 = zs__now();
     e->t1 = -1;
     memcpy(e->mem, current, sizeof e->mem);
+    e->buckets = comm_buckets;
   }
   pthread_mutex_unlock(&p->lock);
 }
@@ -177,7 +180,11 @@ void zs__profiler_destroy(zs__profiler* p, const zs_memory_stats* final) {
         for (int k = 0; k < ZS_MEM_CATEGORY_COUNT; k++)
           fprintf(f, "%s\"%s\":%zu", k ? "," : "",
                   zs_mem_category_name((zs_mem_category)k), e->mem[k]);
-        fputs("}}", f);
+        /* comm_buffers in detail, on its own track */
+        fprintf(f, "}},\n{\"name\":\"comm_buffers detail\",\"ph\":\"C\","
+                "\"ts\":%.3f,\"pid\":%d,\"tid\":0,\"args\":{\"buckets\":%zu,"
+                "\"accumulation\":%zu}}", ts, p->rank, e->buckets,
+                e->mem[ZS_MEM_COMM_BUFFERS] - e->buckets);
         continue;
       }
       fputs(",\n{\"name\":", f);

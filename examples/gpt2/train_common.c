@@ -357,6 +357,7 @@ void gpt2_report_rank(gpt2_report* r, int rank, const zs_memory_stats* m) {
     cJSON_AddNumberToObject(o, "total", (double)m->phase_peak_total[p]);
   }
   cJSON_AddNumberToObject(s, "resident_bytes", (double)m->resident_bytes);
+  cJSON_AddNumberToObject(s, "comm_bucket_peak_bytes", (double)m->comm_bucket_peak);
   cJSON_AddItemToArray(r->ranks, s);
 }
 

@@ -365,6 +365,10 @@ typedef struct zs_memory_stats {
    * starting from what was allocated when it began. */
   size_t phase_peak[ZS_PHASE_COUNT][ZS_MEM_CATEGORY_COUNT];
   size_t phase_peak_total[ZS_PHASE_COUNT];
+  /* Inside comm_buffers: the reduce-scatter bucket temporaries (the rest
+   * are gradient accumulation buffers and saved sums of re-opened units) */
+  size_t comm_bucket_current;
+  size_t comm_bucket_peak;
   size_t resident_bytes; /* the process's resident set now (RSS, from
                             /proc/self/statm; 0 if unknown): what the
                             categories miss shows as the difference */

@@ -83,6 +83,9 @@ TEST(Gpt2Profile, SvgSeriesMatchTheMeasuredPeaks) {
                                 << key.second;
     EXPECT_EQ(got[key], bytes) << "rank " << key.first << " " << key.second;
   }
+  // comm_buffers in detail: its own counter track in each rank's trace.
+  EXPECT_NE(Slurp(dir + "/zs_profile_rank0.json").find("\"comm_buffers detail\""),
+            std::string::npos);
   // The communication summary: reduce-scatters of 5 units per step.
   cJSON* j = cJSON_Parse(m.output.c_str());
   ASSERT_NE(j, nullptr) << m.output;

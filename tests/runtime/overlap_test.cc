@@ -713,6 +713,11 @@ TEST_F(OverlapTest, PhasePeaksSeparateForwardBackwardAndStep) {
     EXPECT_LE(m.phase_peak_total[p], m.total_peak);
   }
   EXPECT_GT(m.resident_bytes, m.total_current);
+  // Inside comm_buffers: the bucket temporaries, and at stage 3 also the
+  // units' full accumulation buffers (so less than the whole).
+  EXPECT_GT(m.comm_bucket_peak, 0u);
+  EXPECT_LT(m.comm_bucket_peak, m.peak[ZS_MEM_COMM_BUFFERS]);
+  EXPECT_EQ(m.comm_bucket_current, 0u);
   EXPECT_STREQ(zs_phase_name(ZS_PHASE_BACKWARD), "backward");
   EXPECT_STREQ(zs_phase_name((zs_phase)7), "unknown");
 }
