@@ -60,15 +60,40 @@ static zs_status zs__estimate_check(const zs_estimate_config* c) {
   ZS_REQUIRE(c->grad_accum_steps >= 1,
              "zs_estimate: grad_accum_steps must be >= 1, got %d",
              c->grad_accum_steps);
+  ZS_REQUIRE(c->offload_optimizer == 0 || c->offload_optimizer == 1,
+             "zs_estimate: offload_optimizer must be 0 or 1, got %d",
+             c->offload_optimizer);
+  ZS_REQUIRE(c->offload_params == 0 ||
+                 (c->offload_params == 1 && c->offload_optimizer &&
+                  c->stage == 3),
+             "zs_estimate: offload_params needs stage 3 and "
+             "offload_optimizer (got offload_params %d, stage %d)",
+             c->offload_params, c->stage);
   return ZS_OK;
 }
 
-static void zs__estimate_total(zs_memory_estimate* out) {
-  out->model_state_bytes =
+/* ZeRO-Offload (Ren et al., arXiv:2101.06840): master weights and
+ * optimizer states move to host memory; with parameter offload (ZeRO-
+ * Infinity's CPU tier) the parameter shards too. model_state_bytes keeps
+ * counting them wherever they live. */
+static void zs__estimate_total(zs_memory_estimate* out,
+                               const zs_estimate_config* c) {
+  const size_t states =
       out->bytes[ZS_MEM_PARAMS] + out->bytes[ZS_MEM_GRADS] +
       out->bytes[ZS_MEM_MASTER_WEIGHTS] + out->bytes[ZS_MEM_OPTIMIZER_STATES];
+  if (c->offload_optimizer) {
+    out->bytes[ZS_MEM_OFFLOAD_HOST] += out->bytes[ZS_MEM_MASTER_WEIGHTS] +
+                                       out->bytes[ZS_MEM_OPTIMIZER_STATES];
+    out->bytes[ZS_MEM_MASTER_WEIGHTS] = out->bytes[ZS_MEM_OPTIMIZER_STATES] = 0;
+  }
+  if (c->offload_params) {
+    out->bytes[ZS_MEM_OFFLOAD_HOST] += out->bytes[ZS_MEM_PARAMS];
+    out->bytes[ZS_MEM_PARAMS] = 0;
+  }
   out->total = 0;
-  for (int k = 0; k < ZS_MEM_CATEGORY_COUNT; k++) out->total += out->bytes[k];
+  for (int k = 0; k < ZS_MEM_CATEGORY_COUNT; k++)
+    if (k != ZS_MEM_OFFLOAD_HOST) out->total += out->bytes[k];
+  out->model_state_bytes = states;
 }
 
 zs_status zs_estimate_params(double params, const zs_estimate_config* c,
@@ -88,7 +113,7 @@ zs_status zs_estimate_params(double params, const zs_estimate_config* c,
   const size_t shard = (n + W - 1) / W;
   zs__estimate_states(c, n, shard, zs_dtype_size(dt), zs_dtype_size(gdt),
                       dt != ZS_FLOAT32, n > 0, zs__estimate_nstates(c), out);
-  zs__estimate_total(out);
+  zs__estimate_total(out, c);
   return ZS_OK;
 }
 
@@ -310,7 +335,7 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
     out->bytes[ZS_MEM_ACTIVATIONS] =
         fixed + (size_t)llround((double)(bytes - fixed) * scale);
   }
-  zs__estimate_total(out);
+  zs__estimate_total(out, c);
 cleanup:
   for (int i = 0; units != NULL && i < nunits; i++) free(units[i].owners);
   free(units);

@@ -27,6 +27,9 @@ static const char kUsage[] =
     "  --prefetch-depth N  stage-3 prefetch depth 0..64 [2]\n"
     "  --batch B           global batch to scale described activations to\n"
     "  --grad-accum K      micro-batches per step, with --batch [1]\n"
+    "  --offload-optimizer none|cpu  master weights and optimizer states in\n"
+    "                      host memory (ZeRO-Offload) [none]\n"
+    "  --offload-param none|cpu      stage 3: parameter shards too [none]\n"
     "  --largest-layer N   with --params: the largest layer's elements, for\n"
     "                      DeepSpeed's stage-3 row (a model gives its own)\n"
     "  --json              one JSON object (an array with --stages)\n"
@@ -84,6 +87,8 @@ static void print_json(const zs_estimate_config* c, const zs_memory_estimate* e,
     fprintf(out, "\"%s\":%zu,", zs_mem_category_name((zs_mem_category)k),
             e->bytes[k]);
   fprintf(out, "\"total\":%zu}", e->total);
+  fprintf(out, ",\"per_node_host_bytes\":%zu",
+          e->bytes[ZS_MEM_OFFLOAD_HOST] * (size_t)(c->ranks / c->nodes));
   if (ds > 0) fprintf(out, ",\"deepspeed_model_states_bytes\":%.0f", ds);
   fprintf(out, "}");
 }
@@ -98,6 +103,10 @@ static void print_row(const zs_estimate_config* c, const zs_memory_estimate* e,
           e->bytes[ZS_MEM_MASTER_WEIGHTS] / 1e9,
           e->bytes[ZS_MEM_OPTIMIZER_STATES] / 1e9, e->total / 1e9,
           e->total * (double)(c->ranks / c->nodes) / 1e9);
+  if (e->bytes[ZS_MEM_OFFLOAD_HOST] > 0)
+    fprintf(out, "         offloaded to host memory: %.3f GB/rank, %.3f GB/node\n",
+            e->bytes[ZS_MEM_OFFLOAD_HOST] / 1e9,
+            e->bytes[ZS_MEM_OFFLOAD_HOST] * (double)(c->ranks / c->nodes) / 1e9);
   if (ds > 0)
     fprintf(out, "         DeepSpeed's estimate_zero%d_model_states_mem_needs "
             "(offload none): %.3f GB/GPU\n", c->stage, ds / 1e9);
@@ -159,6 +168,14 @@ int main(int argc, char** argv) {
       if (parse_int(v, 1, 1 << 30, &c.global_batch)) return fail("--batch: expected an integer >= 1", v);
     } else if (!strcmp(f, "--grad-accum")) {
       if (parse_int(v, 1, 1 << 20, &c.grad_accum_steps)) return fail("--grad-accum: expected an integer >= 1", v);
+    } else if (!strcmp(f, "--offload-optimizer") || !strcmp(f, "--offload-param")) {
+      int* dst = !strcmp(f, "--offload-param") ? &c.offload_params
+                                               : &c.offload_optimizer;
+      if (v && !strcmp(v, "none")) *dst = 0;
+      else if (v && !strcmp(v, "cpu")) *dst = 1;
+      else if (v && !strcmp(v, "nvme"))
+        return fail("nvme offload is not modelled yet (cpu or none)", f);
+      else return fail("expected none or cpu", f);
     } else if (!strcmp(f, "--largest-layer")) {
       char* end = NULL;
       largest = v ? strtod(v, &end) : -1;

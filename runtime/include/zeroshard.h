@@ -868,15 +868,25 @@ typedef struct zs_estimate_config {
   int global_batch;   /* sequences per optimizer step to scale described
                          activations to; 0: the description's own */
   int grad_accum_steps; /* >= 1, with global_batch */
+  int offload_optimizer; /* 1: ZeRO-Offload's split: fp32 master weights
+                            and optimizer states in host memory
+                            (offload_host), the step on the CPU */
+  int offload_params;    /* stage 3, with offload_optimizer: the 16-bit
+                            parameter shards in host memory too (only the
+                            gathered working set on the device) */
 } zs_estimate_config;
 
 #define ZS_ESTIMATE_CONFIG_INIT \
-  { 1, 1, 0, ZS_DTYPE_COUNT, -1, ZS_OPTIM_ADAMW, 0, 2, 0, 1 }
+  { 1, 1, 0, ZS_DTYPE_COUNT, -1, ZS_OPTIM_ADAMW, 0, 2, 0, 1, 0, 0 }
 
 typedef struct zs_memory_estimate {
-  size_t bytes[ZS_MEM_CATEGORY_COUNT]; /* per rank, peak per category */
-  size_t model_state_bytes; /* params + grads + master + optimizer states */
-  size_t total;             /* the sum over categories */
+  size_t bytes[ZS_MEM_CATEGORY_COUNT]; /* per rank, peak per category
+                               (offload_host: host memory of offload) */
+  size_t model_state_bytes; /* params + grads + master + optimizer states,
+                               wherever they live */
+  size_t total;             /* the sum over categories but offload_host:
+                               the device's (or, on the host backend, the
+                               training buffers') share */
   size_t largest_unit_elements; /* of a description: the largest unit's
                                    padded elements; 0 for a count */
 } zs_memory_estimate;

@@ -88,6 +88,30 @@ TEST(Estimate, ModelDescriptionLayoutTiesFrozenAndActivations) {
   EXPECT_EQ(e.bytes[ZS_MEM_GRADS], 32u * 4);
 }
 
+// ZeRO-Offload's split: master weights and optimizer states in host
+// memory; with parameter offload at stage 3 the parameter shards too.
+TEST(Estimate, OffloadMovesStatesToTheHost) {
+  zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
+  c.ranks = 8;
+  c.stage = 2;
+  c.dtype = ZS_BFLOAT16;
+  c.offload_optimizer = 1;
+  zs_memory_estimate e;
+  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK) << zs_last_error();
+  EXPECT_EQ(e.bytes[ZS_MEM_OFFLOAD_HOST], 12ull * 1000000000ull);  // 12 Psi / 8
+  EXPECT_EQ(e.bytes[ZS_MEM_MASTER_WEIGHTS] + e.bytes[ZS_MEM_OPTIMIZER_STATES], 0u);
+  EXPECT_EQ(e.total, 16ull * 1000000000ull + 2ull * 1000000000ull);  // 2 Psi + 2 Psi / 8
+  EXPECT_EQ(e.model_state_bytes, 16ull * 1000000000ull + 14ull * 1000000000ull);
+  c.stage = 3;
+  c.offload_params = 1;
+  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
+  EXPECT_EQ(e.bytes[ZS_MEM_OFFLOAD_HOST], 14ull * 1000000000ull);
+  EXPECT_EQ(e.bytes[ZS_MEM_PARAMS], 0u);
+  c.stage = 2;  // parameter offload is a stage-3 feature
+  EXPECT_EQ(zs_estimate_params(8e9, &c, &e), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_LAST_ERROR_HAS("offload_params");
+}
+
 TEST(Estimate, BadInputNamesTheSetting) {
   zs_memory_estimate e;
   zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
