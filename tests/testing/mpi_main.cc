@@ -50,6 +50,14 @@ int main(int argc, char** argv) {
     // ... and only rank 0 creates and removes Bazel's premature-exit marker.
     unsetenv("TEST_PREMATURE_EXIT_FILE");
   }
+  if (rank != 0) {
+    // GoogleTest read XML_OUTPUT_FILE into its --gtest_output flag during
+    // static initialization, before main, and InitGoogleTest installs the
+    // XML writer from that flag: clearing the environment is not enough,
+    // the flag must go before InitGoogleTest, or every rank writes (and
+    // interleaves) the same XML file.
+    GTEST_FLAG_SET(output, "");
+  }
   ::testing::InitGoogleTest(&argc, argv);
   if (rank != 0) {
     ::testing::TestEventListeners& listeners =
