@@ -37,6 +37,7 @@ struct zs__accounting {
   /* Peaks per phase of the step in progress (cur) and of the last
    * completed step (last); phase_seen: the phase was entered. */
   int phase;
+  double phase_t0; /* zs__now() when the phase began (timeline spans) */
   size_t cur_peak[ZS_PHASE_COUNT][ZS_MEM_CATEGORY_COUNT];
   size_t cur_total[ZS_PHASE_COUNT];
   size_t last_peak[ZS_PHASE_COUNT][ZS_MEM_CATEGORY_COUNT];
@@ -54,25 +55,39 @@ static int zs__is_bucket(zs_mem_category c, const char* label) {
 void zs__accounting_set_profiler(zs__accounting* a, zs__profiler* p) {
   pthread_mutex_lock(&a->lock);
   a->prof = p;
+  a->phase_t0 = zs__now();
   if (p != NULL) zs__profiler_counter(p, a->current, a->bucket_current);
   pthread_mutex_unlock(&a->lock);
+}
+
+/* The timeline gets one span per phase of every step (track 2). */
+static void zs__phase_span(zs__accounting* a) {
+  if (a->prof == NULL) return;
+  const double now = zs__now();
+  zs__profiler_span(a->prof, 2, zs_phase_name((zs_phase)a->phase), "phase",
+                    a->phase_t0, now, NULL, 0, 0, 0);
 }
 
 /* A phase starts with what is allocated when it begins. Lock held. */
 static void zs__phase_begin(zs__accounting* a, int phase) {
   a->phase = phase;
+  a->phase_t0 = zs__now();
   memcpy(a->cur_peak[phase], a->current, sizeof a->current);
   a->cur_total[phase] = a->total_current;
 }
 
 void zs__accounting_phase(zs__accounting* a, zs_phase phase) {
   pthread_mutex_lock(&a->lock);
-  if ((int)phase != a->phase) zs__phase_begin(a, (int)phase);
+  if ((int)phase != a->phase) {
+    zs__phase_span(a);
+    zs__phase_begin(a, (int)phase);
+  }
   pthread_mutex_unlock(&a->lock);
 }
 
 void zs__accounting_step_done(zs__accounting* a) {
   pthread_mutex_lock(&a->lock);
+  zs__phase_span(a);
   memcpy(a->last_peak, a->cur_peak, sizeof a->cur_peak);
   memcpy(a->last_total, a->cur_total, sizeof a->cur_total);
   a->steps_done++;

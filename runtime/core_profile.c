@@ -169,8 +169,9 @@ void zs__profiler_destroy(zs__profiler* p, const zs_memory_stats* final) {
             "{\"name\":\"rank %d\"}},\n{\"name\":\"thread_name\",\"ph\":\"M\","
             "\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"caller\"}},\n{\"name\":"
             "\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":1,\"args\":"
-            "{\"name\":\"collectives\"}}",
-            p->rank, p->rank, p->rank, p->rank);
+            "{\"name\":\"collectives\"}},\n{\"name\":\"thread_name\",\"ph\":"
+            "\"M\",\"pid\":%d,\"tid\":2,\"args\":{\"name\":\"phases\"}}",
+            p->rank, p->rank, p->rank, p->rank, p->rank);
     for (size_t i = 0; i < p->n; i++) {
       const zs__prof_event* e = &p->ev[i];
       const double ts = (e->t0 - p->t0) * 1e6;

@@ -4,6 +4,7 @@
 
   - a table: peak bytes per rank x memory category,
   - a picture: each rank's memory over time, stacked by category (SVG),
+  - the peak of every step's forward, backward and optimizer phases,
   - the communication summary: per collective calls, bytes (the full size
     per rank, as nccl-tests counts it), time, algbw and busbw, per step.
 
@@ -85,6 +86,30 @@ def memory_series(events):
         if e.get("ph") == "C" and e.get("name") == "memory":
             out.append((e["ts"] / 1e6, e["args"]))
     return out
+
+
+def phase_peaks(events):
+    """Per completed step: the peak total bytes of its forward, backward and
+    step phases (the phase spans of the timeline; each phase counts what
+    was allocated when it began, as zs_memory_stats.phase_peak does)."""
+    samples = memory_series(events)
+    times = [t for t, _ in samples]
+    totals = [sum(s.get(c, 0) for c in CATEGORIES) for _, s in samples]
+    spans = sorted((e for e in events
+                    if e.get("ph") == "X" and e.get("cat") == "phase"),
+                   key=lambda e: e["ts"])
+    steps, cur = [], {}
+    import bisect
+    for e in spans:
+        t0, t1 = e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6
+        i = bisect.bisect_right(times, t0) - 1  # the value when it began
+        j = bisect.bisect_right(times, t1)
+        window = totals[max(i, 0):j] if totals else [0]
+        cur[e["name"]] = max(window) if window else 0
+        if e["name"] == "step":  # a step ends with its optimizer phase
+            steps.append({p: cur.get(p, 0) for p in ("forward", "backward", "step")})
+            cur = {}
+    return steps
 
 
 def comm_summary(profiles, world):
@@ -187,6 +212,7 @@ def main():
         row["total"] = total
         peaks.append(row)
     comm = comm_summary(profiles, world)
+    phases = [phase_peaks(events) for _, _, events in profiles]
     path = a.svg or os.path.join(a.dir, "memreport.svg")
     try:
         with open(path + ".tmp", "w") as f:
@@ -196,13 +222,20 @@ def main():
         fail("%s: cannot write the picture (%s)" % (path, e))
     if a.json:
         print(json.dumps({"ranks": world, "peak_bytes": peaks, "comm": comm,
-                          "svg": path}))
+                          "phase_peak_total_bytes": phases, "svg": path}))
         return
     used = [c for c in CATEGORIES if any(r[c] for r in peaks)] + ["total"]
     print("peak MiB per rank and category (%d ranks)" % world)
     print("%-6s" % "rank" + "".join("%17s" % c for c in used))
     for rank, r in enumerate(peaks):
         print("%-6d" % rank + "".join("%17.3f" % (r[c] / 2**20) for c in used))
+    print("\npeak MiB per phase of each step, rank 0 (%d steps%s)" % (
+        len(phases[0]), ", the last 10" if len(phases[0]) > 10 else ""))
+    print("%-6s %12s %12s %12s" % ("step", "forward", "backward", "step"))
+    first = max(0, len(phases[0]) - 10)
+    for k, s in enumerate(phases[0][first:], start=first + 1):
+        print("%-6d %12.3f %12.3f %12.3f" % (k, s["forward"] / 2**20,
+                                             s["backward"] / 2**20, s["step"] / 2**20))
     print("\ncommunication, rank 0, %d steps, %d ranks (bytes: full size per "
           "rank, as nccl-tests)" % (comm["steps"], world))
     print("%-15s %8s %14s %10s %11s %11s %10s" % (

@@ -89,6 +89,25 @@ TEST(Gpt2Profile, SvgSeriesMatchTheMeasuredPeaks) {
   // The communication summary: reduce-scatters of 5 units per step.
   cJSON* j = cJSON_Parse(m.output.c_str());
   ASSERT_NE(j, nullptr) << m.output;
+  // Per-step phase peaks from the timeline: 3 steps per rank, and the last
+  // one's equal what the trainer measured (zs_memory_stats.phase_peak).
+  cJSON* rep2 = cJSON_Parse(Slurp(report).c_str());
+  ASSERT_NE(rep2, nullptr);
+  const cJSON* per_rank = cJSON_GetObjectItem(j, "phase_peak_total_bytes");
+  ASSERT_EQ(cJSON_GetArraySize(per_rank), ranks);
+  for (int q = 0; q < ranks; q++) {
+    const cJSON* steps = cJSON_GetArrayItem(per_rank, q);
+    ASSERT_EQ(cJSON_GetArraySize(steps), 3) << "rank " << q;
+    const cJSON* last = cJSON_GetArrayItem(steps, 2);
+    const cJSON* measured = cJSON_GetObjectItem(
+        cJSON_GetArrayItem(cJSON_GetObjectItem(rep2, "ranks"), q), "phase_peak_bytes");
+    for (const char* ph : {"forward", "backward", "step"})
+      EXPECT_EQ(cJSON_GetObjectItem(last, ph)->valuedouble,
+                cJSON_GetObjectItem(cJSON_GetObjectItem(measured, ph), "total")
+                    ->valuedouble)
+          << "rank " << q << " " << ph;
+  }
+  cJSON_Delete(rep2);
   const cJSON* ops = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "comm"), "ops");
   const cJSON* rs = cJSON_GetObjectItem(ops, "reduce_scatter");
   ASSERT_NE(rs, nullptr) << m.output;
