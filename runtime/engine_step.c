@@ -15,20 +15,22 @@
 
 /* ==== Step ================================================================= */
 
-/* One optimizer call on `count` fp32 elements of a piece. */
+/* One optimizer call on `count` fp32 elements of a piece: the fast
+ * kernels (bitwise the reference's results, vectorized, on `threads`
+ * OpenMP threads; 0: OpenMP's default). */
 static zs_status zs__optimize_span(zs_model* m, const zs__tensor* t, float* p,
                                    const float* g, float* s0, float* s1,
-                                   size_t count, int64_t step) {
+                                   size_t count, int64_t step, int threads) {
   const zs_optimizer_config* o = &m->ctx->config.optimizer;
   if (o->kind == ZS_OPTIM_SGD) {
     zs_sgd_hparams hp = {m->group_lr[t->group], o->momentum, o->dampening,
                          m->group_wd[t->group], o->nesterov};
-    return zs_optim_sgd(p, g, s0, count, &hp, step);
+    return zs_optim_sgd_fast(p, g, s0, count, &hp, step, threads);
   }
   zs_adam_hparams hp = {m->group_lr[t->group], o->beta1, o->beta2, o->eps,
                         m->group_wd[t->group]};
-  return (o->kind == ZS_OPTIM_ADAMW ? zs_optim_adamw : zs_optim_adam)(
-      p, g, s0, s1, count, &hp, step);
+  return (o->kind == ZS_OPTIM_ADAMW ? zs_optim_adamw_fast : zs_optim_adam_fast)(
+      p, g, s0, s1, count, &hp, step, threads);
 }
 
 /* Elements per pass of the fused path: small enough that the fp32 gradient
@@ -72,7 +74,8 @@ static zs_status zs__optimize_unit(zs_model* m, zs__unit* u, float coef) {
         gv = gbuf;
       }
       st = zs__optimize_span(m, t, w, gv, s0 != NULL ? s0 + off : NULL,
-                             s1 != NULL ? s1 + off : NULL, n, step);
+                             s1 != NULL ? s1 + off : NULL, n, step,
+                             direct ? 0 : 1);
       if (st == ZS_OK && master != NULL)
         for (size_t j = 0; j < n; j++) zs__store(p, u->dtype, off + j, w[j]);
       done += n;

@@ -969,6 +969,27 @@ zs_status zs_optim_adam(float* param, const float* grad, float* exp_avg,
 zs_status zs_optim_sgd(float* param, const float* grad, float* momentum_buffer,
                        size_t n, const zs_sgd_hparams* hp, int64_t step);
 
+/* The fast kernels: the same arguments, checks and bitwise results as
+ * zs_optim_adamw / zs_optim_adam / zs_optim_sgd (the same float32
+ * operations in the same order, no FMA), vectorized for AVX-512, AVX2 or
+ * the baseline (chosen at run time) and split over `threads` OpenMP
+ * threads in contiguous blocks of 65536 elements (0: OpenMP's default
+ * count; the count never changes a bit). Synchronous. Errors: those of the
+ * reference, and INVALID_ARGUMENT for threads < 0. Measured by tools/zs
+ * bench optimizer against the memory-bandwidth limit. */
+zs_status zs_optim_adamw_fast(float* param, const float* grad, float* exp_avg,
+                              float* exp_avg_sq, size_t n,
+                              const zs_adam_hparams* hp, int64_t step,
+                              int threads);
+zs_status zs_optim_adam_fast(float* param, const float* grad, float* exp_avg,
+                             float* exp_avg_sq, size_t n,
+                             const zs_adam_hparams* hp, int64_t step,
+                             int threads);
+zs_status zs_optim_sgd_fast(float* param, const float* grad,
+                            float* momentum_buffer, size_t n,
+                            const zs_sgd_hparams* hp, int64_t step,
+                            int threads);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
