@@ -4,6 +4,7 @@
  */
 #include "runtime/context.h"
 
+#include "offload/offload.h"
 #include "runtime/engine.h"
 
 #include <stdio.h>
@@ -66,6 +67,13 @@ zs_status zs__context_create(const zs_config* config, zs__comm* comm,
   (void)zs__profiler_create(pdir, comm->rank, comm->world, &ctx->prof);
   zs__accounting_set_profiler(ctx->acct, ctx->prof);
   comm->prof = ctx->prof;
+  /* CPU offload: placement and workers, agreed (a node missing on one
+   * rank's machine fails every rank). */
+  if (resolved.offload_optimizer.device == 1) {
+    zs_status local = zs__offload_create(&resolved, comm->rank, ctx->acct,
+                                         &ctx->offload);
+    ZS_CHECK(zs__comm_agree(comm, local, "CPU offload"));
+  }
   if (resolved.progress_thread && comm->ops->start_progress != NULL &&
       comm->ops->start_progress(comm) != ZS_OK)
     zs__log(ZS_LOG_WARN, "%s", zs__error_body());
@@ -84,6 +92,8 @@ void zs_context_destroy(zs_context* ctx) {
             "now and zs_model_destroy only releases what remains (destroy "
             "models before their context)");
   while (ctx->models != NULL) zs__model_detach(ctx->models);
+  zs__offload_destroy(ctx->offload);
+  ctx->offload = NULL;
   if (ctx->log_counted)
     (void)zs__accounting_remove(ctx->acct, ZS__OWNER_RUNTIME, ctx->comm->log,
                                 NULL, NULL);
@@ -162,6 +172,13 @@ size_t zs_comm_log_get(const zs_context* ctx, zs_comm_record* out,
   }
   free(tmp);
   return n - first;
+}
+
+zs_status zs_offload_info_get(const zs_context* ctx, zs_offload_info* out) {
+  ZS_REQUIRE(ctx != NULL && out != NULL,
+             "zs_offload_info_get: ctx and out must not be NULL");
+  zs__offload_info(ctx->offload, out);
+  return ZS_OK;
 }
 
 zs_status zs_comm_counters_get(const zs_context* ctx, zs_comm_counters* out) {

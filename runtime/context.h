@@ -23,6 +23,7 @@ struct zs_context {
   zs__comm* comm;       /* owned; may finalize MPI when destroyed */
   zs_model* models;     /* live models (linked through zs_model.next) */
   zs__profiler* prof;   /* owned; NULL: not profiling */
+  struct zs__offload* offload; /* owned; NULL: no CPU offload */
 };
 
 /* Builds a context around an existing communicator (takes ownership of comm

@@ -104,6 +104,26 @@ zs_status zs_config_validate(const zs_config* c) {
                  (isfinite(c->max_grad_norm) && c->max_grad_norm > 0.0),
              "config.max_grad_norm: expected a finite value > 0 when "
              "clip_grad_norm is on, got %g", c->max_grad_norm);
+  const zs_offload_config* of = &c->offload_optimizer;
+  ZS_REQUIRE(of->device == 0 || of->device == 1,
+             "config.offload_optimizer.device: expected 0 (none) or 1 (cpu), "
+             "got %d", of->device);
+  ZS_REQUIRE(of->pin_memory == 0 || of->pin_memory == 1,
+             "config.offload_optimizer.pin_memory: expected 0 or 1, got %d",
+             of->pin_memory);
+  ZS_REQUIRE(of->numa >= ZS_OFFLOAD_NUMA_INTERLEAVE,
+             "config.offload_optimizer.numa: expected a node >= 0, "
+             "ZS_OFFLOAD_NUMA_AUTO (-1) or ZS_OFFLOAD_NUMA_INTERLEAVE (-2), "
+             "got %d", of->numa);
+  ZS_REQUIRE(of->threads >= 0,
+             "config.offload_optimizer.threads: expected >= 0 (0: the NUMA "
+             "node's cores), got %d", of->threads);
+  ZS_REQUIRE(c->offload_param == 0 ||
+                 (c->offload_param == 1 && c->stage == 3 && of->device == 1),
+             "config.offload_param: expected 0, or 1 with stage 3 and "
+             "offload_optimizer.device cpu (got %d at stage %d, "
+             "offload_optimizer.device %d)", c->offload_param, c->stage,
+             of->device);
   const zs_loss_scaler_config* ls = &c->loss_scaler;
   ZS_REQUIRE(ls->mode == ZS_LOSS_SCALE_NONE || ls->mode == ZS_LOSS_SCALE_STATIC ||
                  ls->mode == ZS_LOSS_SCALE_DYNAMIC,
@@ -171,11 +191,14 @@ size_t zs__config_describe(const zs_config* c, char* buf, size_t cap) {
                    "config.reduce_dtype=%d\nconfig.grad_accum_steps=%d\n"
                    "config.grad_accum_local=%d\nconfig.clip_grad_norm=%d\n"
                    "config.max_grad_norm=%.17g\nconfig.loss_scaler=%d %.17g "
-                   "%.17g %.17g %d %.17g %d\n",
+                   "%.17g %.17g %d %.17g %d\nconfig.offload=%d %d %d %d %d\n",
                    c->reduce_dtype, c->grad_accum_steps, c->grad_accum_local,
                    c->clip_grad_norm, c->max_grad_norm, ls->mode,
                    ls->init_scale, ls->growth_factor, ls->backoff_factor,
-                   ls->growth_interval, ls->min_scale, ls->hysteresis);
+                   ls->growth_interval, ls->min_scale, ls->hysteresis,
+                   c->offload_optimizer.device, c->offload_optimizer.pin_memory,
+                   c->offload_optimizer.numa, c->offload_optimizer.threads,
+                   c->offload_param);
   return k < 0 ? (size_t)n : (size_t)n + (size_t)k;
 }
 
@@ -295,6 +318,61 @@ cleanup:
   return st;
 }
 
+/* "device": "none" | "cpu" of an offload block; *out unchanged if absent. */
+static zs_status zs__json_offload_device(const cJSON* o, const char* path,
+                                         int* out) {
+  const cJSON* d = cJSON_GetObjectItemCaseSensitive(o, "device");
+  if (d == NULL) return ZS_OK;
+  if (cJSON_IsString(d) && strcasecmp(d->valuestring, "cpu") == 0) *out = 1;
+  else if (cJSON_IsString(d) && strcasecmp(d->valuestring, "none") == 0) *out = 0;
+  else
+    return zs__error(ZS_ERR_INVALID_ARGUMENT,
+                     "config JSON: %s.device: expected \"none\" or \"cpu\"%s",
+                     path, cJSON_IsString(d) && strcasecmp(d->valuestring, "nvme") == 0
+                               ? " (NVMe offload is not available yet)" : "");
+  return ZS_OK;
+}
+
+/* zero_optimization.offload_optimizer / offload_param (DeepSpeed's keys,
+ * with "numa" and "threads" added). */
+static zs_status zs__json_offload(const cJSON* zero, zs_config* c) {
+  zs_status st = ZS_OK;
+  const cJSON* oo = cJSON_GetObjectItemCaseSensitive(zero, "offload_optimizer");
+  if (oo != NULL) {
+    const char* p = "zero_optimization.offload_optimizer";
+    if (!cJSON_IsObject(oo))
+      ZS_FAIL(ZS_ERR_INVALID_ARGUMENT, "config JSON: %s: expected an object", p);
+    static const char* const keys[] = {"device", "pin_memory", "numa",
+                                       "threads", NULL};
+    ZS_CHECK(zs__json_known_keys(oo, p, keys));
+    ZS_CHECK(zs__json_offload_device(oo, p, &c->offload_optimizer.device));
+    ZS_CHECK(zs__json_int(oo, "pin_memory", p, 0, 1,
+                          &c->offload_optimizer.pin_memory));
+    ZS_CHECK(zs__json_int(oo, "threads", p, 0, 4096,
+                          &c->offload_optimizer.threads));
+    const cJSON* n = cJSON_GetObjectItemCaseSensitive(oo, "numa");
+    if (n != NULL) {
+      if (cJSON_IsString(n) && strcasecmp(n->valuestring, "auto") == 0)
+        c->offload_optimizer.numa = ZS_OFFLOAD_NUMA_AUTO;
+      else if (cJSON_IsString(n) && strcasecmp(n->valuestring, "interleave") == 0)
+        c->offload_optimizer.numa = ZS_OFFLOAD_NUMA_INTERLEAVE;
+      else
+        ZS_CHECK(zs__json_int(oo, "numa", p, 0, 4096, &c->offload_optimizer.numa));
+    }
+  }
+  const cJSON* op = cJSON_GetObjectItemCaseSensitive(zero, "offload_param");
+  if (op != NULL) {
+    const char* p = "zero_optimization.offload_param";
+    if (!cJSON_IsObject(op))
+      ZS_FAIL(ZS_ERR_INVALID_ARGUMENT, "config JSON: %s: expected an object", p);
+    static const char* const keys[] = {"device", NULL};
+    ZS_CHECK(zs__json_known_keys(op, p, keys));
+    ZS_CHECK(zs__json_offload_device(op, p, &c->offload_param));
+  }
+cleanup:
+  return st;
+}
+
 static zs_status zs__json_apply(const cJSON* root, zs_config* c) {
   zs_status st = ZS_OK;
   if (!cJSON_IsObject(root))
@@ -316,7 +394,8 @@ static zs_status zs__json_apply(const cJSON* root, zs_config* c) {
     static const char* const zkeys[] = {
         "stage", "reduce_bucket_size", "prefetch_depth",
         "stage3_max_live_parameters", "reshard_after_forward",
-        "deterministic_reduction", NULL};
+        "deterministic_reduction", "offload_optimizer", "offload_param",
+        NULL};
     const char* zp = "zero_optimization";
     ZS_CHECK(zs__json_known_keys(zero, zp, zkeys));
     ZS_CHECK(zs__json_int(zero, "stage", zp, 0, 3, &c->stage));
@@ -329,6 +408,7 @@ static zs_status zs__json_apply(const cJSON* root, zs_config* c) {
     int det = c->reduce_order == ZS_REDUCE_FIXED;
     ZS_CHECK(zs__json_int(zero, "deterministic_reduction", zp, 0, 1, &det));
     c->reduce_order = det ? ZS_REDUCE_FIXED : ZS_REDUCE_BACKEND;
+    ZS_CHECK(zs__json_offload(zero, c));
   }
   const cJSON* dev = cJSON_GetObjectItemCaseSensitive(root, "device");
   if (dev != NULL) {

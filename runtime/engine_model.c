@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "offload/offload.h"
 #include "runtime/engine.h"
 
 /* ==== Registration helpers ================================================ */
@@ -106,16 +107,23 @@ zs_status zs_model_create(zs_context* ctx, zs_model** out) {
   return ZS_OK;
 }
 
-static void zs__unit_free_storage(zs__device* dev, zs__unit* u) {
+static void zs__unit_free_storage(zs__device* dev, zs__offload* off,
+                                  int offload_param, zs__unit* u) {
   if (u->grad_accum != u->grads_full) zs__dev_free(dev, u->grad_accum);
   zs__dev_free(dev, u->grad_saved);
   zs__dev_free(dev, u->red_sum);
   u->red_sum = NULL;
-  for (int k = 0; k < 2; k++) zs__dev_free(dev, u->state[k]);
-  zs__dev_free(dev, u->master);
+  /* what CPU offload placed in host memory goes back there */
+  for (int k = 0; k < 2; k++) {
+    if (off != NULL) zs__offload_free(off, u->state[k]);
+    else zs__dev_free(dev, u->state[k]);
+  }
+  if (off != NULL) zs__offload_free(off, u->master);
+  else zs__dev_free(dev, u->master);
   zs__dev_free(dev, u->grads_shard);
   zs__dev_free(dev, u->grads_full);
-  zs__dev_free(dev, u->params_shard);
+  if (off != NULL && offload_param) zs__offload_free(off, u->params_shard);
+  else zs__dev_free(dev, u->params_shard);
   zs__dev_free(dev, u->params_full);
   u->grad_accum = u->grad_saved = u->state[0] = u->state[1] = NULL;
   u->master = NULL;
@@ -127,7 +135,7 @@ void zs__model_detach(zs_model* m) {
   /* Nothing may be freed under a collective still writing into it. */
   if (m->finalized && !m->ctx->comm->failed) (void)zs__quiesce(m);
   for (int i = 0; i < m->nunits; i++)
-    zs__unit_free_storage(m->ctx->device, &m->units[i]);
+    zs__unit_free_storage(m->ctx->device, m->ctx->offload, m->ctx->config.offload_param, &m->units[i]);
   for (zs_model** p = &m->ctx->models; *p != NULL; p = &(*p)->next)
     if (*p == m) {
       *p = m->next;
@@ -516,8 +524,11 @@ static zs_status zs__alloc_unit(zs_model* m, zs__unit* u) {
   /* fp32 elements of the optimizer's span: full at stage 0, shard at 1-3 */
   const size_t span = (stage == 0 ? u->layout.padded : u->layout.shard) * 4;
   zs_status st = ZS_OK;
+  zs__offload* off = m->ctx->offload;
   if (stage <= 2)
     ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_PARAMS, P, 1, u->name, &u->params_full));
+  else if (off != NULL && m->ctx->config.offload_param)
+    ZS_CHECK(zs__offload_alloc(off, S, u->name, &u->params_shard));
   else
     ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_PARAMS, S, 1, u->name, &u->params_shard));
   if (!u->trainable) return ZS_OK;
@@ -525,16 +536,25 @@ static zs_status zs__alloc_unit(zs_model* m, zs__unit* u) {
     ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_GRADS, GP, 1, u->name, &u->grads_full));
   else
     ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_GRADS, GS, 1, u->name, &u->grads_shard));
+  /* With CPU offload, master weights and optimizer states live in the
+   * NUMA-placed host memory (offload_host) instead. */
   if (u->dtype != ZS_FLOAT32) {
-    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_MASTER_WEIGHTS, span, 1, u->name,
-                           &u->master));
+    if (off != NULL)
+      ZS_CHECK(zs__offload_alloc(off, span, u->name, &u->master));
+    else
+      ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_MASTER_WEIGHTS, span, 1, u->name,
+                             &u->master));
     u->master_stale = 1;
   }
   const zs_optimizer_config* o = &m->ctx->config.optimizer;
   u->nstates = o->kind == ZS_OPTIM_SGD ? (o->momentum != 0.0 ? 1 : 0) : 2;
-  for (int k = 0; k < u->nstates; k++)
-    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_OPTIMIZER_STATES, span, 1, u->name,
-                           &u->state[k]));
+  for (int k = 0; k < u->nstates; k++) {
+    if (off != NULL)
+      ZS_CHECK(zs__offload_alloc(off, span, u->name, &u->state[k]));
+    else
+      ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_OPTIMIZER_STATES, span, 1, u->name,
+                             &u->state[k]));
+  }
 cleanup:
   return st;
 }
@@ -602,7 +622,7 @@ zs_status zs_model_finalize(zs_model* m) {
 cleanup:
   if (st != ZS_OK)
     for (int i = 0; i < m->nunits; i++)
-      zs__unit_free_storage(m->ctx->device, &m->units[i]);
+      zs__unit_free_storage(m->ctx->device, m->ctx->offload, m->ctx->config.offload_param, &m->units[i]);
   free(desc.data);
   return st;
 }

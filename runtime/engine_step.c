@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "offload/offload.h"
 #include "optim/convert.h"
 #include "runtime/engine.h"
 
@@ -47,7 +48,10 @@ static zs_status zs__optimize_span(zs_model* m, const zs__tensor* t, float* p,
  * path works chunk by chunk: widen and scale the gradient, update the fp32
  * master (or fp32 parameter), and round the master into the 16-bit
  * parameter in the same pass. */
-static zs_status zs__optimize_unit(zs_model* m, zs__unit* u, float coef) {
+/* Worker `w` of `nw` takes the same contiguous share of every piece; the
+ * kernels are elementwise, so the split never changes a bit. */
+static zs_status zs__optimize_share(zs_model* m, zs__unit* u, float coef,
+                                    int w, int nw, int threads) {
   const int stage = m->ctx->config.stage;
   char* p = (char*)(stage == 0 ? u->params_full : zs__param_shard_ptr(m, u));
   char* g = (char*)(stage == 0 ? u->grads_full : zs__grad_shard_ptr(m, u));
@@ -56,34 +60,72 @@ static zs_status zs__optimize_unit(zs_model* m, zs__unit* u, float coef) {
   float* s1 = (float*)u->state[1];
   const int direct = master == NULL && u->gdtype == ZS_FLOAT32 && coef == 1.0f;
   float gbuf[ZS__OPT_CHUNK];
-  zs_status st = zs__master_refresh(m, u);
-  if (st != ZS_OK) return st;
+  zs_status st = ZS_OK;
   for (size_t i = 0; i < u->nopt_pieces; i++) {
     const zs__piece* pc = &u->opt_pieces[i];
     const zs__tensor* t = &m->tensors[u->tensors[pc->tensor]];
     const int64_t step = t->step + 1;
-    for (size_t done = 0; done < pc->count && st == ZS_OK;) {
+    const size_t lo = pc->count * (size_t)w / (size_t)nw;
+    const size_t hi = pc->count * (size_t)(w + 1) / (size_t)nw;
+    for (size_t done = lo; done < hi && st == ZS_OK;) {
       const size_t off = pc->span_offset + done;
-      size_t n = pc->count - done;
+      size_t n = hi - done;
       if (!direct && n > ZS__OPT_CHUNK) n = ZS__OPT_CHUNK;
-      float* w = master != NULL ? master + off : (float*)p + off;
+      float* wv = master != NULL ? master + off : (float*)p + off;
       const float* gv = (const float*)g + off;
       if (!direct) {
         for (size_t j = 0; j < n; j++)
           gbuf[j] = zs__load(g, u->gdtype, off + j) * coef;
         gv = gbuf;
       }
-      st = zs__optimize_span(m, t, w, gv, s0 != NULL ? s0 + off : NULL,
+      st = zs__optimize_span(m, t, wv, gv, s0 != NULL ? s0 + off : NULL,
                              s1 != NULL ? s1 + off : NULL, n, step,
-                             direct ? 0 : 1);
+                             direct ? threads : 1);
       if (st == ZS_OK && master != NULL)
-        for (size_t j = 0; j < n; j++) zs__store(p, u->dtype, off + j, w[j]);
+        for (size_t j = 0; j < n; j++) zs__store(p, u->dtype, off + j, wv[j]);
       done += n;
     }
     if (st != ZS_OK)
       return zs__error_prefix(st, "optimizer on tensor '%s': ", t->name);
   }
   return ZS_OK;
+}
+
+typedef struct zs__opt_job {
+  zs_model* m;
+  zs__unit* u;
+  float coef;
+} zs__opt_job;
+
+static zs_status zs__optimize_worker(void* arg, int w, int nw) {
+  const zs__opt_job* j = (const zs__opt_job*)arg;
+  return zs__optimize_share(j->m, j->u, j->coef, w, nw, 1);
+}
+
+/* The optimizer on this rank's span of a unit: the whole buffer at stage 0,
+ * the shard at 1-3, one call per piece of a trainable tensor (pieces never
+ * include gaps or padding). coef multiplies the gradient first (loss-scale
+ * removal and clipping: one fp32 multiply per element, as torch's
+ * unscale_ and clip_grad_norm_ do; with power-of-two scales the single
+ * product rounds the same as their two). fp32 parameters with fp32
+ * gradients and coef 1 run the optimizer in place; otherwise the fused
+ * path works chunk by chunk: widen and scale the gradient, update the fp32
+ * master (or fp32 parameter), and round the master into the 16-bit
+ * parameter in the same pass. With CPU offload the CPU worker threads
+ * (bound to the host memory's NUMA node) share the work; otherwise the
+ * calling thread runs it (the fast kernels on OpenMP's threads). */
+static zs_status zs__optimize_unit(zs_model* m, zs__unit* u, float coef) {
+  zs_status st = zs__master_refresh(m, u);
+  if (st != ZS_OK) return st;
+  if (m->ctx->offload != NULL) {
+    zs__opt_job job = {m, u, coef};
+    st = zs__offload_run(m->ctx->offload, zs__optimize_worker, &job);
+    if (st != ZS_OK)
+      return zs__error(st, "optimizer on unit '%s' (CPU offload worker): %s",
+                       u->name, zs_status_string(st));
+    return ZS_OK;
+  }
+  return zs__optimize_share(m, u, coef, 0, 1, 0);
 }
 
 /* ==== Gradient norm, overflow and the loss scaler =========================== */

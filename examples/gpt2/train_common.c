@@ -120,6 +120,12 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
                          "rank runs batch/(ranks*K) sequences K times [1]\n"
                          "  --clip X            clip the global gradient norm "
                          "to X > 0 [off]\n"
+                         "  --offload D         none|cpu: fp32 master weights, "
+                         "optimizer states and the step in NUMA-placed\n"
+                         "                      host memory on worker threads "
+                         "[none]\n"
+                         "  --offload-param D   none|cpu (stage 3, with "
+                         "--offload cpu): parameter shards too [none]\n"
                          "  --describe FILE     write the model description "
                          "(units, tensors, activations per rank) for\n"
                          "                      tools/zs estimate --model, "
@@ -138,6 +144,16 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
       else if (v != NULL && strcmp(v, "fp16") == 0) a->dtype = 2;
       else {
         snprintf(err, cap, "--dtype: expected fp32, bf16 or fp16, got '%s'",
+                 v != NULL ? v : "(missing)");
+        return -1;
+      }
+    } else if (sharded && (strcmp(f, "--offload") == 0 ||
+                           strcmp(f, "--offload-param") == 0)) {
+      int* dst = strcmp(f, "--offload") == 0 ? &a->offload : &a->offload_param;
+      if (v != NULL && strcmp(v, "none") == 0) *dst = 0;
+      else if (v != NULL && strcmp(v, "cpu") == 0) *dst = 1;
+      else {
+        snprintf(err, cap, "%s: expected none or cpu, got '%s'", f,
                  v != NULL ? v : "(missing)");
         return -1;
       }
@@ -304,6 +320,8 @@ gpt2_report* gpt2_report_create(const gpt2_args* a, const char* trainer,
   cJSON_AddStringToObject(c, "dtype", dtypes[a->dtype % 3]);
   cJSON_AddNumberToObject(c, "grad_accum", a->grad_accum);
   cJSON_AddNumberToObject(c, "clip", a->clip);
+  cJSON_AddStringToObject(c, "offload", a->offload ? "cpu" : "none");
+  cJSON_AddStringToObject(c, "offload_param", a->offload_param ? "cpu" : "none");
   cJSON_AddNumberToObject(c, "steps", a->steps);
   cJSON_AddNumberToObject(c, "seed", (double)a->seed);
   cJSON_AddNumberToObject(c, "batch", a->batch);

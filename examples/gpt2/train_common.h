@@ -42,6 +42,8 @@ typedef struct gpt2_args {
                           2 fp16); gradients fp32 */
   int grad_accum;      /* sharded: K micro-batches per optimizer step */
   double clip;         /* sharded: max global gradient norm, 0 = off */
+  int offload;         /* sharded: optimizer offload to the CPU (0/1) */
+  int offload_param;   /* sharded, stage 3: parameter shards too (0/1) */
   const char* describe; /* sharded: write the model description JSON
                            (tools/zs estimate --model) here and exit */
 } gpt2_args;

@@ -464,6 +464,8 @@ int main(int argc, char** argv) {
    * fp32 master weights; fp16 needs loss scaling, bf16 does not. */
   zcfg.reduce_dtype = ZS_FLOAT32;
   if (args.dtype == ZS_FLOAT16) zcfg.loss_scaler.mode = ZS_LOSS_SCALE_DYNAMIC;
+  zcfg.offload_optimizer.device = args.offload;
+  zcfg.offload_param = args.offload_param;
   model m;
   memset(&m, 0, sizeof m);
   m.dtype = (zs_dtype)args.dtype;

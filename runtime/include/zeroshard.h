@@ -206,6 +206,20 @@ typedef struct zs_loss_scaler_config {
                             hysteresis), >= 1, default 1 */
 } zs_loss_scaler_config;
 
+/* CPU offload (docs/offload.md; ZeRO-Offload, arXiv:2101.06840). */
+#define ZS_OFFLOAD_NUMA_AUTO (-1)       /* the GPU's node, else the rank's cores' */
+#define ZS_OFFLOAD_NUMA_INTERLEAVE (-2) /* pages interleaved over all nodes */
+typedef struct zs_offload_config {
+  int device;     /* 0 none (default), 1 cpu: fp32 master weights and
+                     optimizer states in host memory placed by NUMA, the
+                     step on worker threads bound to that node's cores */
+  int pin_memory; /* 1 (default): page-lock the host memory (for DMA);
+                     a refused lock is a warning, the memory pageable */
+  int numa;       /* ZS_OFFLOAD_NUMA_AUTO (default), _INTERLEAVE or a node */
+  int threads;    /* worker threads; 0 (default): the node's cores; more
+                     than the node's cores is an error */
+} zs_offload_config;
+
 typedef struct zs_config {
   size_t struct_size;    /* sizeof(zs_config) of the caller's header */
   unsigned int version;  /* ZS_VERSION_CODE of the caller's header */
@@ -266,6 +280,11 @@ typedef struct zs_config {
                     ZS_PROFILE=DIR overrides it. Read at zs_context_create,
                     not retained. An unwritable directory is a warning and
                     profiling is off; training continues. */
+  /* ---- Offload (docs/offload.md) ---- */
+  zs_offload_config offload_optimizer;
+  int offload_param; /* stage 3 with offload_optimizer: 1 keeps parameter
+                    shards in the same NUMA-placed host memory (they move
+                    to the device before the gather); default 0 */
 } zs_config;
 
 #define ZS_CONFIG_INIT                                                     \
@@ -275,7 +294,7 @@ typedef struct zs_config {
          0.0, 0.0, 0},                                                     \
         1, 1800.0, (size_t)1 << 22, 2, 0, 1, ZS_REDUCE_FIXED, 1, -1, 1, 0, \
         0, 1.0, {ZS_LOSS_SCALE_NONE, 65536.0, 2.0, 0.5, 2000, 1.0, 1},     \
-        NULL                                                               \
+        NULL, {0, 1, ZS_OFFLOAD_NUMA_AUTO, 0}, 0                           \
   }
 
 /* Fills *config with the defaults (the same values as ZS_CONFIG_INIT).
@@ -424,6 +443,19 @@ typedef struct zs_comm_counters {
 
 /* Copies this rank's counters. Not collective. Errors: INVALID_ARGUMENT. */
 zs_status zs_comm_counters_get(const zs_context* ctx, zs_comm_counters* out);
+
+/* What CPU offload is doing on this rank. */
+typedef struct zs_offload_info {
+  int enabled;       /* config.offload_optimizer.device == 1 */
+  int numa_node;     /* the chosen node; -1: interleaved */
+  int workers;       /* optimizer worker threads (bound to its cores) */
+  int pinned;        /* host memory page-locked */
+  uint64_t steps_on_workers; /* optimizer runs executed by the workers */
+} zs_offload_info;
+
+/* Copies this rank's offload state (all zero when offload is off). Not
+ * collective. Errors: INVALID_ARGUMENT. */
+zs_status zs_offload_info_get(const zs_context* ctx, zs_offload_info* out);
 
 /* nccl-tests' bus-bandwidth factor (busbw = algbw * factor): (n-1)/n for
  * all-gather and reduce-scatter, 2(n-1)/n for all-reduce, 1 for

@@ -274,6 +274,24 @@ TEST(Gpt2Precision, Bf16AndFp16TrackFp32) {
   EXPECT_NEAR(h16.losses.back(), f32.losses.back(), 0.03 * f32.losses.back());
 }
 
+// CPU offload changes where the optimizer runs, never a bit (stages 1-3).
+TEST(Gpt2Offload, OffloadIsBitwiseAtStagesOneToThree) {
+  for (int stage : {1, 2, 3}) {
+    const std::string s = " --stage " + std::to_string(stage);
+    FullReport plain = RunVariant(s, 4, "nooff" + std::to_string(stage));
+    FullReport off = RunVariant(s + " --offload cpu", 4, "off" + std::to_string(stage));
+    ASSERT_EQ(plain.losses.size(), 20u);
+    ASSERT_EQ(off.losses.size(), 20u);
+    for (size_t k = 0; k < plain.losses.size(); k++)
+      EXPECT_EQ(off.losses[k], plain.losses[k]) << "stage " << stage << " step " << k + 1;
+  }
+  FullReport p3 = RunVariant(" --offload cpu --offload-param cpu", 4, "offp");
+  FullReport base = RunVariant("", 4, "offbase");
+  ASSERT_EQ(p3.losses.size(), base.losses.size());
+  for (size_t k = 0; k < base.losses.size(); k++)
+    EXPECT_EQ(p3.losses[k], base.losses[k]) << "step " << k + 1;
+}
+
 // ---- Bad input: a clear message, non-zero exit, nothing written -----------
 
 struct BadCase {
@@ -318,6 +336,8 @@ const BadCase kBad[] = {
     {"grad_accum_zero", "--data @DATA --grad-accum 0", "--grad-accum", 2},
     {"clip_zero", "--data @DATA --clip 0", "--clip: expected a max norm > 0", 2},
     {"bad_dtype", "--data @DATA --dtype fp8", "--dtype", 2},
+    {"bad_offload", "--data @DATA --offload gpu", "--offload", 2},
+    {"offload_param_alone", "--data @DATA --offload-param cpu", "offload_param", 2},
     {"batch_not_divisible_by_micro_batches",
      "--data @DATA --batch 12 --grad-accum 4", "not divisible", 2},
     {"too_many_val_sequences", "--data @DATA --val-batches 1048576 --batch 4096",

@@ -350,6 +350,8 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
   c.reduce_dtype = cfg.reduce_dtype;
   c.loss_scaler.mode = cfg.loss_scaler;
   c.loss_scaler.init_scale = cfg.init_scale;
+  c.offload_optimizer.device = cfg.offload;
+  c.offload_param = cfg.offload_param;
   model.dtype = cfg.param_dtype;
   zs_context* ctx = nullptr;
   zs_model* zm = nullptr;
@@ -417,6 +419,7 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
     if (st != ZS_OK) fail(st);
   }
   if (ctx != nullptr) zs_memory_stats_get(ctx, &r.memory);
+  if (ctx != nullptr) zs_offload_info_get(ctx, &r.offload);
   zs_model_destroy(zm);
   if (ctx != nullptr) zs_memory_stats_get(ctx, &r.memory_after_destroy);
   zs_context_destroy(ctx);

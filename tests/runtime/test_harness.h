@@ -41,6 +41,8 @@ struct TrainConfig {
   int reduce_dtype = -1;     // zs_config.reduce_dtype
   int loss_scaler = ZS_LOSS_SCALE_NONE;  // sharded run: the model's
   double init_scale = 65536; // gradients are multiplied by the scale
+  int offload = 0;           // zs_config.offload_optimizer.device
+  int offload_param = 0;     // zs_config.offload_param
 };
 
 struct TrainResult {
@@ -59,6 +61,7 @@ struct TrainResult {
   // (sharded) the norm recomputed from the reduced gradients (zs_tensor_get
   // of every trainable tensor's GRAD, sum of squares in double).
   std::vector<double> norms;
+  zs_offload_info offload{};  // sharded: at the end of training
 };
 
 zs_optimizer_config OptimizerFor(const TrainConfig& cfg);

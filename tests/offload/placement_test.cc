@@ -1,0 +1,165 @@
+// placement_test.cc — CPU offload placement (offload/offload.c) on
+// synthetic hwloc topologies (2 packages x 2 NUMA nodes x 2 cores), on the
+// real machine (the pages land on the chosen node: get_mempolicy), and the
+// bad input: a node that does not exist, more threads than cores, a
+// refused page-lock (through the test hook: the tests run as root).
+#include <gtest/gtest.h>
+#include <numa.h>
+#include <numaif.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "offload/offload.h"
+
+namespace {
+
+class Synthetic : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(hwloc_topology_init(&topo_), 0);
+    ASSERT_EQ(hwloc_topology_set_synthetic(topo_, "pack:2 numa:2 core:2 pu:1"), 0);
+    ASSERT_EQ(hwloc_topology_load(topo_), 0);
+    ASSERT_EQ(hwloc_get_nbobjs_by_type(topo_, HWLOC_OBJ_NUMANODE), 4);
+  }
+  void TearDown() override { hwloc_topology_destroy(topo_); }
+  // The cpuset of cores [first, first + n) (PUs are numbered 0..7).
+  hwloc_bitmap_t Cores(int first, int n) {
+    hwloc_bitmap_t b = hwloc_bitmap_alloc();
+    for (int i = first; i < first + n; i++) hwloc_bitmap_set(b, (unsigned)i);
+    return b;
+  }
+  hwloc_topology_t topo_;
+  char why_[256];
+};
+
+TEST_F(Synthetic, RankBoundToOneNodesCoresGetsThatNode) {
+  for (int node = 0; node < 4; node++) {
+    hwloc_bitmap_t b = Cores(2 * node, 2);
+    int got = -9;
+    ASSERT_EQ(zs__offload_choose_node(topo_, b, nullptr, ZS_OFFLOAD_NUMA_AUTO,
+                                      &got, why_, sizeof why_),
+              ZS_OK);
+    EXPECT_EQ(got, node) << why_;
+    EXPECT_NE(std::string(why_).find("cores"), std::string::npos) << why_;
+    hwloc_bitmap_free(b);
+  }
+}
+
+TEST_F(Synthetic, BindingAcrossNodesTakesTheNodeWithMostCores) {
+  hwloc_bitmap_t b = Cores(1, 3);  // core 1 (node 0), cores 2-3 (node 1)
+  int got = -9;
+  ASSERT_EQ(zs__offload_choose_node(topo_, b, nullptr, ZS_OFFLOAD_NUMA_AUTO, &got,
+                                    why_, sizeof why_),
+            ZS_OK);
+  EXPECT_EQ(got, 1) << why_;
+  hwloc_bitmap_free(b);
+  b = Cores(3, 2);  // one core each on nodes 1 and 2: the lower
+  ASSERT_EQ(zs__offload_choose_node(topo_, b, nullptr, ZS_OFFLOAD_NUMA_AUTO, &got,
+                                    why_, sizeof why_),
+            ZS_OK);
+  EXPECT_EQ(got, 1) << why_;
+  hwloc_bitmap_free(b);
+}
+
+TEST_F(Synthetic, ExplicitInterleaveAndMissingNode) {
+  int got = -9;
+  ASSERT_EQ(zs__offload_choose_node(topo_, nullptr, nullptr, 2, &got, why_,
+                                    sizeof why_),
+            ZS_OK);
+  EXPECT_EQ(got, 2);
+  ASSERT_EQ(zs__offload_choose_node(topo_, nullptr, nullptr,
+                                    ZS_OFFLOAD_NUMA_INTERLEAVE, &got, why_,
+                                    sizeof why_),
+            ZS_OK);
+  EXPECT_EQ(got, -1);
+  EXPECT_EQ(zs__offload_choose_node(topo_, nullptr, nullptr, 7, &got, why_,
+                                    sizeof why_),
+            ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(zs_last_error()).find("NUMA node 7 does not exist (this "
+                                              "machine has nodes 0, 1, 2, 3)"),
+            std::string::npos)
+      << zs_last_error();
+  // A GPU bus id the topology does not have falls back to the binding.
+  hwloc_bitmap_t b = Cores(6, 2);
+  ASSERT_EQ(zs__offload_choose_node(topo_, b, "0000:3b:00.0", ZS_OFFLOAD_NUMA_AUTO,
+                                    &got, why_, sizeof why_),
+            ZS_OK);
+  EXPECT_EQ(got, 3) << why_;
+  hwloc_bitmap_free(b);
+}
+
+// On this machine: the chosen node, pages on it, workers, bad input.
+class RealMachine : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_EQ(zs__accounting_create(&acct_), ZS_OK); }
+  void TearDown() override {
+    zs__offload_mlock_hook = nullptr;
+    zs__accounting_destroy(acct_);
+  }
+  zs__accounting* acct_ = nullptr;
+};
+
+TEST_F(RealMachine, PagesLandOnTheChosenNodeAndAreCounted) {
+  zs_config cfg = ZS_CONFIG_INIT;
+  cfg.offload_optimizer.device = 1;
+  cfg.offload_optimizer.numa = 0;
+  zs__offload* o = nullptr;
+  ASSERT_EQ(zs__offload_create(&cfg, 0, acct_, &o), ZS_OK) << zs_last_error();
+  void* p = nullptr;
+  const size_t bytes = 8u << 20;
+  ASSERT_EQ(zs__offload_alloc(o, bytes, "test", &p), ZS_OK);
+  zs_memory_stats ms;
+  zs__accounting_stats(acct_, &ms);
+  EXPECT_EQ(ms.current[ZS_MEM_OFFLOAD_HOST], bytes);
+  if (numa_available() >= 0) {
+    for (size_t off = 0; off < bytes; off += bytes / 4) {
+      int node = -1;
+      ASSERT_EQ(get_mempolicy(&node, nullptr, 0, static_cast<char*>(p) + off,
+                              MPOL_F_NODE | MPOL_F_ADDR),
+                0);
+      EXPECT_EQ(node, 0) << "page at offset " << off;
+    }
+  }
+  zs_offload_info info;
+  zs__offload_info(o, &info);
+  EXPECT_EQ(info.enabled, 1);
+  EXPECT_EQ(info.numa_node, 0);
+  EXPECT_GE(info.workers, 1);
+  EXPECT_EQ(info.pinned, 1);
+  zs__offload_free(o, p);
+  zs__accounting_stats(acct_, &ms);
+  EXPECT_EQ(ms.current[ZS_MEM_OFFLOAD_HOST], 0u);
+  zs__offload_destroy(o);
+}
+
+TEST_F(RealMachine, BadInputIsAClearErrorOrAWarnedFallback) {
+  zs_config cfg = ZS_CONFIG_INIT;
+  cfg.offload_optimizer.device = 1;
+  cfg.offload_optimizer.numa = 999;
+  zs__offload* o = nullptr;
+  EXPECT_EQ(zs__offload_create(&cfg, 0, acct_, &o), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(zs_last_error()).find("NUMA node 999 does not exist"),
+            std::string::npos) << zs_last_error();
+  EXPECT_EQ(o, nullptr);
+  cfg.offload_optimizer.numa = ZS_OFFLOAD_NUMA_AUTO;
+  cfg.offload_optimizer.threads = 100000;
+  EXPECT_EQ(zs__offload_create(&cfg, 0, acct_, &o), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(zs_last_error()).find("offload_optimizer.threads"),
+            std::string::npos) << zs_last_error();
+  // Pinning refused: a warning, pageable memory, training goes on.
+  cfg.offload_optimizer.threads = 1;
+  zs__offload_mlock_hook = [](const void*, size_t) { errno = EPERM; return -1; };
+  ASSERT_EQ(zs__offload_create(&cfg, 0, acct_, &o), ZS_OK);
+  void* p = nullptr;
+  ASSERT_EQ(zs__offload_alloc(o, 4096, "test", &p), ZS_OK);
+  zs_offload_info info;
+  zs__offload_info(o, &info);
+  EXPECT_EQ(info.pinned, 0);
+  EXPECT_EQ(info.workers, 1);
+  zs__offload_free(o, p);
+  zs__offload_destroy(o);
+}
+
+}  // namespace
