@@ -2,6 +2,7 @@
  * context.c — context creation over a communicator: config validation and
  * the cross-rank config check, accounting, device backend.
  */
+#define _GNU_SOURCE
 #include "runtime/context.h"
 
 #include "offload/offload.h"
@@ -10,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 zs_status zs__context_create(const zs_config* config, zs__comm* comm,
                              zs_context** out) {
@@ -64,7 +67,23 @@ zs_status zs__context_create(const zs_config* config, zs__comm* comm,
   const char* pdir = getenv("ZS_PROFILE");
   if (pdir == NULL || pdir[0] == '\0') pdir = resolved.profile_dir;
   ctx->config.profile_dir = NULL;
-  (void)zs__profiler_create(pdir, comm->rank, comm->world, &ctx->prof);
+  /* A run id from rank 0, the same on every rank (memreport refuses
+   * profiles of different runs). One small broadcast, always, so that the
+   * collective sequence does not depend on a rank's environment. */
+  uint64_t* run_id = (uint64_t*)malloc(sizeof *run_id);
+  if (run_id == NULL) ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "context: run id");
+  {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    *run_id = zs__hash_bytes(ZS__FNV_SEED, &ts, sizeof ts) ^
+              ((uint64_t)getpid() << 32);
+  }
+  st = zs__comm_broadcast(comm, zs__tag(ZS__P_CHECK, -1, "run id"), run_id, 1,
+                          ZS_UINT64, 0);
+  const uint64_t id = *run_id;
+  zs__comm_free(comm, run_id);
+  if (st != ZS_OK) goto cleanup;
+  (void)zs__profiler_create(pdir, comm->rank, comm->world, id, &ctx->prof);
   zs__accounting_set_profiler(ctx->acct, ctx->prof);
   comm->prof = ctx->prof;
   /* CPU offload: placement and workers, agreed (a node missing on one

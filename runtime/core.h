@@ -109,7 +109,7 @@ typedef struct zs__profiler zs__profiler;
 /* *out = NULL when dir is NULL/empty or cannot be written (a warning, once:
  * profiling never stops a run). Always ZS_OK. */
 zs_status zs__profiler_create(const char* dir, int rank, int world,
-                              zs__profiler** out);
+                              uint64_t run_id, zs__profiler** out);
 /* Writes DIR/zs_profile_rank<R>.json (via a temporary and a rename) and
  * frees; final: the accounting at the end (its peaks go in the header). */
 void zs__profiler_destroy(zs__profiler* p, const zs_memory_stats* final);

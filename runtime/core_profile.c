@@ -23,9 +23,9 @@
 typedef struct zs__prof_event {
   double t0, t1;          /* zs__now() seconds; t1 < 0: a counter sample */
   int tid;                /* 0 the caller, 1 communication */
-  char name[48];
+  char name[64];
   const char* cat;        /* static */
-  char unit[40];
+  char unit[ZS_NAME_MAX]; /* the whole unit name */
   uint64_t bytes;
   double algbw, busbw;
   size_t mem[ZS_MEM_CATEGORY_COUNT]; /* counter samples */
@@ -36,6 +36,7 @@ struct zs__profiler {
   pthread_mutex_t lock;
   char path[4096];
   int rank, world;
+  uint64_t run_id;        /* the same on every rank of one context */
   double t0;              /* zs__now() at creation */
   double wall0;           /* CLOCK_REALTIME seconds at creation */
   zs__prof_event* ev;
@@ -43,11 +44,18 @@ struct zs__profiler {
   int dropped;            /* events over ZS__PROF_MAX_EVENTS */
 };
 
-/* 4M events (~0.6 GB) at most; later ones are counted, not kept. */
+/* 4M events (~1.2 GB at ~300 bytes each; not in the accounting) at most;
+ * later ones are counted, not kept. */
 #define ZS__PROF_MAX_EVENTS ((size_t)1 << 22)
 
+/* Contexts created by this process that profile: the first writes
+ * zs_profile_rank<R>.json, later ones zs_profile_rank<R>.ctx<K>.json, so
+ * none overwrites another (memreport reads the first kind; pass it a
+ * directory per context otherwise). */
+static int zs__prof_contexts = 0;
+
 zs_status zs__profiler_create(const char* dir, int rank, int world,
-                              zs__profiler** out) {
+                              uint64_t run_id, zs__profiler** out) {
   *out = NULL;
   if (dir == NULL || dir[0] == '\0') return ZS_OK;
   zs__profiler* p = (zs__profiler*)calloc(1, sizeof *p);
@@ -55,11 +63,16 @@ zs_status zs__profiler_create(const char* dir, int rank, int world,
     zs__log(ZS_LOG_WARN, "profiling off: out of memory");
     return ZS_OK;
   }
-  int n = snprintf(p->path, sizeof p->path, "%s/zs_profile_rank%d.json", dir,
-                   rank);
+  const int k = __atomic_fetch_add(&zs__prof_contexts, 1, __ATOMIC_RELAXED);
+  int n = k == 0 ? snprintf(p->path, sizeof p->path,
+                            "%s/zs_profile_rank%d.json", dir, rank)
+                 : snprintf(p->path, sizeof p->path,
+                            "%s/zs_profile_rank%d.ctx%d.json", dir, rank, k);
+  p->run_id = run_id;
   /* Prove the directory writable now, not at the end of the run. */
   char probe[4200];
   snprintf(probe, sizeof probe, "%s.probe%d", p->path, (int)getpid());
+  errno = ENAMETOOLONG;
   FILE* f = n > 0 && (size_t)n < sizeof p->path ? fopen(probe, "w") : NULL;
   if (f == NULL) {
     zs__log(ZS_LOG_WARN, "profiling off: cannot write in %s (%s); training "
@@ -126,7 +139,14 @@ void zs__profiler_span(zs__profiler* p, int tid, const char* name,
     e->t0 = t0;
     e->t1 = t1 >= t0 ? t1 : t0;
     e->tid = tid;
-    snprintf(e->name, sizeof e->name, "%s", name);
+    /* cut at a character boundary, never inside a UTF-8 sequence */
+    size_t k = strlen(name);
+    if (k >= sizeof e->name) {
+      k = sizeof e->name - 1;
+      while (k > 0 && ((unsigned char)name[k] & 0xC0) == 0x80) k--;
+    }
+    memcpy(e->name, name, k);
+    e->name[k] = '\0';
     e->cat = cat;
     snprintf(e->unit, sizeof e->unit, "%s", unit != NULL ? unit : "");
     e->bytes = bytes;
@@ -158,8 +178,10 @@ void zs__profiler_destroy(zs__profiler* p, const zs_memory_stats* final) {
   if (ok) {
     fprintf(f, "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"format\":"
             "\"zeroshard-profile\",\"version\":1,\"rank\":%d,\"world\":%d,"
-            "\"start_unix_s\":%.6f,\"dropped_events\":%d,\"peak_bytes\":{",
-            p->rank, p->world, p->wall0, p->dropped);
+            "\"run_id\":\"%016llx\",\"start_unix_s\":%.6f,"
+            "\"dropped_events\":%d,\"peak_bytes\":{",
+            p->rank, p->world, (unsigned long long)p->run_id, p->wall0,
+            p->dropped);
     for (int k = 0; k < ZS_MEM_CATEGORY_COUNT; k++)
       fprintf(f, "\"%s\":%zu,", zs_mem_category_name((zs_mem_category)k),
               final != NULL ? final->peak[k] : 0);

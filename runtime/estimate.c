@@ -101,9 +101,11 @@ zs_status zs_estimate_params(double params, const zs_estimate_config* c,
   zs_status st = zs__estimate_check(c);
   if (st != ZS_OK) return st;
   ZS_REQUIRE(out != NULL, "zs_estimate_params: out is NULL");
-  ZS_REQUIRE(isfinite(params) && params >= 0 && params <= 1e18 &&
+  /* 1e15 elements keep every byte count (16 per element at most, times
+   * nodes' ranks) far below 2^64. */
+  ZS_REQUIRE(isfinite(params) && params >= 0 && params <= 1e15 &&
                  params == floor(params),
-             "zs_estimate_params: params must be a whole number 0..1e18, "
+             "zs_estimate_params: params must be a whole number 0..1e15, "
              "got %g", params);
   memset(out, 0, sizeof *out);
   const zs_dtype dt = c->dtype == ZS_DTYPE_COUNT ? ZS_FLOAT32 : c->dtype;
@@ -176,6 +178,7 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
   char** tnames = NULL; /* tensor name -> unit, for ties */
   int* tunit = NULL;
   int ntn = 0;
+  double total_elems = 0;
   if (root == NULL || !cJSON_IsObject(root))
     ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
             "model description: not a JSON object (truncated or not JSON?)");
@@ -198,17 +201,40 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
   alias = (int*)calloc((size_t)total_tensors + 1, sizeof *alias);
   if (!units || !tnames || !tunit || !numels || !offsets || !alias)
     ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "model description");
-  /* Pass 1: names of untied tensors (ties may point forward). */
+  /* Pass 1: every unit and tensor has a unique name (as the engine
+   * requires); ties may point forward. */
   int ui = 0;
   cJSON_ArrayForEach(it, ju) {
+    const cJSON* un = cJSON_GetObjectItemCaseSensitive(it, "name");
+    if (!cJSON_IsString(un) || un->valuestring[0] == '\0')
+      ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+              "model description: unit %d: \"name\" must be a non-empty string",
+              ui);
+    const cJSON* other;
+    int k = 0;
+    cJSON_ArrayForEach(other, ju) {
+      if (k++ >= ui) break;
+      const cJSON* on = cJSON_GetObjectItemCaseSensitive(other, "name");
+      if (cJSON_IsString(on) && strcmp(on->valuestring, un->valuestring) == 0)
+        ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+                "model description: unit name '%s' is used twice",
+                un->valuestring);
+    }
     const cJSON* jt = cJSON_GetObjectItemCaseSensitive(it, "tensors");
     const cJSON* t;
     cJSON_ArrayForEach(t, jt) {
       const cJSON* name = cJSON_GetObjectItemCaseSensitive(t, "name");
-      if (cJSON_IsString(name)) {
-        tnames[ntn] = name->valuestring;
-        tunit[ntn++] = ui;
-      }
+      if (!cJSON_IsString(name) || name->valuestring[0] == '\0')
+        ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+                "model description: unit '%s': every tensor needs a non-empty "
+                "\"name\"", un->valuestring);
+      for (int q = 0; q < ntn; q++)
+        if (strcmp(tnames[q], name->valuestring) == 0)
+          ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+                  "model description: tensor name '%s' is used twice",
+                  name->valuestring);
+      tnames[ntn] = name->valuestring;
+      tunit[ntn++] = ui;
     }
     ui++;
   }
@@ -239,17 +265,36 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
       alias[n] = tied != NULL;
       numels[n] = 0;
       if (tied != NULL) {
-        int owner = -1;
+        int owner = -1, oi = -1;
         for (int k = 0; cJSON_IsString(tied) && k < ntn; k++)
-          if (strcmp(tnames[k], tied->valuestring) == 0) owner = tunit[k];
+          if (strcmp(tnames[k], tied->valuestring) == 0) {
+            owner = tunit[k];
+            oi = k;
+          }
         if (owner < 0)
           ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
                   "model description: %s: tied_to names no tensor", where);
+        /* the owner must be an untied tensor (not itself) */
+        const cJSON* ou = cJSON_GetArrayItem(ju, owner);
+        const cJSON* ot;
+        cJSON_ArrayForEach(ot, cJSON_GetObjectItemCaseSensitive(ou, "tensors")) {
+          const cJSON* on = cJSON_GetObjectItemCaseSensitive(ot, "name");
+          if (cJSON_IsString(on) && strcmp(on->valuestring, tnames[oi]) == 0 &&
+              cJSON_GetObjectItemCaseSensitive(ot, "tied_to") != NULL)
+            ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+                    "model description: %s: tied_to '%s' is itself tied (tie "
+                    "to an untied tensor)", where, tnames[oi]);
+        }
         int seen = owner == ui;
         for (int k = 0; k < u->nowners; k++) seen |= u->owners[k] == owner;
         if (!seen) u->owners[u->nowners++] = owner;
       } else {
         ZS_CHECK(zs__json_count(t, "numel", where, 1, &numels[n]));
+        total_elems += numels[n];
+        if (numels[n] > 1e15 || total_elems > 1e15)
+          ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+                  "model description: %s: more than 1e15 elements in all",
+                  where);
         if (!cJSON_IsTrue(frozen)) u->trainable = 1;
       }
       n++;

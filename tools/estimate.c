@@ -6,6 +6,7 @@
  *   zs_estimate --params 7.5e9 --ranks 64 --stage 3 --dtype bf16 --json
  *   zs_estimate --model gpt2.json --ranks 4 --stage 3
  */
+#define _GNU_SOURCE
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -200,9 +201,17 @@ int main(int argc, char** argv) {
   int first = all ? 0 : c.stage, last = all ? 3 : c.stage;
   (void)have_stage;
   int rc = 0;
-  if (json && all) printf("[");
+  /* Output is collected and printed only if every stage succeeds. */
+  char* buf = NULL;
+  size_t buflen = 0;
+  FILE* out = open_memstream(&buf, &buflen);
+  if (out == NULL) return fail("out of memory", NULL);
+  if (json && all) fprintf(out, "[");
+  const int offload_params = c.offload_params;
   for (int s = first; s <= last && rc == 0; s++) {
     c.stage = s;
+    /* parameter offload is a stage-3 feature: the other rows go without */
+    c.offload_params = s == 3 ? offload_params : 0;
     zs_memory_estimate e;
     zs_status st = model != NULL ? zs_estimate_model(text, &c, &e)
                                  : zs_estimate_params(params, &c, &e);
@@ -228,14 +237,17 @@ int main(int argc, char** argv) {
     const double big = model != NULL ? (double)e.largest_unit_elements : largest;
     const double ds = deepspeed_gpu_bytes(s, psi, big, c.ranks);
     if (json) {
-      if (s > first) printf(",");
-      print_json(&c, &e, ds, stdout);
+      if (s > first) fprintf(out, ",");
+      print_json(&c, &e, ds, out);
     } else {
-      print_row(&c, &e, ds, stdout);
+      print_row(&c, &e, ds, out);
     }
   }
-  if (json && all && rc == 0) printf("]");
-  if (json && rc == 0) printf("\n");
+  if (json && all) fprintf(out, "]");
+  if (json) fprintf(out, "\n");
+  fclose(out);
+  if (rc == 0) fputs(buf, stdout);
+  free(buf);
   free(text);
   return rc;
 }

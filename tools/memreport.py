@@ -44,7 +44,10 @@ def fail(msg):
 def load(directory):
     if not os.path.isdir(directory):
         fail("%s: not a directory" % directory)
-    paths = sorted(glob.glob(os.path.join(directory, "zs_profile_rank*.json")))
+    # One context per process: zs_profile_rank<R>.json (later contexts of a
+    # process write .ctx<K> files, which need a directory of their own).
+    paths = sorted(p for p in glob.glob(os.path.join(directory, "zs_profile_rank*.json"))
+                   if re.search(r"zs_profile_rank\d+\.json$", p))
     if not paths:
         fail("%s: no zs_profile_rank*.json files (run with ZS_PROFILE=%s)"
              % (directory, directory))
@@ -56,8 +59,13 @@ def load(directory):
         except (ValueError, OSError) as e:
             fail("%s: truncated or not JSON (%s)" % (p, e))
         meta = d.get("otherData", {}) if isinstance(d, dict) else {}
+        events = d.get("traceEvents") if isinstance(d, dict) else None
         if meta.get("format") != "zeroshard-profile" or \
-                not isinstance(d.get("traceEvents"), list):
+                not isinstance(events, list) or \
+                not all(isinstance(e, dict) for e in events) or \
+                not isinstance(meta.get("world"), int) or \
+                not isinstance(meta.get("rank"), int) or \
+                not isinstance(meta.get("start_unix_s"), (int, float)):
             fail("%s: not a ZeroShard profile" % p)
         m = re.search(r"rank(\d+)\.json$", p)
         if m is None or int(m.group(1)) != meta.get("rank"):
@@ -65,17 +73,20 @@ def load(directory):
                  % (p, meta.get("rank")))
         profiles.append((p, meta, d["traceEvents"]))
     worlds = {meta["world"] for _, meta, _ in profiles}
+    runs = {meta.get("run_id") for _, meta, _ in profiles}
     starts = [meta["start_unix_s"] for _, meta, _ in profiles]
-    if len(worlds) != 1 or max(starts) - min(starts) > SAME_RUN_S:
-        fail("%s: files of different runs (world sizes %s, starts %.0f s "
-             "apart); keep one run per directory"
-             % (directory, sorted(worlds), max(starts) - min(starts)))
+    if len(worlds) != 1 or len(runs) != 1 or \
+            max(starts) - min(starts) > SAME_RUN_S:
+        fail("%s: files of different runs (run ids %s, world sizes %s); keep "
+             "one run per directory" % (directory, sorted(map(str, runs)),
+                                        sorted(worlds)))
     world = worlds.pop()
     ranks = sorted(meta["rank"] for _, meta, _ in profiles)
     missing = sorted(set(range(world)) - set(ranks))
     if missing or len(ranks) != world:
         fail("%s: world size %d but ranks %s are missing" %
-             (directory, world, ", ".join(map(str, missing)) or "(duplicated)"))
+             (directory, world, ", ".join(map(str, missing)) or
+              "(some rank has two files)"))
     return world, sorted(profiles, key=lambda x: x[1]["rank"])
 
 
@@ -214,30 +225,41 @@ def main():
     comm = comm_summary(profiles, world)
     phases = [phase_peaks(events) for _, _, events in profiles]
     path = a.svg or os.path.join(a.dir, "memreport.svg")
+    svg_error = None
     try:
         with open(path + ".tmp", "w") as f:
             f.write(svg(profiles))
         os.replace(path + ".tmp", path)
     except OSError as e:
-        fail("%s: cannot write the picture (%s)" % (path, e))
+        svg_error = "%s: cannot write the picture (%s)" % (path, e)
+        try:
+            os.unlink(path + ".tmp")
+        except OSError:
+            pass
+        path = None
     if a.json:
         print(json.dumps({"ranks": world, "peak_bytes": peaks, "comm": comm,
                           "phase_peak_total_bytes": phases, "svg": path}))
+        if svg_error:
+            print("memreport: " + svg_error, file=sys.stderr)
+            sys.exit(1)
         return
     used = [c for c in CATEGORIES if any(r[c] for r in peaks)] + ["total"]
     print("peak MiB per rank and category (%d ranks)" % world)
     print("%-6s" % "rank" + "".join("%17s" % c for c in used))
     for rank, r in enumerate(peaks):
         print("%-6d" % rank + "".join("%17.3f" % (r[c] / 2**20) for c in used))
-    print("\npeak MiB per phase of each step, rank 0 (%d steps%s)" % (
+    print("\npeak MiB per phase of each zs_step call (with gradient "
+          "accumulation: each micro-batch), rank 0 (%d calls%s)" % (
         len(phases[0]), ", the last 10" if len(phases[0]) > 10 else ""))
     print("%-6s %12s %12s %12s" % ("step", "forward", "backward", "step"))
     first = max(0, len(phases[0]) - 10)
     for k, s in enumerate(phases[0][first:], start=first + 1):
         print("%-6d %12.3f %12.3f %12.3f" % (k, s["forward"] / 2**20,
                                              s["backward"] / 2**20, s["step"] / 2**20))
-    print("\ncommunication, rank 0, %d steps, %d ranks (bytes: full size per "
-          "rank, as nccl-tests)" % (comm["steps"], world))
+    print("\ncommunication, rank 0, %d zs_step calls, %d ranks (bytes: full "
+          "size per rank, as nccl-tests; per step = per zs_step call)"
+          % (comm["steps"], world))
     print("%-15s %8s %14s %10s %11s %11s %10s" % (
         "op", "calls", "bytes", "seconds", "algbw GB/s", "busbw GB/s",
         "calls/step"))
@@ -245,6 +267,9 @@ def main():
         print("%-15s %8d %14d %10.4f %11.3f %11.3f %10.1f" % (
             op, s["calls"], s["bytes"], s["seconds"], s["algbw_GBps"],
             s["busbw_GBps"], s["calls_per_step"]))
+    if svg_error:
+        print("memreport: " + svg_error, file=sys.stderr)
+        sys.exit(1)
     print("\npicture: %s" % path)
 
 

@@ -131,9 +131,11 @@ TEST(Gpt2Profile, UnwritableDirectoryWarnsAndTrainingContinues) {
 }
 
 TEST(Gpt2Profile, MemreportRefusesBrokenInput) {
-  const std::string two = TmpDir() + "/prof2", three = TmpDir() + "/prof3b";
+  const std::string two = TmpDir() + "/prof2", three = TmpDir() + "/prof3b",
+                    other = TmpDir() + "/prof3c";
   ASSERT_EQ(Profile(2, 2, two, TmpDir() + "/p2.json").exit_code, 0);
   ASSERT_EQ(Profile(3, 2, three, TmpDir() + "/p3.json").exit_code, 0);
+  ASSERT_EQ(Profile(3, 1, other, TmpDir() + "/p3c.json").exit_code, 0);
   struct Case {
     std::string name, setup, dir, expect;
   } cases[] = {
@@ -153,6 +155,12 @@ TEST(Gpt2Profile, MemreportRefusesBrokenInput) {
                          three + "/zs_profile_rank2.json " + two + "/zs_profile_rank0.json " +
                          two + "/zs_profile_rank1.json " + TmpDir() + "/mx/",
        TmpDir() + "/mx", "different runs"},
+      // the same world size, another run (a rank left over from a rerun)
+      {"same world, other run", "rm -rf " + TmpDir() + "/sw && mkdir " + TmpDir() +
+                                    "/sw && cp " + three + "/zs_profile_rank0.json " +
+                                    three + "/zs_profile_rank2.json " + other +
+                                    "/zs_profile_rank1.json " + TmpDir() + "/sw/",
+       TmpDir() + "/sw", "different runs"},
   };
   for (const Case& c : cases) {
     if (!c.setup.empty()) ASSERT_EQ(Shell(c.setup).exit_code, 0) << c.name;

@@ -139,17 +139,43 @@ TEST(Estimate, BadInputNamesTheSetting) {
   EXPECT_LAST_ERROR_HAS("truncated");
   EXPECT_EQ(zs_estimate_model(R"({"units": []})", &c, &e), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("units");
-  EXPECT_EQ(zs_estimate_model(R"({"units": [{"tensors": [{"name": "a"}]}]})", &c, &e),
+  EXPECT_EQ(zs_estimate_model(R"({"units": [{"name": "u", "tensors": [{"name": "a"}]}]})", &c, &e),
             ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("numel");
   EXPECT_EQ(zs_estimate_model(
-                R"({"units": [{"tensors": [{"name": "a", "tied_to": "zz"}]}]})", &c, &e),
+                R"({"units": [{"name": "u", "tensors": [{"name": "a", "tied_to": "zz"}]}]})", &c, &e),
             ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("tied_to");
   EXPECT_EQ(zs_estimate_model(
-                R"({"units": [{"dtype": "fp8", "tensors": []}]})", &c, &e),
+                R"({"units": [{"name": "u", "dtype": "fp8", "tensors": []}]})", &c, &e),
             ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("dtype");
+  // What the engine would refuse: missing or duplicate names, a tensor
+  // tied to itself or to a tied tensor, too many elements.
+  const struct {
+    const char* json;
+    const char* expect;
+  } refused[] = {
+      {R"({"units": [{"tensors": []}]})", "\"name\""},
+      {R"({"units": [{"name": "u", "tensors": []}, {"name": "u", "tensors": []}]})",
+       "unit name 'u' is used twice"},
+      {R"({"units": [{"name": "u", "tensors": [{"name": "a", "numel": 1},
+                                                {"name": "a", "numel": 2}]}]})",
+       "tensor name 'a' is used twice"},
+      {R"({"units": [{"name": "u", "tensors": [{"name": "w", "tied_to": "w"}]}]})",
+       "itself tied"},
+      {R"({"units": [{"name": "u", "tensors": [{"name": "a", "numel": 4},
+                                                {"name": "b", "tied_to": "a"},
+                                                {"name": "c", "tied_to": "b"}]}]})",
+       "itself tied"},
+      {R"({"units": [{"name": "u", "tensors": [{"name": "a", "numel": 1e18}]}]})",
+       "1e15"},
+  };
+  for (const auto& r : refused) {
+    EXPECT_EQ(zs_estimate_model(r.json, &c, &e), ZS_ERR_INVALID_ARGUMENT) << r.json;
+    EXPECT_LAST_ERROR_HAS(r.expect);
+  }
+  EXPECT_EQ(zs_estimate_params(2e15, &c, &e), ZS_ERR_INVALID_ARGUMENT);
 }
 
 }  // namespace
