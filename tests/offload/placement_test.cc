@@ -8,6 +8,7 @@
 #include <numaif.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -88,6 +89,45 @@ TEST_F(Synthetic, ExplicitInterleaveAndMissingNode) {
             ZS_OK);
   EXPECT_EQ(got, 3) << why_;
   hwloc_bitmap_free(b);
+}
+
+// An hwloc XML topology shipped with the tests: 2 packages x 2 NUMA nodes
+// x 2 cores, a GPU at 0000:3b:00.0 local to node 0 and one at
+// 0000:af:00.0 local to node 2 (tests/offload/topo_2pkg_4numa_2gpu.xml).
+// A rank's GPU decides, whatever cores the rank is bound to.
+TEST(XmlTopology, GpuPciLocalityChoosesTheGpusNode) {
+  const char* dir = std::getenv("TEST_SRCDIR");
+  const char* ws = std::getenv("TEST_WORKSPACE");
+  ASSERT_NE(dir, nullptr);
+  const std::string path = std::string(dir) + "/" + (ws ? ws : "zeroshard") +
+                           "/tests/offload/topo_2pkg_4numa_2gpu.xml";
+  hwloc_topology_t topo;
+  ASSERT_EQ(hwloc_topology_init(&topo), 0);
+  hwloc_topology_set_io_types_filter(topo, HWLOC_TYPE_FILTER_KEEP_ALL);
+  ASSERT_EQ(hwloc_topology_set_xml(topo, path.c_str()), 0) << path;
+  ASSERT_EQ(hwloc_topology_load(topo), 0);
+  hwloc_bitmap_t b = hwloc_bitmap_alloc();
+  hwloc_bitmap_set_range(b, 6, 7);  // bound to node 3's cores
+  char why[256];
+  int node = -9;
+  const struct {
+    const char* busid;
+    int node;
+  } gpus[] = {{"0000:3b:00.0", 0}, {"0000:af:00.0", 2}};
+  for (const auto& g : gpus) {
+    ASSERT_EQ(zs__offload_choose_node(topo, b, g.busid, ZS_OFFLOAD_NUMA_AUTO,
+                                      &node, why, sizeof why),
+              ZS_OK);
+    EXPECT_EQ(node, g.node) << g.busid << ": " << why;
+    EXPECT_NE(std::string(why).find("GPU"), std::string::npos) << why;
+  }
+  // Ranks without a GPU there: their cores decide.
+  ASSERT_EQ(zs__offload_choose_node(topo, b, "0000:01:00.0", ZS_OFFLOAD_NUMA_AUTO,
+                                    &node, why, sizeof why),
+            ZS_OK);
+  EXPECT_EQ(node, 3) << why;
+  hwloc_bitmap_free(b);
+  hwloc_topology_destroy(topo);
 }
 
 // On this machine: the chosen node, pages on it, workers, bad input.
