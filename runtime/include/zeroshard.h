@@ -758,7 +758,17 @@ typedef struct zs_step_info {
  * buffer at stage 0, the shard at 1-3), and at stages 1-2 all-gathers the
  * updated parameters. Collective. info may be NULL. Errors: INVALID_STATE,
  * REMOTE, MISMATCH, COMM, TIMEOUT, OUT_OF_MEMORY. Algorithm: ZeRO
- * (arXiv:1910.02054) section 5. */
+ * (arXiv:1910.02054) section 5.
+ * With gradient accumulation (config.grad_accum_steps K) call it after
+ * every micro-batch: the first K-1 calls reduce (or keep, with
+ * grad_accum_local) the gradients and return with info->applied 0; the
+ * K-th applies. With clipping or loss scaling on, the K-th call also runs
+ * one all-gather of each rank's sum of squares (every rank adds them in
+ * rank order): an inf/NaN skips the step on every rank with everything
+ * bitwise unchanged (info->overflow) and backs the scale off; an overflow
+ * at the minimum scale, or inf/NaN without a loss scaler, is
+ * ZS_ERR_DIVERGED on every rank with nothing applied (docs/precision.md).
+ * With CPU offload the optimizer runs on the offload worker threads. */
 zs_status zs_step(zs_model* model, zs_step_info* info);
 
 /* Ends the step without applying it: finishes the reductions in flight,
