@@ -73,14 +73,12 @@ static zs_status zs__estimate_check(const zs_estimate_config* c) {
 }
 
 /* ZeRO-Offload (Ren et al., arXiv:2101.06840): master weights and
- * optimizer states move to host memory; with parameter offload (ZeRO-
- * Infinity's CPU tier) the parameter shards too. model_state_bytes keeps
- * counting them wherever they live. */
+ * optimizer states move to host memory (offload_host); with parameter
+ * offload (ZeRO-Infinity's CPU tier) the parameter shards too. The fields
+ * mean what zs_memory_stats means: model_state_bytes counts the four
+ * model-state categories (not offload_host), total every category. */
 static void zs__estimate_total(zs_memory_estimate* out,
                                const zs_estimate_config* c) {
-  const size_t states =
-      out->bytes[ZS_MEM_PARAMS] + out->bytes[ZS_MEM_GRADS] +
-      out->bytes[ZS_MEM_MASTER_WEIGHTS] + out->bytes[ZS_MEM_OPTIMIZER_STATES];
   if (c->offload_optimizer) {
     out->bytes[ZS_MEM_OFFLOAD_HOST] += out->bytes[ZS_MEM_MASTER_WEIGHTS] +
                                        out->bytes[ZS_MEM_OPTIMIZER_STATES];
@@ -91,9 +89,10 @@ static void zs__estimate_total(zs_memory_estimate* out,
     out->bytes[ZS_MEM_PARAMS] = 0;
   }
   out->total = 0;
-  for (int k = 0; k < ZS_MEM_CATEGORY_COUNT; k++)
-    if (k != ZS_MEM_OFFLOAD_HOST) out->total += out->bytes[k];
-  out->model_state_bytes = states;
+  for (int k = 0; k < ZS_MEM_CATEGORY_COUNT; k++) out->total += out->bytes[k];
+  out->model_state_bytes =
+      out->bytes[ZS_MEM_PARAMS] + out->bytes[ZS_MEM_GRADS] +
+      out->bytes[ZS_MEM_MASTER_WEIGHTS] + out->bytes[ZS_MEM_OPTIMIZER_STATES];
 }
 
 zs_status zs_estimate_params(double params, const zs_estimate_config* c,

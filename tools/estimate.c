@@ -88,7 +88,8 @@ static void print_json(const zs_estimate_config* c, const zs_memory_estimate* e,
     fprintf(out, "\"%s\":%zu,", zs_mem_category_name((zs_mem_category)k),
             e->bytes[k]);
   fprintf(out, "\"total\":%zu}", e->total);
-  fprintf(out, ",\"per_node_host_bytes\":%zu",
+  fprintf(out, ",\"device_bytes\":%zu,\"per_node_host_bytes\":%zu",
+          e->total - e->bytes[ZS_MEM_OFFLOAD_HOST],
           e->bytes[ZS_MEM_OFFLOAD_HOST] * (size_t)(c->ranks / c->nodes));
   if (ds > 0) fprintf(out, ",\"deepspeed_model_states_bytes\":%.0f", ds);
   fprintf(out, "}");
@@ -102,8 +103,10 @@ static void print_row(const zs_estimate_config* c, const zs_memory_estimate* e,
           c->stage, c->ranks, e->model_state_bytes / 1e9,
           e->bytes[ZS_MEM_PARAMS] / 1e9, e->bytes[ZS_MEM_GRADS] / 1e9,
           e->bytes[ZS_MEM_MASTER_WEIGHTS] / 1e9,
-          e->bytes[ZS_MEM_OPTIMIZER_STATES] / 1e9, e->total / 1e9,
-          e->total * (double)(c->ranks / c->nodes) / 1e9);
+          e->bytes[ZS_MEM_OPTIMIZER_STATES] / 1e9,
+          (e->total - e->bytes[ZS_MEM_OFFLOAD_HOST]) / 1e9,
+          (e->total - e->bytes[ZS_MEM_OFFLOAD_HOST]) *
+              (double)(c->ranks / c->nodes) / 1e9);
   if (e->bytes[ZS_MEM_OFFLOAD_HOST] > 0)
     fprintf(out, "         offloaded to host memory: %.3f GB/rank, %.3f GB/node\n",
             e->bytes[ZS_MEM_OFFLOAD_HOST] / 1e9,

@@ -267,7 +267,7 @@ gpt2_config gpt2_args_model(const gpt2_args* a) {
 void gpt2_args_print(const gpt2_args* a, const char* trainer, int ranks,
                      int threads, FILE* out) {
   gpt2_config c = gpt2_args_model(a);
-  char stage[160] = "";
+  char stage[320] = "";
   static const char* const dtypes[3] = {"fp32", "bf16", "fp16"};
   if (strcmp(trainer, "sharded") == 0)
     snprintf(stage, sizeof stage, ", ZeRO stage %d, %s parameters%s",
@@ -280,16 +280,22 @@ void gpt2_args_print(const gpt2_args* a, const char* trainer, int ranks,
   if (a->clip > 0)
     snprintf(stage + strlen(stage), sizeof stage - strlen(stage),
              ", clip %g", a->clip);
+  if (a->offload)
+    snprintf(stage + strlen(stage), sizeof stage - strlen(stage),
+             ", CPU offload%s", a->offload_param ? " (+params)" : "");
+  char eval[64];
+  if (a->eval_every > 0) snprintf(eval, sizeof eval, "every %d steps", a->eval_every);
+  else snprintf(eval, sizeof eval, "at the end");
   fprintf(out,
           "%s: GPT-2 L=%d C=%d H=%d T=%d V=%d (%zu parameters)\n"
           "  %d rank(s) x %d OpenMP thread(s)%s, global batch %d (%d per "
           "rank), steps %d\n"
-          "  AdamW lr %g weight decay %g, seed %llu, eval every %d steps on "
+          "  AdamW lr %g weight decay %g, seed %llu, eval %s on "
           "%d val sequences\n  data %s\n",
           trainer, c.layers, c.channels, c.heads, c.max_seq, c.vocab,
           gpt2_num_params(&c), ranks, threads, stage, a->batch,
           a->batch / (ranks > 0 ? ranks : 1), a->steps, a->lr,
-          a->weight_decay, a->seed, a->eval_every, a->val_batches * a->batch,
+          a->weight_decay, a->seed, eval, a->val_batches * a->batch,
           a->data);
 }
 
@@ -504,7 +510,7 @@ void gpt2_print_memory_table(FILE* out, const zs_memory_stats* rows,
   static const zs_mem_category cols[] = {
       ZS_MEM_PARAMS,          ZS_MEM_PARAMS_GATHERED, ZS_MEM_GRADS,
       ZS_MEM_MASTER_WEIGHTS,  ZS_MEM_OPTIMIZER_STATES, ZS_MEM_COMM_BUFFERS,
-      ZS_MEM_ACTIVATIONS,     ZS_MEM_OTHER};
+      ZS_MEM_ACTIVATIONS,     ZS_MEM_OFFLOAD_HOST,     ZS_MEM_OTHER};
   const int ncol = (int)(sizeof cols / sizeof cols[0]);
   fprintf(out, "peak memory per rank (MiB):\n%4s", "rank");
   for (int k = 0; k < ncol; k++)

@@ -924,11 +924,12 @@ typedef struct zs_estimate_config {
 typedef struct zs_memory_estimate {
   size_t bytes[ZS_MEM_CATEGORY_COUNT]; /* per rank, peak per category
                                (offload_host: host memory of offload) */
-  size_t model_state_bytes; /* params + grads + master + optimizer states,
-                               wherever they live */
-  size_t total;             /* the sum over categories but offload_host:
-                               the device's (or, on the host backend, the
-                               training buffers') share */
+  size_t model_state_bytes; /* params + grads + master + optimizer states
+                               (as zs_memory_stats: offloaded ones are in
+                               bytes[ZS_MEM_OFFLOAD_HOST] instead) */
+  size_t total;             /* the sum over every category, as
+                               zs_memory_stats.total_peak (subtract
+                               offload_host for the device's share) */
   size_t largest_unit_elements; /* of a description: the largest unit's
                                    padded elements; 0 for a count */
 } zs_memory_estimate;

@@ -114,6 +114,36 @@ TEST(Gpt2Estimate, Bf16ModelStatesExact) {
   }
 }
 
+// With CPU offload the estimate and the run split memory the same way:
+// model states on the device, master weights and optimizer states in
+// offload_host, both to the byte.
+TEST(Gpt2Estimate, OffloadSplitIsExact) {
+  const std::string desc = TmpDir() + "/describe_off.json";
+  RunResult d = Shell(Mpirun(2) + g_sharded + kFlags + " --data " + g_data +
+                      " --describe " + desc);
+  ASSERT_EQ(d.exit_code, 0) << d.output;
+  RunResult e = Shell(g_estimate + " --model " + desc +
+                      " --ranks 2 --stage 3 --offload-optimizer cpu --json");
+  ASSERT_EQ(e.exit_code, 0) << e.output;
+  cJSON* est = cJSON_Parse(e.output.c_str());
+  ASSERT_NE(est, nullptr);
+  const std::string report = TmpDir() + "/est_off.json";
+  RunResult r = Shell(Mpirun(2) + g_sharded + kFlags + " --data " + g_data +
+                      " --stage 3 --offload cpu --report " + report);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  cJSON* rep = ParseFile(report);
+  ASSERT_NE(rep, nullptr);
+  const cJSON* row;
+  cJSON_ArrayForEach(row, cJSON_GetObjectItem(rep, "ranks")) {
+    EXPECT_EQ(Num(est, "model_state_bytes"), Num(row, "model_state_bytes"));
+    EXPECT_EQ(Num(cJSON_GetObjectItem(est, "peak_bytes"), "offload_host"),
+              Num(cJSON_GetObjectItem(row, "peak_bytes"), "offload_host"));
+    EXPECT_GT(Num(cJSON_GetObjectItem(row, "peak_bytes"), "offload_host"), 0);
+  }
+  cJSON_Delete(rep);
+  cJSON_Delete(est);
+}
+
 // DeepSpeed's rules of thumb next to ours (offload none, per GPU): 13B
 // parameters on 8 GPUs, largest layer 325M: stage 2 4 Psi + 16 Psi / N =
 // 78 GB; stage 3 4 * 325M + 18 Psi / N = 30.55 GB (DeepSpeed's docs example).
