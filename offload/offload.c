@@ -106,6 +106,7 @@ struct zs__offload {
   int pending;
   int quit;
   zs_status first_error;
+  char first_message[512]; /* the failing worker's zs_last_error() */
   uint64_t runs, elements;
 };
 
@@ -138,7 +139,12 @@ static void* zs__worker_main(void* p) {
     pthread_mutex_unlock(&o->lock);
     zs_status st = fn(arg, id, o->nworkers);
     pthread_mutex_lock(&o->lock);
-    if (st != ZS_OK && o->first_error == ZS_OK) o->first_error = st;
+    if (st != ZS_OK && o->first_error == ZS_OK) {
+      o->first_error = st;
+      /* the message lives in this thread's error slot: carry it over */
+      snprintf(o->first_message, sizeof o->first_message, "%s",
+               zs_last_error());
+    }
     if (--o->pending == 0) pthread_cond_signal(&o->done);
     pthread_mutex_unlock(&o->lock);
   }
@@ -156,7 +162,10 @@ zs_status zs__offload_run(zs__offload* o, zs_status (*fn)(void*, int, int),
   pthread_cond_broadcast(&o->go);
   while (o->pending > 0) pthread_cond_wait(&o->done, &o->lock);
   zs_status st = o->first_error;
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", o->first_message);
   pthread_mutex_unlock(&o->lock);
+  if (st != ZS_OK) zs__error(st, "offload worker: %s", msg);
   return st;
 }
 

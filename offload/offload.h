@@ -56,7 +56,8 @@ zs_status zs__offload_alloc(zs__offload* o, size_t bytes, const char* label,
 void zs__offload_free(zs__offload* o, void* p);
 
 /* Runs fn(arg, worker, nworkers) on every worker thread and waits for all;
- * returns the first non-OK status. Synchronous; not reentrant. */
+ * returns the first non-OK status, with that worker's message as the
+ * caller's zs_last_error(). Synchronous; not reentrant. */
 zs_status zs__offload_run(zs__offload* o,
                           zs_status (*fn)(void* arg, int worker, int nworkers),
                           void* arg);

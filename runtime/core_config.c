@@ -185,20 +185,26 @@ size_t zs__config_describe(const zs_config* c, char* buf, size_t cap) {
                    c->reshard_after_forward, c->reduce_order,
                    c->progress_thread);
   if (n < 0) return 0;
+  /* Settings of a feature that is off are not compared: ranks may differ
+   * in them harmlessly. */
   const zs_loss_scaler_config* ls = &c->loss_scaler;
+  char clip[64] = "off", scaler[160] = "off", offload[96] = "off";
+  if (c->clip_grad_norm) snprintf(clip, sizeof clip, "%.17g", c->max_grad_norm);
+  if (ls->mode != ZS_LOSS_SCALE_NONE)
+    snprintf(scaler, sizeof scaler, "%d %.17g %.17g %.17g %d %.17g %d",
+             ls->mode, ls->init_scale, ls->growth_factor, ls->backoff_factor,
+             ls->growth_interval, ls->min_scale, ls->hysteresis);
+  if (c->offload_optimizer.device)
+    snprintf(offload, sizeof offload, "%d %d %d %d",
+             c->offload_optimizer.pin_memory, c->offload_optimizer.numa,
+             c->offload_optimizer.threads, c->offload_param);
   int k = snprintf(buf == NULL ? NULL : buf + ((size_t)n < cap ? (size_t)n : cap),
                    (size_t)n < cap ? cap - (size_t)n : 0,
                    "config.reduce_dtype=%d\nconfig.grad_accum_steps=%d\n"
-                   "config.grad_accum_local=%d\nconfig.clip_grad_norm=%d\n"
-                   "config.max_grad_norm=%.17g\nconfig.loss_scaler=%d %.17g "
-                   "%.17g %.17g %d %.17g %d\nconfig.offload=%d %d %d %d %d\n",
+                   "config.grad_accum_local=%d\nconfig.clip=%s\n"
+                   "config.loss_scaler=%s\nconfig.offload=%s\n",
                    c->reduce_dtype, c->grad_accum_steps, c->grad_accum_local,
-                   c->clip_grad_norm, c->max_grad_norm, ls->mode,
-                   ls->init_scale, ls->growth_factor, ls->backoff_factor,
-                   ls->growth_interval, ls->min_scale, ls->hysteresis,
-                   c->offload_optimizer.device, c->offload_optimizer.pin_memory,
-                   c->offload_optimizer.numa, c->offload_optimizer.threads,
-                   c->offload_param);
+                   clip, scaler, offload);
   return k < 0 ? (size_t)n : (size_t)n + (size_t)k;
 }
 

@@ -121,8 +121,7 @@ static zs_status zs__optimize_unit(zs_model* m, zs__unit* u, float coef) {
     zs__opt_job job = {m, u, coef};
     st = zs__offload_run(m->ctx->offload, zs__optimize_worker, &job);
     if (st != ZS_OK)
-      return zs__error(st, "optimizer on unit '%s' (CPU offload worker): %s",
-                       u->name, zs_status_string(st));
+      return zs__error_prefix(st, "optimizer on unit '%s': ", u->name);
     return ZS_OK;
   }
   return zs__optimize_share(m, u, coef, 0, 1, 0);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <numa.h>
 #include <numaif.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
@@ -171,6 +172,36 @@ TEST_F(RealMachine, PagesLandOnTheChosenNodeAndAreCounted) {
   zs__offload_free(o, p);
   zs__accounting_stats(acct_, &ms);
   EXPECT_EQ(ms.current[ZS_MEM_OFFLOAD_HOST], 0u);
+  zs__offload_destroy(o);
+}
+
+// Every worker runs each job once; a worker's error reaches the caller with
+// its message (errors are thread-local).
+TEST_F(RealMachine, WorkersRunEveryJobAndReportErrors) {
+  if (sysconf(_SC_NPROCESSORS_ONLN) < 2) GTEST_SKIP() << "needs 2 cores";
+  zs_config cfg = ZS_CONFIG_INIT;
+  cfg.offload_optimizer.device = 1;
+  cfg.offload_optimizer.threads = 2;
+  zs__offload* o = nullptr;
+  ASSERT_EQ(zs__offload_create(&cfg, 0, acct_, &o), ZS_OK) << zs_last_error();
+  static int seen[2];
+  seen[0] = seen[1] = 0;
+  auto count = [](void*, int w, int nw) -> zs_status {
+    if (nw != 2) return ZS_ERR_INTERNAL;
+    __atomic_add_fetch(&seen[w], 1, __ATOMIC_RELAXED);
+    return ZS_OK;
+  };
+  for (int k = 0; k < 3; k++) ASSERT_EQ(zs__offload_run(o, count, nullptr), ZS_OK);
+  EXPECT_EQ(seen[0], 3);
+  EXPECT_EQ(seen[1], 3);
+  auto fail = [](void*, int w, int) -> zs_status {
+    if (w == 1) return zs__error(ZS_ERR_INVALID_ARGUMENT, "worker one says no");
+    return ZS_OK;
+  };
+  EXPECT_EQ(zs__offload_run(o, fail, nullptr), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(zs_last_error()).find("worker one says no"),
+            std::string::npos) << zs_last_error();
+  EXPECT_EQ(zs__offload_run(o, count, nullptr), ZS_OK);  // usable afterwards
   zs__offload_destroy(o);
 }
 
