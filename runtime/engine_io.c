@@ -134,57 +134,71 @@ static const char* zs__field_name(zs_field f) {
   return "unknown";
 }
 
+/* The one place that says which fields a tensor has: the field's dtype,
+ * or ZS_DTYPE_COUNT with *why saying what is missing. */
+static zs_dtype zs__field_dtype(const zs_model* m, const zs__tensor* owner,
+                                const zs__unit* u, zs_field field,
+                                const char** why) {
+  const int frozen = (owner->flags & ZS_TENSOR_FROZEN) != 0;
+  const int adam = m->ctx->config.optimizer.kind != ZS_OPTIM_SGD;
+  *why = "it is frozen";
+  switch (field) {
+    case ZS_FIELD_PARAM:
+      return u->dtype;
+    case ZS_FIELD_GRAD:
+      return frozen ? ZS_DTYPE_COUNT : u->gdtype;
+    case ZS_FIELD_EXP_AVG:
+    case ZS_FIELD_EXP_AVG_SQ:
+      if (!frozen && !adam) *why = "SGD keeps no Adam moments";
+      return frozen || !adam ? ZS_DTYPE_COUNT : ZS_FLOAT32;
+    case ZS_FIELD_MOMENTUM:
+      if (!frozen && adam) *why = "Adam/AdamW keep no momentum buffer";
+      if (!frozen && !adam) *why = "SGD runs without momentum";
+      return frozen || adam || u->nstates == 0 ? ZS_DTYPE_COUNT : ZS_FLOAT32;
+    case ZS_FIELD_MASTER:
+      if (!frozen && u->master == NULL)
+        *why = "it is fp32 (its parameters are the master weights)";
+      return frozen || u->master == NULL ? ZS_DTYPE_COUNT : ZS_FLOAT32;
+  }
+  *why = "unknown field";
+  return ZS_DTYPE_COUNT;
+}
+
 /* This rank's shard of the buffer behind `field` and its dtype, or an
  * error naming why the tensor has no such field. */
 static zs_status zs__field_shard(zs_model* m, const zs__tensor* t,
                                  const zs__tensor* owner, zs__unit* u,
                                  zs_field field, void** out, zs_dtype* dtype) {
-  const zs_optimizer_config* o = &m->ctx->config.optimizer;
-  int frozen = (owner->flags & ZS_TENSOR_FROZEN) != 0;
-  int adam = o->kind != ZS_OPTIM_SGD;
-  const char* why = "it is frozen";
-  *dtype = ZS_FLOAT32;
+  const char* why = NULL;
+  *dtype = zs__field_dtype(m, owner, u, field, &why);
+  if (*dtype == ZS_DTYPE_COUNT)
+    return zs__error(ZS_ERR_INVALID_ARGUMENT,
+                     "zs_tensor_get: tensor '%s'%s%s%s has no field '%s' (%d): "
+                     "%s", t->name, t != owner ? " (tied to '" : "",
+                     t != owner ? owner->name : "", t != owner ? "')" : "",
+                     zs__field_name(field), (int)field, why);
   switch (field) {
     case ZS_FIELD_PARAM:
       *out = zs__param_shard_ptr(m, u);
-      *dtype = u->dtype;
-      return ZS_OK;
-    case ZS_FIELD_GRAD:
-      if (frozen) break;
-      *out = zs__grad_shard_ptr(m, u);
-      *dtype = u->gdtype;
-      return ZS_OK;
-    case ZS_FIELD_EXP_AVG:
-    case ZS_FIELD_EXP_AVG_SQ:
-      if (!frozen && !adam) why = "SGD keeps no Adam moments";
-      if (frozen || !adam) break;
-      *out = zs__state_shard_ptr(m, u, field == ZS_FIELD_EXP_AVG ? 0 : 1);
-      return ZS_OK;
-    case ZS_FIELD_MOMENTUM:
-      if (!frozen && adam) why = "Adam/AdamW keep no momentum buffer";
-      if (!frozen && !adam) why = "SGD runs without momentum";
-      if (frozen || adam || u->nstates == 0) break;
-      *out = zs__state_shard_ptr(m, u, 0);
-      return ZS_OK;
-    case ZS_FIELD_MASTER:
-      if (!frozen && u->master == NULL)
-        why = "it is fp32 (its parameters are the master weights)";
-      if (frozen || u->master == NULL) break;
-      {
-        zs_status st = zs__master_refresh(m, u);
-        if (st != ZS_OK) return st;
-      }
-      *out = zs__master_shard_ptr(m, u);
-      return ZS_OK;
-    default:
-      why = "unknown field";
       break;
+    case ZS_FIELD_GRAD:
+      *out = zs__grad_shard_ptr(m, u);
+      break;
+    case ZS_FIELD_EXP_AVG:
+    case ZS_FIELD_MOMENTUM:
+      *out = zs__state_shard_ptr(m, u, 0);
+      break;
+    case ZS_FIELD_EXP_AVG_SQ:
+      *out = zs__state_shard_ptr(m, u, 1);
+      break;
+    case ZS_FIELD_MASTER: {
+      zs_status st = zs__master_refresh(m, u);
+      if (st != ZS_OK) return st;
+      *out = zs__master_shard_ptr(m, u);
+      break;
+    }
   }
-  return zs__error(ZS_ERR_INVALID_ARGUMENT,
-                   "zs_tensor_get: tensor '%s'%s%s%s has no field '%s' (%d): %s",
-                   t->name, t != owner ? " (tied to '" : "",
-                   t != owner ? owner->name : "", t != owner ? "')" : "",
-                   zs__field_name(field), (int)field, why);
+  return ZS_OK;
 }
 
 zs_dtype zs_tensor_field_dtype(const zs_model* m, int tensor, zs_field field) {
@@ -192,20 +206,9 @@ zs_dtype zs_tensor_field_dtype(const zs_model* m, int tensor, zs_field field) {
     return ZS_DTYPE_COUNT;
   const zs__tensor* t = &m->tensors[tensor];
   const zs__tensor* owner = t->tied_to >= 0 ? &m->tensors[t->tied_to] : t;
-  const zs__unit* u = &m->units[zs__storage_unit(m, tensor)];
-  const int frozen = (owner->flags & ZS_TENSOR_FROZEN) != 0;
-  const int adam = m->ctx->config.optimizer.kind != ZS_OPTIM_SGD;
-  switch (field) {
-    case ZS_FIELD_PARAM: return u->dtype;
-    case ZS_FIELD_GRAD: return frozen ? ZS_DTYPE_COUNT : u->gdtype;
-    case ZS_FIELD_EXP_AVG:
-    case ZS_FIELD_EXP_AVG_SQ: return frozen || !adam ? ZS_DTYPE_COUNT : ZS_FLOAT32;
-    case ZS_FIELD_MOMENTUM:
-      return frozen || adam || u->nstates == 0 ? ZS_DTYPE_COUNT : ZS_FLOAT32;
-    case ZS_FIELD_MASTER:
-      return frozen || u->master == NULL ? ZS_DTYPE_COUNT : ZS_FLOAT32;
-  }
-  return ZS_DTYPE_COUNT;
+  const char* why = NULL;
+  return zs__field_dtype(m, owner, &m->units[zs__storage_unit(m, tensor)],
+                         field, &why);
 }
 
 zs_status zs_tensor_get(zs_model* m, int tensor, zs_field field, void* out) {
