@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <zeroshard.h>
 
+#include "optim/optim_scalars.h"
 #include "runtime/core.h"
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
@@ -32,7 +33,7 @@
 #define ZS__BLOCK ((size_t)1 << 16)
 
 typedef struct zs__adam_k {
-  float decay, weight_decay, beta1, omb1, beta2, omb2, bc2_sqrt, eps, nss;
+  zs__adam_scalars s;
   int adamw, l2;
 } zs__adam_k;
 
@@ -40,37 +41,16 @@ ZS__CLONES
 static void zs__adam_block(float* restrict p, const float* restrict g,
                            float* restrict m, float* restrict v, size_t n,
                            const zs__adam_k* k) {
-  const float decay = k->decay, wd = k->weight_decay, b1 = k->beta1,
-              omb1 = k->omb1, b2 = k->beta2, omb2 = k->omb2,
-              bc2 = k->bc2_sqrt, eps = k->eps, nss = k->nss;
+  const zs__adam_scalars s = k->s;
   if (k->adamw) {
-    for (size_t i = 0; i < n; i++) {
-      const float pi = p[i] * decay;
-      const float gi = g[i];
-      float mi = m[i] * b1;
-      mi = mi + omb1 * gi;
-      float vi = v[i] * b2;
-      vi = vi + omb2 * gi * gi;
-      float denom = sqrtf(vi) / bc2;
-      denom = denom + eps;
-      m[i] = mi;
-      v[i] = vi;
-      p[i] = pi + nss * mi / denom;
-    }
+    for (size_t i = 0; i < n; i++)
+      p[i] = zs__adam_update(p[i] * s.decay, g[i], &m[i], &v[i], &s);
+  } else if (k->l2) {
+    for (size_t i = 0; i < n; i++)
+      p[i] = zs__adam_update(p[i], g[i] + s.weight_decay * p[i], &m[i], &v[i], &s);
   } else {
-    for (size_t i = 0; i < n; i++) {
-      float gi = g[i];
-      if (k->l2) gi = gi + wd * p[i];
-      float mi = m[i] * b1;
-      mi = mi + omb1 * gi;
-      float vi = v[i] * b2;
-      vi = vi + omb2 * gi * gi;
-      float denom = sqrtf(vi) / bc2;
-      denom = denom + eps;
-      m[i] = mi;
-      v[i] = vi;
-      p[i] = p[i] + nss * mi / denom;
-    }
+    for (size_t i = 0; i < n; i++)
+      p[i] = zs__adam_update(p[i], g[i], &m[i], &v[i], &s);
   }
 }
 
@@ -98,19 +78,8 @@ static zs_status zs__adam_fast(int adamw, float* param, const float* grad,
     return zs__error(ZS_ERR_INVALID_ARGUMENT,
                      "zs_optim_adam[w]_fast: threads must be >= 0 (0: "
                      "OpenMP's default), got %d", threads);
-  /* The same scalars as the reference (optim_ref.c), rounded once. */
-  const double t = (double)step;
-  const double bc1 = 1.0 - pow(hp->beta1, t), bc2 = 1.0 - pow(hp->beta2, t);
   zs__adam_k k;
-  k.decay = (float)(1.0 - hp->lr * hp->weight_decay);
-  k.weight_decay = (float)hp->weight_decay;
-  k.beta1 = (float)hp->beta1;
-  k.omb1 = (float)(1.0 - hp->beta1);
-  k.beta2 = (float)hp->beta2;
-  k.omb2 = (float)(1.0 - hp->beta2);
-  k.bc2_sqrt = (float)sqrt(bc2);
-  k.eps = (float)hp->eps;
-  k.nss = (float)(-(hp->lr / bc1));
+  k.s = zs__adam_scalars_make(hp, step); /* the reference's, bit for bit */
   k.adamw = adamw;
   k.l2 = hp->weight_decay != 0.0;
   const size_t blocks = (n + ZS__BLOCK - 1) / ZS__BLOCK;
@@ -143,28 +112,19 @@ zs_status zs_optim_adam_fast(float* param, const float* grad, float* exp_avg,
 /* ==== SGD ================================================================ */
 
 typedef struct zs__sgd_k {
-  float wd, momentum, omd, neg_lr;
+  zs__sgd_scalars s;
   int decay, use_momentum, first, nesterov;
 } zs__sgd_k;
 
 ZS__CLONES
 static void zs__sgd_block(float* restrict p, const float* restrict g,
                           float* restrict buf, size_t n, const zs__sgd_k* k) {
-  const float wd = k->wd, mom = k->momentum, omd = k->omd, nlr = k->neg_lr;
-  for (size_t i = 0; i < n; i++) {
-    float d = g[i];
-    if (k->decay) d = d + wd * p[i];
-    if (k->use_momentum) {
-      float b = d;
-      if (!k->first) {
-        b = buf[i] * mom;
-        b = b + omd * d;
-      }
-      buf[i] = b;
-      d = k->nesterov ? d + mom * b : b;
-    }
-    p[i] = p[i] + nlr * d;
-  }
+  const zs__sgd_scalars s = k->s;
+  const int decay = k->decay, mom = k->use_momentum, first = k->first,
+            nest = k->nesterov;
+  for (size_t i = 0; i < n; i++)
+    p[i] = zs__sgd_update(p[i], g[i], mom ? &buf[i] : NULL, &s, decay, mom,
+                          first, nest);
 }
 
 zs_status zs_optim_sgd_fast(float* param, const float* grad,
@@ -182,10 +142,7 @@ zs_status zs_optim_sgd_fast(float* param, const float* grad,
                      "zs_optim_sgd_fast: threads must be >= 0, got %d",
                      threads);
   zs__sgd_k k;
-  k.wd = (float)hp->weight_decay;
-  k.momentum = (float)hp->momentum;
-  k.omd = (float)(1.0 - hp->dampening);
-  k.neg_lr = (float)(-hp->lr);
+  k.s = zs__sgd_scalars_make(hp);
   k.decay = hp->weight_decay != 0.0;
   k.use_momentum = hp->momentum != 0.0;
   k.first = step <= 1;

@@ -26,6 +26,7 @@
 #include <stdint.h>
 #include <zeroshard.h>
 
+#include "optim/optim_scalars.h"
 #include "runtime/core.h"
 
 /* Excess precision (x87) would keep intermediates wider than float. */
@@ -39,17 +40,6 @@ static zs_status optim_error(zs_status status, const char* msg) {
 }
 
 /* ==== Adam and AdamW ===================================================== */
-
-/* Per-step scalars, each rounded once from double (see top). */
-typedef struct adam_scalars {
-  float decay;        /* AdamW: 1 - lr*wd */
-  float weight_decay; /* Adam: L2 coefficient added to the gradient */
-  float beta1, one_minus_beta1;
-  float beta2, one_minus_beta2;
-  float bc2_sqrt; /* sqrt(1 - beta2^step) */
-  float eps;
-  float neg_step_size; /* -lr / (1 - beta1^step) */
-} adam_scalars;
 
 static zs_status adam_check(const float* param, const float* grad,
                             const float* exp_avg, const float* exp_avg_sq,
@@ -81,13 +71,14 @@ static zs_status adam_check(const float* param, const float* grad,
   return ZS_OK;
 }
 
-static adam_scalars adam_scalars_make(const zs_adam_hparams* hp, int64_t step) {
+zs__adam_scalars zs__adam_scalars_make(const zs_adam_hparams* hp,
+                                       int64_t step) {
   /* torch reads the step as a Python float (step_t.item()). */
   const double t = (double)step;
   const double bias_correction1 = 1.0 - pow(hp->beta1, t);
   const double bias_correction2 = 1.0 - pow(hp->beta2, t);
   const double step_size = hp->lr / bias_correction1;
-  adam_scalars s;
+  zs__adam_scalars s;
   s.decay = (float)(1.0 - hp->lr * hp->weight_decay);
   s.weight_decay = (float)hp->weight_decay;
   s.beta1 = (float)hp->beta1;
@@ -100,32 +91,16 @@ static adam_scalars adam_scalars_make(const zs_adam_hparams* hp, int64_t step) {
   return s;
 }
 
-/* The part Adam and AdamW share, for one element: each line is one ATen op
- * of torch/optim/adam{,w}.py, in torch's order. */
-static float adam_element(float p, float g, float* exp_avg, float* exp_avg_sq,
-                          const adam_scalars* s) {
-  float m = *exp_avg * s->beta1;        /* exp_avg.mul_(beta1) */
-  m = m + s->one_minus_beta1 * g;       /* .add_(grad, alpha=1-beta1) */
-  float v = *exp_avg_sq * s->beta2;     /* exp_avg_sq.mul_(beta2) */
-  v = v + s->one_minus_beta2 * g * g;   /* .addcmul_(grad, grad, 1-beta2) */
-  float denom = sqrtf(v) / s->bc2_sqrt; /* exp_avg_sq.sqrt() / bc2_sqrt */
-  denom = denom + s->eps;               /* .add_(eps) */
-  *exp_avg = m;
-  *exp_avg_sq = v;
-  /* param.addcdiv_(exp_avg, denom, value=-step_size) */
-  return p + s->neg_step_size * m / denom;
-}
-
 zs_status zs_optim_adamw(float* param, const float* grad, float* exp_avg,
                          float* exp_avg_sq, size_t n, const zs_adam_hparams* hp,
                          int64_t step) {
   zs_status st = adam_check(param, grad, exp_avg, exp_avg_sq, n, hp, step);
   if (st != ZS_OK) return st;
-  const adam_scalars s = adam_scalars_make(hp, step);
+  const zs__adam_scalars s = zs__adam_scalars_make(hp, step);
   for (size_t i = 0; i < n; i++) {
     /* Decoupled weight decay: param.mul_(1 - lr*wd) before the moments. */
     const float p = param[i] * s.decay;
-    param[i] = adam_element(p, grad[i], &exp_avg[i], &exp_avg_sq[i], &s);
+    param[i] = zs__adam_update(p, grad[i], &exp_avg[i], &exp_avg_sq[i], &s);
   }
   return ZS_OK;
 }
@@ -135,13 +110,13 @@ zs_status zs_optim_adam(float* param, const float* grad, float* exp_avg,
                         int64_t step) {
   zs_status st = adam_check(param, grad, exp_avg, exp_avg_sq, n, hp, step);
   if (st != ZS_OK) return st;
-  const adam_scalars s = adam_scalars_make(hp, step);
+  const zs__adam_scalars s = zs__adam_scalars_make(hp, step);
   /* torch skips grad.add(param, alpha=0): -0 + 0*p would turn -0 into +0. */
   const int decay = hp->weight_decay != 0.0;
   for (size_t i = 0; i < n; i++) {
     float g = grad[i];
     if (decay) g = g + s.weight_decay * param[i];
-    param[i] = adam_element(param[i], g, &exp_avg[i], &exp_avg_sq[i], &s);
+    param[i] = zs__adam_update(param[i], g, &exp_avg[i], &exp_avg_sq[i], &s);
   }
   return ZS_OK;
 }
@@ -180,33 +155,25 @@ static zs_status sgd_check(const float* param, const float* grad,
   return ZS_OK;
 }
 
+zs__sgd_scalars zs__sgd_scalars_make(const zs_sgd_hparams* hp) {
+  zs__sgd_scalars s;
+  s.weight_decay = (float)hp->weight_decay;
+  s.momentum = (float)hp->momentum;
+  s.one_minus_dampening = (float)(1.0 - hp->dampening);
+  s.neg_lr = (float)(-hp->lr);
+  return s;
+}
+
 zs_status zs_optim_sgd(float* param, const float* grad, float* momentum_buffer,
                        size_t n, const zs_sgd_hparams* hp, int64_t step) {
   zs_status st = sgd_check(param, grad, momentum_buffer, n, hp, step);
   if (st != ZS_OK) return st;
-  const float weight_decay = (float)hp->weight_decay;
-  const float momentum = (float)hp->momentum;
-  const float one_minus_dampening = (float)(1.0 - hp->dampening);
-  const float neg_lr = (float)(-hp->lr);
-  /* As in torch, the zero cases are skipped, not multiplied by 0 (which
-   * would change -0 to +0). */
+  const zs__sgd_scalars s = zs__sgd_scalars_make(hp);
   const int decay = hp->weight_decay != 0.0;
   const int use_momentum = hp->momentum != 0.0;
-  for (size_t i = 0; i < n; i++) {
-    float d_p = grad[i];
-    if (decay) d_p = d_p + weight_decay * param[i]; /* d_p.add(param, wd) */
-    if (use_momentum) {
-      /* Step 1 is torch's "buffer is None": a copy of d_p, no dampening. */
-      float buf = d_p;
-      if (step > 1) {
-        buf = momentum_buffer[i] * momentum;   /* buf.mul_(momentum) */
-        buf = buf + one_minus_dampening * d_p; /* .add_(d_p, 1-dampening) */
-      }
-      momentum_buffer[i] = buf;
-      /* nesterov: d_p.add(buf, alpha=momentum); else d_p = buf */
-      d_p = hp->nesterov ? d_p + momentum * buf : buf;
-    }
-    param[i] = param[i] + neg_lr * d_p; /* param.add_(d_p, alpha=-lr) */
-  }
+  for (size_t i = 0; i < n; i++)
+    param[i] = zs__sgd_update(param[i], grad[i],
+                              use_momentum ? &momentum_buffer[i] : NULL, &s,
+                              decay, use_momentum, step <= 1, hp->nesterov);
   return ZS_OK;
 }
