@@ -209,6 +209,9 @@ zs_status zs__grad_gather_start(zs_model* m);
 static inline int zs__accum_boundary(const zs_model* m) {
   return m->micro + 1 >= m->ctx->config.grad_accum_steps;
 }
+/* Frees a unit's gradient accumulation state (any state but REDUCING) and
+ * makes it IDLE. */
+void zs__grad_drop(zs_model* m, zs__unit* u);
 /* Makes the accumulation buffer ready (zeroed on the step's first open). */
 zs_status zs__grad_prepare(zs_model* m, zs__unit* u);
 

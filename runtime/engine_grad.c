@@ -113,6 +113,15 @@ cleanup:
   return st;
 }
 
+void zs__grad_drop(zs_model* m, zs__unit* u) {
+  if (u->grad_accum != u->grads_full) zs__dev_free(m->ctx->device, u->grad_accum);
+  zs__dev_free(m->ctx->device, u->grad_saved);
+  zs__dev_free(m->ctx->device, u->red_sum);
+  u->grad_accum = u->grad_saved = u->red_sum = NULL;
+  u->reopened = 0;
+  u->grad_state = ZS__GRAD_IDLE;
+}
+
 /* ==== Reduction ============================================================= */
 
 /* The divisor of the gradient mean: ranks * micro-batches per step. */

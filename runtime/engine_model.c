@@ -107,12 +107,11 @@ zs_status zs_model_create(zs_context* ctx, zs_model** out) {
   return ZS_OK;
 }
 
-static void zs__unit_free_storage(zs__device* dev, zs__offload* off,
-                                  int offload_param, zs__unit* u) {
-  if (u->grad_accum != u->grads_full) zs__dev_free(dev, u->grad_accum);
-  zs__dev_free(dev, u->grad_saved);
-  zs__dev_free(dev, u->red_sum);
-  u->red_sum = NULL;
+static void zs__unit_free_storage(zs_model* m, zs__unit* u) {
+  zs__device* dev = m->ctx->device;
+  zs__offload* off = m->ctx->offload;
+  const int offload_param = m->ctx->config.offload_param;
+  zs__grad_drop(m, u);
   /* what CPU offload placed in host memory goes back there */
   for (int k = 0; k < 2; k++) {
     if (off != NULL) zs__offload_free(off, u->state[k]);
@@ -125,8 +124,7 @@ static void zs__unit_free_storage(zs__device* dev, zs__offload* off,
   if (off != NULL && offload_param) zs__offload_free(off, u->params_shard);
   else zs__dev_free(dev, u->params_shard);
   zs__dev_free(dev, u->params_full);
-  u->grad_accum = u->grad_saved = u->state[0] = u->state[1] = NULL;
-  u->master = NULL;
+  u->state[0] = u->state[1] = u->master = NULL;
   u->grads_shard = u->grads_full = u->params_shard = u->params_full = NULL;
 }
 
@@ -135,7 +133,7 @@ void zs__model_detach(zs_model* m) {
   /* Nothing may be freed under a collective still writing into it. */
   if (m->finalized && !m->ctx->comm->failed) (void)zs__quiesce(m);
   for (int i = 0; i < m->nunits; i++)
-    zs__unit_free_storage(m->ctx->device, m->ctx->offload, m->ctx->config.offload_param, &m->units[i]);
+    zs__unit_free_storage(m, &m->units[i]);
   for (zs_model** p = &m->ctx->models; *p != NULL; p = &(*p)->next)
     if (*p == m) {
       *p = m->next;
@@ -622,7 +620,7 @@ zs_status zs_model_finalize(zs_model* m) {
 cleanup:
   if (st != ZS_OK)
     for (int i = 0; i < m->nunits; i++)
-      zs__unit_free_storage(m->ctx->device, m->ctx->offload, m->ctx->config.offload_param, &m->units[i]);
+      zs__unit_free_storage(m, &m->units[i]);
   free(desc.data);
   return st;
 }

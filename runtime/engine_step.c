@@ -364,16 +364,6 @@ cleanup:
   return st;
 }
 
-/* Frees a unit's gradient accumulation state (any state but REDUCING). */
-static void zs__grad_drop(zs_model* m, zs__unit* u) {
-  if (u->grad_accum != u->grads_full) zs__dev_free(m->ctx->device, u->grad_accum);
-  zs__dev_free(m->ctx->device, u->grad_saved);
-  zs__dev_free(m->ctx->device, u->red_sum);
-  u->grad_accum = u->grad_saved = u->red_sum = NULL;
-  u->reopened = 0;
-  u->grad_state = ZS__GRAD_IDLE;
-}
-
 /* zs_step and zs_step_discard. A micro-batch before the K-th reduces (or,
  * with local accumulation, keeps) its gradients and returns; the K-th
  * reduces what is left and applies the optimizer; discard drops it all. */
