@@ -517,30 +517,31 @@ static zs_status zs__find_owners(zs_model* m, zs__unit* u, int self) {
 static zs_status zs__alloc_unit(zs_model* m, zs__unit* u) {
   zs__device* dev = m->ctx->device;
   const int stage = m->ctx->config.stage;
-  const size_t P = u->layout.padded * u->elem, S = u->layout.shard * u->elem;
-  const size_t GP = u->layout.padded * u->gelem, GS = u->layout.shard * u->gelem;
-  /* fp32 elements of the optimizer's span: full at stage 0, shard at 1-3 */
-  const size_t span = (stage == 0 ? u->layout.padded : u->layout.shard) * 4;
+  /* The sizes are the memory model's (zs__layout_unit_bytes), which the
+   * estimator adds up: the two cannot disagree. */
+  const zs__unit_bytes b =
+      zs__layout_unit_bytes(&u->layout, stage, u->elem, u->gelem,
+                            u->dtype != ZS_FLOAT32, u->trainable);
   zs_status st = ZS_OK;
   zs__offload* off = m->ctx->offload;
   if (stage <= 2)
-    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_PARAMS, P, 1, u->name, &u->params_full));
+    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_PARAMS, b.params, 1, u->name,
+                           &u->params_full));
   else if (off != NULL && m->ctx->config.offload_param)
-    ZS_CHECK(zs__offload_alloc(off, S, u->name, &u->params_shard));
+    ZS_CHECK(zs__offload_alloc(off, b.params, u->name, &u->params_shard));
   else
-    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_PARAMS, S, 1, u->name, &u->params_shard));
+    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_PARAMS, b.params, 1, u->name,
+                           &u->params_shard));
   if (!u->trainable) return ZS_OK;
-  if (stage <= 1)
-    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_GRADS, GP, 1, u->name, &u->grads_full));
-  else
-    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_GRADS, GS, 1, u->name, &u->grads_shard));
+  ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_GRADS, b.grads, 1, u->name,
+                         stage <= 1 ? &u->grads_full : &u->grads_shard));
   /* With CPU offload, master weights and optimizer states live in the
    * NUMA-placed host memory (offload_host) instead. */
-  if (u->dtype != ZS_FLOAT32) {
+  if (b.master > 0) {
     if (off != NULL)
-      ZS_CHECK(zs__offload_alloc(off, span, u->name, &u->master));
+      ZS_CHECK(zs__offload_alloc(off, b.master, u->name, &u->master));
     else
-      ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_MASTER_WEIGHTS, span, 1, u->name,
+      ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_MASTER_WEIGHTS, b.master, 1, u->name,
                              &u->master));
     u->master_stale = 1;
   }
@@ -548,9 +549,9 @@ static zs_status zs__alloc_unit(zs_model* m, zs__unit* u) {
   u->nstates = o->kind == ZS_OPTIM_SGD ? (o->momentum != 0.0 ? 1 : 0) : 2;
   for (int k = 0; k < u->nstates; k++) {
     if (off != NULL)
-      ZS_CHECK(zs__offload_alloc(off, span, u->name, &u->state[k]));
+      ZS_CHECK(zs__offload_alloc(off, b.state, u->name, &u->state[k]));
     else
-      ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_OPTIMIZER_STATES, span, 1, u->name,
+      ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_OPTIMIZER_STATES, b.state, 1, u->name,
                              &u->state[k]));
   }
 cleanup:

@@ -15,19 +15,18 @@
 #include "runtime/core.h"
 #include "runtime/layout.h"
 
-/* Mirrors zs__alloc_unit (engine_model.c): what each rank holds for a unit
- * of `padded`/`shard` elements. */
-static void zs__estimate_states(const zs_estimate_config* c, size_t padded,
-                                size_t shard, size_t elem, size_t gelem,
-                                int lowp, int trainable, int nstates,
-                                zs_memory_estimate* out) {
-  const int stage = c->stage;
-  const size_t span = stage == 0 ? padded : shard;
-  out->bytes[ZS_MEM_PARAMS] += (stage <= 2 ? padded : shard) * elem;
-  if (!trainable) return;
-  out->bytes[ZS_MEM_GRADS] += (stage <= 1 ? padded : shard) * gelem;
-  if (lowp) out->bytes[ZS_MEM_MASTER_WEIGHTS] += span * 4;
-  out->bytes[ZS_MEM_OPTIMIZER_STATES] += (size_t)nstates * span * 4;
+/* What each rank holds for a unit: the sizes the engine allocates
+ * (zs__layout_unit_bytes), added up per category. */
+static void zs__estimate_states(const zs_estimate_config* c,
+                                const zs__unit_layout* l, size_t elem,
+                                size_t gelem, int lowp, int trainable,
+                                int nstates, zs_memory_estimate* out) {
+  const zs__unit_bytes b =
+      zs__layout_unit_bytes(l, c->stage, elem, gelem, lowp, trainable);
+  out->bytes[ZS_MEM_PARAMS] += b.params;
+  out->bytes[ZS_MEM_GRADS] += b.grads;
+  out->bytes[ZS_MEM_MASTER_WEIGHTS] += b.master;
+  out->bytes[ZS_MEM_OPTIMIZER_STATES] += (size_t)nstates * b.state;
 }
 
 static int zs__estimate_nstates(const zs_estimate_config* c) {
@@ -111,8 +110,8 @@ zs_status zs_estimate_params(double params, const zs_estimate_config* c,
   const zs_dtype gdt = c->reduce_dtype < 0 ? dt : ZS_FLOAT32;
   /* The paper's Psi: no alignment, the shard rounded up. */
   const size_t n = (size_t)params, W = (size_t)c->ranks;
-  const size_t shard = (n + W - 1) / W;
-  zs__estimate_states(c, n, shard, zs_dtype_size(dt), zs_dtype_size(gdt),
+  const zs__unit_layout l = {n, n, (n + W - 1) / W};
+  zs__estimate_states(c, &l, zs_dtype_size(dt), zs_dtype_size(gdt),
                       dt != ZS_FLOAT32, n > 0, zs__estimate_nstates(c), out);
   zs__estimate_total(out, c);
   return ZS_OK;
@@ -317,8 +316,8 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
     u->shard = l.shard;
     if (l.padded > out->largest_unit_elements)
       out->largest_unit_elements = l.padded;
-    zs__estimate_states(c, l.padded, l.shard, u->elem, u->gelem, u->lowp,
-                        u->trainable, zs__estimate_nstates(c), out);
+    zs__estimate_states(c, &l, u->elem, u->gelem, u->lowp, u->trainable,
+                        zs__estimate_nstates(c), out);
     ui++;
   }
   /* Stage 3: the unit in use and `prefetch_depth` prefetched ones, each

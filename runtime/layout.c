@@ -7,6 +7,19 @@
 
 #include "runtime/core.h"
 
+zs__unit_bytes zs__layout_unit_bytes(const zs__unit_layout* l, int stage,
+                                     size_t elem, size_t gelem, int lowp,
+                                     int trainable) {
+  zs__unit_bytes b = {0, 0, 0, 0};
+  b.params = (stage <= 2 ? l->padded : l->shard) * elem;
+  if (!trainable) return b;
+  const size_t span = (stage == 0 ? l->padded : l->shard) * sizeof(float);
+  b.grads = (stage <= 1 ? l->padded : l->shard) * gelem;
+  b.master = lowp ? span : 0;
+  b.state = span;
+  return b;
+}
+
 size_t zs__layout_align(size_t elem_size) {
   if (elem_size == 0 || elem_size > ZS_LAYOUT_ALIGN_BYTES) return 1;
   return ZS_LAYOUT_ALIGN_BYTES / elem_size;
