@@ -38,12 +38,19 @@ const char* zs__purpose_name(int purpose) {
   return names[purpose];
 }
 
-/* Counts a collective at issue and folds it into the sequence hash (in
- * issue order, which is what ranks must agree on) and the log. */
-static void zs__comm_note(zs__comm* c, zs__coll* op, int root) {
+/* Bytes of a collective as nccl-tests counts them: the full (gathered)
+ * size per rank for all-gather and reduce-scatter. */
+static size_t zs__coll_bytes(const zs__comm* c, const zs__coll* op) {
   size_t bytes = op->count * zs_dtype_size(op->dtype);
   if (op->op == ZS_COLL_ALL_GATHER || op->op == ZS_COLL_REDUCE_SCATTER)
     bytes *= (size_t)c->world;
+  return bytes;
+}
+
+/* Counts a collective at issue and folds it into the sequence hash (in
+ * issue order, which is what ranks must agree on) and the log. */
+static void zs__comm_note(zs__comm* c, zs__coll* op, int root) {
+  const size_t bytes = zs__coll_bytes(c, op);
   c->counters.calls[op->op]++;
   c->counters.bytes[op->op] += bytes;
   uint64_t rec[6] = {(uint64_t)op->op,         (uint64_t)op->count,
@@ -99,9 +106,7 @@ static zs_status zs__coll_finish(zs__comm* c, zs__coll* op) {
   double now = zs__now();
   c->counters.seconds[op->op] += now - op->t_issue;
   if (c->prof != NULL) {
-    size_t bytes = op->count * zs_dtype_size(op->dtype);
-    if (op->op == ZS_COLL_ALL_GATHER || op->op == ZS_COLL_REDUCE_SCATTER)
-      bytes *= (size_t)c->world;
+    const size_t bytes = zs__coll_bytes(c, op);
     const double dt = now - op->t_issue;
     const double algbw = dt > 0 ? (double)bytes / dt / 1e9 : 0.0;
     char name[48];

@@ -416,11 +416,10 @@ void gpt2_report_comm(gpt2_report* r, const zs_comm_counters* c, int ranks,
      * (n-1)/n for all-gather and reduce-scatter, 2(n-1)/n for all-reduce,
      * 1 for broadcast. Times are issue to completion (overlapped ones
      * included), so these are lower bounds of the link's speed. */
-    const double n = ranks, algbw = c->seconds[k] > 0 ? c->bytes[k] / c->seconds[k] / 1e9 : 0;
-    const double f = k == ZS_COLL_ALL_REDUCE ? 2 * (n - 1) / n
-                     : k == ZS_COLL_BROADCAST ? 1.0 : (n - 1) / n;
+    const double algbw = c->seconds[k] > 0 ? c->bytes[k] / c->seconds[k] / 1e9 : 0;
     cJSON_AddNumberToObject(o, "algbw_GBps", algbw);
-    cJSON_AddNumberToObject(o, "busbw_GBps", algbw * f);
+    cJSON_AddNumberToObject(o, "busbw_GBps",
+                            algbw * zs_busbw_factor((zs_coll_op)k, ranks));
     cJSON_AddNumberToObject(o, "calls_per_step", steps > 0 ? (double)c->calls[k] / steps : 0);
     cJSON_AddNumberToObject(o, "bytes_per_step", steps > 0 ? (double)c->bytes[k] / steps : 0);
   }
