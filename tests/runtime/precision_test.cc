@@ -16,6 +16,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <string>
 
@@ -217,6 +218,60 @@ TEST_F(PrecisionTest, Fp16GradientsWithDynamicLossScaling) {
   ExpectStagesBitwise(runs, *ref_model);
 }
 
+// ---- Small models through the per-step API ---------------------------------
+
+// A context and a finalized model of one unit "u" whose tensors all have
+// one dtype; destroyed with the object.
+struct OneUnit {
+  zs_context* ctx = nullptr;
+  zs_model* m = nullptr;
+  int unit = -1;
+  std::vector<int> t;        // tensor ids
+  std::vector<int64_t> n;    // their element counts
+  ~OneUnit() {
+    zs_model_destroy(m);
+    zs_context_destroy(ctx);
+  }
+  zs_status Build(const zs_config& c, zs_dtype d,
+                  const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors) {
+    zs_status st = zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx);
+    if (st == ZS_OK) st = zs_model_create(ctx, &m);
+    if (st == ZS_OK) st = zs_model_add_unit(m, "u", &unit);
+    for (size_t k = 0; k < tensors.size() && st == ZS_OK; k++) {
+      const auto& shape = tensors[k].second;
+      int id = -1;
+      st = zs_model_add_tensor(m, unit, tensors[k].first.c_str(), (int)shape.size(),
+                               shape.data(), d, 0, &id);
+      int64_t numel = 1;
+      for (int64_t x : shape) numel *= x;
+      t.push_back(id);
+      n.push_back(numel);
+    }
+    if (st == ZS_OK) st = zs_model_finalize(m);
+    return st;
+  }
+  // One step whose gradient of tensor k, element i, is value(k, i)
+  // (rounded to the gradient dtype).
+  zs_status Step(const std::function<float(size_t, int64_t)>& value,
+                 zs_step_info* info) {
+    zs_status st = zs_unit_gather(m, unit);
+    if (st == ZS_OK) st = zs_unit_grad_acquire(m, unit);
+    for (size_t k = 0; k < t.size() && st == ZS_OK; k++) {
+      void* g = nullptr;
+      st = zs_tensor_grad(m, t[k], &g);
+      const zs_dtype gd = zs_tensor_field_dtype(m, t[k], ZS_FIELD_GRAD);
+      for (int64_t i = 0; st == ZS_OK && i < n[k]; i++) {
+        const float v = value(k, i);
+        zs_convert((char*)g + i * zs_dtype_size(gd), gd, &v, ZS_FLOAT32, 1);
+      }
+    }
+    if (st == ZS_OK) st = zs_unit_grad_release(m, unit);
+    if (st == ZS_OK) st = zs_unit_release(m, unit);
+    if (st == ZS_OK) st = zs_step(m, info);
+    return st;
+  }
+};
+
 // ---- Overflow: inf on one rank only -----------------------------------------
 
 // A direct model: one unit of two odd-sized tensors whose gradient is a
@@ -243,17 +298,11 @@ OverflowRun RunOverflow(int stage, int inf_step, int inf_rank, int steps,
   c.loss_scaler = ls;
   c.clip_grad_norm = 1;
   c.max_grad_norm = 1e6;
-  zs_context* ctx = nullptr;
-  zs_model* m = nullptr;
-  int unit = -1, t[2] = {-1, -1};
-  const int64_t n[2] = {37, 11};
-  zs_status st = zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx);
-  if (st == ZS_OK) st = zs_model_create(ctx, &m);
-  if (st == ZS_OK) st = zs_model_add_unit(m, "u", &unit);
-  for (int k = 0; k < 2 && st == ZS_OK; k++)
-    st = zs_model_add_tensor(m, unit, k == 0 ? "a" : "b", 1, &n[k], dtype, 0,
-                             &t[k]);
-  if (st == ZS_OK) st = zs_model_finalize(m);
+  OneUnit u;
+  zs_status st = u.Build(c, dtype, {{"a", {37}}, {"b", {11}}});
+  zs_model* m = u.m;
+  const std::vector<int>& t = u.t;
+  const std::vector<int64_t>& n = u.n;
   auto snapshot = [&](std::vector<std::vector<float>>& dst) {
     dst.clear();
     for (int k = 0; k < 2 && st == ZS_OK; k++)
@@ -271,31 +320,23 @@ OverflowRun RunOverflow(int stage, int inf_step, int inf_rank, int steps,
   };
   for (int s = 0; s < steps && st == ZS_OK; s++) {
     zs_comm_counters before{}, after{};
-    zs_comm_counters_get(ctx, &before);
+    zs_comm_counters_get(u.ctx, &before);
     if (s == inf_step) snapshot(out.before_inf);
     const float scale = (float)zs_model_loss_scale(m);
-    st = zs_unit_gather(m, unit);
-    if (st == ZS_OK) st = zs_unit_grad_acquire(m, unit);
-    for (int k = 0; k < 2 && st == ZS_OK; k++) {
-      void* g = nullptr;
-      st = zs_tensor_grad(m, t[k], &g);
-      for (int64_t i = 0; st == ZS_OK && i < n[k]; i++) {
-        float v = HashUniform(77, s * 16 + rank, k * 100 + i) * scale;
-        if (s >= inf_step && s < inf_step + inf_count && rank == inf_rank &&
-            k == 1 && i == 3)
-          v = std::numeric_limits<float>::infinity();
-        zs_convert((char*)g + i * zs_dtype_size(dtype), dtype, &v, ZS_FLOAT32, 1);
-      }
-    }
-    if (st == ZS_OK) st = zs_unit_grad_release(m, unit);
-    if (st == ZS_OK) st = zs_unit_release(m, unit);
     zs_step_info info{};
-    if (st == ZS_OK) st = zs_step(m, &info);
+    st = u.Step(
+        [&](size_t k, int64_t i) {
+          if (s >= inf_step && s < inf_step + inf_count && rank == inf_rank &&
+              k == 1 && i == 3)
+            return std::numeric_limits<float>::infinity();
+          return HashUniform(77, s * 16 + rank, k * 100 + i) * scale;
+        },
+        &info);
     out.step_status.push_back(st);
     if (st != ZS_OK) break;
     out.infos.push_back(info);
     if (s == inf_step) snapshot(out.after_inf);
-    zs_comm_counters_get(ctx, &after);
+    zs_comm_counters_get(u.ctx, &after);
     std::vector<uint64_t> calls(ZS_COLL_OP_COUNT);
     for (int k = 0; k < ZS_COLL_OP_COUNT; k++)
       calls[k] = after.calls[k] - before.calls[k];
@@ -305,8 +346,6 @@ OverflowRun RunOverflow(int stage, int inf_step, int inf_rank, int steps,
     out.status = st;
     out.error = zs_last_error();
   }
-  zs_model_destroy(m);
-  zs_context_destroy(ctx);
   return out;
 }
 
@@ -406,31 +445,14 @@ TEST_F(PrecisionTest, Fp16NormOfThreeHundredDoesNotOverflow) {
   c.stage = 2;
   c.clip_grad_norm = 1;
   c.max_grad_norm = 1e9;
-  zs_context* ctx = nullptr;
-  zs_model* m = nullptr;
-  int unit = -1, t = -1;
-  const int64_t n = 10000;  // 3.0 everywhere: norm 3 * 100 = 300
-  ASSERT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), ZS_OK)
-      << zs_last_error();
-  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
-  ASSERT_EQ(zs_model_add_unit(m, "u", &unit), ZS_OK);
-  ASSERT_EQ(zs_model_add_tensor(m, unit, "w", 1, &n, ZS_FLOAT16, 0, &t), ZS_OK);
-  ASSERT_EQ(zs_model_finalize(m), ZS_OK) << zs_last_error();
-  ASSERT_EQ(zs_unit_gather(m, unit), ZS_OK);
-  ASSERT_EQ(zs_unit_grad_acquire(m, unit), ZS_OK);
-  void* g = nullptr;
-  ASSERT_EQ(zs_tensor_grad(m, t, &g), ZS_OK);
-  std::vector<float> three((size_t)n, 3.0f);
-  ASSERT_EQ(zs_convert(g, ZS_FLOAT16, three.data(), ZS_FLOAT32, three.size()),
-            ZS_OK);
-  ASSERT_EQ(zs_unit_grad_release(m, unit), ZS_OK);
-  ASSERT_EQ(zs_unit_release(m, unit), ZS_OK);
+  OneUnit u;  // 10000 elements of 3.0: norm 3 * 100 = 300
+  ASSERT_EQ(u.Build(c, ZS_FLOAT16, {{"w", {10000}}}), ZS_OK) << zs_last_error();
+  ASSERT_EQ(zs_tensor_field_dtype(u.m, u.t[0], ZS_FIELD_GRAD), ZS_FLOAT16);
   zs_step_info info{};
-  ASSERT_EQ(zs_step(m, &info), ZS_OK) << zs_last_error();
+  ASSERT_EQ(u.Step([](size_t, int64_t) { return 3.0f; }, &info), ZS_OK)
+      << zs_last_error();
   EXPECT_EQ(info.grad_norm, 300.0);
   EXPECT_EQ(info.applied, 1);
-  zs_model_destroy(m);
-  zs_context_destroy(ctx);
 }
 
 // ZeRO's 2 + 2 + 12 bytes per parameter for 16-bit parameters and
@@ -442,19 +464,14 @@ TEST_F(PrecisionTest, SixteenBitMemoryFollowsTheZeroFormula) {
     for (int stage = 0; stage <= 3; stage++) {
       zs_config c = ZS_CONFIG_INIT;
       c.stage = stage;
-      zs_context* ctx = nullptr;
-      zs_model* m = nullptr;
-      int unit = -1, t = -1;
-      const int64_t shape[2] = {37, 29};
-      ASSERT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), ZS_OK);
-      ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
-      ASSERT_EQ(zs_model_add_unit(m, "u", &unit), ZS_OK);
-      ASSERT_EQ(zs_model_add_tensor(m, unit, "w", 2, shape, dtype, 0, &t), ZS_OK);
-      ASSERT_EQ(zs_model_finalize(m), ZS_OK) << zs_last_error();
+      OneUnit u;
+      ASSERT_EQ(u.Build(c, dtype, {{"w", {37, 29}}}), ZS_OK) << zs_last_error();
+      zs_model* m = u.m;
+      const int t = u.t[0];
       size_t P = 0, S = 0;
-      ASSERT_EQ(zs_unit_layout(m, unit, nullptr, &P, &S), ZS_OK);
+      ASSERT_EQ(zs_unit_layout(m, u.unit, nullptr, &P, &S), ZS_OK);
       zs_memory_stats ms;
-      zs_memory_stats_get(ctx, &ms);
+      zs_memory_stats_get(u.ctx, &ms);
       const size_t params = stage == 3 ? 2 * S : 2 * P;
       const size_t grads = stage >= 2 ? 2 * S : 2 * P;
       const size_t span = stage == 0 ? P : S;
@@ -467,8 +484,6 @@ TEST_F(PrecisionTest, SixteenBitMemoryFollowsTheZeroFormula) {
       EXPECT_EQ(zs_tensor_field_dtype(m, t, ZS_FIELD_PARAM), dtype);
       EXPECT_EQ(zs_tensor_field_dtype(m, t, ZS_FIELD_GRAD), dtype);
       EXPECT_EQ(zs_tensor_field_dtype(m, t, ZS_FIELD_MASTER), ZS_FLOAT32);
-      zs_model_destroy(m);
-      zs_context_destroy(ctx);
     }
   }
 }
@@ -480,32 +495,17 @@ TEST_F(PrecisionTest, TensorSetKeepsTheOtherTensorsMasters) {
     zs_config c = ZS_CONFIG_INIT;
     c.stage = stage;
     c.optimizer.lr = 1e-4;
-    zs_context* ctx = nullptr;
-    zs_model* m = nullptr;
-    int unit = -1, a = -1, b = -1;
-    const int64_t na = 13, nb = 11;
-    ASSERT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), ZS_OK);
-    ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
-    ASSERT_EQ(zs_model_add_unit(m, "u", &unit), ZS_OK);
-    ASSERT_EQ(zs_model_add_tensor(m, unit, "a", 1, &na, ZS_BFLOAT16, 0, &a), ZS_OK);
-    ASSERT_EQ(zs_model_add_tensor(m, unit, "b", 1, &nb, ZS_BFLOAT16, 0, &b), ZS_OK);
-    ASSERT_EQ(zs_model_finalize(m), ZS_OK) << zs_last_error();
-    for (int s = 0; s < 3; s++) {
-      ASSERT_EQ(zs_unit_gather(m, unit), ZS_OK);
-      ASSERT_EQ(zs_unit_grad_acquire(m, unit), ZS_OK);
-      for (int t : {a, b}) {
-        void* g = nullptr;
-        ASSERT_EQ(zs_tensor_grad(m, t, &g), ZS_OK);
-        const int64_t n = t == a ? na : nb;
-        for (int64_t i = 0; i < n; i++) {
-          float v = HashUniform(5, s, t * 100 + i);
-          zs_convert((uint16_t*)g + i, ZS_BFLOAT16, &v, ZS_FLOAT32, 1);
-        }
-      }
-      ASSERT_EQ(zs_unit_grad_release(m, unit), ZS_OK);
-      ASSERT_EQ(zs_unit_release(m, unit), ZS_OK);
-      ASSERT_EQ(zs_step(m, nullptr), ZS_OK) << zs_last_error();
-    }
+    OneUnit u;
+    ASSERT_EQ(u.Build(c, ZS_BFLOAT16, {{"a", {13}}, {"b", {11}}}), ZS_OK)
+        << zs_last_error();
+    zs_model* m = u.m;
+    const int a = u.t[0], b = u.t[1];
+    const int64_t na = u.n[0], nb = u.n[1];
+    for (int s = 0; s < 3; s++)
+      ASSERT_EQ(u.Step([&](size_t k, int64_t i) {
+                  return HashUniform(5, s, u.t[k] * 100 + i);
+                }, nullptr),
+                ZS_OK) << zs_last_error();
     std::vector<float> before((size_t)nb), after((size_t)nb), pa((size_t)na);
     std::vector<uint16_t> ha((size_t)na);
     ASSERT_EQ(zs_tensor_get(m, b, ZS_FIELD_MASTER, before.data()), ZS_OK);
@@ -528,8 +528,6 @@ TEST_F(PrecisionTest, TensorSetKeepsTheOtherTensorsMasters) {
       finer += r != x;
     }
     EXPECT_GT(finer, 0);
-    zs_model_destroy(m);
-    zs_context_destroy(ctx);
   }
 }
 
@@ -539,19 +537,10 @@ TEST_F(PrecisionTest, SixteenBitMeanIsRoundedOnce) {
   for (int stage : {0, 2}) {
     zs_config c = ZS_CONFIG_INIT;
     c.stage = stage;
-    zs_context* ctx = nullptr;
-    zs_model* m = nullptr;
-    int unit = -1, t = -1;
-    const int64_t n = 53;
-    ASSERT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), ZS_OK);
-    ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
-    ASSERT_EQ(zs_model_add_unit(m, "u", &unit), ZS_OK);
-    ASSERT_EQ(zs_model_add_tensor(m, unit, "w", 1, &n, ZS_BFLOAT16, 0, &t), ZS_OK);
-    ASSERT_EQ(zs_model_finalize(m), ZS_OK) << zs_last_error();
-    ASSERT_EQ(zs_unit_gather(m, unit), ZS_OK);
-    ASSERT_EQ(zs_unit_grad_acquire(m, unit), ZS_OK);
-    void* g = nullptr;
-    ASSERT_EQ(zs_tensor_grad(m, t, &g), ZS_OK);
+    OneUnit u;
+    ASSERT_EQ(u.Build(c, ZS_BFLOAT16, {{"w", {53}}}), ZS_OK) << zs_last_error();
+    const int t = u.t[0];
+    const int64_t n = u.n[0];
     auto value = [](int r, int64_t i) {  // exactly representable in bf16
       float v = HashUniform(9, r, i);
       uint16_t h;
@@ -559,15 +548,10 @@ TEST_F(PrecisionTest, SixteenBitMeanIsRoundedOnce) {
       zs_convert(&v, ZS_FLOAT32, &h, ZS_BFLOAT16, 1);
       return v;
     };
-    for (int64_t i = 0; i < n; i++) {
-      float v = value(rank_, i);
-      zs_convert((uint16_t*)g + i, ZS_BFLOAT16, &v, ZS_FLOAT32, 1);
-    }
-    ASSERT_EQ(zs_unit_grad_release(m, unit), ZS_OK);
-    ASSERT_EQ(zs_unit_release(m, unit), ZS_OK);
-    ASSERT_EQ(zs_step(m, nullptr), ZS_OK) << zs_last_error();
+    ASSERT_EQ(u.Step([&](size_t, int64_t i) { return value(rank_, i); }, nullptr),
+              ZS_OK) << zs_last_error();
     std::vector<uint16_t> got((size_t)n);
-    ASSERT_EQ(zs_tensor_get(m, t, ZS_FIELD_GRAD, got.data()), ZS_OK);
+    ASSERT_EQ(zs_tensor_get(u.m, t, ZS_FIELD_GRAD, got.data()), ZS_OK);
     for (int64_t i = 0; i < n; i++) {
       float sum = value(0, i);
       for (int r = 1; r < world_; r++) sum += value(r, i);
@@ -576,8 +560,6 @@ TEST_F(PrecisionTest, SixteenBitMeanIsRoundedOnce) {
       zs_convert(&want, ZS_BFLOAT16, &mean, ZS_FLOAT32, 1);
       EXPECT_EQ(got[i], want) << "stage " << stage << " element " << i;
     }
-    zs_model_destroy(m);
-    zs_context_destroy(ctx);
   }
 }
 
