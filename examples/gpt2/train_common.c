@@ -126,6 +126,15 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
                          "[none]\n"
                          "  --offload-param D   none|cpu (stage 3, with "
                          "--offload cpu): parameter shards too [none]\n"
+                         "  --save DIR          checkpoint root: save at the "
+                         "end (and every --save-every steps); DIR/latest\n"
+                         "                      names the newest\n"
+                         "  --save-every N      with --save: also every N "
+                         "steps [0: end only]\n"
+                         "  --resume DIR        continue from a checkpoint "
+                         "(or DIR/latest) at any --ranks and --stage;\n"
+                         "                      --steps is the total to "
+                         "reach\n"
                          "  --describe FILE     write the model description "
                          "(units, tensors, activations per rank) for\n"
                          "                      tools/zs estimate --model, "
@@ -204,8 +213,12 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
       int s = 0;
       rc = gpt2__int(f, v, 0, 2147483647, &s, err, cap);
       a->seed = (unsigned long long)s;
+    } else if (sharded && strcmp(f, "--save-every") == 0) {
+      rc = gpt2__int(f, v, 1, 1000000, &a->save_every, err, cap);
     } else if (strcmp(f, "--data") == 0 || strcmp(f, "--report") == 0 ||
-               (sharded && strcmp(f, "--describe") == 0)) {
+               (sharded && (strcmp(f, "--describe") == 0 ||
+                            strcmp(f, "--save") == 0 ||
+                            strcmp(f, "--resume") == 0))) {
       if (v == NULL || v[0] == '\0' || strncmp(v, "--", 2) == 0) {
         snprintf(err, cap, "%s: expected a path, got '%s'", f,
                  v != NULL ? v : "(missing)");
@@ -213,6 +226,8 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
       }
       *(strcmp(f, "--data") == 0     ? &a->data
         : strcmp(f, "--report") == 0 ? &a->report
+        : strcmp(f, "--save") == 0   ? &a->save
+        : strcmp(f, "--resume") == 0 ? &a->resume
                                      : &a->describe) = v;
     } else {
       snprintf(err, cap, "unknown flag '%s' (try --help)", f);
@@ -220,6 +235,10 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
     }
     if (rc != 0) return -1;
     i += takes;
+  }
+  if (a->save_every > 0 && a->save == NULL) {
+    snprintf(err, cap, "--save-every needs --save DIR");
+    return -1;
   }
   if ((long long)a->val_batches * a->batch > (1 << 20)) {
     snprintf(err, cap, "--val-batches %d x --batch %d: more than 2^20 val "

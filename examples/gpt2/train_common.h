@@ -44,6 +44,9 @@ typedef struct gpt2_args {
   double clip;         /* sharded: max global gradient norm, 0 = off */
   int offload;         /* sharded: optimizer offload to the CPU (0/1) */
   int offload_param;   /* sharded, stage 3: parameter shards too (0/1) */
+  const char* save;    /* sharded: checkpoint root to save into, or NULL */
+  int save_every;      /* sharded: save every N steps (0: at the end only) */
+  const char* resume;  /* sharded: checkpoint (or root) to resume from */
   const char* describe; /* sharded: write the model description JSON
                            (tools/zs estimate --model) here and exit */
 } gpt2_args;

@@ -42,6 +42,17 @@
     MPI_Abort(MPI_COMM_WORLD, 1);                                       \
   } while (0)
 
+/* What a checkpoint's extras hold for this trainer: where the data stream
+ * is (the batch of step s is a pure function of seed, s and the batch
+ * shape, so the position is the step) and what fixes the data order. */
+static const char kStateMagic[8] = {'z', 's', 'g', 'p', 't', '2', 0, 1};
+typedef struct train_state {
+  char magic[8];
+  int64_t next_step; /* optimizer steps done */
+  uint64_t seed;
+  int32_t batch, seq;
+} train_state;
+
 typedef struct model {
   gpt2_config cfg;
   zs_context* ctx;
@@ -495,12 +506,39 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return bad ? 1 : 0;
   }
+  /* Resume: weights, optimizer state and step counts from the checkpoint
+   * (any world size and stage); the data position and the settings the
+   * data order depends on from its extras. */
+  int start = 0;
+  if (args.resume != NULL) {
+    train_state ts;
+    size_t got = 0;
+    CHECK(zs_checkpoint_load(m.zm, args.resume, 0, &ts, sizeof ts, &got));
+    if (got != sizeof ts || memcmp(ts.magic, kStateMagic, sizeof ts.magic) != 0) {
+      if (rank == 0)
+        fprintf(stderr, "train_sharded: --resume %s: the checkpoint was not "
+                "written by this trainer (its extras are %zu bytes)\n",
+                args.resume, got);
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    if (ts.seed != args.seed || ts.batch != args.batch || ts.seq != args.seq) {
+      if (rank == 0)
+        fprintf(stderr, "train_sharded: --resume %s: the checkpoint was "
+                "trained with --seed %llu --batch %d --seq %d; pass the same "
+                "values (they fix the data order)\n", args.resume,
+                (unsigned long long)ts.seed, ts.batch, ts.seq);
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    start = (int)ts.next_step;
+    if (rank == 0 && !args.quiet)
+      printf("resumed from %s at step %d\n", args.resume, start);
+  }
   const int threads = omp_get_max_threads();
   if (rank == 0 && !args.quiet) gpt2_args_print(&args, "sharded", world, threads, stdout);
   gpt2_report* report = gpt2_report_create(&args, "sharded", world, threads,
                                            gpt2_num_params(&cfg));
   double t_start = gpt2_now(), t_train = 0;
-  for (int step = 0; step < args.steps; step++) {
+  for (int step = start; step < args.steps; step++) {
     double t0 = gpt2_now();
     /* Micro-batch k of the global batch: sequences [k*batch/K, +batch/K),
      * split across the ranks; zs_step after each, the optimizer after the
@@ -529,7 +567,7 @@ int main(int argc, char** argv) {
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
     gpt2_report_step(report, step + 1, loss, args.lr);
-    double tps = (double)(step + 1) * args.batch * T / t_train;
+    double tps = (double)(step + 1 - start) * args.batch * T / t_train;
     if (rank == 0 && !args.quiet && ((step + 1) % args.log_every == 0 || step == 0))
       gpt2_print_progress(stdout, step + 1, args.steps, loss, args.lr, tps,
                           (args.steps - step - 1) * (double)args.batch * T / tps);
@@ -538,6 +576,19 @@ int main(int argc, char** argv) {
       double val = model_eval(&m, &data, &args, tokens, targets, rank, world);
       gpt2_report_val(report, step + 1, val);
       if (rank == 0 && !args.quiet) printf("val loss %.4f at step %d\n", val, step + 1);
+    }
+    if (args.save != NULL &&
+        (last || (args.save_every > 0 && (step + 1) % args.save_every == 0))) {
+      train_state ts;
+      memset(&ts, 0, sizeof ts);
+      memcpy(ts.magic, kStateMagic, sizeof ts.magic);
+      ts.next_step = step + 1;
+      ts.seed = args.seed;
+      ts.batch = args.batch;
+      ts.seq = args.seq;
+      CHECK(zs_checkpoint_save(m.zm, args.save, NULL, &ts, sizeof ts));
+      if (rank == 0 && !args.quiet)
+        printf("saved checkpoint %s/step-%08d\n", args.save, step + 1);
     }
   }
   double wall = gpt2_now() - t_start;

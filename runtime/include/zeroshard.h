@@ -784,6 +784,93 @@ zs_status zs_step_discard(zs_model* model, zs_step_info* info);
  * collective; the same on every rank. Returns 0 for a NULL model. */
 double zs_model_loss_scale(const zs_model* model);
 
+/* ==== Checkpoints (docs/checkpoint.md) ================================== */
+/* Sharded, crash-safe checkpoints that load at any world size and stage.
+ * A checkpoint ROOT holds checkpoint directories and a file `latest` naming
+ * the newest complete one. A checkpoint directory holds meta.json (the
+ * format, world size, stage, optimizer, step counts, loss scaler, units and
+ * tensors: names, shapes, dtypes, offsets, padding, ties), its xxHash64 in
+ * meta.json.xxh64, one rank-RRRRR.bin per saving rank (its shard of every
+ * unit: fp32 master weights, or the parameters when a unit has none, then
+ * the optimizer states) and extras.bin (the caller's blob). Every file's
+ * size and xxHash64 are in the metadata and checked before a load changes
+ * anything. The layout follows DeepSpeed's ZeRO checkpoints (one file per
+ * rank's partition plus a model description) and PyTorch DCP's
+ * resharding by element ranges. All sizes in bytes. */
+
+/* Saves the model under root/name (name NULL: "step-%08lld" of the
+ * optimizer iterations so far, zs_step calls / grad_accum_steps). Call
+ * between optimizer steps (not within gradient accumulation) with no unit
+ * gathered or gradients open. Every rank writes its shard into
+ * root/.tmp-NAME and fsyncs it; then rank 0 writes extras.bin (extras,
+ * extras_bytes, from rank 0; ignored on other ranks; may be NULL with 0),
+ * meta.json and its checksum, fsyncs, renames the directory to root/NAME
+ * (replacing a checkpoint of that name) and then points root/latest at it
+ * (written to a temporary and renamed). A crash at any point leaves the
+ * previous checkpoint and `latest` loadable; a failed save removes its
+ * temporary directory, and the next save into the root clears what a
+ * crashed one left (one save at a time per root). root is created if missing (with its parents) and
+ * must be visible to every rank (a shared file system on several
+ * nodes). Collective, blocking. Errors: INVALID_ARGUMENT (NULL root, a
+ * name with '/' or starting with '.', NULL extras with extras_bytes > 0),
+ * INVALID_STATE (mid-accumulation, a unit gathered), IO naming the file
+ * and byte offset (disk full, permissions), REMOTE on the other ranks,
+ * OUT_OF_MEMORY, COMM. */
+zs_status zs_checkpoint_save(zs_model* model, const char* root,
+                             const char* name, const void* extras,
+                             size_t extras_bytes);
+
+/* zs_checkpoint_load flags. */
+#define ZS_LOAD_WEIGHTS_ONLY 1u /* parameters (and master weights) only:
+                                   optimizer states, step counts and the
+                                   loss scaler keep their current values */
+
+/* Loads a checkpoint into a finalized model of the same tensors (names,
+ * shapes, ties) at any world size and stage. path: a checkpoint directory,
+ * or a root (its `latest` is followed). Every rank reads the metadata and
+ * checks it describes this model; the ranks share the checksum
+ * verification of the files (file i on rank i mod world size); only when
+ * all of that succeeded everywhere does any rank change its buffers: for
+ * each of them (parameters: full at stages 0-2, the shard at 3; master
+ * weights and optimizer states: the optimizer's span) it reads just the
+ * element ranges it holds from the old rank files (pread). 16-bit
+ * parameters are the rounding of the saved fp32 master weights (exactly
+ * the values they had). Without ZS_LOAD_WEIGHTS_ONLY the optimizer kind and
+ * each tensor's state count must match, and the optimizer states,
+ * per-tensor step counts, zs_step counters and (when the configured loss
+ * scaler has the saved mode) the scaler's scale, clean-step count and
+ * hysteresis are restored; learning rates are the caller's (set them as
+ * for any step). extras (extras_cap bytes, may be NULL: not read) receives
+ * the saved extras on every rank; *extras_bytes (may be NULL) their size.
+ * Call between steps with no unit gathered. Collective, blocking.
+ * Errors (nothing loaded): INVALID_ARGUMENT (unknown flags, extras larger
+ * than extras_cap), IO (a missing file, naming it), CORRUPT (a truncated
+ * file, a checksum mismatch, bad metadata: naming the file), MISMATCH (a
+ * different model or optimizer, naming the tensor), UNSUPPORTED (a newer
+ * format), REMOTE (another rank's failure, its message included). An I/O
+ * error while reading the ranges after that (the files changed under the
+ * load) leaves the model partly loaded: load again. */
+zs_status zs_checkpoint_load(zs_model* model, const char* path, unsigned flags,
+                             void* extras, size_t extras_cap,
+                             size_t* extras_bytes);
+
+/* Writes the full weights of a checkpoint (path as for zs_checkpoint_load)
+ * to a safetensors file: an 8-byte little-endian header length, a JSON
+ * header (per tensor: dtype, shape, data_offsets; __metadata__), padded
+ * with spaces to 8 bytes, then the raw little-endian data of every tensor
+ * in registration order, padding removed. dtype ZS_FLOAT32 (the saved fp32
+ * master weights, bitwise) or ZS_BFLOAT16 (their rounding). Without
+ * duplicate_tied a tied tensor is stored once, under its owner's name, and
+ * __metadata__ maps "tied:ALIAS" to the owner's name (the format forbids
+ * overlapping tensors); with it the alias is a second copy. Needs no MPI
+ * and no model. Written to out_file + ".tmp", fsynced and renamed, so an
+ * existing out_file is replaced whole or not at all. Synchronous.
+ * Errors: INVALID_ARGUMENT (NULL paths, a dtype other than fp32/bf16),
+ * IO, CORRUPT (the checkpoint's files are verified first), OUT_OF_MEMORY.
+ * Format: huggingface/safetensors, "Format" in its README. */
+zs_status zs_checkpoint_consolidate(const char* path, const char* out_file,
+                                    zs_dtype dtype, int duplicate_tied);
+
 /* ==== Sequential driver (docs/overlap.md) =============================== */
 /* A higher-level API for models that are a sequence of layers: the driver
  * runs forward and backward across them, gathering, prefetching and

@@ -235,6 +235,8 @@ class ShardedAccess : public Access {
   std::vector<std::pair<int, void*>> gptr_;
 };
 
+}  // namespace
+
 zs_status InitCallback(void* user, int tensor, const zs_tensor_desc* desc,
                        void* data) {
   if (desc->dtype == ZS_FLOAT32) {
@@ -256,6 +258,8 @@ zs_status GetFloat(zs_model* zm, int t, zs_field f, std::vector<float>& out) {
   if (st == ZS_OK) st = zs_convert(out.data(), ZS_FLOAT32, h.data(), d, h.size());
   return st;
 }
+
+namespace {
 
 // Writes NaN into every element of a unit's local buffers that belongs to
 // no tensor (alignment gaps and the padding of the last shard).
@@ -368,10 +372,14 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
   if (st == ZS_OK) st = zs_model_finalize(zm);
   if (st == ZS_OK) st = zs_model_init(zm, InitCallback, &model);
   if (st == ZS_OK && cfg.sentinel) FillPaddingNaN(zm);
+  if (st == ZS_OK && !cfg.load.empty())
+    st = zs_checkpoint_load(zm, cfg.load.c_str(), cfg.load_flags, nullptr, 0,
+                            nullptr);
   // Micro-batch k of rank r: samples [k*G/K + r*nb, +nb), nb = G/(W*K).
   const int K = cfg.grad_accum, nb = cfg.global_batch / (world * K);
   ShardedAccess access(zm, model);
-  for (int s = 0; st == ZS_OK && s < cfg.steps; s++) {
+  for (int s = cfg.first_step; st == ZS_OK && s < cfg.first_step + cfg.steps;
+       s++) {
     zs_comm_counters before{}, after{};
     zs_comm_counters_get(ctx, &before);
     st = zs_model_set_lr(zm, ZS_ALL_GROUPS, LrAt(cfg, s));
@@ -406,9 +414,27 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
       r.norms.push_back(std::sqrt(sumsq) / used_scale);
     }
   }
+  if (st == ZS_OK && !cfg.save.empty())
+    st = zs_checkpoint_save(zm, cfg.save.c_str(),
+                            cfg.save_name.empty() ? nullptr
+                                                  : cfg.save_name.c_str(),
+                            nullptr, 0);
   if (st != ZS_OK) fail(st);
+  if (zm != nullptr) r.loss_scale = zs_model_loss_scale(zm);
   for (size_t t = 0; st == ZS_OK && t < model.tensors.size(); t++) {
     std::vector<float> p(model.tensors[t].numel()), s0(p.size());
+    std::vector<float> s1, ms;
+    if (zs_tensor_field_dtype(zm, (int)t, ZS_FIELD_EXP_AVG_SQ) == ZS_FLOAT32) {
+      s1.resize(p.size());
+      st = zs_tensor_get(zm, (int)t, ZS_FIELD_EXP_AVG_SQ, s1.data());
+    }
+    if (st == ZS_OK &&
+        zs_tensor_field_dtype(zm, (int)t, ZS_FIELD_MASTER) == ZS_FLOAT32) {
+      ms.resize(p.size());
+      st = zs_tensor_get(zm, (int)t, ZS_FIELD_MASTER, ms.data());
+    }
+    r.state1.push_back(s1);
+    r.master.push_back(ms);
     st = GetFloat(zm, (int)t, ZS_FIELD_PARAM, p);
     const TensorSpec& ts = model.tensors[t];
     const TensorSpec& own = ts.tie >= 0 ? model.tensors[ts.tie] : ts;

@@ -43,6 +43,13 @@ struct TrainConfig {
   double init_scale = 65536; // gradients are multiplied by the scale
   int offload = 0;           // zs_config.offload_optimizer.device
   int offload_param = 0;     // zs_config.offload_param
+  // Checkpoints (docs/checkpoint.md): steps run are [first_step,
+  // first_step + steps) of the same data stream and learning-rate schedule.
+  int first_step = 0;
+  std::string load;          // zs_checkpoint_load this after zs_model_init
+  unsigned load_flags = 0;
+  std::string save;          // zs_checkpoint_save into this root at the end
+  std::string save_name;     // its name ("" = the default, step-N)
 };
 
 struct TrainResult {
@@ -62,6 +69,9 @@ struct TrainResult {
   // of every trainable tensor's GRAD, sum of squares in double).
   std::vector<double> norms;
   zs_offload_info offload{};  // sharded: at the end of training
+  std::vector<std::vector<float>> state1;  // exp_avg_sq per tensor (Adam)
+  std::vector<std::vector<float>> master;  // fp32 master (16-bit tensors)
+  double loss_scale = 0;                   // sharded: at the end
 };
 
 zs_optimizer_config OptimizerFor(const TrainConfig& cfg);
@@ -74,6 +84,15 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg);
 
 // Registers `model` on a finalized zs_model (helper for other tests).
 zs_status RegisterModel(Model& model, zs_model* zm);
+
+// zs_model_init callback: Model::Init of each tensor (user: the Model*),
+// converted to the tensor's dtype.
+zs_status InitCallback(void* user, int tensor, const zs_tensor_desc* desc,
+                       void* data);
+
+// A field of a tensor as fp32 (16-bit values converted); out has numel
+// elements. Collective (zs_tensor_get).
+zs_status GetFloat(zs_model* zm, int t, zs_field f, std::vector<float>& out);
 
 // Per-tensor tolerance check of the foundation issue: ||a-b||_2 <= rel *
 // ||b||_2 and max|a-b| <= rel * max|b| (both zero when b is zero).

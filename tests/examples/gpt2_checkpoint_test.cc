@@ -1,0 +1,204 @@
+// gpt2_checkpoint_test.cc — checkpoints of the GPT-2 trainer across real
+// processes (docs/checkpoint.md):
+//  - 10 straight steps == 5 steps, --save, new processes, --resume, 5 more:
+//    the checkpoints written at step 10 are the same bytes (parameters or
+//    fp32 master weights, moments, per-tensor steps, the loss scaler) at
+//    stages 0-3, fp32 and 16-bit;
+//  - a process killed in the middle of a save (ZS_CKPT_CRASH_AFTER, after
+//    each file and rename, on rank 0 and on rank 1) leaves the previous
+//    checkpoint loadable and verifiable, and resuming from it reaches the
+//    same bytes as the run that was never killed;
+//  - tools: zs_ckpt inspect --verify and consolidate on a real checkpoint;
+//    bad input (resume with another --seed, a missing checkpoint).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "tests/examples/process_util.h"
+
+namespace {
+
+using zstest::Mpirun;
+using zstest::RunResult;
+using zstest::Shell;
+using zstest::TmpDir;
+
+std::string g_sharded, g_ckpt, g_data;
+
+const char* kFlags =
+    " --layers 2 --channels 32 --heads 2 --seq 16 --batch 12 --eval-every 0 "
+    "--sample-bytes 0 --quiet";
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+RunResult Train(int ranks, const std::string& flags, const std::string& env = "") {
+  return Shell(env + Mpirun(ranks) + (env.empty() ? "" : "-x ZS_CKPT_CRASH_AFTER ") +
+               g_sharded + kFlags + " --data " + g_data + " " + flags);
+}
+
+// The rank files and metadata of two checkpoint directories are equal.
+::testing::AssertionResult SameCheckpoint(const std::string& a,
+                                          const std::string& b, int ranks) {
+  for (int r = 0; r < ranks; r++) {
+    char name[32];
+    std::snprintf(name, sizeof name, "/rank-%05d.bin", r);
+    std::string x = Slurp(a + name), y = Slurp(b + name);
+    if (x.empty() || x != y)
+      return ::testing::AssertionFailure()
+             << a << name << " and " << b << name << " differ (" << x.size()
+             << " vs " << y.size() << " bytes)";
+  }
+  if (Slurp(a + "/meta.json") != Slurp(b + "/meta.json"))
+    return ::testing::AssertionFailure() << a << "/meta.json differs";
+  return ::testing::AssertionSuccess();
+}
+
+std::string Latest(const std::string& root) {
+  std::string s = Slurp(root + "/latest");
+  while (!s.empty() && s.back() == '\n') s.pop_back();
+  return s;
+}
+
+TEST(Gpt2Checkpoint, ResumeInNewProcessesIsBitwiseAtEveryStage) {
+  const char* dtypes[] = {"fp32", "fp16", "fp32", "bf16"};
+  for (int stage = 0; stage <= 3; stage++) {
+    const std::string what = "stage " + std::to_string(stage) + " " + dtypes[stage];
+    const std::string d = TmpDir() + "/resume" + std::to_string(stage);
+    Shell("rm -rf " + d);
+    const std::string common =
+        " --stage " + std::to_string(stage) + " --dtype " + dtypes[stage];
+    RunResult a = Train(2, common + " --steps 10 --save " + d + "/a");
+    ASSERT_EQ(a.exit_code, 0) << what << a.output;
+    RunResult b = Train(2, common + " --steps 5 --save " + d + "/b");
+    ASSERT_EQ(b.exit_code, 0) << what << b.output;
+    EXPECT_EQ(Latest(d + "/b"), "step-00000005") << what;
+    RunResult c = Train(2, common + " --steps 10 --resume " + d + "/b --save " + d + "/b");
+    ASSERT_EQ(c.exit_code, 0) << what << c.output;
+    EXPECT_TRUE(SameCheckpoint(d + "/a/step-00000010", d + "/b/step-00000010", 2))
+        << what;
+  }
+}
+
+TEST(Gpt2Checkpoint, KilledDuringASaveLeavesThePreviousLoadable) {
+  const std::string d = TmpDir() + "/crash";
+  Shell("rm -rf " + d);
+  const std::string common = " --stage 3 --steps 4 --save-every 2";
+  RunResult ref = Train(2, common + " --save " + d + "/ref");
+  ASSERT_EQ(ref.exit_code, 0) << ref.output;
+  // Durable steps of a save on rank 0: its rank file, extras.bin,
+  // meta.json, meta.json.xxh64, the rename into place, latest (1-6 for the
+  // save at step 2, 7-12 for the one at step 4); on rank 1: its rank file.
+  struct Crash { int n, rank; };
+  const Crash crashes[] = {{7, 0}, {8, 0}, {9, 0}, {10, 0}, {11, 0},
+                           {12, 0}, {2, 1}};
+  for (const Crash& k : crashes) {
+    const std::string what = "killed after durable step " + std::to_string(k.n) +
+                             " on rank " + std::to_string(k.rank);
+    const std::string root = d + "/r" + std::to_string(k.n) + "_" +
+                             std::to_string(k.rank);
+    RunResult r = Train(2, common + " --save " + root,
+                        "ZS_CKPT_CRASH_AFTER=" + std::to_string(k.n) + ":" +
+                            std::to_string(k.rank) + " ");
+    EXPECT_NE(r.exit_code, 0) << what << r.output;
+    EXPECT_NE(r.output.find("simulated crash"), std::string::npos)
+        << what << r.output;
+    // `latest` names a complete checkpoint: step 2 until the pointer moved.
+    const std::string want = k.n == 12 ? "step-00000004" : "step-00000002";
+    EXPECT_EQ(Latest(root), want) << what;
+    RunResult v = Shell(g_ckpt + " inspect " + root + " --verify");
+    EXPECT_EQ(v.exit_code, 0) << what << v.output;
+    EXPECT_NE(v.output.find("verified"), std::string::npos) << what << v.output;
+    // Resuming reaches the same bytes as the run that was never killed,
+    // and the killed save's leftovers are gone.
+    RunResult c = Train(2, common + " --resume " + root + " --save " + root);
+    ASSERT_EQ(c.exit_code, 0) << what << c.output;
+    EXPECT_EQ(Latest(root), "step-00000004") << what;
+    EXPECT_TRUE(SameCheckpoint(d + "/ref/step-00000004",
+                               root + "/step-00000004", 2))
+        << what;
+    RunResult left = Shell("ls -a " + root);
+    EXPECT_EQ(left.output.find(".tmp-"), std::string::npos) << what << left.output;
+    EXPECT_EQ(left.output.find(".old-"), std::string::npos) << what << left.output;
+  }
+}
+
+// Saving again under the name `latest` points at (a rerun from scratch):
+// killed after the old copy was moved aside, before the new one took its
+// place. The moved-aside copy is found by loads and put back by the next
+// save (of any name) into that root.
+TEST(Gpt2Checkpoint, KilledWhileReplacingTheLatestCheckpoint) {
+  const std::string root = TmpDir() + "/replace";
+  Shell("rm -rf " + root);
+  RunResult a = Train(2, " --stage 1 --steps 2 --save " + root);
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  const std::string before = Slurp(root + "/step-00000002/rank-00000.bin");
+  // Rank 0's durable steps: rank file, extras, meta, checksum, moved aside.
+  RunResult k = Train(2, " --stage 1 --steps 2 --lr 0.01 --save " + root,
+                      "ZS_CKPT_CRASH_AFTER=5:0 ");
+  EXPECT_NE(k.exit_code, 0) << k.output;
+  EXPECT_NE(k.output.find("simulated crash"), std::string::npos) << k.output;
+  EXPECT_EQ(Latest(root), "step-00000002");
+  RunResult v = Shell(g_ckpt + " inspect " + root + " --verify");
+  EXPECT_EQ(v.exit_code, 0) << v.output;
+  EXPECT_NE(v.output.find(".old-step-00000002"), std::string::npos) << v.output;
+  RunResult c = Train(2, " --stage 1 --steps 3 --resume " + root + " --save " + root);
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  EXPECT_TRUE(Slurp(root + "/step-00000002/rank-00000.bin") == before)
+      << "step-00000002 was not restored from its moved-aside copy";
+  EXPECT_EQ(Latest(root), "step-00000003");
+  RunResult left = Shell("ls -a " + root);
+  EXPECT_EQ(left.output.find(".old-"), std::string::npos) << left.output;
+}
+
+TEST(Gpt2Checkpoint, ToolsAndBadInput) {
+  const std::string d = TmpDir() + "/tools";
+  Shell("rm -rf " + d);
+  RunResult t = Train(3, " --stage 2 --steps 2 --save " + d);
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  RunResult i = Shell(g_ckpt + " inspect " + d);
+  EXPECT_EQ(i.exit_code, 0) << i.output;
+  EXPECT_NE(i.output.find("saved by     3 ranks at ZeRO stage 2"), std::string::npos)
+      << i.output;
+  EXPECT_NE(i.output.find("h.1.fc_w"), std::string::npos) << i.output;
+  RunResult c = Shell(g_ckpt + " consolidate " + d + " " + d + "/w.safetensors --dtype bf16");
+  EXPECT_EQ(c.exit_code, 0) << c.output;
+  RunResult py = Shell(
+      "python3 -c 'import json,struct,sys; b=open(sys.argv[1],\"rb\").read(); "
+      "n=struct.unpack(\"<Q\",b[:8])[0]; h=json.loads(b[8:8+n]); "
+      "h.pop(\"__metadata__\"); print(len(h), sorted({v[\"dtype\"] for v in h.values()}))' " +
+      d + "/w.safetensors");
+  EXPECT_EQ(py.exit_code, 0) << py.output;
+  EXPECT_NE(py.output.find("['BF16']"), std::string::npos) << py.output;
+  // Resuming with another data order is refused, naming the flags.
+  RunResult s = Train(2, " --stage 2 --steps 4 --seed 7 --resume " + d);
+  EXPECT_NE(s.exit_code, 0);
+  EXPECT_NE(s.output.find("--seed 1337"), std::string::npos) << s.output;
+  // A missing checkpoint names the path.
+  RunResult m = Train(2, " --steps 4 --resume " + d + "/nope");
+  EXPECT_NE(m.exit_code, 0);
+  EXPECT_NE(m.output.find(d + "/nope"), std::string::npos) << m.output;
+  RunResult mi = Shell(g_ckpt + " inspect " + d + "/nope");
+  EXPECT_EQ(mi.exit_code, 1) << mi.output;
+  EXPECT_NE(mi.output.find("does not exist"), std::string::npos) << mi.output;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: %s TRAIN_SHARDED ZS_CKPT DATA\n", argv[0]);
+    return 2;
+  }
+  g_sharded = argv[1];
+  g_ckpt = argv[2];
+  g_data = argv[3];
+  return RUN_ALL_TESTS();
+}
