@@ -338,7 +338,9 @@ class DamageTest : public CheckpointTest {
         nullptr);
     std::string err = zs_last_error();
     EXPECT_NE(st, ZS_OK);
-    if (st != ZS_ERR_REMOTE) EXPECT_EQ(st, want) << err;
+    if (st != ZS_ERR_REMOTE) {
+      EXPECT_EQ(st, want) << err;
+    }
     EXPECT_NE(err.find(file), std::string::npos)
         << "the error should name " << file << ": " << err;
     auto after = snapshot();
@@ -509,8 +511,9 @@ TEST_F(CheckpointTest, ConsolidatedEqualsGatheredMasterReadByPython) {
       // Trained 16-bit tensors have a master copy (tied ones read the
       // owner's); frozen ones are their parameters, widened exactly.
       const TensorSpec& own = ts.tie >= 0 ? m->tensors[ts.tie] : ts;
-      if (c.dtype != ZS_FLOAT32 && !own.frozen)
+      if (c.dtype != ZS_FLOAT32 && !own.frozen) {
         EXPECT_FALSE(r.master[t].empty()) << ts.name;
+      }
       std::ofstream(ref + "/" + ts.name + ".f32", std::ios::binary)
           .write((const char*)v.data(), (std::streamsize)(v.size() * 4));
       list << ts.name << " " << (ts.tie >= 0 ? m->tensors[ts.tie].name : "-");
