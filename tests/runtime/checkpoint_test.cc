@@ -68,6 +68,18 @@ class CheckpointTest : public ZsMpiTest {
   std::string dir_;
 };
 
+// A context on MPI_COMM_WORLD and a finalized model of `model` with its
+// initial values (collective).
+zs_status BuildModel(const zs_config& c, Model& model, zs_context** ctx,
+                     zs_model** zm) {
+  zs_status st = zs_context_create_mpi(&c, MPI_COMM_WORLD, ctx);
+  if (st == ZS_OK) st = zs_model_create(*ctx, zm);
+  if (st == ZS_OK) st = RegisterModel(model, *zm);
+  if (st == ZS_OK) st = zs_model_finalize(*zm);
+  if (st == ZS_OK) st = zs_model_init(*zm, InitCallback, &model);
+  return st;
+}
+
 void ExpectSameState(const TrainResult& a, const TrainResult& b,
                      const Model& m, const std::string& what) {
   ASSERT_EQ(a.params.size(), b.params.size());
@@ -114,28 +126,29 @@ TEST_P(ResumeTest, TenStepsEqualFiveSaveLoadFiveAtEveryStage) {
     cfg.loss_scaler = rc.loss_scaler;
     cfg.init_scale = 1024;
     cfg.grad_accum = rc.grad_accum;
-    cfg.steps = 10;
-    cfg.save = a_root;
-    cfg.save_name = "end";
-    auto m1 = rc.make();
-    TrainResult straight = TrainSharded(*m1, cfg);
-    ASSERT_EQ(straight.status, ZS_OK) << what << ": " << straight.error;
+    auto model = rc.make();
+    // Steps [first, first + steps), loading `load` first, saving at the end.
+    auto run = [&](int first, int steps, const std::string& load,
+                   const std::string& root, const std::string& name) {
+      cfg.first_step = first;
+      cfg.steps = steps;
+      cfg.load = load;
+      cfg.save = root;
+      cfg.save_name = name;
+      auto m = rc.make();
+      TrainResult r = TrainSharded(*m, cfg);
+      EXPECT_EQ(r.status, ZS_OK) << what << ": " << r.error;
+      return r;
+    };
+    TrainResult straight = run(0, 10, "", a_root, "end");
+    TrainResult first = run(0, 5, "", b_root, "");
+    // The root: its `latest` names step-00000005.
+    TrainResult resumed = run(5, 5, b_root, b_root, "end");
+    ASSERT_EQ(straight.status, ZS_OK);
+    ASSERT_EQ(first.status, ZS_OK);
+    ASSERT_EQ(resumed.status, ZS_OK);
 
-    cfg.steps = 5;
-    cfg.save = b_root;
-    cfg.save_name = "";
-    auto m2 = rc.make();
-    TrainResult first = TrainSharded(*m2, cfg);
-    ASSERT_EQ(first.status, ZS_OK) << what << ": " << first.error;
-
-    cfg.first_step = 5;
-    cfg.load = b_root;  // the root: its `latest` names step-00000005
-    cfg.save_name = "end";
-    auto m3 = rc.make();
-    TrainResult resumed = TrainSharded(*m3, cfg);
-    ASSERT_EQ(resumed.status, ZS_OK) << what << ": " << resumed.error;
-
-    ExpectSameState(straight, resumed, *m1, what);
+    ExpectSameState(straight, resumed, *model, what);
     for (int s = 0; s < 5; s++)
       EXPECT_EQ(straight.losses[5 + s], resumed.losses[s])
           << what << " step " << 5 + s;
@@ -318,11 +331,7 @@ class DamageTest : public CheckpointTest {
     zs_context* ctx = nullptr;
     zs_model* zm = nullptr;
     auto model = MakeTransformer();
-    ASSERT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), ZS_OK);
-    ASSERT_EQ(zs_model_create(ctx, &zm), ZS_OK);
-    ASSERT_EQ(RegisterModel(*model, zm), ZS_OK);
-    ASSERT_EQ(zs_model_finalize(zm), ZS_OK);
-    ASSERT_EQ(zs_model_init(zm, InitCallback, model.get()), ZS_OK);
+    ASSERT_EQ(BuildModel(c, *model, &ctx, &zm), ZS_OK) << zs_last_error();
     auto snapshot = [&]() {
       std::vector<std::vector<float>> v;
       for (size_t t = 0; t < model->tensors.size(); t++) {
@@ -429,10 +438,7 @@ TEST_F(CheckpointTest, SaveRefusesMidAccumulationAndBadNames) {
   zs_context* ctx = nullptr;
   zs_model* zm = nullptr;
   auto model = MakeMlp();
-  ASSERT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), ZS_OK);
-  ASSERT_EQ(zs_model_create(ctx, &zm), ZS_OK);
-  ASSERT_EQ(RegisterModel(*model, zm), ZS_OK);
-  ASSERT_EQ(zs_model_finalize(zm), ZS_OK);
+  ASSERT_EQ(BuildModel(c, *model, &ctx, &zm), ZS_OK) << zs_last_error();
   EXPECT_EQ(zs_checkpoint_save(zm, dir_.c_str(), "../x", nullptr, 0),
             ZS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(zs_checkpoint_save(zm, dir_.c_str(), "latest", nullptr, 0),
