@@ -55,6 +55,11 @@ zs_status zs__context_create(const zs_config* config, zs__comm* comm,
   ZS_CHECK(zs__accounting_create(&ctx->acct));
   ZS_CHECK(zs__device_create(resolved.device, ctx->acct, &ctx->device));
   ctx->device->hold_memory = &comm->failed;
+  ctx->host = ctx->device;
+  if (ctx->device->kind != ZS_DEVICE_HOST) {
+    ZS_CHECK(zs__device_host_create(ctx->acct, &ctx->host));
+    ctx->host->hold_memory = &comm->failed;
+  }
   comm->dev = ctx->device;
   if (comm->log == NULL)
     ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "context: communication log");
@@ -116,6 +121,7 @@ void zs_context_destroy(zs_context* ctx) {
   if (ctx->log_counted)
     (void)zs__accounting_remove(ctx->acct, ZS__OWNER_RUNTIME, ctx->comm->log,
                                 NULL, NULL);
+  if (ctx->host != ctx->device) zs__device_destroy(ctx->host);
   zs__device_destroy(ctx->device);
   if (ctx->prof != NULL) {
     zs_memory_stats final;

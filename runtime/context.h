@@ -20,6 +20,9 @@ struct zs_context {
   zs__accounting* acct; /* owned */
   int log_counted;       /* the communication log is in the accounting */
   zs__device* device;   /* owned */
+  zs__device* host;     /* the host backend, for buffers in host memory
+                           (CPU offload); == device on the host backend,
+                           else owned */
   zs__comm* comm;       /* owned; may finalize MPI when destroyed */
   zs_model* models;     /* live models (linked through zs_model.next) */
   zs__profiler* prof;   /* owned; NULL: not profiling */

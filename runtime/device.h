@@ -21,6 +21,25 @@ typedef struct zs__device zs__device;
 typedef struct zs__stream zs__stream; /* opaque; NULL means the default stream */
 typedef struct zs__event zs__event;
 
+/* One optimizer update of a tensor piece (device_ops.optimize). Shapes: n
+ * elements everywhere. */
+typedef struct zs__opt_args {
+  zs_optimizer_kind kind;
+  zs_adam_hparams adam; /* ADAM/ADAMW */
+  zs_sgd_hparams sgd;   /* SGD */
+  int64_t step;         /* the step being applied, >= 1 */
+  float* w;             /* fp32 values updated in place */
+  const void* g;        /* gradient, gdtype */
+  zs_dtype gdtype;
+  float coef;           /* multiplies the gradient first (unscale, clip) */
+  float* s0;            /* exp_avg / momentum, or NULL */
+  float* s1;            /* exp_avg_sq, or NULL */
+  void* p16;            /* NULL, or receives round(w) in dtype */
+  zs_dtype dtype;
+  size_t n;
+  int threads;          /* host in-place path: OpenMP threads (0: default) */
+} zs__opt_args;
+
 typedef struct zs__device_ops {
   const char* name;
   /* Device memory of `bytes` bytes, 64-byte aligned (bytes may be 0: a
@@ -47,6 +66,23 @@ typedef struct zs__device_ops {
   zs_status (*sum_chunks)(zs__device* dev, void* dst, const void* src,
                           int nchunks, size_t chunk, float divisor,
                           zs_dtype dtype, zs__stream* stream);
+  /* The optimizer on n elements of one tensor piece (a->*: this device's
+   * memory): gradient times coef, the update of the fp32 values w (master
+   * weights, or fp32 parameters) and the states, and the rounding of w
+   * into p16 when set. Host: zs_optim_*_fast in place when nothing needs
+   * converting, else fused in chunks; bitwise the reference either way. */
+  zs_status (*optimize)(zs__device* dev, const struct zs__opt_args* a,
+                        zs__stream* stream);
+  /* *acc += the sum of squares of n elements of src (fp32/bf16/fp16), in
+   * double. Host: added in index order onto *acc, so a running sum over
+   * pieces is the same at every stage. Synchronous (the value is read). */
+  zs_status (*sumsq)(zs__device* dev, const void* src, zs_dtype dtype,
+                     size_t n, double* acc);
+  /* dst = src converted between fp32, bf16 and fp16 (zs_convert's rounding:
+   * to nearest even); n elements. */
+  zs_status (*convert)(zs__device* dev, void* dst, zs_dtype dst_dtype,
+                       const void* src, zs_dtype src_dtype, size_t n,
+                       zs__stream* stream);
   zs_status (*stream_create)(zs__device* dev, zs__stream** out);
   void (*stream_destroy)(zs__device* dev, zs__stream* stream);
   zs_status (*stream_sync)(zs__device* dev, zs__stream* stream);

@@ -115,6 +115,67 @@ static zs_status zs__host_sum_chunks(zs__device* dev, void* dst,
   return ZS_OK;
 }
 
+/* Elements per pass of the fused path: small enough that the fp32 gradient
+ * chunk and the values stay in L1/L2 between the three sweeps. */
+#define ZS__OPT_CHUNK 2048
+
+/* The fast kernels (bitwise the reference, vectorized) on fp32 arrays. */
+static zs_status zs__host_kernel(const zs__opt_args* a, float* w,
+                                 const float* g, float* s0, float* s1,
+                                 size_t n, int threads) {
+  if (a->kind == ZS_OPTIM_SGD)
+    return zs_optim_sgd_fast(w, g, s0, n, &a->sgd, a->step, threads);
+  return (a->kind == ZS_OPTIM_ADAMW ? zs_optim_adamw_fast : zs_optim_adam_fast)(
+      w, g, s0, s1, n, &a->adam, a->step, threads);
+}
+
+static zs_status zs__host_optimize(zs__device* dev, const zs__opt_args* a,
+                                   zs__stream* stream) {
+  (void)dev;
+  (void)stream;
+  if (a->p16 == NULL && a->gdtype == ZS_FLOAT32 && a->coef == 1.0f)
+    return zs__host_kernel(a, a->w, (const float*)a->g, a->s0, a->s1, a->n,
+                           a->threads);
+  /* Fused, chunk by chunk: widen and scale the gradient, update, round. */
+  float gbuf[ZS__OPT_CHUNK];
+  zs_status st = ZS_OK;
+  for (size_t off = 0; off < a->n && st == ZS_OK; off += ZS__OPT_CHUNK) {
+    const size_t n = a->n - off < ZS__OPT_CHUNK ? a->n - off : ZS__OPT_CHUNK;
+    for (size_t j = 0; j < n; j++)
+      gbuf[j] = zs__load(a->g, a->gdtype, off + j) * a->coef;
+    st = zs__host_kernel(a, a->w + off, gbuf, a->s0 ? a->s0 + off : NULL,
+                         a->s1 ? a->s1 + off : NULL, n, 1);
+    if (st == ZS_OK && a->p16 != NULL)
+      for (size_t j = 0; j < n; j++)
+        zs__store(a->p16, a->dtype, off + j, a->w[off + j]);
+  }
+  return st;
+}
+
+static zs_status zs__host_sumsq(zs__device* dev, const void* src,
+                                zs_dtype dtype, size_t n, double* acc) {
+  (void)dev;
+  if (!zs__host_float_type(dtype))
+    return zs__error(ZS_ERR_UNSUPPORTED, "host sumsq: dtype %s",
+                     zs_dtype_name(dtype));
+  double sum = *acc;
+  for (size_t j = 0; j < n; j++) {
+    const double v = zs__load(src, dtype, j);
+    sum += v * v;
+  }
+  *acc = sum;
+  return ZS_OK;
+}
+
+static zs_status zs__host_convert(zs__device* dev, void* dst,
+                                  zs_dtype dst_dtype, const void* src,
+                                  zs_dtype src_dtype, size_t n,
+                                  zs__stream* stream) {
+  (void)dev;
+  (void)stream;
+  return zs_convert(dst, dst_dtype, src, src_dtype, n);
+}
+
 /* Streams and events carry no state on the host; a static byte gives them
  * a non-NULL identity. */
 static char zs__host_token;
@@ -166,6 +227,9 @@ static const zs__device_ops zs__host_ops = {
     zs__host_memset,
     zs__host_div_add,
     zs__host_sum_chunks,
+    zs__host_optimize,
+    zs__host_sumsq,
+    zs__host_convert,
     zs__host_stream_create,
     zs__host_stream_destroy,
     zs__host_stream_sync,

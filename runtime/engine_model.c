@@ -662,16 +662,20 @@ zs_status zs__master_refresh_range(zs_model* m, zs__unit* u, size_t begin,
   const size_t hi = begin + n < s1 ? begin + n : s1;
   if (lo >= hi) return ZS_OK;
   const void* p = stage == 0 ? u->params_full : zs__param_shard_ptr(m, u);
-  return zs_convert((float*)u->master + (lo - s0), ZS_FLOAT32,
-                    zs__at((void*)p, lo - s0, u->elem), u->dtype, hi - lo);
+  zs__device* dev = m->ctx->device;
+  return dev->ops->convert(dev, (float*)u->master + (lo - s0), ZS_FLOAT32,
+                           zs__at((void*)p, lo - s0, u->elem), u->dtype,
+                           hi - lo, NULL);
 }
 
 zs_status zs__master_refresh(zs_model* m, zs__unit* u) {
   if (u->master == NULL || !u->master_stale) return ZS_OK;
   const int stage = m->ctx->config.stage;
   const void* p = stage == 0 ? u->params_full : zs__param_shard_ptr(m, u);
-  zs_status st = zs_convert(u->master, ZS_FLOAT32, p, u->dtype,
-                            stage == 0 ? u->layout.padded : u->layout.shard);
+  zs__device* dev = m->ctx->device;
+  zs_status st = dev->ops->convert(
+      dev, u->master, ZS_FLOAT32, p, u->dtype,
+      stage == 0 ? u->layout.padded : u->layout.shard, NULL);
   if (st == ZS_OK) u->master_stale = 0;
   return st;
 }

@@ -11,80 +11,60 @@
 #include <string.h>
 
 #include "offload/offload.h"
-#include "optim/convert.h"
 #include "runtime/engine.h"
 
 /* ==== Step ================================================================= */
 
-/* One optimizer call on `count` fp32 elements of a piece: the fast
- * kernels (bitwise the reference's results, vectorized, on `threads`
- * OpenMP threads; 0: OpenMP's default). */
-static zs_status zs__optimize_span(zs_model* m, const zs__tensor* t, float* p,
-                                   const float* g, float* s0, float* s1,
-                                   size_t count, int64_t step, int threads) {
-  const zs_optimizer_config* o = &m->ctx->config.optimizer;
-  if (o->kind == ZS_OPTIM_SGD) {
-    zs_sgd_hparams hp = {m->group_lr[t->group], o->momentum, o->dampening,
-                         m->group_wd[t->group], o->nesterov};
-    return zs_optim_sgd_fast(p, g, s0, count, &hp, step, threads);
-  }
-  zs_adam_hparams hp = {m->group_lr[t->group], o->beta1, o->beta2, o->eps,
-                        m->group_wd[t->group]};
-  return (o->kind == ZS_OPTIM_ADAMW ? zs_optim_adamw_fast : zs_optim_adam_fast)(
-      p, g, s0, s1, count, &hp, step, threads);
-}
-
-/* Elements per pass of the fused path: small enough that the fp32 gradient
- * chunk and the master chunk stay in L1/L2 between the three sweeps. */
-#define ZS__OPT_CHUNK 2048
-
 /* The optimizer on this rank's span of a unit: the whole buffer at stage 0,
- * the shard at 1-3, one call per piece of a trainable tensor (pieces never
- * include gaps or padding). coef multiplies the gradient first (loss-scale
- * removal and clipping: one fp32 multiply per element, as torch's
- * unscale_ and clip_grad_norm_ do; with power-of-two scales the single
- * product rounds the same as their two). fp32 parameters with fp32
- * gradients and coef 1 run the optimizer in place; otherwise the fused
- * path works chunk by chunk: widen and scale the gradient, update the fp32
- * master (or fp32 parameter), and round the master into the 16-bit
- * parameter in the same pass. */
-/* Worker `w` of `nw` takes the same contiguous share of every piece; the
- * kernels are elementwise, so the split never changes a bit. */
+ * the shard at 1-3, one device call per piece of a trainable tensor (pieces
+ * never include gaps or padding). coef multiplies the gradient first
+ * (loss-scale removal and clipping: one fp32 multiply per element, as
+ * torch's unscale_ and clip_grad_norm_ do; with power-of-two scales the
+ * single product rounds the same as their two); the device updates the
+ * fp32 master (or fp32 parameter) and rounds the master into the 16-bit
+ * parameter in the same pass (zs__device_ops.optimize). Worker `w` of `nw`
+ * takes the same contiguous share of every piece; the update is
+ * elementwise, so the split never changes a bit. */
 static zs_status zs__optimize_share(zs_model* m, zs__unit* u, float coef,
-                                    int w, int nw, int threads) {
+                                    int w, int nw, int threads,
+                                    zs__device* dev) {
   const int stage = m->ctx->config.stage;
+  const zs_optimizer_config* o = &m->ctx->config.optimizer;
   char* p = (char*)(stage == 0 ? u->params_full : zs__param_shard_ptr(m, u));
   char* g = (char*)(stage == 0 ? u->grads_full : zs__grad_shard_ptr(m, u));
   float* master = (float*)u->master;
   float* s0 = (float*)u->state[0];
   float* s1 = (float*)u->state[1];
-  const int direct = master == NULL && u->gdtype == ZS_FLOAT32 && coef == 1.0f;
-  float gbuf[ZS__OPT_CHUNK];
-  zs_status st = ZS_OK;
   for (size_t i = 0; i < u->nopt_pieces; i++) {
     const zs__piece* pc = &u->opt_pieces[i];
     const zs__tensor* t = &m->tensors[u->tensors[pc->tensor]];
-    const int64_t step = t->step + 1;
     const size_t lo = pc->count * (size_t)w / (size_t)nw;
     const size_t hi = pc->count * (size_t)(w + 1) / (size_t)nw;
-    for (size_t done = lo; done < hi && st == ZS_OK;) {
-      const size_t off = pc->span_offset + done;
-      size_t n = hi - done;
-      if (!direct && n > ZS__OPT_CHUNK) n = ZS__OPT_CHUNK;
-      float* wv = master != NULL ? master + off : (float*)p + off;
-      const float* gv = (const float*)g + off;
-      if (!direct) {
-        for (size_t j = 0; j < n; j++)
-          gbuf[j] = zs__load(g, u->gdtype, off + j) * coef;
-        gv = gbuf;
-      }
-      st = zs__optimize_span(m, t, wv, gv, s0 != NULL ? s0 + off : NULL,
-                             s1 != NULL ? s1 + off : NULL, n, step,
-                             direct ? threads : 1);
-      if (st == ZS_OK && master != NULL)
-        for (size_t j = 0; j < n; j++) zs__store(p, u->dtype, off + j, wv[j]);
-      done += n;
-    }
+    if (lo >= hi) continue;
+    const size_t off = pc->span_offset + lo;
+    zs__opt_args a;
+    memset(&a, 0, sizeof a);
+    a.kind = o->kind;
+    a.adam.lr = a.sgd.lr = m->group_lr[t->group];
+    a.adam.weight_decay = a.sgd.weight_decay = m->group_wd[t->group];
+    a.adam.beta1 = o->beta1;
+    a.adam.beta2 = o->beta2;
+    a.adam.eps = o->eps;
+    a.sgd.momentum = o->momentum;
+    a.sgd.dampening = o->dampening;
+    a.sgd.nesterov = o->nesterov;
+    a.step = t->step + 1;
+    a.w = master != NULL ? master + off : (float*)p + off;
+    a.g = zs__at(g, off, u->gelem);
+    a.gdtype = u->gdtype;
+    a.coef = coef;
+    a.s0 = s0 != NULL ? s0 + off : NULL;
+    a.s1 = s1 != NULL ? s1 + off : NULL;
+    a.p16 = master != NULL ? zs__at(p, off, u->elem) : NULL;
+    a.dtype = u->dtype;
+    a.n = hi - lo;
+    a.threads = threads;
+    zs_status st = dev->ops->optimize(dev, &a, NULL);
     if (st != ZS_OK)
       return zs__error_prefix(st, "optimizer on tensor '%s': ", t->name);
   }
@@ -97,23 +77,18 @@ typedef struct zs__opt_job {
   float coef;
 } zs__opt_job;
 
+/* An offload worker: master weights, states and the step live in host
+ * memory, so the host backend's kernels run them (one thread each). */
 static zs_status zs__optimize_worker(void* arg, int w, int nw) {
   const zs__opt_job* j = (const zs__opt_job*)arg;
-  return zs__optimize_share(j->m, j->u, j->coef, w, nw, 1);
+  return zs__optimize_share(j->m, j->u, j->coef, w, nw, 1,
+                            j->m->ctx->host);
 }
 
-/* The optimizer on this rank's span of a unit: the whole buffer at stage 0,
- * the shard at 1-3, one call per piece of a trainable tensor (pieces never
- * include gaps or padding). coef multiplies the gradient first (loss-scale
- * removal and clipping: one fp32 multiply per element, as torch's
- * unscale_ and clip_grad_norm_ do; with power-of-two scales the single
- * product rounds the same as their two). fp32 parameters with fp32
- * gradients and coef 1 run the optimizer in place; otherwise the fused
- * path works chunk by chunk: widen and scale the gradient, update the fp32
- * master (or fp32 parameter), and round the master into the 16-bit
- * parameter in the same pass. With CPU offload the CPU worker threads
- * (bound to the host memory's NUMA node) share the work; otherwise the
- * calling thread runs it (the fast kernels on OpenMP's threads). */
+/* The optimizer on this rank's span of a unit (zs__optimize_share). With
+ * CPU offload the CPU worker threads (bound to the host memory's NUMA node)
+ * share the work; otherwise the context's device runs it (on the host: the
+ * calling thread, the fast kernels on OpenMP's threads). */
 static zs_status zs__optimize_unit(zs_model* m, zs__unit* u, float coef) {
   zs_status st = zs__master_refresh(m, u);
   if (st != ZS_OK) return st;
@@ -124,7 +99,7 @@ static zs_status zs__optimize_unit(zs_model* m, zs__unit* u, float coef) {
       return zs__error_prefix(st, "optimizer on unit '%s': ", u->name);
     return ZS_OK;
   }
-  return zs__optimize_share(m, u, coef, 0, 1, 0);
+  return zs__optimize_share(m, u, coef, 0, 1, 0, m->ctx->device);
 }
 
 /* ==== Gradient norm, overflow and the loss scaler =========================== */
@@ -133,7 +108,8 @@ static zs_status zs__optimize_unit(zs_model* m, zs__unit* u, float coef) {
  * element of the model is in exactly one rank's shard; padding and tied or
  * frozen ranges are not in any piece). Elements are added in offset order,
  * so the value is the same at every stage. inf/NaN propagate. */
-static double zs__local_sumsq(zs_model* m) {
+static zs_status zs__local_sumsq(zs_model* m, double* out) {
+  zs__device* dev = m->ctx->device;
   double sum = 0.0;
   for (int i = 0; i < m->nunits; i++) {
     zs__unit* u = &m->units[i];
@@ -142,13 +118,14 @@ static double zs__local_sumsq(zs_model* m) {
     for (size_t k = 0; k < u->nnorm_pieces; k++) {
       const zs__piece* pc = &u->norm_pieces[k];
       /* norm pieces' offsets are relative to the shard */
-      for (size_t j = 0; j < pc->count; j++) {
-        const double v = zs__load(g, u->gdtype, pc->span_offset + j);
-        sum += v * v;
-      }
+      zs_status st = dev->ops->sumsq(dev, zs__at((void*)g, pc->span_offset,
+                                                 u->gelem),
+                                     u->gdtype, pc->count, &sum);
+      if (st != ZS_OK) return st;
     }
   }
-  return sum;
+  *out = sum;
+  return ZS_OK;
 }
 
 /* The global sum of squares: one all-gather of every rank's partial sum,
@@ -159,8 +136,12 @@ static zs_status zs__global_sumsq(zs_model* m, double* out) {
   /* Heap, not stack: a collective's buffer (see zs__comm_free). */
   double* v = (double*)malloc((size_t)(W + 1) * sizeof *v);
   if (v == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "zs_step: norm buffer");
-  v[W] = zs__local_sumsq(m);
-  zs_status st = zs__comm_all_gather(m->ctx->comm,
+  zs_status st = zs__local_sumsq(m, &v[W]);
+  if (st != ZS_OK) {
+    free(v);
+    return st;
+  }
+  st = zs__comm_all_gather(m->ctx->comm,
                                      zs__tag(ZS__P_NORM, -1, NULL),
                                      &v[W], v, 1, ZS_FLOAT64);
   double sum = 0.0;
