@@ -3,7 +3,9 @@
  * ones (optim_cpu.c) share, so that both compute the same bits: the
  * per-step scalars, each rounded once from double as ATen does, and the
  * per-element Adam update in torch's operation order (optim_ref.c's
- * header says why each step is what it is). Internal to optim/.
+ * header says why each step is what it is). The CUDA kernels
+ * (optim_cuda.cu) include it too, so the GPU runs the same per-element
+ * math the CPU tests check. Internal to optim/.
  */
 #ifndef ZS_OPTIM_OPTIM_SCALARS_H_
 #define ZS_OPTIM_OPTIM_SCALARS_H_
@@ -11,6 +13,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <zeroshard.h>
+
+#include "optim/convert.h" /* ZS__HD: host and device (CUDA) functions */
 
 #ifdef __cplusplus
 extern "C" {
@@ -33,7 +37,7 @@ zs__adam_scalars zs__adam_scalars_make(const zs_adam_hparams* hp,
 /* One element: each line one ATen op of torch/optim/adam{,w}.py, in
  * torch's order; p already decayed (AdamW) and g already with L2 (Adam).
  * Writes the moments, returns the new parameter. */
-static inline float zs__adam_update(float p, float g, float* exp_avg,
+static inline ZS__HD float zs__adam_update(float p, float g, float* exp_avg,
                                     float* exp_avg_sq,
                                     const zs__adam_scalars* s) {
   float m = *exp_avg * s->beta1;        /* exp_avg.mul_(beta1) */
@@ -58,7 +62,7 @@ zs__sgd_scalars zs__sgd_scalars_make(const zs_sgd_hparams* hp);
  * not multiplied by 0 (which would turn -0 into +0); step 1 is torch's
  * "buffer is None" (a copy of d_p, no dampening). Writes the momentum
  * buffer when momentum is on; returns the new parameter. */
-static inline float zs__sgd_update(float p, float g, float* buf,
+static inline ZS__HD float zs__sgd_update(float p, float g, float* buf,
                                    const zs__sgd_scalars* s, int decay,
                                    int use_momentum, int first, int nesterov) {
   float d_p = g;

@@ -90,6 +90,8 @@ struct zs__comm {
   const zs__comm_ops* ops;
   int rank;
   int world;
+  int local_rank;     /* among the ranks on this node (shared memory) */
+  int local_size;
   void* impl;
   zs__device* dev;    /* for reduction temporaries (not owned) */
   zs__comm_log_entry* log; /* ring of ZS__COMM_LOG_CAP entries, or NULL */

@@ -471,6 +471,17 @@ zs_status zs__comm_mpi_create(MPI_Comm comm, zs__comm** out) {
   impl->tag_ub = has_ub && ub != NULL && *ub > 2 ? *ub : 32767;
   MPI_Comm_rank(impl->comm, &c->rank);
   MPI_Comm_size(impl->comm, &c->world);
+  /* The ranks sharing this node (the device backend picks a GPU by it). */
+  MPI_Comm node = MPI_COMM_NULL;
+  c->local_rank = 0;
+  c->local_size = 1;
+  if (MPI_Comm_split_type(impl->comm, MPI_COMM_TYPE_SHARED, c->rank,
+                          MPI_INFO_NULL, &node) == MPI_SUCCESS &&
+      node != MPI_COMM_NULL) {
+    MPI_Comm_rank(node, &c->local_rank);
+    MPI_Comm_size(node, &c->local_size);
+    MPI_Comm_free(&node);
+  }
   c->ops = &zs__mpi_ops;
   c->impl = impl;
   c->seq_hash = ZS__FNV_SEED;

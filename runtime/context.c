@@ -53,7 +53,8 @@ zs_status zs__context_create(const zs_config* config, zs__comm* comm,
   zs__log_set_level(resolved.log_level);
 
   ZS_CHECK(zs__accounting_create(&ctx->acct));
-  ZS_CHECK(zs__device_create(resolved.device, ctx->acct, &ctx->device));
+  ZS_CHECK(zs__device_create(resolved.device, ctx->acct, comm->local_rank,
+                             comm->local_size, &ctx->device));
   ctx->device->hold_memory = &comm->failed;
   ctx->host = ctx->device;
   if (ctx->device->kind != ZS_DEVICE_HOST) {

@@ -7,7 +7,15 @@
 #include <zs_mpi.h>
 
 #include "runtime/comm_mpi.h"
+#include "runtime/comm_nccl.h"
 #include "runtime/context.h"
+
+/* With the CUDA device, collectives on device memory run on NCCL: the MPI
+ * communicator is wrapped (it keeps serving host-memory collectives). */
+static zs_status zs__comm_for_device(const zs_config* config, zs__comm** c) {
+  if (config->device != ZS_DEVICE_CUDA) return ZS_OK;
+  return zs__comm_nccl_create(*c, c);
+}
 
 zs_status zs_context_create_mpi(const zs_config* config, MPI_Comm comm,
                                 zs_context** out) {
@@ -24,6 +32,7 @@ zs_status zs_context_create_mpi(const zs_config* config, MPI_Comm comm,
   *out = NULL;
   zs__comm* c = NULL;
   zs_status st = zs__comm_mpi_create(comm, &c);
+  if (st == ZS_OK) st = zs__comm_for_device(config, &c);
   if (st != ZS_OK) return st;
   return zs__context_create(config, c, out);
 }
@@ -64,10 +73,12 @@ zs_status zs_context_create(const zs_config* config, zs_context** out) {
   }
   zs__comm* c = NULL;
   zs_status st = zs__comm_mpi_create(MPI_COMM_WORLD, &c);
+  zs__comm* mpi = c;
+  if (st == ZS_OK) st = zs__comm_for_device(config, &c);
   if (st != ZS_OK) return st;
   st = zs__context_create(config, c, out);
   /* Only a context that exists owns MPI, so a failed create can be retried:
    * MPI stays up, and is finalized at exit if nothing owns it then. */
-  if (st == ZS_OK && zs__mpi_we_initialized) zs__comm_mpi_own(c);
+  if (st == ZS_OK && zs__mpi_we_initialized) zs__comm_mpi_own(mpi);
   return st;
 }

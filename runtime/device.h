@@ -109,10 +109,18 @@ struct zs__device {
 /* The host backend: 64-byte aligned malloc, memcpy, memset, no-op streams. */
 zs_status zs__device_host_create(zs__accounting* acct, zs__device** out);
 
-/* Creates the backend for `kind`. Errors: UNSUPPORTED for a backend that is
- * not built in or has no device. */
+/* Creates the backend for `kind`; local_rank/local_size: this rank among
+ * the ranks of its node (the CUDA backend uses GPU local_rank). Errors:
+ * UNSUPPORTED for a backend that is not linked in (CUDA: link
+ * //runtime:device_cuda) or has no device; INVALID_ARGUMENT for more ranks
+ * on a node than GPUs. */
 zs_status zs__device_create(zs_device_kind kind, zs__accounting* acct,
-                            zs__device** out);
+                            int local_rank, int local_size, zs__device** out);
+
+/* The CUDA backend (device_cuda.c, //runtime:device_cuda), when linked in. */
+zs_status zs__device_cuda_create(zs__accounting* acct, int local_rank,
+                                 int local_size, zs__device** out)
+    __attribute__((weak));
 void zs__device_destroy(zs__device* dev);
 
 /* Allocates `bytes` device bytes counted under category (label names the

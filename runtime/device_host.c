@@ -251,11 +251,17 @@ zs_status zs__device_host_create(zs__accounting* acct, zs__device** out) {
 }
 
 zs_status zs__device_create(zs_device_kind kind, zs__accounting* acct,
-                            zs__device** out) {
+                            int local_rank, int local_size, zs__device** out) {
   if (kind == ZS_DEVICE_HOST) return zs__device_host_create(acct, out);
+  if (kind == ZS_DEVICE_CUDA && zs__device_cuda_create != NULL)
+    return zs__device_cuda_create(acct, local_rank, local_size, out);
+  if (kind == ZS_DEVICE_CUDA)
+    return zs__error(ZS_ERR_UNSUPPORTED,
+                     "device kind %d (CUDA): the CUDA backend is not linked "
+                     "into this program (link //runtime:device_cuda, which "
+                     "//runtime:zeroshard includes)", (int)kind);
   return zs__error(ZS_ERR_UNSUPPORTED,
-                   "device kind %d: only the host backend (0) is available in "
-                   "this build", (int)kind);
+                   "device kind %d: unknown (0: host, 1: CUDA)", (int)kind);
 }
 
 void zs__device_destroy(zs__device* dev) {

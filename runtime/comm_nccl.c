@@ -1,0 +1,395 @@
+/*
+ * comm_nccl.c — the NCCL communicator backend (comm.h) for the CUDA device
+ * backend. Collectives on device memory run on NCCL on a dedicated
+ * communication stream; collectives on host memory (the engine's small
+ * agreements, consistency checks and norm partial sums) go to an MPI
+ * communicator over the same ranks, so the engine calls one interface for
+ * both.
+ *
+ * Bootstrap (NCCL's documented pattern): rank 0 creates the unique id,
+ * MPI_Bcast sends it, every rank selects GPU local_rank and calls
+ * ncclCommInitRank. Ordering: before each NCCL call the communication
+ * stream waits for an event recorded on the legacy default stream, which
+ * follows all work of blocking streams (the caller's kernels that wrote a
+ * gradient bucket, the engine's synchronous operations); a request is an
+ * event recorded after the call, completed by cudaEventQuery. While a
+ * request is pending, ncclCommGetAsyncError is checked, and a NCCL error
+ * becomes ZS_ERR_COMM naming it (comm.c adds the collective and unit, and
+ * turns a wait past collective_timeout_s into ZS_ERR_TIMEOUT; the
+ * communicator is then aborted so no kernel keeps waiting).
+ */
+#include "runtime/comm_nccl.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct zs__nccl_impl {
+  ncclComm_t comm;
+  cudaStream_t stream;
+  zs__comm* host; /* MPI over the same ranks, for host buffers (owned) */
+  int device;
+} zs__nccl_impl;
+
+struct zs__comm_req {
+  zs__comm_req* host_req; /* a host collective's MPI request, or NULL */
+  cudaEvent_t done;       /* after the NCCL call */
+};
+
+static zs__nccl_impl* zs__nimpl(zs__comm* c) { return (zs__nccl_impl*)c->impl; }
+
+static zs_status zs__nccl_fail(ncclResult_t r, const char* what) {
+  return zs__error(ZS_ERR_COMM, "NCCL %s failed: %s (%d)", what,
+                   ncclGetErrorString(r), (int)r);
+}
+
+static int zs__nccl_type(zs_dtype d, ncclDataType_t* out) {
+  switch (d) {
+    case ZS_FLOAT32: *out = ncclFloat32; return 1;
+    case ZS_BFLOAT16: *out = ncclBfloat16; return 1;
+    case ZS_FLOAT16: *out = ncclFloat16; return 1;
+    case ZS_UINT8: *out = ncclUint8; return 1;
+    case ZS_INT64: *out = ncclInt64; return 1;
+    case ZS_UINT64: *out = ncclUint64; return 1;
+    case ZS_FLOAT64: *out = ncclFloat64; return 1;
+    case ZS_DTYPE_COUNT: break;
+  }
+  return 0;
+}
+
+static ncclRedOp_t zs__nccl_op(zs__red_op op) {
+  return op == ZS__RED_MAX ? ncclMax : op == ZS__RED_MIN ? ncclMin : ncclSum;
+}
+
+/* Host memory (not device or managed memory): served by MPI. */
+static int zs__is_host(const void* p) {
+  if (p == NULL || p == ZS__IN_PLACE) return 0;
+  struct cudaPointerAttributes a;
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    return 1;
+  }
+  return a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged;
+}
+
+/* Makes the communication stream wait for the work queued so far. */
+static zs_status zs__nccl_begin(zs__comm* c) {
+  zs__nccl_impl* n = zs__nimpl(c);
+  cudaEvent_t ev;
+  cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventRecord(ev, cudaStreamLegacy);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(n->stream, ev, 0);
+  cudaEventDestroy(ev);
+  if (e != cudaSuccess)
+    return zs__error(ZS_ERR_DEVICE, "NCCL backend: ordering event: %s",
+                     cudaGetErrorString(e));
+  return ZS_OK;
+}
+
+/* Records the request's event after the NCCL call(s); blocking when req is
+ * NULL. */
+static zs_status zs__nccl_end(zs__comm* c, ncclResult_t r, const char* what,
+                              zs__comm_req** req) {
+  if (r != ncclSuccess) return zs__nccl_fail(r, what);
+  zs__comm_req* q = (zs__comm_req*)calloc(1, sizeof *q);
+  if (q == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "NCCL request");
+  cudaError_t e = cudaEventCreateWithFlags(&q->done, cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventRecord(q->done, zs__nimpl(c)->stream);
+  if (e != cudaSuccess) {
+    free(q);
+    return zs__error(ZS_ERR_DEVICE, "NCCL backend: %s: event: %s", what,
+                     cudaGetErrorString(e));
+  }
+  if (req != NULL) {
+    *req = q;
+    return ZS_OK;
+  }
+  return c->ops->wait(c, q);
+}
+
+static zs_status zs__nccl_all_gather(zs__comm* c, const void* send, void* recv,
+                                     size_t count, zs_dtype dtype,
+                                     zs__stream* stream, zs__comm_req** req) {
+  zs__nccl_impl* n = zs__nimpl(c);
+  if (zs__is_host(recv)) {
+    zs__comm_req* q = NULL;
+    zs_status st = n->host->ops->all_gather(n->host, send, recv, count, dtype,
+                                            stream, req ? &q : NULL);
+    if (st != ZS_OK || req == NULL) return st;
+    *req = (zs__comm_req*)calloc(1, sizeof **req);
+    if (*req == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "NCCL request");
+    (*req)->host_req = q;
+    return ZS_OK;
+  }
+  ncclDataType_t t;
+  if (!zs__nccl_type(dtype, &t))
+    return zs__error(ZS_ERR_UNSUPPORTED, "NCCL all-gather: dtype %s",
+                     zs_dtype_name(dtype));
+  zs_status st = zs__nccl_begin(c);
+  if (st != ZS_OK) return st;
+  const size_t elem = zs_dtype_size(dtype);
+  const void* s = send == ZS__IN_PLACE
+                      ? (const char*)recv + (size_t)c->rank * count * elem
+                      : send;
+  return zs__nccl_end(c, ncclAllGather(s, recv, count, t, n->comm, n->stream),
+                      "all-gather", req);
+}
+
+/* A host-memory collective through MPI, wrapped into a request of ours. */
+#define ZS__NCCL_HOST(call)                                                 \
+  do {                                                                      \
+    zs__comm_req* q_ = NULL;                                                \
+    zs_status st_ = (call);                                                 \
+    if (st_ != ZS_OK || req == NULL) return st_;                            \
+    *req = (zs__comm_req*)calloc(1, sizeof **req);                          \
+    if (*req == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "NCCL request"); \
+    (*req)->host_req = q_;                                                  \
+    return ZS_OK;                                                           \
+  } while (0)
+
+static zs_status zs__nccl_reduce_scatter(zs__comm* c, const void* send,
+                                         void* recv, size_t count,
+                                         zs_dtype dtype, zs__red_op op,
+                                         zs__stream* stream,
+                                         zs__comm_req** req) {
+  zs__nccl_impl* n = zs__nimpl(c);
+  if (zs__is_host(recv))
+    ZS__NCCL_HOST(n->host->ops->reduce_scatter(n->host, send, recv, count,
+                                               dtype, op, stream,
+                                               req ? &q_ : NULL));
+  ncclDataType_t t;
+  if (!zs__nccl_type(dtype, &t))
+    return zs__error(ZS_ERR_UNSUPPORTED, "NCCL reduce-scatter: dtype %s",
+                     zs_dtype_name(dtype));
+  zs_status st = zs__nccl_begin(c);
+  if (st != ZS_OK) return st;
+  return zs__nccl_end(c,
+                      ncclReduceScatter(send, recv, count, t, zs__nccl_op(op),
+                                        n->comm, n->stream),
+                      "reduce-scatter", req);
+}
+
+static zs_status zs__nccl_all_reduce(zs__comm* c, const void* send, void* recv,
+                                     size_t count, zs_dtype dtype,
+                                     zs__red_op op, zs__stream* stream,
+                                     zs__comm_req** req) {
+  zs__nccl_impl* n = zs__nimpl(c);
+  if (zs__is_host(recv))
+    ZS__NCCL_HOST(n->host->ops->all_reduce(n->host, send, recv, count, dtype,
+                                           op, stream, req ? &q_ : NULL));
+  ncclDataType_t t;
+  if (!zs__nccl_type(dtype, &t))
+    return zs__error(ZS_ERR_UNSUPPORTED, "NCCL all-reduce: dtype %s",
+                     zs_dtype_name(dtype));
+  zs_status st = zs__nccl_begin(c);
+  if (st != ZS_OK) return st;
+  return zs__nccl_end(c,
+                      ncclAllReduce(send == ZS__IN_PLACE ? recv : send, recv,
+                                    count, t, zs__nccl_op(op), n->comm,
+                                    n->stream),
+                      "all-reduce", req);
+}
+
+static zs_status zs__nccl_broadcast(zs__comm* c, void* buf, size_t count,
+                                    zs_dtype dtype, int root,
+                                    zs__stream* stream, zs__comm_req** req) {
+  zs__nccl_impl* n = zs__nimpl(c);
+  if (zs__is_host(buf))
+    ZS__NCCL_HOST(n->host->ops->broadcast(n->host, buf, count, dtype, root,
+                                          stream, req ? &q_ : NULL));
+  ncclDataType_t t;
+  if (!zs__nccl_type(dtype, &t))
+    return zs__error(ZS_ERR_UNSUPPORTED, "NCCL broadcast: dtype %s",
+                     zs_dtype_name(dtype));
+  zs_status st = zs__nccl_begin(c);
+  if (st != ZS_OK) return st;
+  return zs__nccl_end(c,
+                      ncclBroadcast(buf, buf, count, t, root, n->comm,
+                                    n->stream),
+                      "broadcast", req);
+}
+
+static zs_status zs__nccl_exchange(zs__comm* c, const void* send,
+                                   const size_t* offsets, void* recv,
+                                   size_t chunk, zs_dtype dtype,
+                                   zs__stream* stream, zs__comm_req** req) {
+  zs__nccl_impl* n = zs__nimpl(c);
+  if (zs__is_host(recv))
+    ZS__NCCL_HOST(n->host->ops->exchange(n->host, send, offsets, recv, chunk,
+                                         dtype, stream, req ? &q_ : NULL));
+  ncclDataType_t t;
+  if (!zs__nccl_type(dtype, &t))
+    return zs__error(ZS_ERR_UNSUPPORTED, "NCCL exchange: dtype %s",
+                     zs_dtype_name(dtype));
+  zs_status st = zs__nccl_begin(c);
+  if (st != ZS_OK) return st;
+  const size_t elem = zs_dtype_size(dtype);
+  const char* s = (const char*)send;
+  char* d = (char*)recv;
+  ncclResult_t r = ncclGroupStart();
+  for (int p = 0; p < c->world && r == ncclSuccess; p++) {
+    if (p == c->rank) continue;
+    r = ncclSend(s + offsets[p] * elem, chunk, t, p, n->comm, n->stream);
+    if (r == ncclSuccess)
+      r = ncclRecv(d + (size_t)p * chunk * elem, chunk, t, p, n->comm,
+                   n->stream);
+  }
+  ncclResult_t r2 = ncclGroupEnd();
+  if (r == ncclSuccess) r = r2;
+  if (r == ncclSuccess &&
+      cudaMemcpyAsync(d + (size_t)c->rank * chunk * elem,
+                      s + offsets[c->rank] * elem, chunk * elem,
+                      cudaMemcpyDeviceToDevice, n->stream) != cudaSuccess)
+    return zs__error(ZS_ERR_DEVICE, "NCCL exchange: local copy: %s",
+                     cudaGetErrorString(cudaGetLastError()));
+  return zs__nccl_end(c, r, "exchange", req);
+}
+
+static zs_status zs__nccl_all_gather_strided(zs__comm* c, void* buf,
+                                             size_t offset, size_t stride,
+                                             size_t chunk, zs_dtype dtype,
+                                             zs__stream* stream,
+                                             zs__comm_req** req) {
+  zs__nccl_impl* n = zs__nimpl(c);
+  if (zs__is_host(buf))
+    ZS__NCCL_HOST(n->host->ops->all_gather_strided(
+        n->host, buf, offset, stride, chunk, dtype, stream, req ? &q_ : NULL));
+  ncclDataType_t t;
+  if (!zs__nccl_type(dtype, &t))
+    return zs__error(ZS_ERR_UNSUPPORTED, "NCCL all-gather: dtype %s",
+                     zs_dtype_name(dtype));
+  zs_status st = zs__nccl_begin(c);
+  if (st != ZS_OK) return st;
+  const size_t elem = zs_dtype_size(dtype);
+  ncclResult_t r = ncclGroupStart();
+  for (int p = 0; p < c->world && r == ncclSuccess; p++) {
+    char* at = (char*)buf + ((size_t)p * stride + offset) * elem;
+    r = ncclBroadcast(at, at, chunk, t, p, n->comm, n->stream);
+  }
+  ncclResult_t r2 = ncclGroupEnd();
+  return zs__nccl_end(c, r == ncclSuccess ? r2 : r, "strided all-gather", req);
+}
+
+static zs_status zs__nccl_test(zs__comm* c, zs__comm_req* req, int* done) {
+  zs__nccl_impl* n = zs__nimpl(c);
+  *done = 0;
+  if (req->host_req != NULL) {
+    zs_status st = n->host->ops->test(n->host, req->host_req, done);
+    if (st == ZS_OK && *done) free(req);
+    return st;
+  }
+  cudaError_t e = cudaEventQuery(req->done);
+  if (e == cudaSuccess) {
+    cudaEventDestroy(req->done);
+    free(req);
+    *done = 1;
+    return ZS_OK;
+  }
+  if (e != cudaErrorNotReady)
+    return zs__error(ZS_ERR_DEVICE, "NCCL collective: CUDA error %s",
+                     cudaGetErrorString(e));
+  ncclResult_t async = ncclSuccess;
+  ncclResult_t r = ncclCommGetAsyncError(n->comm, &async);
+  if (r != ncclSuccess) return zs__nccl_fail(r, "ncclCommGetAsyncError");
+  if (async != ncclSuccess && async != ncclInProgress) {
+    ncclCommAbort(n->comm);
+    n->comm = NULL;
+    return zs__nccl_fail(async, "collective (asynchronous error; the "
+                         "communicator was aborted)");
+  }
+  return ZS_OK;
+}
+
+static zs_status zs__nccl_wait(zs__comm* c, zs__comm_req* req) {
+  for (;;) {
+    int done = 0;
+    zs_status st = zs__nccl_test(c, req, &done);
+    if (st != ZS_OK || done) return st;
+  }
+}
+
+static void zs__nccl_destroy(zs__comm* c) {
+  zs__nccl_impl* n = zs__nimpl(c);
+  if (n != NULL) {
+    if (n->comm != NULL) {
+      cudaStreamSynchronize(n->stream);
+      ncclCommDestroy(n->comm);
+    }
+    cudaStreamDestroy(n->stream);
+    if (n->host != NULL) n->host->ops->destroy(n->host);
+    free(n);
+  }
+  free(c);
+}
+
+static const zs__comm_ops zs__nccl_ops = {
+    "nccl",
+    zs__nccl_all_gather,
+    zs__nccl_reduce_scatter,
+    zs__nccl_all_reduce,
+    zs__nccl_broadcast,
+    zs__nccl_exchange,
+    zs__nccl_all_gather_strided,
+    zs__nccl_wait,
+    zs__nccl_test,
+    NULL, /* NCCL progresses on its own */
+    zs__nccl_destroy,
+};
+
+zs_status zs__comm_nccl_create(zs__comm* host, zs__comm** out) {
+  zs__comm* c = (zs__comm*)calloc(1, sizeof *c);
+  zs__nccl_impl* n = (zs__nccl_impl*)calloc(1, sizeof *n);
+  if (c == NULL || n == NULL) {
+    free(c);
+    free(n);
+    host->ops->destroy(host);
+    return zs__error(ZS_ERR_OUT_OF_MEMORY, "NCCL communicator");
+  }
+  *c = *host; /* rank, world, local rank and size, counters' initial state */
+  c->ops = &zs__nccl_ops;
+  c->impl = n;
+  n->host = host;
+  n->device = host->local_rank;
+  zs_status local = ZS_OK;
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    local = zs__error(ZS_ERR_UNSUPPORTED, "NCCL: no usable CUDA device on "
+                      "this node (rank %d)", host->rank);
+  } else if (host->local_size > count) {
+    local = zs__error(ZS_ERR_INVALID_ARGUMENT,
+                      "%d ranks on this node but %d CUDA device(s): NCCL "
+                      "needs one GPU per rank (rank %d, local rank %d)",
+                      host->local_size, count, host->rank, host->local_rank);
+  } else if (cudaSetDevice(n->device) != cudaSuccess ||
+             cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking) !=
+                 cudaSuccess) {
+    local = zs__error(ZS_ERR_DEVICE, "NCCL: cannot use GPU %d (rank %d): %s",
+                      n->device, host->rank,
+                      cudaGetErrorString(cudaGetLastError()));
+  }
+  zs_status st = zs__comm_agree(host, local, "NCCL setup");
+  ncclUniqueId id;
+  memset(&id, 0, sizeof id);
+  if (st == ZS_OK && host->rank == 0) {
+    ncclResult_t r = ncclGetUniqueId(&id);
+    local = r == ncclSuccess ? ZS_OK : zs__nccl_fail(r, "ncclGetUniqueId");
+  }
+  if (st == ZS_OK) st = zs__comm_agree(host, local, "NCCL unique id");
+  if (st == ZS_OK)
+    st = zs__comm_broadcast(host, zs__tag(ZS__P_CHECK, -1, "nccl id"), &id,
+                            sizeof id, ZS_UINT8, 0);
+  if (st == ZS_OK) {
+    ncclResult_t r = ncclCommInitRank(&n->comm, host->world, id, host->rank);
+    local = r == ncclSuccess ? ZS_OK : zs__nccl_fail(r, "ncclCommInitRank");
+    st = zs__comm_agree(host, local, "NCCL communicator");
+  }
+  if (st != ZS_OK) {
+    zs__nccl_destroy(c);
+    return st;
+  }
+  c->seq_hash = host->seq_hash;
+  *out = c;
+  return ZS_OK;
+}

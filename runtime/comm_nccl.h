@@ -1,0 +1,27 @@
+/*
+ * comm_nccl.h — the NCCL communicator backend (comm_nccl.c) used with the
+ * CUDA device backend: device-memory collectives on NCCL, host-memory ones
+ * on the MPI communicator it wraps.
+ */
+#ifndef ZS_RUNTIME_COMM_NCCL_H_
+#define ZS_RUNTIME_COMM_NCCL_H_
+
+#include "runtime/comm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Builds an NCCL communicator over the ranks of `host` (an MPI
+ * communicator, whose ownership it takes, also on failure): selects GPU
+ * host->local_rank, rank 0's ncclGetUniqueId broadcast over MPI,
+ * ncclCommInitRank. Collective. Errors (agreed on every rank): UNSUPPORTED
+ * (no usable GPU), INVALID_ARGUMENT (more ranks on the node than GPUs,
+ * naming the rank), DEVICE, COMM (a NCCL error, named), OUT_OF_MEMORY. */
+zs_status zs__comm_nccl_create(zs__comm* host, zs__comm** out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZS_RUNTIME_COMM_NCCL_H_ */
