@@ -8,7 +8,10 @@
  */
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -73,6 +76,41 @@ oom_nofree:
   return zs__error(ZS_ERR_OUT_OF_MEMORY, "consolidate: header");
 }
 
+/* The output must not be a file of the checkpoint or of its root: it is
+ * refused when its directory is the checkpoint directory, or when it is
+ * the root's `latest` (or a hidden entry of the root). */
+static zs_status zs__st_check_out(const zs__ckpt_meta* cm, const char* out) {
+  char dir[ZS__CKPT_PATH_MAX + 8], rdir[PATH_MAX], rck[PATH_MAX];
+  char rroot[PATH_MAX];
+  snprintf(dir, sizeof dir, "%s", out);
+  char* slash = strrchr(dir, '/');
+  char base[ZS__CKPT_PATH_MAX];
+  snprintf(base, sizeof base, "%s", slash ? slash + 1 : out);
+  if (slash == dir) dir[1] = '\0';
+  else if (slash) *slash = '\0';
+  else snprintf(dir, sizeof dir, ".");
+  if (base[0] == '\0')
+    return zs__error(ZS_ERR_INVALID_ARGUMENT, "consolidate: output '%s' "
+                     "names a directory, not a file", out);
+  if (realpath(dir, rdir) == NULL)
+    return zs__error(ZS_ERR_IO, "consolidate: output directory '%s': %s", dir,
+                     strerror(errno));
+  if (realpath(cm->dir, rck) != NULL && strcmp(rdir, rck) == 0)
+    return zs__error(ZS_ERR_INVALID_ARGUMENT, "consolidate: output '%s' is "
+                     "inside the checkpoint directory '%s'; write it "
+                     "elsewhere", out, cm->dir);
+  snprintf(dir, sizeof dir, "%s/..", cm->dir);
+  if (realpath(dir, rroot) != NULL && strcmp(rdir, rroot) == 0 &&
+      (strcmp(base, ZS__CKPT_LATEST) == 0 || base[0] == '.'))
+    return zs__error(ZS_ERR_INVALID_ARGUMENT, "consolidate: output '%s' "
+                     "would replace a file of the checkpoint root", out);
+  struct stat sb;
+  if (stat(out, &sb) == 0 && !S_ISREG(sb.st_mode))
+    return zs__error(ZS_ERR_INVALID_ARGUMENT, "consolidate: output '%s' "
+                     "exists and is not a regular file", out);
+  return ZS_OK;
+}
+
 zs_status zs_checkpoint_consolidate(const char* path, const char* out_file,
                                     zs_dtype dtype, int duplicate_tied) {
   if (path == NULL || out_file == NULL || out_file[0] == '\0')
@@ -98,11 +136,11 @@ zs_status zs_checkpoint_consolidate(const char* path, const char* out_file,
   for (int f = -1; f < cm.world; f++) ZS_CHECK(zs__ckpt_verify_file(&cm, f));
   ZS_CHECK(zs__ckpt_reader_open(&rd, &cm));
   ZS_CHECK(zs__st_header(&cm, dtype, duplicate_tied, &header));
-  int n = snprintf(tmp, sizeof tmp, "%s.tmp", out_file);
+  ZS_CHECK(zs__st_check_out(&cm, out_file));
+  int n = snprintf(tmp, sizeof tmp, "%s.tmp-%ld", out_file, (long)getpid());
   if (n < 0 || (size_t)n >= sizeof tmp)
     ZS_FAIL(ZS_ERR_INVALID_ARGUMENT, "consolidate: output path too long");
-  unlink(tmp); /* a crashed run's leftover */
-  ZS_CHECK(zs__ckpt_writer_open(&w, tmp));
+  ZS_CHECK(zs__ckpt_writer_open(&w, tmp)); /* O_EXCL: never over a file */
   size_t hlen = strlen(header);
   const size_t padded = (hlen + 7) / 8 * 8;
   uint8_t len8[8];
@@ -128,8 +166,8 @@ zs_status zs_checkpoint_consolidate(const char* path, const char* out_file,
     goto cleanup;
   }
   if (rename(tmp, out_file) != 0) {
-    st = zs__error(ZS_ERR_IO, "consolidate: cannot rename '%s' to '%s'", tmp,
-                   out_file);
+    st = zs__error(ZS_ERR_IO, "consolidate: cannot rename '%s' to '%s': %s",
+                   tmp, out_file, strerror(errno));
     unlink(tmp);
   }
 cleanup:

@@ -58,10 +58,22 @@ static int zs__dtype_from_name(const char* s, zs_dtype* out) {
 /* Reads a whole (small) file into a NUL-terminated malloc'd buffer. */
 static zs_status zs__read_whole(const char* path, char** out, size_t* bytes) {
   *out = NULL;
-  FILE* f = fopen(path, "rb");
-  if (f == NULL)
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  struct stat sb;
+  if (fd < 0)
     return zs__error(ZS_ERR_IO, "checkpoint: cannot open '%s': %s", path,
                      strerror(errno));
+  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    close(fd);
+    return zs__error(ZS_ERR_CORRUPT, "checkpoint: '%s' is not a regular file",
+                     path);
+  }
+  FILE* f = fdopen(fd, "rb");
+  if (f == NULL) {
+    close(fd);
+    return zs__error(ZS_ERR_IO, "checkpoint: cannot open '%s': %s", path,
+                     strerror(errno));
+  }
   zs_status st = ZS_OK;
   size_t cap = 4096, n = 0;
   char* buf = malloc(cap);
@@ -296,10 +308,15 @@ static zs_status zs__resolve(const char* path, char* dir, size_t cap) {
   if (st != ZS_OK) return st;
   size_t n = strcspn(text, "\r\n");
   text[n] = '\0';
-  if (n == 0 || strchr(text, '/') != NULL || strcmp(text, ".") == 0 ||
-      strcmp(text, "..") == 0) {
+  int printable = 1;
+  for (size_t i = 0; i < n; i++)
+    if ((unsigned char)text[i] < 0x20 || (unsigned char)text[i] > 0x7e)
+      printable = 0;
+  if (n == 0 || n > 200 || !printable || strchr(text, '/') != NULL ||
+      text[0] == '.') {
     st = zs__error(ZS_ERR_CORRUPT, "checkpoint pointer '%s' does not name a "
-                   "checkpoint directory ('%s')", p, text);
+                   "checkpoint directory (%s)", p,
+                   printable && n <= 200 ? text : "unprintable contents");
   } else {
     st = zs__ckpt_join(dir, cap, path, text);
   }
@@ -387,6 +404,9 @@ static zs_status zs__parse_meta(const char* file, const cJSON* root,
   for (int i = 0; i < m->nunits; i++) {
     const cJSON* o = cJSON_GetArrayItem(units, i);
     zs__ckpt_unit* u = &m->units[i];
+    if (!cJSON_IsObject(o))
+      ZS_FAIL(ZS_ERR_CORRUPT, "checkpoint metadata '%s': units[%d] is not an "
+              "object", file, i);
     ZS_CHECK(zs__j_str(file, o, "name", &s));
     snprintf(u->name, sizeof u->name, "%s", s);
     ZS_CHECK(zs__j_str(file, o, "dtype", &s));
@@ -444,6 +464,9 @@ static zs_status zs__parse_meta(const char* file, const cJSON* root,
   for (int i = 0; i < m->ntensors; i++) {
     const cJSON* o = cJSON_GetArrayItem(tensors, i);
     zs__ckpt_tensor* t = &m->tensors[i];
+    if (!cJSON_IsObject(o))
+      ZS_FAIL(ZS_ERR_CORRUPT, "checkpoint metadata '%s': tensors[%d] is not "
+              "an object", file, i);
     ZS_CHECK(zs__j_str(file, o, "name", &s));
     snprintf(t->name, sizeof t->name, "%s", s);
     ZS_CHECK(zs__j_int(file, o, "unit", 0, m->nunits - 1, &v));
@@ -461,7 +484,10 @@ static zs_status zs__parse_meta(const char* file, const cJSON* root,
         ZS_FAIL(ZS_ERR_CORRUPT, "checkpoint metadata '%s': tensor '%s': bad "
                 "shape", file, t->name);
       t->shape[d] = (int64_t)n->valuedouble;
-      numel *= (size_t)t->shape[d];
+      if (__builtin_mul_overflow(numel, (size_t)t->shape[d], &numel) ||
+          numel > ((size_t)1 << 53))
+        ZS_FAIL(ZS_ERR_CORRUPT, "checkpoint metadata '%s': tensor '%s': the "
+                "shape's product overflows", file, t->name);
     }
     ZS_CHECK(zs__j_int(file, o, "numel", 0, 9e15, &v));
     t->numel = (size_t)v;
@@ -517,6 +543,9 @@ static zs_status zs__parse_meta(const char* file, const cJSON* root,
   for (int r = 0; r < m->world; r++) {
     const cJSON* o = cJSON_GetArrayItem(files, r);
     char want[64];
+    if (!cJSON_IsObject(o))
+      ZS_FAIL(ZS_ERR_CORRUPT, "checkpoint metadata '%s': files[%d] is not an "
+              "object", file, r);
     zs__ckpt_rank_file(r, want, sizeof want);
     ZS_CHECK(zs__j_str(file, o, "name", &s));
     if (strcmp(s, want) != 0)
@@ -587,11 +616,12 @@ zs_status zs__ckpt_verify_file(const zs__ckpt_meta* m, int file) {
   }
   zs_status st = zs__ckpt_join(path, sizeof path, m->dir, name);
   if (st != ZS_OK) return st;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0)
     return zs__error(ZS_ERR_IO, "checkpoint file '%s' cannot be opened: %s%s",
                      path, strerror(errno),
-                     errno == ENOENT ? " (a rank file is missing)" : "");
+                     errno == ENOENT && file >= 0 ? " (a rank file is missing)"
+                                                  : "");
   XXH64_state_t* h = XXH64_createState();
   char* buf = malloc(1 << 20);
   struct stat sb;
@@ -600,7 +630,12 @@ zs_status zs__ckpt_verify_file(const zs__ckpt_meta* m, int file) {
     st = zs__error(ZS_ERR_OUT_OF_MEMORY, "checkpoint: verifying '%s'", path);
     goto done;
   }
-  if (fstat(fd, &sb) != 0 || (uint64_t)sb.st_size != want_bytes) {
+  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    st = zs__error(ZS_ERR_CORRUPT, "checkpoint file '%s' is not a regular "
+                   "file", path);
+    goto done;
+  }
+  if ((uint64_t)sb.st_size != want_bytes) {
     st = zs__error(ZS_ERR_CORRUPT, "checkpoint file '%s' has %lld bytes, the "
                    "metadata says %llu (truncated or replaced)", path,
                    (long long)sb.st_size, (unsigned long long)want_bytes);
@@ -684,7 +719,7 @@ zs_status zs__ckpt_read(zs__ckpt_reader* r, int unit, int field, size_t begin,
     zs_status st = zs__rank_path(m, q, path, sizeof path);
     if (st != ZS_OK) return st;
     if (r->fds[q] < 0) {
-      r->fds[q] = open(path, O_RDONLY | O_CLOEXEC);
+      r->fds[q] = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
       if (r->fds[q] < 0)
         return zs__error(ZS_ERR_IO, "checkpoint file '%s' cannot be opened: "
                          "%s", path, strerror(errno));
@@ -856,8 +891,8 @@ zs_status zs__ckpt_remove_dir(const char* path) {
     if (!zs__ckpt_own_name(e->d_name)) {
       st = zs__error(ZS_ERR_IO, "checkpoint: not removing '%s': '%s' is not "
                      "a checkpoint file (a checkpoint directory holds only "
-                     "meta.json, meta.json.xxh64, extras.bin, rank-*.bin)",
-                     path, e->d_name);
+                     "meta.json, meta.json.xxh64, extras.bin, rank-*.bin); "
+                     "move it out of the way", path, e->d_name);
     } else if (unlink(p) != 0) {
       st = zs__error(ZS_ERR_IO, "checkpoint: cannot remove '%s': %s", p,
                      strerror(errno));

@@ -216,6 +216,7 @@ static zs_status zs__ckpt_recover_root(const char* root) {
     if (st == ZS_OK) st = zs__ckpt_join(target, sizeof target, root,
                                         e->d_name + 5);
     if (st != ZS_OK) break;
+    if (stat(p, &sb) != 0 || !S_ISDIR(sb.st_mode)) continue; /* not ours */
     if (is_old && stat(target, &sb) != 0) {
       if (rename(p, target) != 0)
         st = zs__error(ZS_ERR_IO, "zs_checkpoint_save: cannot restore '%s' "
@@ -223,8 +224,11 @@ static zs_status zs__ckpt_recover_root(const char* root) {
       else
         zs__log(ZS_LOG_WARN, "checkpoint '%s' restored from '%s' (a save "
                 "replacing it was interrupted)", target, p);
-    } else {
-      st = zs__ckpt_remove_dir(p);
+    } else if (zs__ckpt_remove_dir(p) != ZS_OK) {
+      /* It holds files that are not a checkpoint's: never deleted. A save
+       * that needs this very name fails on it later, saying so. */
+      zs__log(ZS_LOG_WARN, "zs_checkpoint_save: leaving '%s': %s", p,
+              zs__error_body());
     }
   }
   closedir(d);
@@ -303,7 +307,12 @@ static zs_status zs__ckpt_commit(zs__ckpt_meta* cm, const char* root,
             ltmp, lt, strerror(errno));
   ZS_CHECK(zs__ckpt_fsync_dir(root));
   zs__ckpt_crash_point(0, ZS__CKPT_LATEST);
-  if (replaced) ZS_CHECK(zs__ckpt_remove_dir(old));
+  /* The replaced checkpoint: removed. If it holds files that are not the
+   * checkpoint's (a consolidated model kept next to it), they are never
+   * deleted: the directory stays, and the save has still succeeded. */
+  if (replaced && zs__ckpt_remove_dir(old) != ZS_OK)
+    zs__log(ZS_LOG_WARN, "checkpoint '%s' replaced; its old copy stays at "
+            "'%s': %s", final_dir, old, zs__error_body());
 cleanup:
   free(json);
   return st;
@@ -385,16 +394,31 @@ static int zs__ckpt_find(const zs__ckpt_meta* cm, const char* name) {
   return -1;
 }
 
+static void zs__shape_str(const int64_t* shape, int ndim, char* buf,
+                          size_t cap) {
+  size_t n = (size_t)snprintf(buf, cap, "[");
+  for (int d = 0; d < ndim && n < cap; d++)
+    n += (size_t)snprintf(buf + n, cap - n, "%s%lld", d ? ", " : "",
+                          (long long)shape[d]);
+  if (n < cap) snprintf(buf + n, cap - n, "]");
+}
+
 /* Checks that the checkpoint describes this model and fills map (model
  * tensor -> checkpoint tensor). */
 static zs_status zs__ckpt_match(const zs_model* m, const zs__ckpt_meta* cm,
                                 int weights_only, int* map) {
   char file[ZS__CKPT_PATH_MAX + 16];
   snprintf(file, sizeof file, "%s/%s", cm->dir, ZS__CKPT_META);
-  if (cm->ntensors != m->ntensors)
-    return zs__error(ZS_ERR_MISMATCH, "checkpoint '%s' is of a different "
-                     "model: it has %d tensors, this model %d", file,
-                     cm->ntensors, m->ntensors);
+  for (int j = 0; j < cm->ntensors; j++) {
+    int found = 0;
+    for (int i = 0; i < m->ntensors && !found; i++)
+      found = strcmp(m->tensors[i].name, cm->tensors[j].name) == 0;
+    if (!found)
+      return zs__error(ZS_ERR_MISMATCH, "checkpoint '%s' is of a different "
+                       "model: its tensor '%s' is not in this model (%d "
+                       "tensors there, %d here)", file, cm->tensors[j].name,
+                       cm->ntensors, m->ntensors);
+  }
   const zs_config* c = &m->ctx->config;
   if (!weights_only && cm->optimizer != c->optimizer.kind)
     return zs__error(ZS_ERR_MISMATCH, "checkpoint '%s' was saved with "
@@ -410,10 +434,14 @@ static zs_status zs__ckpt_match(const zs_model* m, const zs__ckpt_meta* cm,
     const zs__ckpt_tensor* ct = &cm->tensors[j];
     int same = ct->ndim == t->ndim;
     for (int d = 0; same && d < t->ndim; d++) same = ct->shape[d] == t->shape[d];
-    if (!same)
+    if (!same) {
+      char here[160], there[160];
+      zs__shape_str(t->shape, t->ndim, here, sizeof here);
+      zs__shape_str(ct->shape, ct->ndim, there, sizeof there);
       return zs__error(ZS_ERR_MISMATCH, "checkpoint '%s' is of a different "
-                       "model: tensor '%s' has another shape there", file,
-                       t->name);
+                       "model: tensor '%s' is %s there, %s here", file,
+                       t->name, there, here);
+    }
     const char* tie_here = t->tied_to >= 0 ? m->tensors[t->tied_to].name : "";
     const char* tie_there = ct->tied_to >= 0 ? cm->tensors[ct->tied_to].name : "";
     if (strcmp(tie_here, tie_there) != 0)

@@ -248,6 +248,44 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
   return 0;
 }
 
+int gpt2_save_check(const char* dir, char* err, size_t cap) {
+  if (dir == NULL) return 0;
+  /* mkdir -p, as zs_checkpoint_save will, then a write test. */
+  char p[4096];
+  if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) {
+    snprintf(err, cap, "--save: path too long");
+    return -1;
+  }
+  for (char* c = p + 1;; c++) {
+    if (*c != '/' && *c != '\0') continue;
+    const char keep = *c;
+    *c = '\0';
+    if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+      snprintf(err, cap, "--save %s: cannot create '%s': %s", dir, p,
+               strerror(errno));
+      return -1;
+    }
+    *c = keep;
+    if (keep == '\0') break;
+  }
+  struct stat sb;
+  if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+    snprintf(err, cap, "--save %s: not a directory", dir);
+    return -1;
+  }
+  char probe[4200];
+  snprintf(probe, sizeof probe, "%s/.zs-write-test-%ld", dir, (long)getpid());
+  int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL, 0644);
+  if (fd < 0) {
+    snprintf(err, cap, "--save %s: cannot write there: %s", dir,
+             strerror(errno));
+    return -1;
+  }
+  close(fd);
+  unlink(probe);
+  return 0;
+}
+
 int gpt2_report_check(const char* report, const char* data, char* err,
                       size_t cap) {
   if (report == NULL) return 0;

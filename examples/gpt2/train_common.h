@@ -51,6 +51,11 @@ typedef struct gpt2_args {
                            (tools/zs estimate --model) here and exit */
 } gpt2_args;
 
+/* --save DIR: creates it (with its parents) if missing and checks that
+ * files can be created there, so a bad path fails before training, not at
+ * the first save. NULL is accepted. Returns 0, or -1 with a message. */
+int gpt2_save_check(const char* dir, char* err, size_t cap);
+
 /* Parses argv. Returns 0 on success, 1 for --help (printed if print_help),
  * -1 on a bad flag or value (message in err naming the flag). `sharded` adds
  * --stage and --checkpoint-activations. */

@@ -51,6 +51,8 @@ typedef struct train_state {
   int64_t next_step; /* optimizer steps done */
   uint64_t seed;
   int32_t batch, seq;
+  int32_t heads;     /* the one model setting the tensor shapes miss */
+  int32_t pad;
 } train_state;
 
 typedef struct model {
@@ -448,6 +450,7 @@ int main(int argc, char** argv) {
   if (rc == 0 && !failed)
     failed = gpt2_config_check(&cfg, err, sizeof err) != 0 ||
              (rank == 0 && gpt2_report_check(args.report, args.data, err, sizeof err) != 0) ||
+             (rank == 0 && gpt2_save_check(args.save, err, sizeof err) != 0) ||
              gpt2_data_load(args.data, args.seq, &data, err, sizeof err) != 0;
   if (agree(failed, err, rank, world) || rc == 1) {
     gpt2_data_free(&data);
@@ -521,15 +524,24 @@ int main(int argc, char** argv) {
                 args.resume, got);
       MPI_Abort(MPI_COMM_WORLD, 2);
     }
-    if (ts.seed != args.seed || ts.batch != args.batch || ts.seq != args.seq) {
+    if (ts.seed != args.seed || ts.batch != args.batch || ts.seq != args.seq ||
+        ts.heads != args.heads) {
       if (rank == 0)
         fprintf(stderr, "train_sharded: --resume %s: the checkpoint was "
-                "trained with --seed %llu --batch %d --seq %d; pass the same "
-                "values (they fix the data order)\n", args.resume,
-                (unsigned long long)ts.seed, ts.batch, ts.seq);
+                "trained with --seed %llu --batch %d --seq %d --heads %d; "
+                "pass the same values (they fix the data order and the "
+                "model)\n", args.resume, (unsigned long long)ts.seed,
+                ts.batch, ts.seq, ts.heads);
       MPI_Abort(MPI_COMM_WORLD, 2);
     }
     start = (int)ts.next_step;
+    if (start >= args.steps) {
+      if (rank == 0)
+        fprintf(stderr, "train_sharded: --resume %s: the checkpoint is at "
+                "step %d; --steps %d leaves nothing to train (--steps is the "
+                "total to reach)\n", args.resume, start, args.steps);
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
     if (rank == 0 && !args.quiet)
       printf("resumed from %s at step %d\n", args.resume, start);
   }
@@ -586,6 +598,7 @@ int main(int argc, char** argv) {
       ts.seed = args.seed;
       ts.batch = args.batch;
       ts.seq = args.seq;
+      ts.heads = args.heads;
       CHECK(zs_checkpoint_save(m.zm, args.save, NULL, &ts, sizeof ts));
       if (rank == 0 && !args.quiet)
         printf("saved checkpoint %s/step-%08d\n", args.save, step + 1);

@@ -69,7 +69,7 @@ const char* zs_version_string(void);
   X(ZS_ERR_INVALID_ARGUMENT, 1, "invalid argument")                            \
   X(ZS_ERR_OUT_OF_MEMORY, 2, "out of memory")                                  \
   X(ZS_ERR_INVALID_STATE, 3, "invalid state (API misuse)")                     \
-  X(ZS_ERR_MISMATCH, 4, "ranks disagree")                                      \
+  X(ZS_ERR_MISMATCH, 4, "mismatch (ranks disagree, or another model)")        \
   X(ZS_ERR_COMM, 5, "communication backend error")                             \
   X(ZS_ERR_DEVICE, 6, "device backend error")                                  \
   X(ZS_ERR_IO, 7, "I/O error")                                                 \
@@ -809,10 +809,12 @@ double zs_model_loss_scale(const zs_model* model);
  * (written to a temporary and renamed). A crash at any point leaves the
  * previous checkpoint and `latest` loadable; a failed save removes its
  * temporary directory, and the next save into the root clears what a
- * crashed one left (one save at a time per root). root is created if missing (with its parents) and
+ * crashed one left (one save at a time per root; files that are not a
+ * checkpoint's are never deleted). root is created if missing (with its parents) and
  * must be visible to every rank (a shared file system on several
  * nodes). Collective, blocking. Errors: INVALID_ARGUMENT (NULL root, a
- * name with '/' or starting with '.', NULL extras with extras_bytes > 0),
+ * name with '/', starting with '.', `latest` or over 200 bytes, NULL extras
+ * with extras_bytes > 0),
  * INVALID_STATE (mid-accumulation, a unit gathered), IO naming the file
  * and byte offset (disk full, permissions), REMOTE on the other ranks,
  * OUT_OF_MEMORY, COMM. */
@@ -863,9 +865,10 @@ zs_status zs_checkpoint_load(zs_model* model, const char* path, unsigned flags,
  * duplicate_tied a tied tensor is stored once, under its owner's name, and
  * __metadata__ maps "tied:ALIAS" to the owner's name (the format forbids
  * overlapping tensors); with it the alias is a second copy. Needs no MPI
- * and no model. Written to out_file + ".tmp", fsynced and renamed, so an
- * existing out_file is replaced whole or not at all. Synchronous.
- * Errors: INVALID_ARGUMENT (NULL paths, a dtype other than fp32/bf16),
+ * and no model. Written to out_file + ".tmp-PID", fsynced and renamed, so
+ * an existing out_file is replaced whole or not at all. Synchronous.
+ * Errors: INVALID_ARGUMENT (NULL paths, a dtype other than fp32/bf16, an
+ * output inside the checkpoint directory, the root's `latest`, a directory),
  * IO, CORRUPT (the checkpoint's files are verified first), OUT_OF_MEMORY.
  * Format: huggingface/safetensors, "Format" in its README. */
 zs_status zs_checkpoint_consolidate(const char* path, const char* out_file,

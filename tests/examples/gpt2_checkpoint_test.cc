@@ -116,10 +116,14 @@ TEST(Gpt2Checkpoint, KilledDuringASaveLeavesThePreviousLoadable) {
     EXPECT_EQ(v.exit_code, 0) << what << v.output;
     EXPECT_NE(v.output.find("verified"), std::string::npos) << what << v.output;
     // Resuming reaches the same bytes as the run that was never killed,
-    // and the killed save's leftovers are gone.
-    RunResult c = Train(2, common + " --resume " + root + " --save " + root);
+    // and the killed save's leftovers are gone (with `latest` already at
+    // step 4 there is nothing left to train: the next save, of a longer
+    // run, clears them).
+    const std::string more = k.n == 12 ? " --steps 6" : "";
+    RunResult c = Train(2, common + more + " --resume " + root + " --save " + root);
     ASSERT_EQ(c.exit_code, 0) << what << c.output;
-    EXPECT_EQ(Latest(root), "step-00000004") << what;
+    EXPECT_EQ(Latest(root), k.n == 12 ? "step-00000006" : "step-00000004")
+        << what;
     EXPECT_TRUE(SameCheckpoint(d + "/ref/step-00000004",
                                root + "/step-00000004", 2))
         << what;
@@ -157,6 +161,27 @@ TEST(Gpt2Checkpoint, KilledWhileReplacingTheLatestCheckpoint) {
   EXPECT_EQ(left.output.find(".old-"), std::string::npos) << left.output;
 }
 
+// A file of the user's inside a checkpoint that gets saved again (a rerun
+// from an earlier step) is never deleted, and no save fails because of it.
+TEST(Gpt2Checkpoint, UserFilesInACheckpointAreKeptAndSavesGoOn) {
+  const std::string root = TmpDir() + "/userfiles";
+  Shell("rm -rf " + root);
+  RunResult a = Train(2, " --stage 2 --steps 4 --save-every 2 --save " + root);
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  Shell("echo keep > " + root + "/step-00000004/notes.txt");
+  RunResult b = Train(2, " --stage 2 --steps 6 --save-every 2 --resume " + root +
+                             "/step-00000002 --save " + root);
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_EQ(Latest(root), "step-00000006");
+  EXPECT_EQ(Slurp(root + "/.old-step-00000004/notes.txt"), "keep\n");
+  EXPECT_NE(b.output.find("old copy stays"), std::string::npos) << b.output;
+  RunResult c = Train(2, " --stage 2 --steps 8 --save-every 2 --resume " + root +
+                             " --save " + root);
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  EXPECT_EQ(Latest(root), "step-00000008");
+  EXPECT_EQ(Shell(g_ckpt + " inspect " + root + " --verify").exit_code, 0);
+}
+
 TEST(Gpt2Checkpoint, ToolsAndBadInput) {
   const std::string d = TmpDir() + "/tools";
   Shell("rm -rf " + d);
@@ -180,6 +205,35 @@ TEST(Gpt2Checkpoint, ToolsAndBadInput) {
   RunResult s = Train(2, " --stage 2 --steps 4 --seed 7 --resume " + d);
   EXPECT_NE(s.exit_code, 0);
   EXPECT_NE(s.output.find("--seed 1337"), std::string::npos) << s.output;
+  // Another --heads (same tensor shapes) is refused too.
+  RunResult hd = Train(2, " --stage 2 --steps 4 --heads 4 --resume " + d);
+  EXPECT_NE(hd.exit_code, 0);
+  EXPECT_NE(hd.output.find("--heads 2"), std::string::npos) << hd.output;
+  // Another model: the tensor and both shapes are named.
+  RunResult ch = Train(2, " --stage 2 --steps 4 --channels 64 --heads 2 --resume " + d);
+  EXPECT_NE(ch.exit_code, 0);
+  EXPECT_NE(ch.output.find("is [256, 32] there, [256, 64] here"), std::string::npos)
+      << ch.output;
+  // A checkpoint already at --steps leaves nothing to train: an error.
+  RunResult done = Train(2, " --stage 2 --steps 2 --resume " + d);
+  EXPECT_NE(done.exit_code, 0);
+  EXPECT_NE(done.output.find("leaves nothing to train"), std::string::npos)
+      << done.output;
+  // consolidate never writes into the checkpoint it reads.
+  RunResult into = Shell(g_ckpt + " consolidate " + d + " " + d +
+                         "/step-00000002/rank-00000.bin");
+  EXPECT_NE(into.exit_code, 0);
+  EXPECT_NE(into.output.find("inside the checkpoint directory"), std::string::npos)
+      << into.output;
+  RunResult lat = Shell(g_ckpt + " consolidate " + d + " " + d + "/latest");
+  EXPECT_NE(lat.exit_code, 0) << lat.output;
+  EXPECT_EQ(Shell(g_ckpt + " inspect " + d + " --verify").exit_code, 0);
+  // A --save that cannot work fails before training, not at the end.
+  Shell("touch " + d + "/afile");
+  RunResult bad = Train(2, " --steps 50 --save " + d + "/afile");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("--save"), std::string::npos) << bad.output;
+  EXPECT_EQ(bad.output.find("step "), std::string::npos) << bad.output;
   // A missing checkpoint names the path.
   RunResult m = Train(2, " --steps 4 --resume " + d + "/nope");
   EXPECT_NE(m.exit_code, 0);
