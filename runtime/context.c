@@ -94,6 +94,13 @@ zs_status zs__context_create(const zs_config* config, zs__comm* comm,
   comm->prof = ctx->prof;
   /* CPU offload: placement and workers, agreed (a node missing on one
    * rank's machine fails every rank). */
+  if (resolved.offload_optimizer.device == 1 &&
+      resolved.device == ZS_DEVICE_CUDA)
+    ZS_FAIL(ZS_ERR_UNSUPPORTED,
+            "CPU offload with the CUDA device backend is not built yet (it "
+            "needs pinned host buffers and device<->host copies of the "
+            "gradient and parameter shards): offload with the host device, "
+            "or run on CUDA without offload");
   if (resolved.offload_optimizer.device == 1) {
     zs_status local = zs__offload_create(&resolved, comm->rank, ctx->acct,
                                          &ctx->offload);
