@@ -73,8 +73,13 @@ static int zs__is_host(const void* p) {
   return a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged;
 }
 
-/* Makes the communication stream wait for the work queued so far. */
-static zs_status zs__nccl_begin(zs__comm* c) {
+/* Before a NCCL call: the dtype's NCCL type into *t, and the communication
+ * stream made to wait for the work queued so far. */
+static zs_status zs__nccl_begin(zs__comm* c, zs_dtype dtype, const char* what,
+                                ncclDataType_t* t) {
+  if (!zs__nccl_type(dtype, t))
+    return zs__error(ZS_ERR_UNSUPPORTED, "NCCL %s: dtype %s", what,
+                     zs_dtype_name(dtype));
   zs__nccl_impl* n = zs__nimpl(c);
   cudaEvent_t ev;
   cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
@@ -108,34 +113,6 @@ static zs_status zs__nccl_end(zs__comm* c, ncclResult_t r, const char* what,
   return c->ops->wait(c, q);
 }
 
-static zs_status zs__nccl_all_gather(zs__comm* c, const void* send, void* recv,
-                                     size_t count, zs_dtype dtype,
-                                     zs__stream* stream, zs__comm_req** req) {
-  zs__nccl_impl* n = zs__nimpl(c);
-  if (zs__is_host(recv)) {
-    zs__comm_req* q = NULL;
-    zs_status st = n->host->ops->all_gather(n->host, send, recv, count, dtype,
-                                            stream, req ? &q : NULL);
-    if (st != ZS_OK || req == NULL) return st;
-    *req = (zs__comm_req*)calloc(1, sizeof **req);
-    if (*req == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "NCCL request");
-    (*req)->host_req = q;
-    return ZS_OK;
-  }
-  ncclDataType_t t;
-  if (!zs__nccl_type(dtype, &t))
-    return zs__error(ZS_ERR_UNSUPPORTED, "NCCL all-gather: dtype %s",
-                     zs_dtype_name(dtype));
-  zs_status st = zs__nccl_begin(c);
-  if (st != ZS_OK) return st;
-  const size_t elem = zs_dtype_size(dtype);
-  const void* s = send == ZS__IN_PLACE
-                      ? (const char*)recv + (size_t)c->rank * count * elem
-                      : send;
-  return zs__nccl_end(c, ncclAllGather(s, recv, count, t, n->comm, n->stream),
-                      "all-gather", req);
-}
-
 /* A host-memory collective through MPI, wrapped into a request of ours. */
 #define ZS__NCCL_HOST(call)                                                 \
   do {                                                                      \
@@ -148,6 +125,25 @@ static zs_status zs__nccl_all_gather(zs__comm* c, const void* send, void* recv,
     return ZS_OK;                                                           \
   } while (0)
 
+static zs_status zs__nccl_all_gather(zs__comm* c, const void* send, void* recv,
+                                     size_t count, zs_dtype dtype,
+                                     zs__stream* stream, zs__comm_req** req) {
+  zs__nccl_impl* n = zs__nimpl(c);
+  if (zs__is_host(recv))
+    ZS__NCCL_HOST(n->host->ops->all_gather(n->host, send, recv, count, dtype,
+                                           stream, req ? &q_ : NULL));
+  ncclDataType_t t;
+  zs_status st = zs__nccl_begin(c, dtype, "all-gather", &t);
+  if (st != ZS_OK) return st;
+  const size_t elem = zs_dtype_size(dtype);
+  const void* s = send == ZS__IN_PLACE
+                      ? (const char*)recv + (size_t)c->rank * count * elem
+                      : send;
+  return zs__nccl_end(c, ncclAllGather(s, recv, count, t, n->comm, n->stream),
+                      "all-gather", req);
+}
+
+
 static zs_status zs__nccl_reduce_scatter(zs__comm* c, const void* send,
                                          void* recv, size_t count,
                                          zs_dtype dtype, zs__red_op op,
@@ -159,10 +155,7 @@ static zs_status zs__nccl_reduce_scatter(zs__comm* c, const void* send,
                                                dtype, op, stream,
                                                req ? &q_ : NULL));
   ncclDataType_t t;
-  if (!zs__nccl_type(dtype, &t))
-    return zs__error(ZS_ERR_UNSUPPORTED, "NCCL reduce-scatter: dtype %s",
-                     zs_dtype_name(dtype));
-  zs_status st = zs__nccl_begin(c);
+  zs_status st = zs__nccl_begin(c, dtype, "reduce-scatter", &t);
   if (st != ZS_OK) return st;
   return zs__nccl_end(c,
                       ncclReduceScatter(send, recv, count, t, zs__nccl_op(op),
@@ -179,10 +172,7 @@ static zs_status zs__nccl_all_reduce(zs__comm* c, const void* send, void* recv,
     ZS__NCCL_HOST(n->host->ops->all_reduce(n->host, send, recv, count, dtype,
                                            op, stream, req ? &q_ : NULL));
   ncclDataType_t t;
-  if (!zs__nccl_type(dtype, &t))
-    return zs__error(ZS_ERR_UNSUPPORTED, "NCCL all-reduce: dtype %s",
-                     zs_dtype_name(dtype));
-  zs_status st = zs__nccl_begin(c);
+  zs_status st = zs__nccl_begin(c, dtype, "all-reduce", &t);
   if (st != ZS_OK) return st;
   return zs__nccl_end(c,
                       ncclAllReduce(send == ZS__IN_PLACE ? recv : send, recv,
@@ -199,10 +189,7 @@ static zs_status zs__nccl_broadcast(zs__comm* c, void* buf, size_t count,
     ZS__NCCL_HOST(n->host->ops->broadcast(n->host, buf, count, dtype, root,
                                           stream, req ? &q_ : NULL));
   ncclDataType_t t;
-  if (!zs__nccl_type(dtype, &t))
-    return zs__error(ZS_ERR_UNSUPPORTED, "NCCL broadcast: dtype %s",
-                     zs_dtype_name(dtype));
-  zs_status st = zs__nccl_begin(c);
+  zs_status st = zs__nccl_begin(c, dtype, "broadcast", &t);
   if (st != ZS_OK) return st;
   return zs__nccl_end(c,
                       ncclBroadcast(buf, buf, count, t, root, n->comm,
@@ -219,10 +206,7 @@ static zs_status zs__nccl_exchange(zs__comm* c, const void* send,
     ZS__NCCL_HOST(n->host->ops->exchange(n->host, send, offsets, recv, chunk,
                                          dtype, stream, req ? &q_ : NULL));
   ncclDataType_t t;
-  if (!zs__nccl_type(dtype, &t))
-    return zs__error(ZS_ERR_UNSUPPORTED, "NCCL exchange: dtype %s",
-                     zs_dtype_name(dtype));
-  zs_status st = zs__nccl_begin(c);
+  zs_status st = zs__nccl_begin(c, dtype, "exchange", &t);
   if (st != ZS_OK) return st;
   const size_t elem = zs_dtype_size(dtype);
   const char* s = (const char*)send;
@@ -256,10 +240,7 @@ static zs_status zs__nccl_all_gather_strided(zs__comm* c, void* buf,
     ZS__NCCL_HOST(n->host->ops->all_gather_strided(
         n->host, buf, offset, stride, chunk, dtype, stream, req ? &q_ : NULL));
   ncclDataType_t t;
-  if (!zs__nccl_type(dtype, &t))
-    return zs__error(ZS_ERR_UNSUPPORTED, "NCCL all-gather: dtype %s",
-                     zs_dtype_name(dtype));
-  zs_status st = zs__nccl_begin(c);
+  zs_status st = zs__nccl_begin(c, dtype, "all-gather", &t);
   if (st != ZS_OK) return st;
   const size_t elem = zs_dtype_size(dtype);
   ncclResult_t r = ncclGroupStart();
