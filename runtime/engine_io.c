@@ -57,7 +57,9 @@ zs_status zs_model_init(zs_model* m, zs_init_fn fn, void* user) {
   if (local == ZS_OK) local = zs__check_none_gathered(m, "zs_model_init");
   if (local == ZS_OK && m->ctx->rank == 0 && fn == NULL)
     local = zs__error(ZS_ERR_INVALID_ARGUMENT, "zs_model_init: fn is NULL");
-  zs__device* dev = m->ctx->device;
+  /* The callback fills host memory (the user's code runs on the host),
+   * broadcast from there; zs__store_params copies it to the device. */
+  zs__device* dev = m->ctx->host;
   char* tmp = NULL;
   ZS_CHECK(zs__comm_agree(comm, local, "zs_model_init"));
   for (int ui = 0; ui < m->nunits; ui++) {
@@ -103,7 +105,7 @@ zs_status zs_tensor_set(zs_model* m, int tensor, const void* data) {
     local = zs__error(ZS_ERR_INVALID_ARGUMENT,
                       "zs_tensor_set: tensor '%s': data is NULL on rank 0",
                       m->tensors[tensor].name);
-  zs__device* dev = m->ctx->device;
+  zs__device* dev = m->ctx->host; /* the user's data, broadcast from host */
   char* tmp = NULL;
   ZS_CHECK(zs__comm_agree(m->ctx->comm, local, "zs_tensor_set"));
   const zs__tensor* t = &m->tensors[tensor];

@@ -155,8 +155,11 @@ namespace {
 
 class ShardedAccess : public Access {
  public:
-  ShardedAccess(zs_model* zm, Model& m, double scale = 1.0)
-      : zm_(zm), m_(m), scale_(scale), pm_(m.tensors.size()),
+  // copy: moves bytes between the runtime's buffers and host memory when
+  // they are device memory (NULL: host buffers, read in place).
+  ShardedAccess(zs_model* zm, Model& m, double scale = 1.0,
+                void (*copy)(void*, const void*, size_t) = nullptr)
+      : zm_(zm), m_(m), scale_(scale), copy_(copy), pm_(m.tensors.size()),
         gm_(m.tensors.size()), gdirty_(m.tensors.size(), 0) {
     size_t mx = 1;
     for (auto& t : m.tensors) mx = std::max(mx, t.numel());
@@ -183,15 +186,15 @@ class ShardedAccess : public Access {
     Check(zs_unit_grad_release(zm_, u), "grad_release");
     Check(zs_unit_release(zm_, u), "release");
   }
-  // 16-bit parameters are read through an fp32 copy.
+  // 16-bit (or device) parameters are read through an fp32 host copy.
   float* Param(int t) override {
     void* p = nullptr;
     if (!Check(zs_tensor_data(zm_, t, &p), "tensor_data")) return dummy_.data();
     zs_dtype d = zs_tensor_field_dtype(zm_, t, ZS_FIELD_PARAM);
-    if (d == ZS_FLOAT32) return static_cast<float*>(p);
+    if (d == ZS_FLOAT32 && copy_ == nullptr) return static_cast<float*>(p);
     auto& v = pm_[t];
     v.resize(m_.tensors[t].numel());
-    zs_convert(v.data(), ZS_FLOAT32, p, d, v.size());
+    ToHost(v, p, d);
     return v.data();
   }
   // 16-bit gradients are accumulated in an fp32 copy, rounded back at the
@@ -200,11 +203,11 @@ class ShardedAccess : public Access {
     void* p = nullptr;
     if (!Check(zs_tensor_grad(zm_, t, &p), "tensor_grad")) return dummy_.data();
     zs_dtype d = zs_tensor_field_dtype(zm_, t, ZS_FIELD_GRAD);
-    if (d == ZS_FLOAT32) return static_cast<float*>(p);
+    if (d == ZS_FLOAT32 && copy_ == nullptr) return static_cast<float*>(p);
     auto& v = gm_[t];
     if (!gdirty_[t]) {
       v.resize(m_.tensors[t].numel());
-      zs_convert(v.data(), ZS_FLOAT32, p, d, v.size());
+      ToHost(v, p, d);
       gdirty_[t] = 1;
       gptr_.push_back({t, p});
     }
@@ -212,10 +215,29 @@ class ShardedAccess : public Access {
   }
 
  private:
+  // n fp32 values from a runtime buffer of dtype d (through `copy_` when
+  // the buffer is device memory), and back.
+  void ToHost(std::vector<float>& v, const void* p, zs_dtype d) {
+    if (copy_ == nullptr) {
+      zs_convert(v.data(), ZS_FLOAT32, p, d, v.size());
+      return;
+    }
+    raw_.resize(v.size() * zs_dtype_size(d));
+    copy_(raw_.data(), p, raw_.size());
+    zs_convert(v.data(), ZS_FLOAT32, raw_.data(), d, v.size());
+  }
+  void FromHost(void* p, zs_dtype d, const std::vector<float>& v) {
+    if (copy_ == nullptr) {
+      zs_convert(p, d, v.data(), ZS_FLOAT32, v.size());
+      return;
+    }
+    raw_.resize(v.size() * zs_dtype_size(d));
+    zs_convert(raw_.data(), d, v.data(), ZS_FLOAT32, v.size());
+    copy_(p, raw_.data(), raw_.size());
+  }
   void FlushGrads() {
     for (auto& [t, p] : gptr_) {
-      zs_convert(p, zs_tensor_field_dtype(zm_, t, ZS_FIELD_GRAD), gm_[t].data(),
-                 ZS_FLOAT32, gm_[t].size());
+      FromHost(p, zs_tensor_field_dtype(zm_, t, ZS_FIELD_GRAD), gm_[t]);
       gdirty_[t] = 0;
     }
     gptr_.clear();
@@ -229,6 +251,8 @@ class ShardedAccess : public Access {
   zs_model* zm_;
   Model& m_;
   double scale_;
+  void (*copy_)(void*, const void*, size_t);
+  std::vector<char> raw_;
   std::vector<float> dummy_;
   std::vector<std::vector<float>> pm_, gm_;
   std::vector<char> gdirty_;
@@ -356,6 +380,7 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
   c.loss_scaler.init_scale = cfg.init_scale;
   c.offload_optimizer.device = cfg.offload;
   c.offload_param = cfg.offload_param;
+  c.device = cfg.device;
   model.dtype = cfg.param_dtype;
   zs_context* ctx = nullptr;
   zs_model* zm = nullptr;
@@ -377,7 +402,8 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
                             nullptr);
   // Micro-batch k of rank r: samples [k*G/K + r*nb, +nb), nb = G/(W*K).
   const int K = cfg.grad_accum, nb = cfg.global_batch / (world * K);
-  ShardedAccess access(zm, model);
+  ShardedAccess access(zm, model, 1.0,
+                       cfg.device == ZS_DEVICE_HOST ? nullptr : cfg.copy);
   for (int s = cfg.first_step; st == ZS_OK && s < cfg.first_step + cfg.steps;
        s++) {
     zs_comm_counters before{}, after{};

@@ -50,6 +50,11 @@ struct TrainConfig {
   unsigned load_flags = 0;
   std::string save;          // zs_checkpoint_save into this root at the end
   std::string save_name;     // its name ("" = the default, step-N)
+  // Where buffers live. With ZS_DEVICE_CUDA the model's host code works on
+  // host mirrors of the gathered parameters and gradients, moved with
+  // `copy` (e.g. cudaMemcpy with cudaMemcpyDefault; tests/gpu).
+  zs_device_kind device = ZS_DEVICE_HOST;
+  void (*copy)(void* dst, const void* src, size_t bytes) = nullptr;
 };
 
 struct TrainResult {
