@@ -275,10 +275,26 @@ zs_status zs__dev_alloc(zs__device* dev, zs_mem_category category,
                         void** out) {
   void* p = NULL;
   zs_status st = dev->ops->alloc(dev, bytes, &p);
-  if (st != ZS_OK)
-    return zs__error(st, "cannot allocate %zu bytes of %s for %s on %s",
-                     bytes, zs_mem_category_name(category),
-                     label != NULL ? label : "?", dev->ops->name);
+  if (st != ZS_OK) {
+    /* What this rank holds at this moment, by category, so the error says
+     * where the memory went (the backend's own reason first). */
+    char why[512], report[600];
+    snprintf(why, sizeof why, "%s", zs__error_body());
+    zs_memory_stats ms;
+    zs__accounting_stats(dev->acct, &ms);
+    size_t n = (size_t)snprintf(report, sizeof report, "held now:");
+    for (int c = 0; c < ZS_MEM_CATEGORY_COUNT && n < sizeof report; c++)
+      if (ms.current[c] > 0)
+        n += (size_t)snprintf(report + n, sizeof report - n, " %s %zu,",
+                              zs_mem_category_name((zs_mem_category)c),
+                              ms.current[c]);
+    if (n < sizeof report)
+      snprintf(report + n, sizeof report - n, " total %zu bytes",
+               ms.total_current);
+    return zs__error(st, "cannot allocate %zu bytes of %s for %s on %s (%s; "
+                     "%s)", bytes, zs_mem_category_name(category),
+                     label != NULL ? label : "?", dev->ops->name, why, report);
+  }
   if (zero && bytes > 0) st = dev->ops->memset(dev, p, 0, bytes, NULL);
   if (st == ZS_OK) st = zs__accounting_add(dev->acct, ZS__OWNER_RUNTIME, category, p,
                                             bytes, label);

@@ -1381,6 +1381,15 @@ TEST_F(HostDevice, ZeroByteAllocationsAreDistinctAndNonNull) {
 }
 
 TEST_F(HostDevice, ImpossibleSizesAreOutOfMemoryNotACrash) {
+  // What is held is reported with the failure, by category.
+  void* held = nullptr;
+  ASSERT_EQ(zs__dev_alloc(dev_, ZS_MEM_GRADS, 4096, 0, "held", &held), ZS_OK);
+  void* q = nullptr;
+  EXPECT_EQ(zs__dev_alloc(dev_, ZS_MEM_PARAMS, SIZE_MAX / 2, 0, "unit 'x'", &q),
+            ZS_ERR_OUT_OF_MEMORY);
+  EXPECT_LAST_ERROR_HAS("held now: grads 4096, total 4096 bytes");
+  EXPECT_LAST_ERROR_HAS("unit 'x'");
+  zs__dev_free(dev_, held);
   // SIZE_MAX must not wrap to a small block when rounded to 64 bytes.
   for (size_t bytes : {SIZE_MAX, SIZE_MAX - 1, SIZE_MAX - 63,
                        SIZE_MAX / 2 + 1}) {
