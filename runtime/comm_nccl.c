@@ -1,6 +1,6 @@
 /*
  * comm_nccl.c — the NCCL communicator backend (comm.h) for the CUDA device
- * backend. Collectives on device memory run on NCCL on a dedicated
+ * backend (one rank: a local mode of device copies, without NCCL). Collectives on device memory run on NCCL on a dedicated
  * communication stream; collectives on host memory (the engine's small
  * agreements, consistency checks and norm partial sums) go to an MPI
  * communicator over the same ranks, so the engine calls one interface for
@@ -21,15 +21,62 @@
 #include "runtime/comm_nccl.h"
 
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <nccl.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* NCCL is loaded at run time (dlopen of libnccl.so.2), so programs do not
+ * depend on it: a single GPU needs no NCCL (the local mode below), and a
+ * machine with only the CUDA driver runs them. */
+static struct {
+  __typeof__(&ncclAllGather) AllGather;
+  __typeof__(&ncclAllReduce) AllReduce;
+  __typeof__(&ncclBroadcast) Broadcast;
+  __typeof__(&ncclCommAbort) CommAbort;
+  __typeof__(&ncclCommDestroy) CommDestroy;
+  __typeof__(&ncclCommGetAsyncError) CommGetAsyncError;
+  __typeof__(&ncclCommInitRank) CommInitRank;
+  __typeof__(&ncclGetErrorString) GetErrorString;
+  __typeof__(&ncclGetUniqueId) GetUniqueId;
+  __typeof__(&ncclGroupEnd) GroupEnd;
+  __typeof__(&ncclGroupStart) GroupStart;
+  __typeof__(&ncclRecv) Recv;
+  __typeof__(&ncclReduceScatter) ReduceScatter;
+  __typeof__(&ncclSend) Send;
+} zs__nccl_fn;
+static pthread_once_t zs__nccl_once = PTHREAD_ONCE_INIT;
+static char zs__nccl_why[512];
+
+static void zs__nccl_load(void) {
+  void* h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+  if (h == NULL) h = dlopen("libnccl.so", RTLD_NOW | RTLD_LOCAL);
+  if (h == NULL) {
+    snprintf(zs__nccl_why, sizeof zs__nccl_why, "%s", dlerror());
+    return;
+  }
+#define ZS__SYM(name)                                                    \
+  if ((*(void**)&zs__nccl_fn.name = dlsym(h, "nccl" #name)) == NULL) {   \
+    snprintf(zs__nccl_why, sizeof zs__nccl_why, "libnccl has no nccl%s", \
+             #name);                                                     \
+    return;                                                              \
+  }
+  ZS__SYM(AllGather) ZS__SYM(AllReduce) ZS__SYM(Broadcast)
+  ZS__SYM(CommAbort) ZS__SYM(CommDestroy) ZS__SYM(CommGetAsyncError)
+  ZS__SYM(CommInitRank) ZS__SYM(GetErrorString) ZS__SYM(GetUniqueId)
+  ZS__SYM(GroupEnd) ZS__SYM(GroupStart) ZS__SYM(Recv)
+  ZS__SYM(ReduceScatter) ZS__SYM(Send)
+#undef ZS__SYM
+}
 
 typedef struct zs__nccl_impl {
   ncclComm_t comm;
   cudaStream_t stream;
   zs__comm* host; /* MPI over the same ranks, for host buffers (owned) */
   int device;
+  int local;      /* one rank: collectives are device copies, no NCCL */
 } zs__nccl_impl;
 
 struct zs__comm_req {
@@ -41,7 +88,10 @@ static zs__nccl_impl* zs__nimpl(zs__comm* c) { return (zs__nccl_impl*)c->impl; }
 
 static zs_status zs__nccl_fail(ncclResult_t r, const char* what) {
   return zs__error(ZS_ERR_COMM, "NCCL %s failed: %s (%d)", what,
-                   ncclGetErrorString(r), (int)r);
+                   zs__nccl_fn.GetErrorString != NULL
+                       ? zs__nccl_fn.GetErrorString(r)
+                       : "NCCL not loaded",
+                   (int)r);
 }
 
 static int zs__nccl_type(zs_dtype d, ncclDataType_t* out) {
@@ -113,6 +163,21 @@ static zs_status zs__nccl_end(zs__comm* c, ncclResult_t r, const char* what,
   return c->ops->wait(c, q);
 }
 
+/* One rank (local mode): a collective's effect is a device copy (none when
+ * dst == src), ordered on the communication stream like a NCCL call. */
+static zs_status zs__local_copy(zs__comm* c, void* dst, const void* src,
+                                size_t bytes, const char* what,
+                                zs__comm_req** req) {
+  if (bytes > 0 && dst != src) {
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
+                                    zs__nimpl(c)->stream);
+    if (e != cudaSuccess)
+      return zs__error(ZS_ERR_DEVICE, "%s (one rank): copy: %s", what,
+                       cudaGetErrorString(e));
+  }
+  return zs__nccl_end(c, ncclSuccess, what, req);
+}
+
 /* A host-memory collective through MPI, wrapped into a request of ours. */
 #define ZS__NCCL_HOST(call)                                                 \
   do {                                                                      \
@@ -139,7 +204,8 @@ static zs_status zs__nccl_all_gather(zs__comm* c, const void* send, void* recv,
   const void* s = send == ZS__IN_PLACE
                       ? (const char*)recv + (size_t)c->rank * count * elem
                       : send;
-  return zs__nccl_end(c, ncclAllGather(s, recv, count, t, n->comm, n->stream),
+  if (n->local) return zs__local_copy(c, recv, s, count * elem, "all-gather", req);
+  return zs__nccl_end(c, zs__nccl_fn.AllGather(s, recv, count, t, n->comm, n->stream),
                       "all-gather", req);
 }
 
@@ -157,8 +223,11 @@ static zs_status zs__nccl_reduce_scatter(zs__comm* c, const void* send,
   ncclDataType_t t;
   zs_status st = zs__nccl_begin(c, dtype, "reduce-scatter", &t);
   if (st != ZS_OK) return st;
+  if (n->local)
+    return zs__local_copy(c, recv, send, count * zs_dtype_size(dtype),
+                          "reduce-scatter", req);
   return zs__nccl_end(c,
-                      ncclReduceScatter(send, recv, count, t, zs__nccl_op(op),
+                      zs__nccl_fn.ReduceScatter(send, recv, count, t, zs__nccl_op(op),
                                         n->comm, n->stream),
                       "reduce-scatter", req);
 }
@@ -174,8 +243,11 @@ static zs_status zs__nccl_all_reduce(zs__comm* c, const void* send, void* recv,
   ncclDataType_t t;
   zs_status st = zs__nccl_begin(c, dtype, "all-reduce", &t);
   if (st != ZS_OK) return st;
+  if (n->local)
+    return zs__local_copy(c, recv, send == ZS__IN_PLACE ? recv : send,
+                          count * zs_dtype_size(dtype), "all-reduce", req);
   return zs__nccl_end(c,
-                      ncclAllReduce(send == ZS__IN_PLACE ? recv : send, recv,
+                      zs__nccl_fn.AllReduce(send == ZS__IN_PLACE ? recv : send, recv,
                                     count, t, zs__nccl_op(op), n->comm,
                                     n->stream),
                       "all-reduce", req);
@@ -191,8 +263,9 @@ static zs_status zs__nccl_broadcast(zs__comm* c, void* buf, size_t count,
   ncclDataType_t t;
   zs_status st = zs__nccl_begin(c, dtype, "broadcast", &t);
   if (st != ZS_OK) return st;
+  if (n->local) return zs__local_copy(c, buf, buf, 0, "broadcast", req);
   return zs__nccl_end(c,
-                      ncclBroadcast(buf, buf, count, t, root, n->comm,
+                      zs__nccl_fn.Broadcast(buf, buf, count, t, root, n->comm,
                                     n->stream),
                       "broadcast", req);
 }
@@ -211,15 +284,18 @@ static zs_status zs__nccl_exchange(zs__comm* c, const void* send,
   const size_t elem = zs_dtype_size(dtype);
   const char* s = (const char*)send;
   char* d = (char*)recv;
-  ncclResult_t r = ncclGroupStart();
+  if (n->local)
+    return zs__local_copy(c, d, s + offsets[0] * elem, chunk * elem,
+                          "exchange", req);
+  ncclResult_t r = zs__nccl_fn.GroupStart();
   for (int p = 0; p < c->world && r == ncclSuccess; p++) {
     if (p == c->rank) continue;
-    r = ncclSend(s + offsets[p] * elem, chunk, t, p, n->comm, n->stream);
+    r = zs__nccl_fn.Send(s + offsets[p] * elem, chunk, t, p, n->comm, n->stream);
     if (r == ncclSuccess)
-      r = ncclRecv(d + (size_t)p * chunk * elem, chunk, t, p, n->comm,
+      r = zs__nccl_fn.Recv(d + (size_t)p * chunk * elem, chunk, t, p, n->comm,
                    n->stream);
   }
-  ncclResult_t r2 = ncclGroupEnd();
+  ncclResult_t r2 = zs__nccl_fn.GroupEnd();
   if (r == ncclSuccess) r = r2;
   if (r == ncclSuccess &&
       cudaMemcpyAsync(d + (size_t)c->rank * chunk * elem,
@@ -240,15 +316,16 @@ static zs_status zs__nccl_all_gather_strided(zs__comm* c, void* buf,
     ZS__NCCL_HOST(n->host->ops->all_gather_strided(
         n->host, buf, offset, stride, chunk, dtype, stream, req ? &q_ : NULL));
   ncclDataType_t t;
-  zs_status st = zs__nccl_begin(c, dtype, "all-gather", &t);
+  zs_status st = zs__nccl_begin(c, dtype, "strided all-gather", &t);
   if (st != ZS_OK) return st;
+  if (n->local) return zs__local_copy(c, buf, buf, 0, "strided all-gather", req);
   const size_t elem = zs_dtype_size(dtype);
-  ncclResult_t r = ncclGroupStart();
+  ncclResult_t r = zs__nccl_fn.GroupStart();
   for (int p = 0; p < c->world && r == ncclSuccess; p++) {
     char* at = (char*)buf + ((size_t)p * stride + offset) * elem;
-    r = ncclBroadcast(at, at, chunk, t, p, n->comm, n->stream);
+    r = zs__nccl_fn.Broadcast(at, at, chunk, t, p, n->comm, n->stream);
   }
-  ncclResult_t r2 = ncclGroupEnd();
+  ncclResult_t r2 = zs__nccl_fn.GroupEnd();
   return zs__nccl_end(c, r == ncclSuccess ? r2 : r, "strided all-gather", req);
 }
 
@@ -270,11 +347,12 @@ static zs_status zs__nccl_test(zs__comm* c, zs__comm_req* req, int* done) {
   if (e != cudaErrorNotReady)
     return zs__error(ZS_ERR_DEVICE, "NCCL collective: CUDA error %s",
                      cudaGetErrorString(e));
+  if (n->local) return ZS_OK;
   ncclResult_t async = ncclSuccess;
-  ncclResult_t r = ncclCommGetAsyncError(n->comm, &async);
+  ncclResult_t r = zs__nccl_fn.CommGetAsyncError(n->comm, &async);
   if (r != ncclSuccess) return zs__nccl_fail(r, "ncclCommGetAsyncError");
   if (async != ncclSuccess && async != ncclInProgress) {
-    ncclCommAbort(n->comm);
+    zs__nccl_fn.CommAbort(n->comm);
     n->comm = NULL;
     return zs__nccl_fail(async, "collective (asynchronous error; the "
                          "communicator was aborted)");
@@ -295,7 +373,7 @@ static void zs__nccl_destroy(zs__comm* c) {
   if (n != NULL) {
     if (n->comm != NULL) {
       cudaStreamSynchronize(n->stream);
-      ncclCommDestroy(n->comm);
+      zs__nccl_fn.CommDestroy(n->comm);
     }
     cudaStreamDestroy(n->stream);
     if (n->host != NULL) n->host->ops->destroy(n->host);
@@ -350,11 +428,25 @@ zs_status zs__comm_nccl_create(zs__comm* host, zs__comm** out) {
                       n->device, host->rank,
                       cudaGetErrorString(cudaGetLastError()));
   }
+  /* One rank: no NCCL at all. Otherwise NCCL must load on every rank. */
+  n->local = host->world == 1;
+  if (local == ZS_OK && !n->local) {
+    pthread_once(&zs__nccl_once, zs__nccl_load);
+    if (zs__nccl_fn.Send == NULL)
+      local = zs__error(ZS_ERR_UNSUPPORTED, "NCCL is needed for %d ranks on "
+                        "CUDA but cannot be loaded (%s) on rank %d",
+                        host->world, zs__nccl_why, host->rank);
+  }
   zs_status st = zs__comm_agree(host, local, "NCCL setup");
+  if (st == ZS_OK && n->local) {
+    c->seq_hash = host->seq_hash;
+    *out = c;
+    return ZS_OK;
+  }
   ncclUniqueId id;
   memset(&id, 0, sizeof id);
   if (st == ZS_OK && host->rank == 0) {
-    ncclResult_t r = ncclGetUniqueId(&id);
+    ncclResult_t r = zs__nccl_fn.GetUniqueId(&id);
     local = r == ncclSuccess ? ZS_OK : zs__nccl_fail(r, "ncclGetUniqueId");
   }
   if (st == ZS_OK) st = zs__comm_agree(host, local, "NCCL unique id");
@@ -362,7 +454,7 @@ zs_status zs__comm_nccl_create(zs__comm* host, zs__comm** out) {
     st = zs__comm_broadcast(host, zs__tag(ZS__P_CHECK, -1, "nccl id"), &id,
                             sizeof id, ZS_UINT8, 0);
   if (st == ZS_OK) {
-    ncclResult_t r = ncclCommInitRank(&n->comm, host->world, id, host->rank);
+    ncclResult_t r = zs__nccl_fn.CommInitRank(&n->comm, host->world, id, host->rank);
     local = r == ncclSuccess ? ZS_OK : zs__nccl_fail(r, "ncclCommInitRank");
     st = zs__comm_agree(host, local, "NCCL communicator");
   }

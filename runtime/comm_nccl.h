@@ -14,10 +14,13 @@ extern "C" {
 
 /* Builds an NCCL communicator over the ranks of `host` (an MPI
  * communicator, whose ownership it takes, also on failure): selects GPU
- * host->local_rank, rank 0's ncclGetUniqueId broadcast over MPI,
- * ncclCommInitRank. Collective. Errors (agreed on every rank): UNSUPPORTED
- * (no usable GPU), INVALID_ARGUMENT (more ranks on the node than GPUs,
- * naming the rank), DEVICE, COMM (a NCCL error, named), OUT_OF_MEMORY. */
+ * host->local_rank, loads libnccl.so.2 (dlopen), rank 0's ncclGetUniqueId
+ * broadcast over MPI, ncclCommInitRank. With one rank no NCCL is loaded:
+ * collectives are device copies. Collective. Errors (agreed on every
+ * rank): UNSUPPORTED (no usable GPU; NCCL not loadable with several ranks,
+ * with dlopen's reason), INVALID_ARGUMENT (more ranks on the node than
+ * GPUs, naming the rank), DEVICE, COMM (a NCCL error, named),
+ * OUT_OF_MEMORY. */
 zs_status zs__comm_nccl_create(zs__comm* host, zs__comm** out);
 
 #ifdef __cplusplus

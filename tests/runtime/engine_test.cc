@@ -74,6 +74,23 @@ class EngineTest : public ZsMpiTest {
 // (4Ψ/W at stages 2-3), Adam states 8Ψ (8Ψ/W at stages 1-3). Tensor sizes
 // are multiples of 16 * 24 elements, so no world size in {1,2,3,4,8} pads:
 // the bytes must equal the formula exactly.
+// ZS_DEVICE_CUDA on a machine without a usable GPU: every rank gets a
+// clear UNSUPPORTED naming CUDA, no crash (on a GPU machine it works).
+TEST_F(EngineTest, CudaDeviceWithoutAGpuIsAClearError) {
+  zs_config c = ZS_CONFIG_INIT;
+  c.device = ZS_DEVICE_CUDA;
+  zs_context* ctx = nullptr;
+  zs_status st = zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx);
+  if (st == ZS_OK) {
+    zs_context_destroy(ctx);
+    GTEST_SKIP() << "a CUDA device is usable here";
+  }
+  EXPECT_EQ(st, ZS_ERR_UNSUPPORTED) << zs_last_error();
+  EXPECT_NE(std::string(zs_last_error()).find("CUDA device"), std::string::npos)
+      << zs_last_error();
+  EXPECT_EQ(ctx, nullptr);
+}
+
 TEST_F(EngineTest, ModelStateBytesEqualZeroFormula) {
   const std::vector<std::vector<int64_t>> shapes = {
       {24, 16}, {384}, {48, 32}, {16, 48}, {3, 128}};
