@@ -235,11 +235,24 @@ static zs_status zs__ckpt_recover_root(const char* root) {
   return st;
 }
 
-/* Rank 0: the root exists (created if missing), no stale temporary. */
-static zs_status zs__ckpt_prepare(const char* root, const char* tmp) {
+/* Rank 0: the root exists (created if missing), no stale temporary, and
+ * nothing in the way of replacing NAME (a `.old-NAME` kept because it holds
+ * a user's files stops the save here, before anything is written). */
+static zs_status zs__ckpt_prepare(const char* root, const char* name,
+                                  const char* tmp) {
   zs_status st0 = zs__mkdirs(root);
   if (st0 == ZS_OK) st0 = zs__ckpt_recover_root(root);
   if (st0 != ZS_OK) return st0;
+  char oldname[256], old[ZS__CKPT_PATH_MAX];
+  struct stat osb;
+  snprintf(oldname, sizeof oldname, ".old-%s", name);
+  st0 = zs__ckpt_join(old, sizeof old, root, oldname);
+  if (st0 != ZS_OK) return st0;
+  if (lstat(old, &osb) == 0)
+    return zs__error(ZS_ERR_IO, "zs_checkpoint_save: '%s' is in the way of "
+                     "replacing '%s' (it holds files that are not a "
+                     "checkpoint's, kept when it was replaced before): move "
+                     "them out and remove it", old, name);
   struct stat sb;
   if (stat(root, &sb) != 0 || !S_ISDIR(sb.st_mode))
     return zs__error(ZS_ERR_IO, "zs_checkpoint_save: '%s' is not a directory",
@@ -352,7 +365,7 @@ zs_status zs_checkpoint_save(zs_model* m, const char* root, const char* name,
   if (local == ZS_OK) local = zs__ckpt_describe(m, &cm);
   ZS_CHECK(zs__comm_agree(comm, local, "zs_checkpoint_save"));
   if (rank == 0) {
-    local = zs__ckpt_prepare(root, tmp);
+    local = zs__ckpt_prepare(root, name, tmp);
     wrote = local == ZS_OK;
   }
   ZS_CHECK(zs__comm_agree(comm, local, "zs_checkpoint_save"));

@@ -180,6 +180,16 @@ TEST(Gpt2Checkpoint, UserFilesInACheckpointAreKeptAndSavesGoOn) {
   ASSERT_EQ(c.exit_code, 0) << c.output;
   EXPECT_EQ(Latest(root), "step-00000008");
   EXPECT_EQ(Shell(g_ckpt + " inspect " + root + " --verify").exit_code, 0);
+  // Replacing step 4 once more would need `.old-step-00000004`, which holds
+  // the user's file: the save stops before writing anything, saying so.
+  RunResult d = Train(2, " --stage 2 --steps 4 --resume " + root +
+                             "/step-00000002 --save " + root);
+  EXPECT_NE(d.exit_code, 0);
+  EXPECT_NE(d.output.find("is in the way of replacing"), std::string::npos)
+      << d.output;
+  EXPECT_EQ(Slurp(root + "/.old-step-00000004/notes.txt"), "keep\n");
+  EXPECT_EQ(Latest(root), "step-00000008");
+  EXPECT_EQ(Shell("ls -a " + root).output.find(".tmp-"), std::string::npos);
 }
 
 TEST(Gpt2Checkpoint, ToolsAndBadInput) {
