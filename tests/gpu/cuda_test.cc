@@ -23,20 +23,15 @@
 #include "optim/convert.h"
 #include "optim/optim_cuda.h"
 #include "runtime/device.h"
+#include "tests/gpu/gpu_available.h"
 
 namespace {
 
 class CudaTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess || n == 0) {
-      cudaGetLastError();
-      GTEST_SKIP() << "no usable CUDA device (cudaGetDeviceCount: "
-                   << (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices")
-                   << "): GPU tests skipped";
-    }
+    const std::string why = zstest::NoGpuReason();
+    if (!why.empty()) GTEST_SKIP() << why;
     ASSERT_EQ(zs__accounting_create(&acct_), ZS_OK);
     ASSERT_EQ(zs__device_host_create(acct_, &host_), ZS_OK);
     ASSERT_EQ(zs__device_create(ZS_DEVICE_CUDA, acct_, 0, 1, &gpu_), ZS_OK)

@@ -13,6 +13,7 @@
 
 #include <string>
 
+#include "tests/gpu/gpu_available.h"
 #include "tests/runtime/test_harness.h"
 #include "tests/testing/mpi_test.h"
 
@@ -29,14 +30,8 @@ class EngineCudaTest : public ZsMpiTest {
  protected:
   void SetUp() override {
     ZsMpiTest::SetUp();
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess || n == 0) {
-      cudaGetLastError();
-      GTEST_SKIP() << "no usable CUDA device (cudaGetDeviceCount: "
-                   << (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices")
-                   << "): GPU tests skipped";
-    }
+    const std::string why = zstest::NoGpuReason();
+    if (!why.empty()) GTEST_SKIP() << why;
   }
 };
 
