@@ -110,6 +110,10 @@ struct zs__comm {
   size_t max_count;   /* most elements per rank one collective can move */
 };
 
+/* The communicator of one process without MPI (comm_local.c): world size
+ * 1, every collective a copy done at once. Errors: OUT_OF_MEMORY. */
+zs_status zs__comm_local_create(zs__comm** out);
+
 /* ---- Wrappers the engine calls ------------------------------------------ */
 
 /* What a collective is for. Hashed together with the unit, so that ranks

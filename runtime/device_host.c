@@ -4,6 +4,7 @@
  * is complete when it returns), plus the accounted allocation wrappers all
  * backends share.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 

@@ -341,6 +341,15 @@ typedef struct zs_context zs_context;
  * ZS_ERR_MISMATCH, ZS_ERR_COMM, ZS_ERR_UNSUPPORTED (a device not built in). */
 zs_status zs_context_create(const zs_config* config, zs_context** out);
 
+/* Creates a context of this process alone, without MPI (world size 1):
+ * collectives are copies, nothing is initialized or required from MPI (a
+ * program need not run under mpirun, and may use MPI for other things). On
+ * the CUDA device no NCCL is needed either. For single-process training,
+ * CPU offload on one node's single process, tools and tests. config:
+ * copied. *out: free with zs_context_destroy. Not collective. Errors: as
+ * zs_context_create (no COMM). */
+zs_status zs_context_create_local(const zs_config* config, zs_context** out);
+
 /* Destroys the context (NULL is accepted). Destroy its models first: a
  * model still alive is detached (its storage freed, a warning logged; later
  * calls on it return ZS_ERR_INVALID_STATE and zs_model_destroy frees the

@@ -388,7 +388,8 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
     r.status = st;
     r.error = zs_last_error();
   };
-  zs_status st = zs_context_create_mpi(&c, cfg.comm, &ctx);
+  zs_status st = cfg.local_context ? zs_context_create_local(&c, &ctx)
+                                    : zs_context_create_mpi(&c, cfg.comm, &ctx);
   if (st == ZS_OK) zs_memory_stats_get(ctx, &r.memory_baseline);
   if (st == ZS_OK) st = zs_model_create(ctx, &zm);
   if (st == ZS_OK) st = RegisterModel(model, zm);

@@ -54,6 +54,9 @@ struct TrainConfig {
   // host mirrors of the gathered parameters and gradients, moved with
   // `copy` (e.g. cudaMemcpy with cudaMemcpyDefault; tests/gpu).
   zs_device_kind device = ZS_DEVICE_HOST;
+  // zs_context_create_local (one process, no MPI) instead of the MPI
+  // context on `comm` (which must then have one rank).
+  bool local_context = false;
   void (*copy)(void* dst, const void* src, size_t bytes) = nullptr;
 };
 
