@@ -287,6 +287,19 @@ static void model_build(model* m, const gpt2_args* a, int Bl) {
  * tensors, and the activation bytes this rank holds (the driver's buffers
  * and the model's backward buffers), which scale with the sequences per
  * rank and micro-batch (all but the 4-byte loss). Rank 0 writes it. */
+/* Frees what model_build made, in the order the runtime needs (the driver
+ * before its model, the model before its context). */
+static void model_free(model* m) {
+  zs_driver_destroy(m->drv);
+  CHECK(zs_memory_unregister(m->ctx, m->acts.memory));
+  gpt2_acts_free(&m->acts);
+  if (m->pcopy != NULL) CHECK(zs_memory_unregister(m->ctx, m->pcopy));
+  free(m->pcopy);
+  zs_model_destroy(m->zm);
+  zs_context_destroy(m->ctx);
+  free(m->first);
+}
+
 static int model_describe(model* m, const char* path, int Bl,
                           int checkpoint) {
   static const char* const dtypes[3] = {"fp32", "bf16", "fp16"};
@@ -495,17 +508,10 @@ int main(int argc, char** argv) {
                                          args.checkpoint_activations)
                         : 0;
     MPI_Bcast(&bad, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    zs_driver_destroy(m.drv);
-    if (m.pcopy != NULL) CHECK(zs_memory_unregister(m.ctx, m.pcopy));
-    free(m.pcopy);
-    CHECK(zs_memory_unregister(m.ctx, m.acts.memory));
-    gpt2_acts_free(&m.acts);
-    zs_model_destroy(m.zm);
-    zs_context_destroy(m.ctx);
+    model_free(&m);
     gpt2_data_free(&data);
     free(tokens);
     free(targets);
-    free(m.first);
     MPI_Finalize();
     return bad ? 1 : 0;
   }
@@ -642,17 +648,10 @@ int main(int argc, char** argv) {
   gpt2_report_free(report);
   free(text);
   free(rows);
-  zs_driver_destroy(m.drv);
-  CHECK(zs_memory_unregister(m.ctx, m.acts.memory));
-  gpt2_acts_free(&m.acts);
-  if (m.pcopy != NULL) CHECK(zs_memory_unregister(m.ctx, m.pcopy));
-  free(m.pcopy);
-  zs_model_destroy(m.zm);
-  zs_context_destroy(m.ctx);
+  model_free(&m);
   gpt2_data_free(&data);
   free(tokens);
   free(targets);
-  free(m.first);
   MPI_Finalize();
   return rc;
 }

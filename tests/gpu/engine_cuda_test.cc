@@ -60,14 +60,7 @@ TEST_F(EngineCudaTest, EveryStageTrainsBitwiseAsOnTheHost) {
       auto gm = c.make();
       TrainResult gpu = TrainSharded(*gm, cfg);
       ASSERT_EQ(gpu.status, ZS_OK) << what << ": " << gpu.error;
-      for (size_t t = 0; t < hm->tensors.size(); t++) {
-        EXPECT_TRUE(Bitwise(gpu.params[t], host.params[t]))
-            << what << " " << hm->tensors[t].name;
-        EXPECT_TRUE(Bitwise(gpu.state0[t], host.state0[t]))
-            << what << " " << hm->tensors[t].name << " state";
-      }
-      for (size_t s = 0; s < host.losses.size(); s++)
-        EXPECT_EQ(gpu.losses[s], host.losses[s]) << what << " step " << s;
+      ExpectSameTraining(gpu, host, *hm, what);
       // Nothing left on the device after the model is gone.
       EXPECT_EQ(gpu.memory_after_destroy.current[ZS_MEM_PARAMS], 0u) << what;
     }

@@ -82,14 +82,7 @@ zs_status BuildModel(const zs_config& c, Model& model, zs_context** ctx,
 
 void ExpectSameState(const TrainResult& a, const TrainResult& b,
                      const Model& m, const std::string& what) {
-  ASSERT_EQ(a.params.size(), b.params.size());
-  for (size_t t = 0; t < m.tensors.size(); t++) {
-    const std::string w = what + " tensor '" + m.tensors[t].name + "'";
-    EXPECT_TRUE(Bitwise(a.params[t], b.params[t])) << w;
-    EXPECT_TRUE(Bitwise(a.state0[t], b.state0[t])) << w << " state 0";
-    EXPECT_TRUE(Bitwise(a.state1[t], b.state1[t])) << w << " state 1";
-    EXPECT_TRUE(Bitwise(a.master[t], b.master[t])) << w << " master";
-  }
+  ExpectSameTensors(a, b, m, what);
   ASSERT_FALSE(a.infos.empty());
   ASSERT_FALSE(b.infos.empty());
   EXPECT_EQ(a.infos.back().step, b.infos.back().step) << what;

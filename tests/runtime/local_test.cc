@@ -40,14 +40,7 @@ TEST_F(LocalTest, LocalContextTrainsBitwiseAsAnMpiContextOfOneRank) {
       auto b = c.make();
       TrainResult local = TrainSharded(*b, cfg);
       ASSERT_EQ(local.status, ZS_OK) << what << ": " << local.error;
-      for (size_t t = 0; t < a->tensors.size(); t++) {
-        EXPECT_TRUE(Bitwise(local.params[t], mpi.params[t]))
-            << what << " " << a->tensors[t].name;
-        EXPECT_TRUE(Bitwise(local.state0[t], mpi.state0[t]))
-            << what << " " << a->tensors[t].name << " state";
-      }
-      for (size_t s = 0; s < mpi.losses.size(); s++)
-        EXPECT_EQ(local.losses[s], mpi.losses[s]) << what << " step " << s;
+      ExpectSameTraining(local, mpi, *a, what);
       // What the context still holds once the model is gone (its
       // communication log) is the same.
       EXPECT_EQ(local.memory_after_destroy.total_current,

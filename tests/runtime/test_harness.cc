@@ -522,4 +522,25 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
   return ::testing::AssertionSuccess();
 }
 
+void ExpectSameTensors(const TrainResult& a, const TrainResult& b,
+                       const Model& m, const std::string& what) {
+  ASSERT_EQ(a.params.size(), m.tensors.size()) << what;
+  ASSERT_EQ(b.params.size(), m.tensors.size()) << what;
+  for (size_t t = 0; t < m.tensors.size(); t++) {
+    const std::string w = what + " tensor '" + m.tensors[t].name + "'";
+    EXPECT_TRUE(Bitwise(a.params[t], b.params[t])) << w;
+    EXPECT_TRUE(Bitwise(a.state0[t], b.state0[t])) << w << " state 0";
+    EXPECT_TRUE(Bitwise(a.state1[t], b.state1[t])) << w << " state 1";
+    EXPECT_TRUE(Bitwise(a.master[t], b.master[t])) << w << " master";
+  }
+}
+
+void ExpectSameTraining(const TrainResult& a, const TrainResult& b,
+                        const Model& m, const std::string& what) {
+  ExpectSameTensors(a, b, m, what);
+  ASSERT_EQ(a.losses.size(), b.losses.size()) << what;
+  for (size_t s = 0; s < a.losses.size(); s++)
+    EXPECT_EQ(a.losses[s], b.losses[s]) << what << " step " << s;
+}
+
 }  // namespace zstest

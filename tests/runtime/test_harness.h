@@ -110,6 +110,15 @@ zs_status GetFloat(zs_model* zm, int t, zs_field f, std::vector<float>& out);
 ::testing::AssertionResult Bitwise(const std::vector<float>& a,
                                    const std::vector<float>& b);
 
+// Every tensor's parameters, optimizer states and master weights of two
+// runs are bitwise equal (what: prefix of the failure messages).
+void ExpectSameTensors(const TrainResult& a, const TrainResult& b,
+                       const Model& m, const std::string& what);
+
+// ExpectSameTensors, and every step's loss equal.
+void ExpectSameTraining(const TrainResult& a, const TrainResult& b,
+                        const Model& m, const std::string& what);
+
 }  // namespace zstest
 
 #endif  // ZS_TESTS_RUNTIME_TEST_HARNESS_H_
