@@ -179,6 +179,12 @@ zs_status zs__master_refresh(zs_model* m, zs__unit* u);
 zs_status zs__master_refresh_range(zs_model* m, zs__unit* u, size_t begin,
                                    size_t n);
 zs_status zs__check_finalized(const zs_model* m, const char* fn);
+/* The pieces of a unit's storage-owning tensors (frozen ones skipped when
+ * skip_frozen) in [begin, end) of its flat buffer, after finalize:
+ * malloc'd into *out (free it), *count of them. Errors: OUT_OF_MEMORY. */
+zs_status zs__unit_pieces(const zs_model* m, const zs__unit* u, size_t begin,
+                          size_t end, int skip_frozen, zs__piece** out,
+                          size_t* count);
 
 /* ---- engine_gather.c ---- */
 /* Drops every unused prefetch (waiting for its all-gather) and, at the end

@@ -477,46 +477,6 @@ static zs_status zs__ckpt_match(const zs_model* m, const zs__ckpt_meta* cm,
   return ZS_OK;
 }
 
-/* The pieces of a unit's storage-owning tensors (not frozen ones when
- * skip_frozen) in [begin, begin + n) of its flat buffer; malloc'd. */
-static zs_status zs__ckpt_pieces(const zs_model* m, const zs__unit* u,
-                                 size_t begin, size_t n, int skip_frozen,
-                                 zs__piece** out, size_t* count) {
-  const int k = u->ntensors;
-  size_t* offsets = calloc((size_t)k + 1, sizeof *offsets);
-  size_t* numels = calloc((size_t)k + 1, sizeof *numels);
-  int* alias = calloc((size_t)k + 1, sizeof *alias);
-  int* skip = calloc((size_t)k + 1, sizeof *skip);
-  zs_status st = ZS_OK;
-  *out = NULL;
-  if (!offsets || !numels || !alias || !skip) {
-    st = zs__error(ZS_ERR_OUT_OF_MEMORY, "checkpoint load: pieces");
-    goto done;
-  }
-  for (int i = 0; i < k; i++) {
-    const zs__tensor* t = &m->tensors[u->tensors[i]];
-    alias[i] = t->tied_to >= 0;
-    offsets[i] = alias[i] ? (size_t)-1 : t->offset;
-    numels[i] = t->numel;
-    skip[i] = skip_frozen && (t->flags & ZS_TENSOR_FROZEN) != 0;
-  }
-  size_t np = zs__layout_pieces(offsets, numels, alias, skip, k, begin,
-                                begin + n, NULL, 0);
-  *out = calloc(np + 1, sizeof **out);
-  if (*out == NULL) {
-    st = zs__error(ZS_ERR_OUT_OF_MEMORY, "checkpoint load: pieces");
-    goto done;
-  }
-  *count = zs__layout_pieces(offsets, numels, alias, skip, k, begin, begin + n,
-                             *out, np);
-done:
-  free(offsets);
-  free(numels);
-  free(alias);
-  free(skip);
-  return st;
-}
-
 /* Loads one field into [begin, begin + n) of a unit's flat buffer, whose
  * first element is at dst (device memory of dtype), tensor by tensor from
  * the checkpoint. field 0: weights; k >= 1: optimizer state k - 1. */
@@ -526,7 +486,8 @@ static zs_status zs__ckpt_load_span(zs_model* m, zs__unit* u,
                                     char* dst, zs_dtype dtype, char* stage) {
   zs__piece* pieces = NULL;
   size_t np = 0;
-  zs_status st = zs__ckpt_pieces(m, u, begin, n, field > 0, &pieces, &np);
+  zs_status st = zs__unit_pieces(m, u, begin, begin + n, field > 0, &pieces,
+                                 &np);
   const size_t esz = zs_dtype_size(dtype);
   zs__device* dev = m->ctx->device;
   for (size_t p = 0; p < np && st == ZS_OK; p++) {

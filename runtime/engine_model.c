@@ -410,6 +410,53 @@ static zs_status zs__describe(const zs_model* m, zs__sbuf* b) {
   return ZS_OK;
 }
 
+/* The pieces of [begin, end) of a flat buffer (zs__layout_pieces over the
+ * given arrays), in a malloc'd array sized to fit: *out, *count. */
+static zs_status zs__pieces_alloc(const size_t* offsets, const size_t* numels,
+                                  const int* alias, const int* skip, int n,
+                                  size_t begin, size_t end, const char* unit,
+                                  zs__piece** out, size_t* count) {
+  const size_t np = zs__layout_pieces(offsets, numels, alias, skip, n, begin,
+                                      end, NULL, 0);
+  *out = (zs__piece*)calloc(np + 1, sizeof **out);
+  if (*out == NULL)
+    return zs__error(ZS_ERR_OUT_OF_MEMORY, "pieces of unit '%s'", unit);
+  *count = zs__layout_pieces(offsets, numels, alias, skip, n, begin, end, *out,
+                             np);
+  return ZS_OK;
+}
+
+zs_status zs__unit_pieces(const zs_model* m, const zs__unit* u, size_t begin,
+                          size_t end, int skip_frozen, zs__piece** out,
+                          size_t* count) {
+  const int k = u->ntensors;
+  size_t* offsets = (size_t*)calloc((size_t)k + 1, sizeof *offsets);
+  size_t* numels = (size_t*)calloc((size_t)k + 1, sizeof *numels);
+  int* alias = (int*)calloc((size_t)k + 1, sizeof *alias);
+  int* skip = (int*)calloc((size_t)k + 1, sizeof *skip);
+  zs_status st = ZS_OK;
+  *out = NULL;
+  *count = 0;
+  if (!offsets || !numels || !alias || !skip) {
+    st = zs__error(ZS_ERR_OUT_OF_MEMORY, "pieces of unit '%s'", u->name);
+  } else {
+    for (int i = 0; i < k; i++) {
+      const zs__tensor* t = &m->tensors[u->tensors[i]];
+      alias[i] = t->tied_to >= 0;
+      offsets[i] = alias[i] ? (size_t)-1 : t->offset;
+      numels[i] = t->numel;
+      skip[i] = skip_frozen && (t->flags & ZS_TENSOR_FROZEN) != 0;
+    }
+    st = zs__pieces_alloc(offsets, numels, alias, skip, k, begin, end, u->name,
+                          out, count);
+  }
+  free(offsets);
+  free(numels);
+  free(alias);
+  free(skip);
+  return st;
+}
+
 /* Offsets, flags and the optimizer pieces of one unit. */
 static zs_status zs__layout_one(zs_model* m, zs__unit* u) {
   zs_status st = ZS_OK;
@@ -467,26 +514,18 @@ static zs_status zs__layout_one(zs_model* m, zs__unit* u) {
     begin = zs__layout_shard_begin(&u->layout, m->ctx->rank);
     end = begin + u->layout.shard;
   }
-  size_t np = zs__layout_pieces(offsets, numels, alias, frozen, n, begin, end,
-                                NULL, 0);
   free(u->opt_pieces); /* a retried finalize */
-  u->opt_pieces = (zs__piece*)calloc(np + 1, sizeof *u->opt_pieces);
-  if (u->opt_pieces == NULL)
-    ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "finalize: pieces of unit '%s'", u->name);
-  u->nopt_pieces = zs__layout_pieces(offsets, numels, alias, frozen, n, begin,
-                                     end, u->opt_pieces, np);
+  u->opt_pieces = NULL;
+  ZS_CHECK(zs__pieces_alloc(offsets, numels, alias, frozen, n, begin, end,
+                            u->name, &u->opt_pieces, &u->nopt_pieces));
   /* The norm's pieces: this rank's shard at every stage, so that across
    * ranks each trainable element counts exactly once (never padding). */
   begin = zs__layout_shard_begin(&u->layout, m->ctx->rank);
   end = begin + u->layout.shard;
-  np = zs__layout_pieces(offsets, numels, alias, frozen, n, begin, end, NULL,
-                         0);
   free(u->norm_pieces);
-  u->norm_pieces = (zs__piece*)calloc(np + 1, sizeof *u->norm_pieces);
-  if (u->norm_pieces == NULL)
-    ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "finalize: pieces of unit '%s'", u->name);
-  u->nnorm_pieces = zs__layout_pieces(offsets, numels, alias, frozen, n, begin,
-                                      end, u->norm_pieces, np);
+  u->norm_pieces = NULL;
+  ZS_CHECK(zs__pieces_alloc(offsets, numels, alias, frozen, n, begin, end,
+                            u->name, &u->norm_pieces, &u->nnorm_pieces));
 cleanup:
   free(frozen);
   free(alias);
