@@ -13,6 +13,8 @@
 
 #include <math.h>
 
+#include "examples/gpt2/layers_math.h"
+
 /* Columns handled together when a sum runs down rows: the partial sums of a
  * tile live in a small local array, so the rows are read contiguously while
  * each element's sum stays sequential in the row index. */
@@ -80,29 +82,8 @@ void gpt2_layernorm_forward(float *out, float *mean, float *rstd,
                             const float *bias, int N, int C) {
 #pragma omp parallel for
     for (int n = 0; n < N; n++) {
-        const float *x = inp + (size_t)n * C;   /* (C) */
-        float *y = out + (size_t)n * C;         /* (C) */
-
-        float sum = 0.0f;
-        for (int c = 0; c < C; c++) {
-            sum += x[c];
-        }
-        const float m = sum / (float)C;
-
-        /* Two passes: the variance of centred values does not cancel. */
-        float sq = 0.0f;
-        for (int c = 0; c < C; c++) {
-            const float d = x[c] - m;
-            sq += d * d;
-        }
-        const float var = sq / (float)C;
-        const float s = 1.0f / sqrtf(var + GPT2_LAYERNORM_EPS);
-
-        for (int c = 0; c < C; c++) {
-            y[c] = ((x[c] - m) * s) * weight[c] + bias[c];
-        }
-        mean[n] = m;
-        rstd[n] = s;
+        gpt2_math_layernorm_row(out + (size_t)n * C, &mean[n], &rstd[n],
+                                inp + (size_t)n * C, weight, bias, C);
     }
 }
 
@@ -113,29 +94,10 @@ void gpt2_layernorm_backward(float *dinp, float *dweight, float *dbias,
     /* dinp (N, C): each row depends only on its own row. */
 #pragma omp parallel for
     for (int n = 0; n < N; n++) {
-        const float *x = inp + (size_t)n * C;    /* (C) */
-        const float *dy = dout + (size_t)n * C;  /* (C) */
-        float *dx = dinp + (size_t)n * C;        /* (C) */
-        const float m = mean[n];
-        const float s = rstd[n];
-
-        /* mean over c of g and of g * xhat, with g = weight * dy */
-        float g_sum = 0.0f;
-        float gx_sum = 0.0f;
-        for (int c = 0; c < C; c++) {
-            const float xhat = (x[c] - m) * s;
-            const float g = weight[c] * dy[c];
-            g_sum += g;
-            gx_sum += g * xhat;
-        }
-        const float g_mean = g_sum / (float)C;
-        const float gx_mean = gx_sum / (float)C;
-
-        for (int c = 0; c < C; c++) {
-            const float xhat = (x[c] - m) * s;
-            const float g = weight[c] * dy[c];
-            dx[c] += s * ((g - g_mean) - xhat * gx_mean);
-        }
+        gpt2_math_layernorm_backward_row(dinp + (size_t)n * C,
+                                         dout + (size_t)n * C,
+                                         inp + (size_t)n * C, weight, mean[n],
+                                         rstd[n], C);
     }
 
     /* dweight, dbias (C): sums down the N rows, one tile of channels per
@@ -636,8 +598,7 @@ void gpt2_attention_forward(float *out, float *preatt, float *att,
                 float *pre = preatt + row;  /* (T) */
                 float *a = att + row;       /* (T) */
 
-                /* scores of keys 0..t, and their max for a stable softmax */
-                float maxval = -INFINITY;
+                /* scores of keys 0..t; the softmax subtracts their max */
                 for (int t2 = 0; t2 <= t; t2++) {
                     const float *k = inp + ((size_t)b * T + t2) * C3 + C
                                      + h * hs;
@@ -647,26 +608,9 @@ void gpt2_attention_forward(float *out, float *preatt, float *att,
                     }
                     s *= scale;
                     pre[t2] = s;
-                    if (s > maxval) {
-                        maxval = s;
-                    }
                 }
 
-                float sum = 0.0f;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float e = expf(pre[t2] - maxval);
-                    a[t2] = e;
-                    sum += e;
-                }
-                const float inv = 1.0f / sum;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    a[t2] *= inv;
-                }
-                /* the causal mask: future keys get weight 0 */
-                for (int t2 = t + 1; t2 < T; t2++) {
-                    pre[t2] = 0.0f;
-                    a[t2] = 0.0f;
-                }
+                gpt2_math_causal_softmax_row(a, pre, t, T);
 
                 /* out_t = sum over t2 <= t of att[t2] * v_t2   (hs) */
                 float *y = out + ((size_t)b * T + t) * C + h * hs;
@@ -715,17 +659,7 @@ void gpt2_attention_backward(float *dinp, float *dpreatt, float *datt,
                 }
 
                 /* softmax backward: dpre = a * (da - sum(a * da)) */
-                float ada = 0.0f;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    ada += a[t2] * da[t2];
-                }
-                for (int t2 = 0; t2 <= t; t2++) {
-                    dpre[t2] = a[t2] * (da[t2] - ada);
-                }
-                for (int t2 = t + 1; t2 < T; t2++) {
-                    da[t2] = 0.0f;
-                    dpre[t2] = 0.0f;
-                }
+                gpt2_math_causal_softmax_backward_row(dpre, da, a, t, T);
             }
         }
     }
@@ -775,15 +709,10 @@ void gpt2_attention_backward(float *dinp, float *dpreatt, float *datt,
 /* GELU                                                                      */
 /* ------------------------------------------------------------------------- */
 
-#define GPT2_SQRT_2_OVER_PI 0.7978845608028654f  /* sqrt(2/pi) */
-#define GPT2_GELU_CUBIC 0.044715f
-
 void gpt2_gelu_forward(float *out, const float *inp, size_t n) {
 #pragma omp parallel for
     for (size_t i = 0; i < n; i++) {
-        const float x = inp[i];
-        const float u = GPT2_SQRT_2_OVER_PI * (x + GPT2_GELU_CUBIC * x * x * x);
-        out[i] = 0.5f * x * (1.0f + tanhf(u));
+        out[i] = gpt2_math_gelu(inp[i]);
     }
 }
 
@@ -791,15 +720,7 @@ void gpt2_gelu_backward(float *dinp, const float *inp, const float *dout,
                         size_t n) {
 #pragma omp parallel for
     for (size_t i = 0; i < n; i++) {
-        const float x = inp[i];
-        const float u = GPT2_SQRT_2_OVER_PI * (x + GPT2_GELU_CUBIC * x * x * x);
-        const float th = tanhf(u);
-        const float du = GPT2_SQRT_2_OVER_PI
-                         * (1.0f + 3.0f * GPT2_GELU_CUBIC * x * x);
-        /* d/dx [0.5 x (1 + tanh u)] = 0.5 (1 + tanh u)
-         *                           + 0.5 x (1 - tanh^2 u) du/dx */
-        const float grad = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
-        dinp[i] += grad * dout[i];
+        dinp[i] += gpt2_math_gelu_grad(inp[i]) * dout[i];
     }
 }
 
@@ -832,27 +753,9 @@ void gpt2_softmax_crossentropy_forward(float *probs, float *losses,
                                        const int *targets, int N, int V) {
 #pragma omp parallel for
     for (int n = 0; n < N; n++) {
-        const float *z = logits + (size_t)n * V;  /* (V) */
-        float *p = probs + (size_t)n * V;         /* (V) */
-
-        float maxval = -INFINITY;
-        for (int v = 0; v < V; v++) {
-            if (z[v] > maxval) {
-                maxval = z[v];
-            }
-        }
-        float sum = 0.0f;
-        for (int v = 0; v < V; v++) {
-            const float e = expf(z[v] - maxval);
-            p[v] = e;
-            sum += e;
-        }
-        const float inv = 1.0f / sum;
-        for (int v = 0; v < V; v++) {
-            p[v] *= inv;
-        }
-        /* log-sum-exp form: finite even when the target's prob underflows */
-        losses[n] = logf(sum) - (z[targets[n]] - maxval);
+        losses[n] = gpt2_math_softmax_ce_row(probs + (size_t)n * V,
+                                             logits + (size_t)n * V,
+                                             targets[n], V);
     }
 }
 
@@ -861,14 +764,9 @@ void gpt2_softmax_crossentropy_backward(float *dlogits, const float *dlosses,
                                         const int *targets, int N, int V) {
 #pragma omp parallel for
     for (int n = 0; n < N; n++) {
-        const float *p = probs + (size_t)n * V;  /* (V) */
-        float *dz = dlogits + (size_t)n * V;     /* (V) */
-        const float dl = dlosses[n];
-        const int y = targets[n];
-        for (int v = 0; v < V; v++) {
-            const float indicator = v == y ? 1.0f : 0.0f;
-            dz[v] += (p[v] - indicator) * dl;
-        }
+        gpt2_math_softmax_ce_backward_row(dlogits + (size_t)n * V,
+                                          probs + (size_t)n * V, targets[n],
+                                          dlosses[n], V);
     }
 }
 

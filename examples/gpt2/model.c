@@ -13,6 +13,59 @@
 
 #include "examples/gpt2/layers.h"
 
+/* ==== The CPU backend ====================================================== */
+
+static void* gpt2__cpu_alloc(size_t bytes) {
+  return calloc(1, bytes ? bytes : 1);
+}
+static void gpt2__cpu_zero(void* p, size_t bytes) { memset(p, 0, bytes); }
+static void gpt2__cpu_copy(void* dst, const void* src, size_t bytes) {
+  memcpy(dst, src, bytes);
+}
+static void gpt2__cpu_fill(float* p, float value, size_t n) {
+  for (size_t i = 0; i < n; i++) p[i] = value;
+}
+static double gpt2__cpu_sum(const float* x, size_t n) {
+  double sum = 0.0; /* a fixed-order sum: the same on every run */
+  for (size_t i = 0; i < n; i++) sum += x[i];
+  return sum;
+}
+static int gpt2__cpu_error(char* msg, size_t cap) {
+  (void)msg;
+  (void)cap;
+  return 0;
+}
+
+const gpt2_layer_ops gpt2_cpu_ops = {
+    "cpu",
+    gpt2_encoder_forward,
+    gpt2_encoder_backward,
+    gpt2_layernorm_forward,
+    gpt2_layernorm_backward,
+    gpt2_matmul_forward,
+    gpt2_matmul_backward,
+    gpt2_attention_forward,
+    gpt2_attention_backward,
+    gpt2_gelu_forward,
+    gpt2_gelu_backward,
+    gpt2_residual_forward,
+    gpt2_softmax_crossentropy_forward,
+    gpt2_softmax_crossentropy_backward,
+    gpt2__cpu_alloc,
+    free,
+    gpt2__cpu_zero,
+    gpt2__cpu_copy,
+    gpt2__cpu_copy,
+    gpt2__cpu_copy,
+    gpt2__cpu_fill,
+    gpt2__cpu_sum,
+    gpt2__cpu_error,
+};
+
+static const gpt2_layer_ops* gpt2__ops(const gpt2_acts* a) {
+  return a->ops != NULL ? a->ops : &gpt2_cpu_ops;
+}
+
 /* ==== Parameter tables ===================================================== */
 
 size_t gpt2_embed_tensor(const gpt2_config* c, int i, const char** name,
@@ -304,9 +357,15 @@ int gpt2_acts_alloc(const gpt2_config* c, int B, int T, gpt2_acts* a) {
 }
 
 int gpt2_acts_alloc_grads(const gpt2_config* c, int B, int T, gpt2_acts* a) {
+  return gpt2_acts_alloc_grads_on(c, B, T, &gpt2_cpu_ops, a);
+}
+
+int gpt2_acts_alloc_grads_on(const gpt2_config* c, int B, int T,
+                             const gpt2_layer_ops* ops, gpt2_acts* a) {
   memset(a, 0, sizeof *a);
+  a->ops = ops;
   a->bytes = gpt2_grads_bytes(c, B, T);
-  a->memory = (float*)calloc(1, a->bytes);
+  a->memory = (float*)ops->alloc(a->bytes);
   if (a->memory == NULL || gpt2__acts_tables(c, B, T, a) != 0) {
     gpt2_acts_free(a);
     return -1;
@@ -316,7 +375,7 @@ int gpt2_acts_alloc_grads(const gpt2_config* c, int B, int T, gpt2_acts* a) {
 }
 
 void gpt2_acts_free(gpt2_acts* a) {
-  free(a->memory);
+  gpt2__ops(a)->free(a->memory);
   free(a->ptrs);
   memset(a, 0, sizeof *a);
 }
@@ -324,51 +383,53 @@ void gpt2_acts_free(gpt2_acts* a) {
 void gpt2_acts_zero_grads(const gpt2_config* c, gpt2_acts* a) {
   gpt2__sizes s = gpt2__sizes_of(c, a->B, a->T);
   /* The gradient buffers are contiguous, from dres to the end of dres2. */
-  memset(a->dres, 0, (size_t)((a->dres2 + s.NC) - a->dres) * sizeof(float));
+  const size_t n = (size_t)((a->dres2 + s.NC) - a->dres);
+  gpt2__ops(a)->zero(a->dres, n * sizeof(float));
 }
 
 /* ==== Forward ============================================================== */
 
 void gpt2_embed_forward(const gpt2_config* c, const gpt2_embed_params* p,
                         const int* tokens, gpt2_acts* a) {
-  gpt2_encoder_forward(a->encoded, tokens, p->wte, p->wpe, a->B, a->T,
-                       c->channels);
+  const gpt2_layer_ops* o = gpt2__ops(a);
+  o->encoder_forward(a->encoded, tokens, p->wte, p->wpe, a->B, a->T,
+                     c->channels);
 }
 
-void gpt2_block_forward(const gpt2_config* c, const gpt2_block_params* p,
-                        int l, gpt2_acts* a) {
+void gpt2_block_forward(const gpt2_config* c, const gpt2_block_params* p, int l,
+                        gpt2_acts* a) {
+  const gpt2_layer_ops* o = gpt2__ops(a);
   const int B = a->B, T = a->T, C = c->channels, N = B * T;
   const size_t NC = (size_t)N * C;
   const float* in = l == 0 ? a->encoded : a->res3[l - 1]; /* (B, T, C) */
-  gpt2_layernorm_forward(a->ln1[l], a->ln1_mean[l], a->ln1_rstd[l], in,
-                         p->ln1_w, p->ln1_b, N, C);
-  gpt2_matmul_forward(a->qkv[l], a->ln1[l], p->qkv_w, p->qkv_b, N, C, 3 * C);
-  gpt2_attention_forward(a->atty[l], a->preatt[l], a->att[l], a->qkv[l], B, T,
-                         C, c->heads);
-  gpt2_matmul_forward(a->proj[l], a->atty[l], p->proj_w, p->proj_b, N, C, C);
-  gpt2_residual_forward(a->res2[l], in, a->proj[l], NC);
-  gpt2_layernorm_forward(a->ln2[l], a->ln2_mean[l], a->ln2_rstd[l], a->res2[l],
-                         p->ln2_w, p->ln2_b, N, C);
-  gpt2_matmul_forward(a->fch[l], a->ln2[l], p->fc_w, p->fc_b, N, C, 4 * C);
-  gpt2_gelu_forward(a->fch_gelu[l], a->fch[l], 4 * NC);
-  gpt2_matmul_forward(a->fcproj[l], a->fch_gelu[l], p->fcproj_w, p->fcproj_b,
-                      N, 4 * C, C);
-  gpt2_residual_forward(a->res3[l], a->res2[l], a->fcproj[l], NC);
+  o->layernorm_forward(a->ln1[l], a->ln1_mean[l], a->ln1_rstd[l], in, p->ln1_w,
+                       p->ln1_b, N, C);
+  o->matmul_forward(a->qkv[l], a->ln1[l], p->qkv_w, p->qkv_b, N, C, 3 * C);
+  o->attention_forward(a->atty[l], a->preatt[l], a->att[l], a->qkv[l], B, T, C,
+                       c->heads);
+  o->matmul_forward(a->proj[l], a->atty[l], p->proj_w, p->proj_b, N, C, C);
+  o->residual_forward(a->res2[l], in, a->proj[l], NC);
+  o->layernorm_forward(a->ln2[l], a->ln2_mean[l], a->ln2_rstd[l], a->res2[l],
+                       p->ln2_w, p->ln2_b, N, C);
+  o->matmul_forward(a->fch[l], a->ln2[l], p->fc_w, p->fc_b, N, C, 4 * C);
+  o->gelu_forward(a->fch_gelu[l], a->fch[l], 4 * NC);
+  o->matmul_forward(a->fcproj[l], a->fch_gelu[l], p->fcproj_w, p->fcproj_b, N,
+                    4 * C, C);
+  o->residual_forward(a->res3[l], a->res2[l], a->fcproj[l], NC);
 }
 
 float gpt2_head_forward(const gpt2_config* c, const gpt2_embed_params* p,
                         const int* targets, gpt2_acts* a) {
+  const gpt2_layer_ops* o = gpt2__ops(a);
   const int N = a->B * a->T, C = c->channels, V = c->vocab;
   const float* in = c->layers > 0 ? a->res3[c->layers - 1] : a->encoded;
-  gpt2_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, in, p->lnf_w,
-                         p->lnf_b, N, C);
-  gpt2_matmul_forward(a->logits, a->lnf, p->wte, NULL, N, C, V);
+  o->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, in, p->lnf_w, p->lnf_b,
+                       N, C);
+  o->matmul_forward(a->logits, a->lnf, p->wte, NULL, N, C, V);
   if (targets == NULL) return 0.0f;
-  gpt2_softmax_crossentropy_forward(a->probs, a->losses, a->logits, targets, N,
-                                    V);
-  double sum = 0.0; /* a fixed-order sum: the same on every run */
-  for (int n = 0; n < N; n++) sum += a->losses[n];
-  return (float)(sum / N);
+  o->softmax_crossentropy_forward(a->probs, a->losses, a->logits, targets, N,
+                                  V);
+  return (float)(o->sum(a->losses, (size_t)N) / N);
 }
 
 /* ==== Backward ============================================================= */
@@ -376,53 +437,55 @@ float gpt2_head_forward(const gpt2_config* c, const gpt2_embed_params* p,
 void gpt2_head_backward(const gpt2_config* c, const gpt2_embed_params* p,
                         gpt2_embed_params* g, const int* targets,
                         float loss_scale, gpt2_acts* a) {
+  const gpt2_layer_ops* o = gpt2__ops(a);
   const int N = a->B * a->T, C = c->channels, V = c->vocab;
   const float* in = c->layers > 0 ? a->res3[c->layers - 1] : a->encoded;
-  for (int n = 0; n < N; n++) a->dlosses[n] = loss_scale / (float)N;
-  gpt2_softmax_crossentropy_backward(a->dlogits, a->dlosses, a->probs, targets,
-                                     N, V);
-  gpt2_matmul_backward(a->dlnf, g->wte, NULL, a->dlogits, a->lnf, p->wte, N, C,
-                       V);
-  gpt2_layernorm_backward(a->dres, g->lnf_w, g->lnf_b, a->dlnf, in, p->lnf_w,
-                          a->lnf_mean, a->lnf_rstd, N, C);
+  o->fill(a->dlosses, loss_scale / (float)N, (size_t)N);
+  o->softmax_crossentropy_backward(a->dlogits, a->dlosses, a->probs, targets, N,
+                                   V);
+  o->matmul_backward(a->dlnf, g->wte, NULL, a->dlogits, a->lnf, p->wte, N, C,
+                     V);
+  o->layernorm_backward(a->dres, g->lnf_w, g->lnf_b, a->dlnf, in, p->lnf_w,
+                        a->lnf_mean, a->lnf_rstd, N, C);
 }
 
 void gpt2_block_backward(const gpt2_config* c, const gpt2_block_params* p,
                          gpt2_block_params* g, int l, gpt2_acts* a) {
+  const gpt2_layer_ops* o = gpt2__ops(a);
   const int B = a->B, T = a->T, C = c->channels, N = B * T;
   const size_t NC = (size_t)N * C;
   const float* in = l == 0 ? a->encoded : a->res3[l - 1];
   /* res3 = res2 + fcproj: both get dres. */
-  memcpy(a->dres2, a->dres, NC * sizeof(float));
-  memset(a->dfch_gelu, 0, 4 * NC * sizeof(float));
-  memset(a->dfch, 0, 4 * NC * sizeof(float));
-  memset(a->dln, 0, NC * sizeof(float));
-  gpt2_matmul_backward(a->dfch_gelu, g->fcproj_w, g->fcproj_b, a->dres,
-                       a->fch_gelu[l], p->fcproj_w, N, 4 * C, C);
-  gpt2_gelu_backward(a->dfch, a->fch[l], a->dfch_gelu, 4 * NC);
-  gpt2_matmul_backward(a->dln, g->fc_w, g->fc_b, a->dfch, a->ln2[l], p->fc_w,
-                       N, C, 4 * C);
-  gpt2_layernorm_backward(a->dres2, g->ln2_w, g->ln2_b, a->dln, a->res2[l],
-                          p->ln2_w, a->ln2_mean[l], a->ln2_rstd[l], N, C);
+  o->copy(a->dres2, a->dres, NC * sizeof(float));
+  o->zero(a->dfch_gelu, 4 * NC * sizeof(float));
+  o->zero(a->dfch, 4 * NC * sizeof(float));
+  o->zero(a->dln, NC * sizeof(float));
+  o->matmul_backward(a->dfch_gelu, g->fcproj_w, g->fcproj_b, a->dres,
+                     a->fch_gelu[l], p->fcproj_w, N, 4 * C, C);
+  o->gelu_backward(a->dfch, a->fch[l], a->dfch_gelu, 4 * NC);
+  o->matmul_backward(a->dln, g->fc_w, g->fc_b, a->dfch, a->ln2[l], p->fc_w, N,
+                     C, 4 * C);
+  o->layernorm_backward(a->dres2, g->ln2_w, g->ln2_b, a->dln, a->res2[l],
+                        p->ln2_w, a->ln2_mean[l], a->ln2_rstd[l], N, C);
   /* res2 = in + proj: both get dres2; dres becomes the gradient of `in`. */
-  memcpy(a->dres, a->dres2, NC * sizeof(float));
-  memset(a->datty, 0, NC * sizeof(float));
-  memset(a->dqkv, 0, 3 * NC * sizeof(float));
-  memset(a->dln, 0, NC * sizeof(float));
-  gpt2_matmul_backward(a->datty, g->proj_w, g->proj_b, a->dres2, a->atty[l],
-                       p->proj_w, N, C, C);
-  gpt2_attention_backward(a->dqkv, a->dpreatt, a->datt, a->datty, a->qkv[l],
-                          a->att[l], B, T, C, c->heads);
-  gpt2_matmul_backward(a->dln, g->qkv_w, g->qkv_b, a->dqkv, a->ln1[l],
-                       p->qkv_w, N, C, 3 * C);
-  gpt2_layernorm_backward(a->dres, g->ln1_w, g->ln1_b, a->dln, in, p->ln1_w,
-                          a->ln1_mean[l], a->ln1_rstd[l], N, C);
+  o->copy(a->dres, a->dres2, NC * sizeof(float));
+  o->zero(a->datty, NC * sizeof(float));
+  o->zero(a->dqkv, 3 * NC * sizeof(float));
+  o->zero(a->dln, NC * sizeof(float));
+  o->matmul_backward(a->datty, g->proj_w, g->proj_b, a->dres2, a->atty[l],
+                     p->proj_w, N, C, C);
+  o->attention_backward(a->dqkv, a->dpreatt, a->datt, a->datty, a->qkv[l],
+                        a->att[l], B, T, C, c->heads);
+  o->matmul_backward(a->dln, g->qkv_w, g->qkv_b, a->dqkv, a->ln1[l], p->qkv_w,
+                     N, C, 3 * C);
+  o->layernorm_backward(a->dres, g->ln1_w, g->ln1_b, a->dln, in, p->ln1_w,
+                        a->ln1_mean[l], a->ln1_rstd[l], N, C);
 }
 
 void gpt2_embed_backward(const gpt2_config* c, gpt2_embed_params* g,
                          const int* tokens, gpt2_acts* a) {
-  gpt2_encoder_backward(g->wte, g->wpe, a->dres, tokens, a->B, a->T,
-                        c->channels);
+  const gpt2_layer_ops* o = gpt2__ops(a);
+  o->encoder_backward(g->wte, g->wpe, a->dres, tokens, a->B, a->T, c->channels);
 }
 
 int gpt2_config_check(const gpt2_config* c, char* err, size_t cap) {

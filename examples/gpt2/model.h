@@ -99,6 +99,69 @@ void gpt2_block_views(const gpt2_config* c, float* base, gpt2_block_params* p);
 void gpt2_init_tensor(const gpt2_config* c, unsigned long long seed, int which,
                       int i, float* data);
 
+/* ==== Where the layers run ================================================ */
+
+/* The layer functions and the memory operations the model code uses, so the
+ * same unit structure (model.c) runs on the CPU (gpt2_cpu_ops: layers.c and
+ * libc) or on a GPU (gpt2_cuda_ops in layers_cuda.h: kernels and cuBLAS).
+ * Every layer entry has the signature, shapes and semantics of the layers.h
+ * function of the same name; pointers are in the memory `alloc` returns
+ * (host memory for the CPU, device memory for CUDA). Sizes in BYTES for
+ * the memory entries, ELEMENTS elsewhere.
+ *
+ * Ordering: the CUDA entries are asynchronous, queued in order on one
+ * stream; `sum` and `download` wait for the work before them (so reading a
+ * loss is the synchronization point). The CPU entries are synchronous.
+ * Errors: the layer entries return nothing; a backend records its first
+ * failure (a kernel launch or cuBLAS error) and `error` reports it. */
+typedef struct gpt2_layer_ops {
+  const char* name; /* "cpu" or "cuda" */
+  void (*encoder_forward)(float*, const int*, const float*, const float*, int,
+                          int, int);
+  void (*encoder_backward)(float*, float*, const float*, const int*, int, int,
+                           int);
+  void (*layernorm_forward)(float*, float*, float*, const float*,
+                            const float*, const float*, int, int);
+  void (*layernorm_backward)(float*, float*, float*, const float*,
+                             const float*, const float*, const float*,
+                             const float*, int, int);
+  void (*matmul_forward)(float*, const float*, const float*, const float*, int,
+                         int, int);
+  void (*matmul_backward)(float*, float*, float*, const float*, const float*,
+                          const float*, int, int, int);
+  void (*attention_forward)(float*, float*, float*, const float*, int, int,
+                            int, int);
+  void (*attention_backward)(float*, float*, float*, const float*,
+                             const float*, const float*, int, int, int, int);
+  void (*gelu_forward)(float*, const float*, size_t);
+  void (*gelu_backward)(float*, const float*, const float*, size_t);
+  void (*residual_forward)(float*, const float*, const float*, size_t);
+  void (*softmax_crossentropy_forward)(float*, float*, const float*,
+                                       const int*, int, int);
+  void (*softmax_crossentropy_backward)(float*, const float*, const float*,
+                                        const int*, int, int);
+  /* Zeroed memory of `bytes` (NULL if out of memory); free(NULL) is a no-op. */
+  void* (*alloc)(size_t bytes);
+  void (*free)(void* p);
+  void (*zero)(void* p, size_t bytes);
+  /* dst and src both the backend's memory; upload from host memory;
+   * download to host memory (synchronous). */
+  void (*copy)(void* dst, const void* src, size_t bytes);
+  void (*upload)(void* dst, const void* host_src, size_t bytes);
+  void (*download)(void* host_dst, const void* src, size_t bytes);
+  /* p[i] = value for i < n. */
+  void (*fill)(float* p, float value, size_t n);
+  /* sum of x[0..n) in double, sequential in i (the same bits on every
+   * backend for the same x); synchronous. */
+  double (*sum)(const float* x, size_t n);
+  /* 0 if nothing failed since the backend was set up; else -1 and the
+   * first failure's message in msg (cap bytes). */
+  int (*error)(char* msg, size_t cap);
+} gpt2_layer_ops;
+
+/* layers.c's functions, calloc/free and libc copies. */
+extern const gpt2_layer_ops gpt2_cpu_ops;
+
 /* ==== Activations ========================================================= */
 
 /* Activations of one forward pass at batch B, sequence T, and their
@@ -106,6 +169,7 @@ void gpt2_init_tensor(const gpt2_config* c, unsigned long long seed, int which,
  * arrays are indexed [l]. */
 typedef struct gpt2_acts {
   int B, T;
+  const gpt2_layer_ops* ops; /* where the layers run; NULL: gpt2_cpu_ops */
   float* encoded;     /* (B, T, C) */
   float** ln1;        /* [L] (B, T, C) */
   float** ln1_mean;   /* [L] (B, T) */
@@ -157,6 +221,10 @@ int gpt2_acts_alloc(const gpt2_config* c, int B, int T, gpt2_acts* a);
  * (gpt2_grads_bytes); the forward activations are bound to memory owned by
  * someone else (a driver) with the gpt2_acts_bind_* functions. */
 int gpt2_acts_alloc_grads(const gpt2_config* c, int B, int T, gpt2_acts* a);
+/* The same with the gradient buffers in `ops`'s memory (ops->alloc); the
+ * model functions then run on ops. */
+int gpt2_acts_alloc_grads_on(const gpt2_config* c, int B, int T,
+                             const gpt2_layer_ops* ops, gpt2_acts* a);
 void gpt2_acts_free(gpt2_acts* a);
 /* Bytes gpt2_acts_alloc would allocate for the activation memory. */
 size_t gpt2_acts_bytes(const gpt2_config* c, int B, int T);
