@@ -412,10 +412,13 @@ zs_status zs__comm_nccl_create(zs__comm* host, zs__comm** out) {
   n->device = host->local_rank;
   zs_status local = ZS_OK;
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+  cudaError_t ce = cudaGetDeviceCount(&count);
+  if (ce != cudaSuccess || count == 0) {
     cudaGetLastError();
-    local = zs__error(ZS_ERR_UNSUPPORTED, "NCCL: no usable CUDA device on "
-                      "this node (rank %d)", host->rank);
+    local = zs__error(ZS_ERR_UNSUPPORTED, "device CUDA: no usable CUDA device "
+                      "on this node (rank %d; cudaGetDeviceCount: %s)",
+                      host->rank,
+                      ce != cudaSuccess ? cudaGetErrorString(ce) : "0 devices");
   } else if (host->local_size > count) {
     local = zs__error(ZS_ERR_INVALID_ARGUMENT,
                       "%d ranks on this node but %d CUDA device(s): NCCL "

@@ -126,6 +126,10 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
                          "[none]\n"
                          "  --offload-param D   none|cpu (stage 3, with "
                          "--offload cpu): parameter shards too [none]\n"
+                         "  --device D          cpu|cuda: run the layers and "
+                         "ZeroShard's buffers on the CPU or on one\n"
+                         "                      GPU per rank (cuBLAS, NCCL) "
+                         "[cpu]\n"
                          "  --save DIR          checkpoint root: save at the "
                          "end (and every --save-every steps); DIR/latest\n"
                          "                      names the newest\n"
@@ -163,6 +167,14 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
       else if (v != NULL && strcmp(v, "cpu") == 0) *dst = 1;
       else {
         snprintf(err, cap, "%s: expected none or cpu, got '%s'", f,
+                 v != NULL ? v : "(missing)");
+        return -1;
+      }
+    } else if (sharded && strcmp(f, "--device") == 0) {
+      if (v != NULL && strcmp(v, "cpu") == 0) a->device = 0;
+      else if (v != NULL && strcmp(v, "cuda") == 0) a->device = 1;
+      else {
+        snprintf(err, cap, "--device: expected cpu or cuda, got '%s'",
                  v != NULL ? v : "(missing)");
         return -1;
       }
@@ -340,6 +352,9 @@ void gpt2_args_print(const gpt2_args* a, const char* trainer, int ranks,
   if (a->offload)
     snprintf(stage + strlen(stage), sizeof stage - strlen(stage),
              ", CPU offload%s", a->offload_param ? " (+params)" : "");
+  if (a->device)
+    snprintf(stage + strlen(stage), sizeof stage - strlen(stage),
+             ", on CUDA GPUs");
   char eval[64];
   if (a->eval_every > 0) snprintf(eval, sizeof eval, "every %d steps", a->eval_every);
   else snprintf(eval, sizeof eval, "at the end");
@@ -385,6 +400,7 @@ gpt2_report* gpt2_report_create(const gpt2_args* a, const char* trainer,
   cJSON_AddNumberToObject(c, "clip", a->clip);
   cJSON_AddStringToObject(c, "offload", a->offload ? "cpu" : "none");
   cJSON_AddStringToObject(c, "offload_param", a->offload_param ? "cpu" : "none");
+  cJSON_AddStringToObject(c, "device", a->device ? "cuda" : "cpu");
   cJSON_AddNumberToObject(c, "steps", a->steps);
   cJSON_AddNumberToObject(c, "seed", (double)a->seed);
   cJSON_AddNumberToObject(c, "batch", a->batch);

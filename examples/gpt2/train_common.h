@@ -44,6 +44,7 @@ typedef struct gpt2_args {
   double clip;         /* sharded: max global gradient norm, 0 = off */
   int offload;         /* sharded: optimizer offload to the CPU (0/1) */
   int offload_param;   /* sharded, stage 3: parameter shards too (0/1) */
+  int device;          /* sharded: 0 cpu, 1 cuda (one GPU per rank) */
   const char* save;    /* sharded: checkpoint root to save into, or NULL */
   int save_every;      /* sharded: save every N steps (0: at the end only) */
   const char* resume;  /* sharded: checkpoint (or root) to resume from */

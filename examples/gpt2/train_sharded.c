@@ -21,7 +21,9 @@
 #include <zs_mpi.h>
 
 #include "examples/gpt2/data.h"
+#include "examples/gpt2/layers_cuda.h"
 #include "examples/gpt2/model.h"
+#include "optim/optim_cuda.h"
 #include "examples/gpt2/train_common.h"
 
 /* A failed ZeroShard call ends the program with the library's message. */
@@ -64,7 +66,9 @@ typedef struct model {
   int* first;       /* first tensor id of unit u */
   gpt2_acts acts;   /* the backward's gradient buffers; the forward's are
                        bound to the driver's buffers layer by layer */
-  const int* targets;
+  const gpt2_layer_ops* ops; /* where the layers run: CPU or CUDA */
+  const int* targets; /* the head's targets, in ops's memory */
+  int* targets_dev;   /* CUDA: the device copy of the targets */
   unsigned long long seed;
   zs_dtype dtype;   /* parameter dtype */
   float* pcopy;     /* 16-bit parameters: fp32 copy of one unit at a time */
@@ -136,8 +140,13 @@ static zs_status unit_views(model* m, int unit, int n, float** slots[],
     st = zs_model_tensor_desc(m->zm, t, &d);
     if (st == ZS_OK && off + d.numel > m->pcopy_elems)
       return ZS_ERR_INTERNAL;
-    if (st == ZS_OK)
+    if (st == ZS_OK && m->ops == &gpt2_cuda_ops) {
+      if (zs_cuda_convert(m->pcopy + off, ZS_FLOAT32, *slots[i], m->dtype,
+                          d.numel, NULL) != 0)
+        st = ZS_ERR_DEVICE;
+    } else if (st == ZS_OK) {
       st = zs_convert(m->pcopy + off, ZS_FLOAT32, *slots[i], m->dtype, d.numel);
+    }
     if (st != ZS_OK) return st;
     *slots[i] = m->pcopy + off;
     off += d.numel;
@@ -167,6 +176,15 @@ static size_t stream_bytes(const model* m) {
   return (size_t)m->acts.B * m->acts.T * m->cfg.channels * sizeof(float);
 }
 
+/* After a layer: a failed kernel or cuBLAS call (the layers return nothing)
+ * becomes a device error, its message printed. */
+static zs_status layer_status(const model* m) {
+  char msg[512];
+  if (m->ops->error(msg, sizeof msg) == 0) return ZS_OK;
+  fprintf(stderr, "train_sharded: %s\n", msg);
+  return ZS_ERR_DEVICE;
+}
+
 static zs_status embed_forward(void* user, zs_model* zm, const zs_layer_io* io) {
   (void)zm;
   model* m = (model*)user;
@@ -175,7 +193,7 @@ static zs_status embed_forward(void* user, zs_model* zm, const zs_layer_io* io) 
   if (st != ZS_OK) return st;
   m->acts.encoded = (float*)io->output;
   gpt2_embed_forward(&m->cfg, &e, (const int*)io->input, &m->acts);
-  return ZS_OK;
+  return layer_status(m);
 }
 
 static zs_status embed_backward(void* user, zs_model* zm, const zs_layer_io* io) {
@@ -184,9 +202,9 @@ static zs_status embed_backward(void* user, zs_model* zm, const zs_layer_io* io)
   gpt2_embed_params de;
   zs_status st = embed_views(m, &de, 1);
   if (st != ZS_OK) return st;
-  memcpy(m->acts.dres, io->grad_output, stream_bytes(m));
+  m->ops->copy(m->acts.dres, io->grad_output, stream_bytes(m));
   gpt2_embed_backward(&m->cfg, &de, (const int*)io->input, &m->acts);
-  return ZS_OK;
+  return layer_status(m);
 }
 
 static zs_status block_forward(void* user, zs_model* zm, const zs_layer_io* io) {
@@ -198,7 +216,7 @@ static zs_status block_forward(void* user, zs_model* zm, const zs_layer_io* io) 
   if (st != ZS_OK) return st;
   gpt2_acts_bind_block(&m->cfg, &m->acts, l, io->scratch, io->input, io->output);
   gpt2_block_forward(&m->cfg, &b, l, &m->acts);
-  return ZS_OK;
+  return layer_status(m);
 }
 
 static zs_status block_backward(void* user, zs_model* zm, const zs_layer_io* io) {
@@ -210,10 +228,10 @@ static zs_status block_backward(void* user, zs_model* zm, const zs_layer_io* io)
   if (st == ZS_OK) st = block_views(m, io->unit, &db, 1);
   if (st != ZS_OK) return st;
   gpt2_acts_bind_block(&m->cfg, &m->acts, l, io->scratch, io->input, io->output);
-  memcpy(m->acts.dres, io->grad_output, stream_bytes(m));
+  m->ops->copy(m->acts.dres, io->grad_output, stream_bytes(m));
   gpt2_block_backward(&m->cfg, &b, &db, l, &m->acts);
-  memcpy(io->grad_input, m->acts.dres, stream_bytes(m));
-  return ZS_OK;
+  m->ops->copy(io->grad_input, m->acts.dres, stream_bytes(m));
+  return layer_status(m);
 }
 
 static zs_status head_forward(void* user, zs_model* zm, const zs_layer_io* io) {
@@ -223,8 +241,9 @@ static zs_status head_forward(void* user, zs_model* zm, const zs_layer_io* io) {
   zs_status st = embed_views(m, &e, 0);
   if (st != ZS_OK) return st;
   gpt2_acts_bind_head(&m->cfg, &m->acts, io->scratch, io->input);
-  *(float*)io->output = gpt2_head_forward(&m->cfg, &e, m->targets, &m->acts);
-  return ZS_OK;
+  const float loss = gpt2_head_forward(&m->cfg, &e, m->targets, &m->acts);
+  m->ops->upload(io->output, &loss, sizeof loss);
+  return layer_status(m);
 }
 
 static zs_status head_backward(void* user, zs_model* zm, const zs_layer_io* io) {
@@ -239,8 +258,8 @@ static zs_status head_backward(void* user, zs_model* zm, const zs_layer_io* io) 
   /* fp16: the loss gradient carries the loss scale; zs_step removes it */
   gpt2_head_backward(&m->cfg, &e, &de, m->targets,
                      (float)zs_model_loss_scale(m->zm), &m->acts);
-  memcpy(io->grad_input, m->acts.dres, stream_bytes(m));
-  return ZS_OK;
+  m->ops->copy(io->grad_input, m->acts.dres, stream_bytes(m));
+  return layer_status(m);
 }
 
 /* Registers the units and the driver's layers (before finalize, so the
@@ -250,8 +269,13 @@ static void model_build(model* m, const gpt2_args* a, int Bl) {
   m->cfg = gpt2_args_model(a);
   m->seed = a->seed;
   m->first = (int*)calloc((size_t)L + 2, sizeof(int));
-  if (m->first == NULL || gpt2_acts_alloc_grads(&m->cfg, Bl, T, &m->acts) != 0)
+  if (m->first == NULL ||
+      gpt2_acts_alloc_grads_on(&m->cfg, Bl, T, m->ops, &m->acts) != 0)
     DIE("model buffers");
+  if (m->ops != &gpt2_cpu_ops) {
+    m->targets_dev = (int*)m->ops->alloc((size_t)Bl * T * sizeof(int));
+    if (m->targets_dev == NULL) DIE("targets on the GPU");
+  }
   CHECK(zs_memory_register(m->ctx, ZS_MEM_ACTIVATIONS, m->acts.memory, m->acts.bytes));
   CHECK(zs_model_create(m->ctx, &m->zm));
   int no_decay;
@@ -276,7 +300,7 @@ static void model_build(model* m, const gpt2_args* a, int Bl) {
   CHECK(zs_model_finalize(m->zm));
   CHECK(zs_model_init(m->zm, init_tensor, m));
   if (m->dtype != ZS_FLOAT32) {
-    m->pcopy = (float*)malloc(m->pcopy_elems * sizeof(float));
+    m->pcopy = (float*)m->ops->alloc(m->pcopy_elems * sizeof(float));
     if (m->pcopy == NULL) DIE("parameter copy");
     CHECK(zs_memory_register(m->ctx, ZS_MEM_OTHER, m->pcopy,
                              m->pcopy_elems * sizeof(float)));
@@ -294,7 +318,8 @@ static void model_free(model* m) {
   CHECK(zs_memory_unregister(m->ctx, m->acts.memory));
   gpt2_acts_free(&m->acts);
   if (m->pcopy != NULL) CHECK(zs_memory_unregister(m->ctx, m->pcopy));
-  free(m->pcopy);
+  m->ops->free(m->pcopy);
+  m->ops->free(m->targets_dev);
   zs_model_destroy(m->zm);
   zs_context_destroy(m->ctx);
   free(m->first);
@@ -352,13 +377,21 @@ static int model_describe(model* m, const char* path, int Bl,
 /* ==== Forward, backward, evaluation, sampling ================================ */
 
 static float model_forward(model* m, const int* tokens, const int* targets) {
-  void *in = NULL, *loss = NULL;
+  void *in = NULL, *out = NULL;
+  const size_t bytes = (size_t)m->acts.B * m->acts.T * sizeof(int);
   CHECK(zs_driver_input(m->drv, &in));
-  memcpy(in, tokens, (size_t)m->acts.B * m->acts.T * sizeof(int));
+  m->ops->upload(in, tokens, bytes);
   m->targets = targets;
+  if (targets != NULL && m->targets_dev != NULL) {
+    m->ops->upload(m->targets_dev, targets, bytes);
+    m->targets = m->targets_dev;
+  }
   CHECK(zs_driver_forward(m->drv));
-  CHECK(zs_driver_output(m->drv, m->cfg.layers + 1, &loss));
-  return *(float*)loss;
+  CHECK(zs_driver_output(m->drv, m->cfg.layers + 1, &out));
+  float loss = 0;
+  m->ops->download(&loss, out, sizeof loss);
+  CHECK(layer_status(m));
+  return loss;
 }
 
 /* Mean loss over the fixed val sequences; each rank takes its slice of
@@ -389,7 +422,9 @@ static char* model_sample(model* m, const gpt2_args* a, int n) {
   char* text = (char*)calloc((size_t)n + 1, 1);
   int* ctx = (int*)calloc((size_t)B * T, sizeof(int));
   float* probs = (float*)malloc(GPT2_VOCAB * sizeof(float));
-  if (!text || !ctx || !probs) {
+  float* logits = (float*)malloc(GPT2_VOCAB * sizeof(float));
+  if (!text || !ctx || !probs || !logits) {
+    free(logits);
     free(text);
     free(ctx);
     free(probs);
@@ -400,7 +435,10 @@ static char* model_sample(model* m, const gpt2_args* a, int n) {
   CHECK(zs_model_set_eval(m->zm, 1));
   for (int k = 0; k < n; k++) {
     model_forward(m, ctx, NULL);
-    gpt2_softmax(m->acts.logits + (size_t)(len - 1) * GPT2_VOCAB, probs, GPT2_VOCAB);
+    m->ops->download(logits, m->acts.logits + (size_t)(len - 1) * GPT2_VOCAB,
+                     GPT2_VOCAB * sizeof(float));
+    CHECK(layer_status(m));
+    gpt2_softmax(logits, probs, GPT2_VOCAB);
     int b = gpt2_sample_byte(probs, GPT2_VOCAB, a->seed, k);
     text[k] = (char)b;
     if (len == T) memmove(ctx, ctx + 1, (size_t)(len - 1) * sizeof(int));
@@ -410,6 +448,7 @@ static char* model_sample(model* m, const gpt2_args* a, int n) {
   CHECK(zs_model_set_eval(m->zm, 0));
   free(ctx);
   free(probs);
+  free(logits);
   return text;
 }
 
@@ -496,7 +535,20 @@ int main(int argc, char** argv) {
   model m;
   memset(&m, 0, sizeof m);
   m.dtype = (zs_dtype)args.dtype;
+  m.ops = &gpt2_cpu_ops;
+  if (args.device) {
+    /* one GPU per rank, chosen by the context (by local rank) */
+    zcfg.device = ZS_DEVICE_CUDA;
+    m.ops = &gpt2_cuda_ops;
+  }
   CHECK(zs_context_create_mpi(&zcfg, MPI_COMM_WORLD, &m.ctx));
+  if (args.device &&
+      agree(gpt2_cuda_init(err, sizeof err) != 0, err, rank, world)) {
+    zs_context_destroy(m.ctx);
+    gpt2_data_free(&data);
+    MPI_Finalize();
+    return 2;
+  }
   /* Bl: sequences per rank per micro-batch */
   const int Bl = args.batch / world / args.grad_accum, T = args.seq;
   int* tokens = (int*)malloc((size_t)Bl * T * sizeof(int));
@@ -509,6 +561,7 @@ int main(int argc, char** argv) {
                         : 0;
     MPI_Bcast(&bad, 1, MPI_INT, 0, MPI_COMM_WORLD);
     model_free(&m);
+    if (args.device) gpt2_cuda_shutdown();
     gpt2_data_free(&data);
     free(tokens);
     free(targets);
@@ -649,6 +702,7 @@ int main(int argc, char** argv) {
   free(text);
   free(rows);
   model_free(&m);
+  if (args.device) gpt2_cuda_shutdown();
   gpt2_data_free(&data);
   free(tokens);
   free(targets);

@@ -1,0 +1,505 @@
+// layers_cuda.cu: the GPT-2 layers on a CUDA GPU (layers_cuda.h). Every
+// kernel's arithmetic is a layers_math.h function or a one-line loop that
+// mirrors layers.c's; matmul and attention are layers_blas.c's composition
+// run with cuBLAS. Kernels that sum run one thread per output element and
+// sum sequentially in layers.c's order (no atomics, no tree reductions):
+// deterministic, and the same order as the CPU.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+
+#include "examples/gpt2/layers_blas.h"
+#include "examples/gpt2/layers_cuda.h"
+#include "examples/gpt2/layers_math.h"
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxBlocks = 4096;
+
+// cuBLAS, loaded at run time.
+struct Cublas {
+  void* lib = nullptr;
+  cublasHandle_t handle = nullptr;
+  cublasStatus_t (*create)(cublasHandle_t*) = nullptr;
+  cublasStatus_t (*destroy)(cublasHandle_t) = nullptr;
+  cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t) = nullptr;
+  cublasStatus_t (*set_math_mode)(cublasHandle_t, cublasMath_t) = nullptr;
+  cublasStatus_t (*sgemm_strided_batched)(
+      cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+      const float*, const float*, int, long long, const float*, int,
+      long long, const float*, float*, int, long long, int) = nullptr;
+  double* sum = nullptr;  // device scratch of gpt2_cuda_ops.sum
+};
+Cublas g_blas;
+char g_error[512] = "";
+
+void Fail(const char* fmt, ...) {
+  if (g_error[0] != '\0') return;  // the first failure is the cause
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(g_error, sizeof g_error, fmt, ap);
+  va_end(ap);
+}
+
+void CheckLaunch(const char* what) {
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    Fail("gpt2 CUDA layers: %s: %s", what, cudaGetErrorString(e));
+}
+
+void CheckCuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    Fail("gpt2 CUDA layers: %s: %s", what, cudaGetErrorString(e));
+}
+
+int Blocks(size_t n) {
+  size_t b = (n + kThreads - 1) / kThreads;
+  if (b < 1) b = 1;
+  return b > (size_t)kMaxBlocks ? kMaxBlocks : (int)b;
+}
+
+// One thread per item, as many blocks as needed (row kernels).
+int BlocksAll(size_t n) { return (int)((n + kThreads - 1) / kThreads); }
+
+#define GPT2_GRID_LOOP(i, n)                                              \
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
+       i += (size_t)gridDim.x * blockDim.x)
+
+__device__ size_t ThreadIndex() {
+  return (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+}
+
+// ---- Kernels ---------------------------------------------------------------
+
+__global__ void EncoderForward(float* out, const int* tokens, const float* wte,
+                               const float* wpe, int T, int C, size_t n) {
+  GPT2_GRID_LOOP(i, n) {
+    const size_t row = i / C, c = i % C;
+    const int t = (int)(row % T);
+    out[i] = wte[(size_t)tokens[row] * C + c] + wpe[(size_t)t * C + c];
+  }
+}
+
+// dwte: one thread per channel walks the positions in order (a token may
+// repeat), as layers.c does per column tile.
+__global__ void EncoderBackwardWte(float* dwte, const float* dout,
+                                   const int* tokens, int N, int C) {
+  const size_t c = ThreadIndex();
+  if (c >= (size_t)C) return;
+  for (int n = 0; n < N; n++)
+    dwte[(size_t)tokens[n] * C + c] += dout[(size_t)n * C + c];
+}
+
+__global__ void EncoderBackwardWpe(float* dwpe, const float* dout, int B,
+                                   int T, int C) {
+  const size_t i = ThreadIndex();
+  if (i >= (size_t)T * C) return;
+  const size_t t = i / C, c = i % C;
+  float s = 0.0f;
+  for (int b = 0; b < B; b++) s += dout[((size_t)b * T + t) * C + c];
+  dwpe[i] += s;
+}
+
+__global__ void LayernormForward(float* out, float* mean, float* rstd,
+                                 const float* inp, const float* weight,
+                                 const float* bias, int N, int C) {
+  const size_t n = ThreadIndex();
+  if (n >= (size_t)N) return;
+  gpt2_math_layernorm_row(out + n * C, &mean[n], &rstd[n], inp + n * C, weight,
+                          bias, C);
+}
+
+__global__ void LayernormBackwardInput(float* dinp, const float* dout,
+                                       const float* inp, const float* weight,
+                                       const float* mean, const float* rstd,
+                                       int N, int C) {
+  const size_t n = ThreadIndex();
+  if (n >= (size_t)N) return;
+  gpt2_math_layernorm_backward_row(dinp + n * C, dout + n * C, inp + n * C,
+                                   weight, mean[n], rstd[n], C);
+}
+
+__global__ void LayernormBackwardParams(float* dweight, float* dbias,
+                                        const float* dout, const float* inp,
+                                        const float* mean, const float* rstd,
+                                        int N, int C) {
+  const size_t c = ThreadIndex();
+  if (c >= (size_t)C) return;
+  float dw = 0.0f, db = 0.0f;
+  for (int n = 0; n < N; n++) {
+    const float dy = dout[(size_t)n * C + c];
+    const float xhat = (inp[(size_t)n * C + c] - mean[n]) * rstd[n];
+    dw += dy * xhat;
+    db += dy;
+  }
+  dweight[c] += dw;
+  dbias[c] += db;
+}
+
+__global__ void BiasForward(float* out, const float* bias, int OC, size_t n) {
+  GPT2_GRID_LOOP(i, n) out[i] = out[i] + bias[i % OC];
+}
+
+__global__ void BiasBackward(float* dbias, const float* dout, int N, int OC) {
+  const size_t o = ThreadIndex();
+  if (o >= (size_t)OC) return;
+  float s = 0.0f;
+  for (int n = 0; n < N; n++) s += dout[(size_t)n * OC + o];
+  dbias[o] += s;
+}
+
+__global__ void CausalSoftmax(float* att, float* pre, int rows, int T) {
+  const size_t r = ThreadIndex();
+  if (r >= (size_t)rows) return;
+  gpt2_math_causal_softmax_row(att + r * T, pre + r * T, (int)(r % T), T);
+}
+
+__global__ void CausalSoftmaxBackward(float* dpre, float* datt,
+                                      const float* att, int rows, int T) {
+  const size_t r = ThreadIndex();
+  if (r >= (size_t)rows) return;
+  gpt2_math_causal_softmax_backward_row(dpre + r * T, datt + r * T, att + r * T,
+                                        (int)(r % T), T);
+}
+
+__global__ void GeluForward(float* out, const float* inp, size_t n) {
+  GPT2_GRID_LOOP(i, n) out[i] = gpt2_math_gelu(inp[i]);
+}
+
+__global__ void GeluBackward(float* dinp, const float* inp, const float* dout,
+                             size_t n) {
+  GPT2_GRID_LOOP(i, n) dinp[i] += gpt2_math_gelu_grad(inp[i]) * dout[i];
+}
+
+__global__ void ResidualForward(float* out, const float* a, const float* b,
+                                size_t n) {
+  GPT2_GRID_LOOP(i, n) out[i] = a[i] + b[i];
+}
+
+__global__ void SoftmaxCeForward(float* probs, float* losses,
+                                 const float* logits, const int* targets,
+                                 int N, int V) {
+  const size_t n = ThreadIndex();
+  if (n >= (size_t)N) return;
+  losses[n] = gpt2_math_softmax_ce_row(probs + n * V, logits + n * V,
+                                       targets[n], V);
+}
+
+__global__ void SoftmaxCeBackward(float* dlogits, const float* dlosses,
+                                  const float* probs, const int* targets,
+                                  int N, int V) {
+  const size_t n = ThreadIndex();
+  if (n >= (size_t)N) return;
+  gpt2_math_softmax_ce_backward_row(dlogits + n * V, probs + n * V, targets[n],
+                                    dlosses[n], V);
+}
+
+__global__ void Fill(float* p, float value, size_t n) {
+  GPT2_GRID_LOOP(i, n) p[i] = value;
+}
+
+// One thread: the sequential double sum of gpt2_cpu_ops.sum, same bits.
+__global__ void SumSequential(const float* x, size_t n, double* out) {
+  double s = 0.0;
+  for (size_t i = 0; i < n; i++) s += x[i];
+  *out = s;
+}
+
+// ---- gpt2_blas on cuBLAS and the kernels above ----------------------------
+
+void Gemm(void*, int ta, int tb, int m, int n, int k, float alpha,
+          const float* A, int lda, long long sa, const float* B, int ldb,
+          long long sb, float beta, float* C, int ldc, long long sc,
+          int batch) {
+  cublasStatus_t st = g_blas.sgemm_strided_batched(
+      g_blas.handle, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+      tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha, A, lda, sa, B, ldb, sb,
+      &beta, C, ldc, sc, batch);
+  if (st != CUBLAS_STATUS_SUCCESS)
+    Fail("gpt2 CUDA layers: cublasSgemmStridedBatched(m=%d, n=%d, k=%d, "
+         "batch=%d) failed with cuBLAS status %d",
+         m, n, k, batch, (int)st);
+}
+
+void BlasBiasForward(void*, float* out, const float* bias, int N, int OC) {
+  const size_t n = (size_t)N * OC;
+  BiasForward<<<Blocks(n), kThreads>>>(out, bias, OC, n);
+  CheckLaunch("bias forward");
+}
+
+void BlasBiasBackward(void*, float* dbias, const float* dout, int N, int OC) {
+  BiasBackward<<<BlocksAll(OC), kThreads>>>(dbias, dout, N, OC);
+  CheckLaunch("bias backward");
+}
+
+void BlasSoftmax(void*, float* att, float* pre, int rows, int T) {
+  CausalSoftmax<<<BlocksAll(rows), kThreads>>>(att, pre, rows, T);
+  CheckLaunch("attention softmax");
+}
+
+void BlasSoftmaxBackward(void*, float* dpre, float* datt, const float* att,
+                         int rows, int T) {
+  CausalSoftmaxBackward<<<BlocksAll(rows), kThreads>>>(dpre, datt, att, rows,
+                                                       T);
+  CheckLaunch("attention softmax backward");
+}
+
+const gpt2_blas kBlas = {nullptr,          Gemm,        BlasBiasForward,
+                         BlasBiasBackward, BlasSoftmax, BlasSoftmaxBackward};
+
+// ---- The gpt2_layer_ops entries --------------------------------------------
+
+void OpEncoderForward(float* out, const int* tokens, const float* wte,
+                      const float* wpe, int B, int T, int C) {
+  const size_t n = (size_t)B * T * C;
+  EncoderForward<<<Blocks(n), kThreads>>>(out, tokens, wte, wpe, T, C, n);
+  CheckLaunch("encoder forward");
+}
+
+void OpEncoderBackward(float* dwte, float* dwpe, const float* dout,
+                       const int* tokens, int B, int T, int C) {
+  EncoderBackwardWte<<<BlocksAll(C), kThreads>>>(dwte, dout, tokens, B * T, C);
+  EncoderBackwardWpe<<<BlocksAll((size_t)T * C), kThreads>>>(dwpe, dout, B, T,
+                                                             C);
+  CheckLaunch("encoder backward");
+}
+
+void OpLayernormForward(float* out, float* mean, float* rstd, const float* inp,
+                        const float* weight, const float* bias, int N, int C) {
+  LayernormForward<<<BlocksAll(N), kThreads>>>(out, mean, rstd, inp, weight,
+                                               bias, N, C);
+  CheckLaunch("layernorm forward");
+}
+
+void OpLayernormBackward(float* dinp, float* dweight, float* dbias,
+                         const float* dout, const float* inp,
+                         const float* weight, const float* mean,
+                         const float* rstd, int N, int C) {
+  LayernormBackwardInput<<<BlocksAll(N), kThreads>>>(dinp, dout, inp, weight,
+                                                     mean, rstd, N, C);
+  LayernormBackwardParams<<<BlocksAll(C), kThreads>>>(dweight, dbias, dout,
+                                                      inp, mean, rstd, N, C);
+  CheckLaunch("layernorm backward");
+}
+
+void OpMatmulForward(float* out, const float* inp, const float* weight,
+                     const float* bias, int N, int C, int OC) {
+  gpt2_blas_matmul_forward(&kBlas, out, inp, weight, bias, N, C, OC);
+}
+
+void OpMatmulBackward(float* dinp, float* dweight, float* dbias,
+                      const float* dout, const float* inp, const float* weight,
+                      int N, int C, int OC) {
+  gpt2_blas_matmul_backward(&kBlas, dinp, dweight, dbias, dout, inp, weight, N,
+                            C, OC);
+}
+
+void OpAttentionForward(float* out, float* preatt, float* att, const float* inp,
+                        int B, int T, int C, int NH) {
+  gpt2_blas_attention_forward(&kBlas, out, preatt, att, inp, B, T, C, NH);
+}
+
+void OpAttentionBackward(float* dinp, float* dpreatt, float* datt,
+                         const float* dout, const float* inp, const float* att,
+                         int B, int T, int C, int NH) {
+  gpt2_blas_attention_backward(&kBlas, dinp, dpreatt, datt, dout, inp, att, B,
+                               T, C, NH);
+}
+
+void OpGeluForward(float* out, const float* inp, size_t n) {
+  GeluForward<<<Blocks(n), kThreads>>>(out, inp, n);
+  CheckLaunch("gelu forward");
+}
+
+void OpGeluBackward(float* dinp, const float* inp, const float* dout,
+                    size_t n) {
+  GeluBackward<<<Blocks(n), kThreads>>>(dinp, inp, dout, n);
+  CheckLaunch("gelu backward");
+}
+
+void OpResidualForward(float* out, const float* a, const float* b, size_t n) {
+  ResidualForward<<<Blocks(n), kThreads>>>(out, a, b, n);
+  CheckLaunch("residual forward");
+}
+
+void OpSoftmaxCeForward(float* probs, float* losses, const float* logits,
+                        const int* targets, int N, int V) {
+  SoftmaxCeForward<<<BlocksAll(N), kThreads>>>(probs, losses, logits, targets,
+                                               N, V);
+  CheckLaunch("softmax cross-entropy forward");
+}
+
+void OpSoftmaxCeBackward(float* dlogits, const float* dlosses,
+                         const float* probs, const int* targets, int N,
+                         int V) {
+  SoftmaxCeBackward<<<BlocksAll(N), kThreads>>>(dlogits, dlosses, probs,
+                                                targets, N, V);
+  CheckLaunch("softmax cross-entropy backward");
+}
+
+void* OpAlloc(size_t bytes) {
+  void* p = nullptr;
+  if (bytes == 0) bytes = 1;
+  cudaError_t e = cudaMalloc(&p, bytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // out of memory is the caller's to report
+    return nullptr;
+  }
+  if (cudaMemset(p, 0, bytes) != cudaSuccess) {
+    cudaFree(p);
+    return nullptr;
+  }
+  return p;
+}
+
+void OpFree(void* p) {
+  if (p != nullptr) CheckCuda(cudaFree(p), "cudaFree");
+}
+
+void OpZero(void* p, size_t bytes) {
+  CheckCuda(cudaMemsetAsync(p, 0, bytes, 0), "cudaMemsetAsync");
+}
+
+void OpCopy(void* dst, const void* src, size_t bytes) {
+  CheckCuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0),
+            "cudaMemcpyAsync (device to device)");
+}
+
+// Synchronous: the host buffer may be reused as soon as this returns.
+void OpUpload(void* dst, const void* src, size_t bytes) {
+  CheckCuda(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice),
+            "cudaMemcpy (host to device)");
+}
+
+void OpDownload(void* dst, const void* src, size_t bytes) {
+  CheckCuda(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost),
+            "cudaMemcpy (device to host)");
+}
+
+void OpFill(float* p, float value, size_t n) {
+  Fill<<<Blocks(n), kThreads>>>(p, value, n);
+  CheckLaunch("fill");
+}
+
+double OpSum(const float* x, size_t n) {
+  SumSequential<<<1, 1>>>(x, n, g_blas.sum);
+  CheckLaunch("loss sum");
+  double s = 0.0;
+  CheckCuda(cudaMemcpy(&s, g_blas.sum, sizeof s, cudaMemcpyDeviceToHost),
+            "cudaMemcpy (loss sum)");
+  return s;
+}
+
+int OpError(char* msg, size_t cap) {
+  if (g_error[0] == '\0') {
+    // errors of kernels already queued surface here too
+    cudaError_t e = cudaPeekAtLastError();
+    if (e == cudaSuccess) return 0;
+    CheckLaunch("a queued kernel");
+  }
+  if (cap > 0) snprintf(msg, cap, "%s", g_error);
+  return -1;
+}
+
+int InitFail(char* err, size_t cap, const char* fmt, const char* detail) {
+  if (cap > 0) snprintf(err, cap, fmt, detail);
+  gpt2_cuda_shutdown();
+  return -1;
+}
+
+}  // namespace
+
+extern "C" {
+
+const gpt2_layer_ops gpt2_cuda_ops = {
+    "cuda",
+    OpEncoderForward,
+    OpEncoderBackward,
+    OpLayernormForward,
+    OpLayernormBackward,
+    OpMatmulForward,
+    OpMatmulBackward,
+    OpAttentionForward,
+    OpAttentionBackward,
+    OpGeluForward,
+    OpGeluBackward,
+    OpResidualForward,
+    OpSoftmaxCeForward,
+    OpSoftmaxCeBackward,
+    OpAlloc,
+    OpFree,
+    OpZero,
+    OpCopy,
+    OpUpload,
+    OpDownload,
+    OpFill,
+    OpSum,
+    OpError,
+};
+
+int gpt2_cuda_init(char* err, size_t cap) {
+  if (g_blas.handle != nullptr) return 0;
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    return InitFail(err, cap, "--device cuda: no usable CUDA device (%s)",
+                    e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+  }
+  g_blas.lib = dlopen("libcublas.so.13", RTLD_NOW | RTLD_LOCAL);
+  if (g_blas.lib == nullptr)
+    g_blas.lib = dlopen("libcublas.so", RTLD_NOW | RTLD_LOCAL);
+  if (g_blas.lib == nullptr)
+    return InitFail(err, cap,
+                    "--device cuda: cannot load cuBLAS (libcublas.so.13): %s "
+                    "(put the CUDA 13 libraries on LD_LIBRARY_PATH)",
+                    dlerror());
+  struct {
+    void** slot;
+    const char* name;
+  } syms[] = {
+      {(void**)&g_blas.create, "cublasCreate_v2"},
+      {(void**)&g_blas.destroy, "cublasDestroy_v2"},
+      {(void**)&g_blas.set_stream, "cublasSetStream_v2"},
+      {(void**)&g_blas.set_math_mode, "cublasSetMathMode"},
+      {(void**)&g_blas.sgemm_strided_batched, "cublasSgemmStridedBatched"},
+  };
+  for (auto& s : syms)
+    if ((*s.slot = dlsym(g_blas.lib, s.name)) == nullptr)
+      return InitFail(err, cap, "--device cuda: cuBLAS lacks %s", s.name);
+  cublasStatus_t st = g_blas.create(&g_blas.handle);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    g_blas.handle = nullptr;
+    char code[32];
+    snprintf(code, sizeof code, "%d", (int)st);
+    return InitFail(err, cap, "--device cuda: cublasCreate failed (status %s)",
+                    code);
+  }
+  if (g_blas.set_stream(g_blas.handle, 0) != CUBLAS_STATUS_SUCCESS ||
+      g_blas.set_math_mode(g_blas.handle, CUBLAS_DEFAULT_MATH) !=
+          CUBLAS_STATUS_SUCCESS)
+    return InitFail(err, cap, "--device cuda: %s",
+                    "cannot set the cuBLAS stream or math mode");
+  if (cudaMalloc((void**)&g_blas.sum, sizeof(double)) != cudaSuccess) {
+    cudaGetLastError();
+    g_blas.sum = nullptr;
+    return InitFail(err, cap, "--device cuda: %s",
+                    "out of GPU memory for 8 bytes of scratch");
+  }
+  g_error[0] = '\0';
+  return 0;
+}
+
+void gpt2_cuda_shutdown(void) {
+  if (g_blas.sum != nullptr) cudaFree(g_blas.sum);
+  if (g_blas.handle != nullptr) g_blas.destroy(g_blas.handle);
+  if (g_blas.lib != nullptr) dlclose(g_blas.lib);
+  g_blas = Cublas();
+}
+
+}  // extern "C"

@@ -1,0 +1,55 @@
+/*
+ * layers_cuda.h: the GPT-2 layers on a CUDA GPU (layers_cuda.cu), as a
+ * gpt2_layer_ops table (model.h) the model code runs on unchanged.
+ *
+ * What runs where: matmul and attention are cuBLAS SGEMMs
+ * (cublasSgemmStridedBatched) composed as in layers_blas.c; every other
+ * layer is a small kernel whose per-row or per-element math is
+ * layers_math.h, the code layers.c runs on the CPU, compiled with
+ * -fmad=false (no contraction). cuBLAS runs in CUBLAS_DEFAULT_MATH mode:
+ * fp32 GEMMs in fp32, no TF32, so a GPU run matches the CPU run to fp32
+ * rounding (the summation order of the GEMMs differs; tests/gpu checks a
+ * loss per step within 1e-4 relative over 20 steps).
+ *
+ * Pointers given to the table's entries are device memory (its alloc);
+ * tokens and targets too (upload them). All work is queued in order on the
+ * legacy default stream (stream 0), the stream ZeroShard's CUDA backend
+ * runs its device operations on, so the layers and the engine's gathers,
+ * reductions and optimizer steps are ordered without extra events.
+ *
+ * cuBLAS is loaded at run time (dlopen of libcublas.so.13, or
+ * libcublas.so), so programs built with this file start, and run on the
+ * CPU, on machines without it.
+ */
+#ifndef ZS_EXAMPLES_GPT2_LAYERS_CUDA_H
+#define ZS_EXAMPLES_GPT2_LAYERS_CUDA_H
+
+#include <stddef.h>
+
+#include "examples/gpt2/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Sets up the current CUDA device for gpt2_cuda_ops: loads cuBLAS and
+ * creates its handle (stream 0, default math). Call after the device is
+ * chosen (zs_context_create with ZS_DEVICE_CUDA selects it) and before
+ * any entry of gpt2_cuda_ops. Returns 0, or -1 with a message naming what
+ * failed (no usable device, cuBLAS missing, handle creation) in err (cap
+ * bytes). Idempotent; not thread-safe. */
+int gpt2_cuda_init(char* err, size_t cap);
+
+/* Destroys the cuBLAS handle and unloads cuBLAS; gpt2_cuda_ops must not be
+ * used afterwards (until gpt2_cuda_init). NULL-safe to call twice. */
+void gpt2_cuda_shutdown(void);
+
+/* The layers on the GPU. `error` reports the first failed launch, CUDA
+ * call or cuBLAS call since gpt2_cuda_init, naming the layer. */
+extern const gpt2_layer_ops gpt2_cuda_ops;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZS_EXAMPLES_GPT2_LAYERS_CUDA_H */
