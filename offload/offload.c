@@ -170,7 +170,8 @@ zs_status zs__offload_run(zs__offload* o, zs_status (*fn)(void*, int, int),
 }
 
 zs_status zs__offload_create(const zs_config* cfg, int rank,
-                             zs__accounting* acct, zs__offload** out) {
+                             const char* pci_busid, zs__accounting* acct,
+                             zs__offload** out) {
   (void)rank;
   *out = NULL;
   zs_status st = ZS_OK;
@@ -181,7 +182,11 @@ zs_status zs__offload_create(const zs_config* cfg, int rank,
   pthread_mutex_init(&o->lock, NULL);
   pthread_cond_init(&o->go, NULL);
   pthread_cond_init(&o->done, NULL);
-  if (hwloc_topology_init(&o->topo) != 0 || hwloc_topology_load(o->topo) != 0) {
+  const int gpu = pci_busid != NULL && pci_busid[0] != '\0';
+  if (hwloc_topology_init(&o->topo) != 0 ||
+      (gpu && hwloc_topology_set_io_types_filter(
+                  o->topo, HWLOC_TYPE_FILTER_KEEP_IMPORTANT) != 0) ||
+      hwloc_topology_load(o->topo) != 0) {
     free(o);
     return zs__error(ZS_ERR_INTERNAL, "offload: hwloc cannot load the topology");
   }
@@ -189,7 +194,7 @@ zs_status zs__offload_create(const zs_config* cfg, int rank,
   if (hwloc_get_cpubind(o->topo, binding, HWLOC_CPUBIND_PROCESS) != 0)
     hwloc_bitmap_copy(binding, hwloc_topology_get_allowed_cpuset(o->topo));
   char why[256];
-  st = zs__offload_choose_node(o->topo, binding, NULL,
+  st = zs__offload_choose_node(o->topo, binding, gpu ? pci_busid : NULL,
                                cfg->offload_optimizer.numa, &o->node, why,
                                sizeof why);
   hwloc_bitmap_free(binding);

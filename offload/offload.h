@@ -40,11 +40,13 @@ typedef struct zs__offload zs__offload;
 
 /* Creates the offload state of a context: the topology, the chosen node,
  * the worker threads (threads: 0 = the node's cores; more than the node's
- * cores is an error), and whether memory is pinned. Errors:
- * INVALID_ARGUMENT (a node that does not exist, too many threads),
- * OUT_OF_MEMORY, INTERNAL (hwloc). */
+ * cores is an error), and whether memory is pinned. pci_busid: the rank's
+ * GPU ("0000:3b:00.0"), whose NUMA node auto placement prefers; NULL or ""
+ * without one. Errors: INVALID_ARGUMENT (a node that does not exist, too
+ * many threads), OUT_OF_MEMORY, INTERNAL (hwloc). */
 zs_status zs__offload_create(const zs_config* cfg, int rank,
-                             zs__accounting* acct, zs__offload** out);
+                             const char* pci_busid, zs__accounting* acct,
+                             zs__offload** out);
 void zs__offload_destroy(zs__offload* o);
 
 /* Host memory on the chosen node (zeroed), accounted as offload_host;

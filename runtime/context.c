@@ -94,16 +94,18 @@ zs_status zs__context_create(const zs_config* config, zs__comm* comm,
   comm->prof = ctx->prof;
   /* CPU offload: placement and workers, agreed (a node missing on one
    * rank's machine fails every rank). */
-  if (resolved.offload_optimizer.device == 1 &&
-      resolved.device == ZS_DEVICE_CUDA)
+  if (resolved.offload_param && resolved.device == ZS_DEVICE_CUDA)
     ZS_FAIL(ZS_ERR_UNSUPPORTED,
-            "CPU offload with the CUDA device backend is not built yet (it "
-            "needs pinned host buffers and device<->host copies of the "
-            "gradient and parameter shards): offload with the host device, "
-            "or run on CUDA without offload");
+            "offload_param with the CUDA device backend is not built yet "
+            "(stage 3's all-gathers would read host memory): offload the "
+            "optimizer only (offload_optimizer.device = cpu), or run "
+            "offload_param on the host device");
   if (resolved.offload_optimizer.device == 1) {
-    zs_status local = zs__offload_create(&resolved, comm->rank, ctx->acct,
-                                         &ctx->offload);
+    /* with a GPU, host memory goes to the GPU's NUMA node */
+    char busid[32];
+    ctx->device->ops->pci_busid(ctx->device, busid, sizeof busid);
+    zs_status local = zs__offload_create(&resolved, comm->rank, busid,
+                                         ctx->acct, &ctx->offload);
     ZS_CHECK(zs__comm_agree(comm, local, "CPU offload"));
   }
   if (resolved.progress_thread && comm->ops->start_progress != NULL &&

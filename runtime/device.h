@@ -93,6 +93,17 @@ typedef struct zs__device_ops {
   /* Makes `stream` wait for `event` without blocking the host. */
   zs_status (*stream_wait_event)(zs__device* dev, zs__stream* stream,
                                  zs__event* event);
+  /* Host memory `p` (bytes) made directly usable by the device: on CUDA
+   * page-locked and mapped (cudaHostRegister, portable and mapped), so
+   * copies to and from it are DMA and kernels may read and write it
+   * through the same pointer; a no-op on the host. Undo with
+   * host_unregister before freeing p. Errors: DEVICE naming the size. */
+  zs_status (*host_register)(zs__device* dev, void* p, size_t bytes);
+  void (*host_unregister)(zs__device* dev, void* p);
+  /* The device's PCI bus id ("0000:3b:00.0") into buf (cap bytes), or ""
+   * for the host: where CPU offload places host memory (the GPU's NUMA
+   * node). */
+  void (*pci_busid)(zs__device* dev, char* buf, size_t cap);
   void (*destroy)(zs__device* dev);
 } zs__device_ops;
 

@@ -15,7 +15,11 @@
  * stream and is complete when the call returns (the engine's calls with a
  * NULL stream expect the host semantics: a copy into host memory may be
  * read right after). Operations on a given stream are asynchronous; the
- * engine orders them with events (event_record / stream_wait_event).
+ * engine orders them with events (event_record / stream_wait_event). The
+ * compute stream and the streams stream_create makes are blocking streams:
+ * ordered with the legacy default stream both ways, so the kernels a
+ * user's layer code queues there (the GPT-2 example's, cuBLAS's) finish
+ * before the engine reads or reuses what they wrote or read.
  */
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -224,7 +228,9 @@ static zs_status zs__cuda_convert(zs__device* dev, void* dst,
 
 static zs_status zs__cuda_stream_create(zs__device* dev, zs__stream** out) {
   cudaStream_t st;
-  cudaError_t e = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+  /* blocking, like the compute stream: work queued on the legacy default
+   * stream (the user's kernels) before it is done before its work starts */
+  cudaError_t e = cudaStreamCreateWithFlags(&st, cudaStreamDefault);
   if (e != cudaSuccess) return zs__cuda_fail(dev, e, "cudaStreamCreate");
   *out = (zs__stream*)st;
   return ZS_OK;
@@ -279,6 +285,34 @@ static void zs__cuda_destroy(zs__device* dev) {
   free(dev);
 }
 
+static zs_status zs__cuda_host_register(zs__device* dev, void* p,
+                                        size_t bytes) {
+  if (bytes == 0) return ZS_OK;
+  cudaError_t e = cudaHostRegister(
+      p, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return zs__error(ZS_ERR_DEVICE,
+                     "CUDA device %d: cudaHostRegister of %zu bytes of "
+                     "offloaded host memory failed: %s (page-locked memory "
+                     "is limited by the system: see ulimit -l)",
+                     zs__impl(dev)->device, bytes, cudaGetErrorString(e));
+  }
+  return ZS_OK;
+}
+static void zs__cuda_host_unregister(zs__device* dev, void* p) {
+  (void)dev;
+  if (p != NULL && cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
+}
+static void zs__cuda_pci_busid(zs__device* dev, char* buf, size_t cap) {
+  if (cap == 0) return;
+  if (cudaDeviceGetPCIBusId(buf, (int)cap, zs__impl(dev)->device) !=
+      cudaSuccess) {
+    cudaGetLastError();
+    buf[0] = '\0';
+  }
+}
+
 static const zs__device_ops zs__cuda_ops = {
     "cuda",
     zs__cuda_alloc,
@@ -297,6 +331,9 @@ static const zs__device_ops zs__cuda_ops = {
     zs__cuda_event_destroy,
     zs__cuda_event_record,
     zs__cuda_stream_wait_event,
+    zs__cuda_host_register,
+    zs__cuda_host_unregister,
+    zs__cuda_pci_busid,
     zs__cuda_destroy,
 };
 
@@ -333,7 +370,9 @@ zs_status zs__device_cuda_create(zs__accounting* acct, int local_rank,
   dev->kind = ZS_DEVICE_CUDA;
   dev->acct = acct;
   dev->impl = c;
-  e = cudaStreamCreateWithFlags(&c->compute, cudaStreamNonBlocking);
+  /* A blocking stream: ordered with the legacy default stream, where user
+   * layer code runs its kernels (docs/cuda.md), in both directions. */
+  e = cudaStreamCreateWithFlags(&c->compute, cudaStreamDefault);
   if (e != cudaSuccess) {
     zs_status st = zs__cuda_fail(dev, e, "cudaStreamCreate (compute)");
     free(c);

@@ -220,6 +220,21 @@ static zs_status zs__host_stream_wait_event(zs__device* dev, zs__stream* s,
 }
 static void zs__host_destroy(zs__device* dev) { free(dev); }
 
+static zs_status zs__host_register(zs__device* dev, void* p, size_t bytes) {
+  (void)dev;
+  (void)p;
+  (void)bytes;
+  return ZS_OK;
+}
+static void zs__host_unregister(zs__device* dev, void* p) {
+  (void)dev;
+  (void)p;
+}
+static void zs__host_pci_busid(zs__device* dev, char* buf, size_t cap) {
+  (void)dev;
+  if (cap > 0) buf[0] = '\0';
+}
+
 static const zs__device_ops zs__host_ops = {
     "host",
     zs__host_alloc,
@@ -238,6 +253,9 @@ static const zs__device_ops zs__host_ops = {
     zs__host_event_destroy,
     zs__host_event_record,
     zs__host_stream_wait_event,
+    zs__host_register,
+    zs__host_unregister,
+    zs__host_pci_busid,
     zs__host_destroy,
 };
 

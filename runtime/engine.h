@@ -150,6 +150,11 @@ struct zs_model {
   int nreducing, reducing_cap;
   size_t live_elems;     /* stage 3: elements of params_full allocated */
   size_t max_live_elems; /* 0: no limit (raised to the largest unit) */
+  /* CPU offload with a GPU: page-locked staging of the step (two slots of
+   * the largest span's gradients and parameters) and its copy stream. */
+  void* staging_g[2];
+  void* staging_p[2];
+  zs__stream* staging_stream;
 };
 
 /* ---- engine_model.c ---- */
@@ -174,6 +179,17 @@ void* zs__state_shard_ptr(zs_model* m, zs__unit* u, int k);
  * refresh from the parameters after these were written (master_stale). */
 void* zs__master_shard_ptr(zs_model* m, zs__unit* u);
 zs_status zs__master_refresh(zs_model* m, zs__unit* u);
+/* CPU offload memory (offload.h's NUMA-placed host memory) registered with
+ * the context's device (page-locked and mapped on CUDA: DMA copies, and
+ * kernels reach it), and its release. Errors: OUT_OF_MEMORY, DEVICE. */
+zs_status zs__offload_host_alloc(zs_model* m, size_t bytes, const char* label,
+                                 void** out);
+void zs__offload_host_free(zs_model* m, void* p);
+/* The staging of the offloaded step on a GPU (engine_step.c), freed with
+ * the model's storage. Test hook: nonzero runs the staged path with the
+ * host device too (its copies are memcpy), so CPU tests cover it. */
+void zs__staging_free(zs_model* m);
+extern int zs__offload_force_staging;
 /* After elements [begin, begin + n) of the unit's flat buffer were written:
  * refreshes the master weights of those that are in this rank's span. */
 zs_status zs__master_refresh_range(zs_model* m, zs__unit* u, size_t begin,

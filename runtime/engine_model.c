@@ -107,6 +107,28 @@ zs_status zs_model_create(zs_context* ctx, zs_model** out) {
   return ZS_OK;
 }
 
+zs_status zs__offload_host_alloc(zs_model* m, size_t bytes, const char* label,
+                                 void** out) {
+  zs__device* dev = m->ctx->device;
+  zs_status st = zs__offload_alloc(m->ctx->offload, bytes, label, out);
+  if (st == ZS_OK && dev != m->ctx->host) {
+    st = dev->ops->host_register(dev, *out, bytes);
+    if (st != ZS_OK) {
+      zs__offload_free(m->ctx->offload, *out);
+      *out = NULL;
+      return zs__error_prefix(st, "CPU offload of '%s': ", label);
+    }
+  }
+  return st;
+}
+
+void zs__offload_host_free(zs_model* m, void* p) {
+  if (p == NULL) return;
+  zs__device* dev = m->ctx->device;
+  if (dev != m->ctx->host) dev->ops->host_unregister(dev, p);
+  zs__offload_free(m->ctx->offload, p);
+}
+
 static void zs__unit_free_storage(zs_model* m, zs__unit* u) {
   zs__device* dev = m->ctx->device;
   zs__offload* off = m->ctx->offload;
@@ -114,14 +136,14 @@ static void zs__unit_free_storage(zs_model* m, zs__unit* u) {
   zs__grad_drop(m, u);
   /* what CPU offload placed in host memory goes back there */
   for (int k = 0; k < 2; k++) {
-    if (off != NULL) zs__offload_free(off, u->state[k]);
+    if (off != NULL) zs__offload_host_free(m, u->state[k]);
     else zs__dev_free(dev, u->state[k]);
   }
-  if (off != NULL) zs__offload_free(off, u->master);
+  if (off != NULL) zs__offload_host_free(m, u->master);
   else zs__dev_free(dev, u->master);
   zs__dev_free(dev, u->grads_shard);
   zs__dev_free(dev, u->grads_full);
-  if (off != NULL && offload_param) zs__offload_free(off, u->params_shard);
+  if (off != NULL && offload_param) zs__offload_host_free(m, u->params_shard);
   else zs__dev_free(dev, u->params_shard);
   zs__dev_free(dev, u->params_full);
   u->state[0] = u->state[1] = u->master = NULL;
@@ -134,6 +156,7 @@ void zs__model_detach(zs_model* m) {
   if (m->finalized && !m->ctx->comm->failed) (void)zs__quiesce(m);
   for (int i = 0; i < m->nunits; i++)
     zs__unit_free_storage(m, &m->units[i]);
+  zs__staging_free(m);
   for (zs_model** p = &m->ctx->models; *p != NULL; p = &(*p)->next)
     if (*p == m) {
       *p = m->next;
@@ -567,7 +590,7 @@ static zs_status zs__alloc_unit(zs_model* m, zs__unit* u) {
     ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_PARAMS, b.params, 1, u->name,
                            &u->params_full));
   else if (off != NULL && m->ctx->config.offload_param)
-    ZS_CHECK(zs__offload_alloc(off, b.params, u->name, &u->params_shard));
+    ZS_CHECK(zs__offload_host_alloc(m, b.params, u->name, &u->params_shard));
   else
     ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_PARAMS, b.params, 1, u->name,
                            &u->params_shard));
@@ -578,7 +601,7 @@ static zs_status zs__alloc_unit(zs_model* m, zs__unit* u) {
    * NUMA-placed host memory (offload_host) instead. */
   if (b.master > 0) {
     if (off != NULL)
-      ZS_CHECK(zs__offload_alloc(off, b.master, u->name, &u->master));
+      ZS_CHECK(zs__offload_host_alloc(m, b.master, u->name, &u->master));
     else
       ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_MASTER_WEIGHTS, b.master, 1, u->name,
                              &u->master));
@@ -588,7 +611,7 @@ static zs_status zs__alloc_unit(zs_model* m, zs__unit* u) {
   u->nstates = o->kind == ZS_OPTIM_SGD ? (o->momentum != 0.0 ? 1 : 0) : 2;
   for (int k = 0; k < u->nstates; k++) {
     if (off != NULL)
-      ZS_CHECK(zs__offload_alloc(off, b.state, u->name, &u->state[k]));
+      ZS_CHECK(zs__offload_host_alloc(m, b.state, u->name, &u->state[k]));
     else
       ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_OPTIMIZER_STATES, b.state, 1, u->name,
                              &u->state[k]));

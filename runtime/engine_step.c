@@ -27,11 +27,8 @@
  * elementwise, so the split never changes a bit. */
 static zs_status zs__optimize_share(zs_model* m, zs__unit* u, float coef,
                                     int w, int nw, int threads,
-                                    zs__device* dev) {
-  const int stage = m->ctx->config.stage;
+                                    zs__device* dev, char* p, char* g) {
   const zs_optimizer_config* o = &m->ctx->config.optimizer;
-  char* p = (char*)(stage == 0 ? u->params_full : zs__param_shard_ptr(m, u));
-  char* g = (char*)(stage == 0 ? u->grads_full : zs__grad_shard_ptr(m, u));
   float* master = (float*)u->master;
   float* s0 = (float*)u->state[0];
   float* s1 = (float*)u->state[1];
@@ -75,14 +72,25 @@ typedef struct zs__opt_job {
   zs_model* m;
   zs__unit* u;
   float coef;
+  char* p; /* the parameters and gradients the workers read, host memory */
+  char* g;
 } zs__opt_job;
 
 /* An offload worker: master weights, states and the step live in host
  * memory, so the host backend's kernels run them (one thread each). */
 static zs_status zs__optimize_worker(void* arg, int w, int nw) {
   const zs__opt_job* j = (const zs__opt_job*)arg;
-  return zs__optimize_share(j->m, j->u, j->coef, w, nw, 1,
-                            j->m->ctx->host);
+  return zs__optimize_share(j->m, j->u, j->coef, w, nw, 1, j->m->ctx->host,
+                            j->p, j->g);
+}
+
+/* The span the optimizer updates: the whole buffer at stage 0, this rank's
+ * shard at 1-3 (elements), and the device buffers holding it. */
+static size_t zs__opt_span(zs_model* m, zs__unit* u, char** p, char** g) {
+  const int stage = m->ctx->config.stage;
+  *p = (char*)(stage == 0 ? u->params_full : zs__param_shard_ptr(m, u));
+  *g = (char*)(stage == 0 ? u->grads_full : zs__grad_shard_ptr(m, u));
+  return stage == 0 ? u->layout.padded : u->layout.shard;
 }
 
 /* The optimizer on this rank's span of a unit (zs__optimize_share). With
@@ -92,14 +100,130 @@ static zs_status zs__optimize_worker(void* arg, int w, int nw) {
 static zs_status zs__optimize_unit(zs_model* m, zs__unit* u, float coef) {
   zs_status st = zs__master_refresh(m, u);
   if (st != ZS_OK) return st;
+  char *p, *g;
+  (void)zs__opt_span(m, u, &p, &g);
   if (m->ctx->offload != NULL) {
-    zs__opt_job job = {m, u, coef};
+    zs__opt_job job = {m, u, coef, p, g};
     st = zs__offload_run(m->ctx->offload, zs__optimize_worker, &job);
     if (st != ZS_OK)
       return zs__error_prefix(st, "optimizer on unit '%s': ", u->name);
     return ZS_OK;
   }
-  return zs__optimize_share(m, u, coef, 0, 1, 0, m->ctx->device);
+  return zs__optimize_share(m, u, coef, 0, 1, 0, m->ctx->device, p, g);
+}
+
+/* ==== CPU offload with a GPU ================================================= */
+
+int zs__offload_force_staging = 0;
+
+/* Two slots of page-locked host staging (each: the largest span's
+ * gradients and parameters) and the copy stream, made at the first step. */
+static zs_status zs__staging_init(zs_model* m) {
+  if (m->staging_stream != NULL) return ZS_OK;
+  zs__device* dev = m->ctx->device;
+  zs_status st = ZS_OK;
+  size_t gb = 0, pb = 0;
+  for (int i = 0; i < m->nunits; i++) {
+    zs__unit* u = &m->units[i];
+    if (!u->trainable) continue;
+    char *p, *g;
+    const size_t n = zs__opt_span(m, u, &p, &g);
+    if (n * u->gelem > gb) gb = n * u->gelem;
+    if (n * u->elem > pb) pb = n * u->elem;
+  }
+  for (int k = 0; k < 2; k++) {
+    ZS_CHECK(zs__offload_host_alloc(m, gb, "staging (gradients)",
+                                    &m->staging_g[k]));
+    ZS_CHECK(zs__offload_host_alloc(m, pb, "staging (parameters)",
+                                    &m->staging_p[k]));
+  }
+  ZS_CHECK(dev->ops->stream_create(dev, &m->staging_stream));
+cleanup:
+  if (st != ZS_OK) zs__staging_free(m);
+  return st;
+}
+
+void zs__staging_free(zs_model* m) {
+  for (int k = 0; k < 2; k++) {
+    zs__offload_host_free(m, m->staging_g[k]);
+    zs__offload_host_free(m, m->staging_p[k]);
+    m->staging_g[k] = m->staging_p[k] = NULL;
+  }
+  if (m->staging_stream != NULL)
+    m->ctx->device->ops->stream_destroy(m->ctx->device, m->staging_stream);
+  m->staging_stream = NULL;
+}
+
+/* Device to host, on the staging stream: unit u's gradient span and its
+ * parameters into slot k. The parameters come too because the whole span
+ * goes back after the step: fp32 parameters are their own master weights,
+ * and the elements the optimizer skips (padding, frozen and tied ranges)
+ * must go back unchanged. */
+static zs_status zs__staging_in(zs_model* m, zs__unit* u, int k) {
+  zs__device* dev = m->ctx->device;
+  char *p, *g;
+  const size_t n = zs__opt_span(m, u, &p, &g);
+  zs_status st = dev->ops->copy(dev, m->staging_g[k], g, n * u->gelem,
+                                m->staging_stream);
+  if (st == ZS_OK)
+    st = dev->ops->copy(dev, m->staging_p[k], p, n * u->elem,
+                        m->staging_stream);
+  return st;
+}
+
+/* The optimizer with CPU offload when the parameters and gradients are in
+ * device memory (ZeRO-Offload, Ren et al. 2021, sec. 4.1, with DeepSpeed's
+ * overlap of copies and the CPU step across sub-groups; here a sub-group
+ * is a unit): unit i's gradients come to page-locked staging on a copy
+ * stream while the CPU workers step unit i-1, and the updated parameters
+ * (rounded from the host master weights, or the fp32 parameters
+ * themselves) go back to the device right after their step. Two slots;
+ * each slot's reuse is ordered behind its previous copies by the stream.
+ * The values are the in-place path's: the same kernels on the same bits. */
+static zs_status zs__optimize_staged(zs_model* m, float coef) {
+  zs__device* dev = m->ctx->device;
+  zs_status st = ZS_OK;
+  ZS_CHECK(zs__staging_init(m));
+  for (int i = 0; i < m->nunits; i++)
+    if (m->units[i].trainable) ZS_CHECK(zs__master_refresh(m, &m->units[i]));
+  /* the refreshes' kernels wrote host memory: done before the CPU reads */
+  ZS_CHECK(dev->ops->stream_sync(dev, NULL));
+  int next = 0;
+  while (next < m->nunits && !m->units[next].trainable) next++;
+  if (next < m->nunits) ZS_CHECK(zs__staging_in(m, &m->units[next], 0));
+  int slot = 0;
+  while (next < m->nunits) {
+    zs__unit* u = &m->units[next];
+    const double t0 = m->ctx->prof != NULL ? zs__now() : 0.0;
+    /* this unit's inputs are here; the previous unit's output has left */
+    ZS_CHECK(dev->ops->stream_sync(dev, m->staging_stream));
+    do next++;
+    while (next < m->nunits && !m->units[next].trainable);
+    if (next < m->nunits)
+      ZS_CHECK(zs__staging_in(m, &m->units[next], 1 - slot));
+    char *p, *g;
+    const size_t n = zs__opt_span(m, u, &p, &g);
+    zs__opt_job job = {m, u, coef, (char*)m->staging_p[slot],
+                       (char*)m->staging_g[slot]};
+    st = zs__offload_run(m->ctx->offload, zs__optimize_worker, &job);
+    if (st != ZS_OK) {
+      st = zs__error_prefix(st, "optimizer on unit '%s': ", u->name);
+      goto cleanup;
+    }
+    ZS_CHECK(dev->ops->copy(dev, p, m->staging_p[slot], n * u->elem,
+                            m->staging_stream));
+    if (m->ctx->prof != NULL)
+      zs__profiler_span(m->ctx->prof, 0, "optimizer", "optimizer", t0,
+                        zs__now(), u->name, 0, 0, 0);
+    slot = 1 - slot;
+  }
+cleanup:
+  /* no copy may still run into or out of the staging after a return */
+  if (m->staging_stream != NULL) {
+    zs_status s2 = dev->ops->stream_sync(dev, m->staging_stream);
+    if (st == ZS_OK) st = s2;
+  }
+  return st;
 }
 
 /* ==== Gradient norm, overflow and the loss scaler =========================== */
@@ -311,7 +435,12 @@ static zs_status zs__step_apply(zs_model* m, zs_step_info* info,
    * previous step, before the optimizer writes. */
   for (int i = 0; i < m->nunits; i++)
     ZS_CHECK(zs__inflight_wait(m->ctx->comm, &m->units[i].shard_ops));
-  for (int i = 0; i < m->nunits; i++)
+  /* CPU offload with the parameters and gradients in device memory: the
+   * staged, overlapped path (the test hook runs it on the host too). */
+  const int staged = m->ctx->offload != NULL &&
+                     (m->ctx->device != m->ctx->host || zs__offload_force_staging);
+  if (staged) ZS_CHECK(zs__optimize_staged(m, (float)coef));
+  for (int i = 0; i < m->nunits && !staged; i++)
     if (m->units[i].trainable) {
       const double t0 = m->ctx->prof != NULL ? zs__now() : 0.0;
       ZS_CHECK(zs__optimize_unit(m, &m->units[i], (float)coef));

@@ -7,7 +7,7 @@
 // computes the host's bits (tests/gpu/cuda_test), so with the same data the
 // CUDA run must be BITWISE the host run at every stage, for fp32 and bf16
 // parameters (no clipping: the norm is the one value summed in another
-// order).
+// order), with and without CPU offload of the optimizer.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -57,14 +57,37 @@ TEST_F(EngineCudaTest, EveryStageTrainsBitwiseAsOnTheHost) {
       ASSERT_EQ(host.status, ZS_OK) << what << ": " << host.error;
       cfg.device = ZS_DEVICE_CUDA;
       cfg.copy = CudaCopy;
-      auto gm = c.make();
-      TrainResult gpu = TrainSharded(*gm, cfg);
-      ASSERT_EQ(gpu.status, ZS_OK) << what << ": " << gpu.error;
-      ExpectSameTraining(gpu, host, *hm, what);
-      // Nothing left on the device after the model is gone.
-      EXPECT_EQ(gpu.memory_after_destroy.current[ZS_MEM_PARAMS], 0u) << what;
+      // on the GPU alone, and with CPU offload of the optimizer (master
+      // weights and states in page-locked host memory, the step on the
+      // CPU workers, staged copies of gradients and parameters)
+      for (int offload = 0; offload <= 1; offload++) {
+        const std::string w = what + (offload ? " +CPU offload" : "");
+        cfg.offload = offload;
+        auto gm = c.make();
+        TrainResult gpu = TrainSharded(*gm, cfg);
+        ASSERT_EQ(gpu.status, ZS_OK) << w << ": " << gpu.error;
+        ExpectSameTraining(gpu, host, *hm, w);
+        // Nothing left on the device after the model is gone.
+        EXPECT_EQ(gpu.memory_after_destroy.current[ZS_MEM_PARAMS], 0u) << w;
+        if (offload)
+          EXPECT_EQ(gpu.offload.steps_on_workers,
+                    (uint64_t)cfg.steps * hm->units.size()) << w;
+      }
     }
   }
+}
+
+TEST_F(EngineCudaTest, OffloadParamOnCudaIsRefusedNamingIt) {
+  zs_config c = ZS_CONFIG_INIT;
+  c.device = ZS_DEVICE_CUDA;
+  c.stage = 3;
+  c.offload_optimizer.device = 1;
+  c.offload_param = 1;
+  zs_context* ctx = nullptr;
+  EXPECT_EQ(zs_context_create_local(&c, &ctx), ZS_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(zs_last_error()).find("offload_param"),
+            std::string::npos) << zs_last_error();
+  EXPECT_EQ(ctx, nullptr);
 }
 
 }  // namespace

@@ -147,7 +147,7 @@ TEST_F(RealMachine, PagesLandOnTheChosenNodeAndAreCounted) {
   cfg.offload_optimizer.device = 1;
   cfg.offload_optimizer.numa = 0;
   zs__offload* o = nullptr;
-  ASSERT_EQ(zs__offload_create(&cfg, 0, acct_, &o), ZS_OK) << zs_last_error();
+  ASSERT_EQ(zs__offload_create(&cfg, 0, nullptr, acct_, &o), ZS_OK) << zs_last_error();
   void* p = nullptr;
   const size_t bytes = 8u << 20;
   ASSERT_EQ(zs__offload_alloc(o, bytes, "test", &p), ZS_OK);
@@ -183,7 +183,7 @@ TEST_F(RealMachine, WorkersRunEveryJobAndReportErrors) {
   cfg.offload_optimizer.device = 1;
   cfg.offload_optimizer.threads = 2;
   zs__offload* o = nullptr;
-  ASSERT_EQ(zs__offload_create(&cfg, 0, acct_, &o), ZS_OK) << zs_last_error();
+  ASSERT_EQ(zs__offload_create(&cfg, 0, nullptr, acct_, &o), ZS_OK) << zs_last_error();
   static int seen[2];
   seen[0] = seen[1] = 0;
   auto count = [](void*, int w, int nw) -> zs_status {
@@ -210,19 +210,19 @@ TEST_F(RealMachine, BadInputIsAClearErrorOrAWarnedFallback) {
   cfg.offload_optimizer.device = 1;
   cfg.offload_optimizer.numa = 999;
   zs__offload* o = nullptr;
-  EXPECT_EQ(zs__offload_create(&cfg, 0, acct_, &o), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(zs__offload_create(&cfg, 0, nullptr, acct_, &o), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(zs_last_error()).find("NUMA node 999 does not exist"),
             std::string::npos) << zs_last_error();
   EXPECT_EQ(o, nullptr);
   cfg.offload_optimizer.numa = ZS_OFFLOAD_NUMA_AUTO;
   cfg.offload_optimizer.threads = 100000;
-  EXPECT_EQ(zs__offload_create(&cfg, 0, acct_, &o), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(zs__offload_create(&cfg, 0, nullptr, acct_, &o), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(zs_last_error()).find("offload_optimizer.threads"),
             std::string::npos) << zs_last_error();
   // Pinning refused: a warning, pageable memory, training goes on.
   cfg.offload_optimizer.threads = 1;
   zs__offload_mlock_hook = [](const void*, size_t) { errno = EPERM; return -1; };
-  ASSERT_EQ(zs__offload_create(&cfg, 0, acct_, &o), ZS_OK);
+  ASSERT_EQ(zs__offload_create(&cfg, 0, nullptr, acct_, &o), ZS_OK);
   void* p = nullptr;
   ASSERT_EQ(zs__offload_alloc(o, 4096, "test", &p), ZS_OK);
   zs_offload_info info;

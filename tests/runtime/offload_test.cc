@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "runtime/engine.h" /* zs__offload_force_staging */
 #include "tests/runtime/test_harness.h"
 #include "tests/testing/mpi_test.h"
 
@@ -65,6 +66,44 @@ TEST_F(OffloadTest, OffloadIsBitwiseAndTheAccountingProvesIt) {
 }
 
 // Bad input reaches every rank: a NUMA node that does not exist.
+// The staged path CPU offload takes when parameters and gradients are in GPU
+// memory (engine_step.c: gradients to page-locked staging, the step on the
+// workers, parameters back, two slots overlapped across units), forced here
+// on the host device, where its copies are memcpy: bitwise the training
+// without offload, including the frozen tensor, the tied head and the
+// padding the staging carries back untouched (odd ranks and the degenerate
+// model's odd sizes), and the staging is counted as offload host memory.
+TEST_F(OffloadTest, StagedPathForGpusIsBitwise) {
+  zs__offload_force_staging = 1;
+  for (int model = 0; model < 2; model++)
+    for (zs_dtype dtype : {ZS_FLOAT32, ZS_BFLOAT16})
+      for (int stage = 0; stage <= 3; stage++) {
+        const std::string where = std::string(model ? "degenerate " : "transformer ") +
+                                  zs_dtype_name(dtype) + " stage " +
+                                  std::to_string(stage);
+        TrainConfig cfg;
+        cfg.steps = 4;
+        cfg.stage = stage;
+        cfg.param_dtype = dtype;
+        cfg.reduce_dtype = dtype == ZS_FLOAT32 ? -1 : ZS_FLOAT32;
+        auto m1 = model ? MakeDegenerate() : MakeTransformer();
+        TrainResult plain = TrainSharded(*m1, cfg);
+        ASSERT_EQ(plain.status, ZS_OK) << where << ": " << plain.error;
+        cfg.offload = 1;
+        auto m2 = model ? MakeDegenerate() : MakeTransformer();
+        TrainResult off = TrainSharded(*m2, cfg);
+        ASSERT_EQ(off.status, ZS_OK) << where << ": " << off.error;
+        ExpectSameTraining(plain, off, *m1, where);
+        EXPECT_GT(off.memory.current[ZS_MEM_OFFLOAD_HOST],
+                  plain.memory.current[ZS_MEM_MASTER_WEIGHTS] +
+                      plain.memory.current[ZS_MEM_OPTIMIZER_STATES])
+            << where << ": the staging is offload host memory";
+        EXPECT_EQ(off.offload.steps_on_workers,
+                  (uint64_t)cfg.steps * m1->units.size()) << where;
+      }
+  zs__offload_force_staging = 0;
+}
+
 TEST_F(OffloadTest, MissingNumaNodeFailsEveryRank) {
   zs_config c = ZS_CONFIG_INIT;
   c.offload_optimizer.device = 1;
