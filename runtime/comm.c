@@ -133,12 +133,20 @@ zs_status zs__coll_test(zs__comm* c, zs__coll* op, int* done) {
   if (st != ZS_OK) {
     /* The backend released the request: release the op too (its
      * temporaries are kept if the communicator failed). */
-    char saved[1024];
+    char saved[1024], report[600];
     snprintf(saved, sizeof saved, "%s", zs__error_body());
+    zs__accounting_report(c->dev->acct, report, sizeof report);
+    const zs_coll_op kind = op->op;
+    const size_t count = op->count;
+    const zs_dtype dtype = op->dtype;
+    char unit[64];
+    snprintf(unit, sizeof unit, "%s", op->tag.name != NULL ? op->tag.name : "-");
     op->dst = NULL;
     (void)zs__coll_finish(c, op);
     *done = 1;
-    return zs__error(st, "%s", saved);
+    return zs__error(st, "%s (in %s of %zu %s elements for unit %s on the %s "
+                     "device; %s)", saved, zs_coll_op_name(kind), count,
+                     zs_dtype_name(dtype), unit, c->dev->ops->name, report);
   }
   if (!*done) return ZS_OK;
   return zs__coll_finish(c, op);
@@ -164,15 +172,18 @@ zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
     const char* name = op->tag.name != NULL ? op->tag.name : "-";
     if (c->timeout_s > 0 && now - t0 > c->timeout_s) {
       c->failed = 1; /* the request stays pending: keep every buffer */
+      char report[600];
+      zs__accounting_report(c->dev->acct, report, sizeof report);
       return zs__error(ZS_ERR_TIMEOUT,
-                       "%s of %zu %s elements for unit %s (purpose %d) did "
-                       "not complete within %.0f s: another rank is probably "
-                       "waiting in a different collective (it skipped or "
-                       "added a gather, release or step, or failed); the "
-                       "context cannot be used any more",
+                       "%s of %zu %s elements for unit %s (purpose %d) on "
+                       "the %s device did not complete within %.0f s: "
+                       "another rank is probably waiting in a different "
+                       "collective (it skipped or added a gather, release "
+                       "or step, or failed); the context cannot be used any "
+                       "more (%s)",
                        zs_coll_op_name(op->op), op->count,
                        zs_dtype_name(op->dtype), name, (int)op->tag.purpose,
-                       c->timeout_s);
+                       c->dev->ops->name, c->timeout_s, report);
     }
     if (now > warn_at) {
       zs__log(ZS_LOG_WARN,

@@ -96,6 +96,10 @@ zs_status zs__accounting_remove(zs__accounting* acct, zs__owner owner,
                                 const void* ptr, zs_mem_category* category,
                                 size_t* bytes);
 void zs__accounting_stats(const zs__accounting* acct, zs_memory_stats* out);
+/* "held now: params 123, grads 456, ... total 579 bytes": what is held at
+ * this moment by category (non-zero ones), for error messages (out of
+ * memory, a failed or timed-out collective). Writes at most cap bytes. */
+void zs__accounting_report(const zs__accounting* acct, char* buf, size_t cap);
 /* The step's phase changes (peaks per phase start from what is allocated
  * then); step_done closes the step's phases (zs_step's end) and starts the
  * next step's forward. */

@@ -281,3 +281,17 @@ void zs__accounting_reset_peak(zs__accounting* a) {
   a->bucket_peak = a->bucket_current;
   pthread_mutex_unlock(&a->lock);
 }
+
+void zs__accounting_report(const zs__accounting* acct, char* buf, size_t cap) {
+  if (cap == 0) return;
+  zs_memory_stats ms;
+  zs__accounting_stats(acct, &ms);
+  size_t n = (size_t)snprintf(buf, cap, "held now:");
+  for (int c = 0; c < ZS_MEM_CATEGORY_COUNT && n < cap; c++)
+    if (ms.current[c] > 0)
+      n += (size_t)snprintf(buf + n, cap - n, " %s %zu,",
+                            zs_mem_category_name((zs_mem_category)c),
+                            ms.current[c]);
+  if (n < cap)
+    snprintf(buf + n, cap - n, " total %zu bytes", ms.total_current);
+}

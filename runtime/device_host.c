@@ -299,17 +299,7 @@ zs_status zs__dev_alloc(zs__device* dev, zs_mem_category category,
      * where the memory went (the backend's own reason first). */
     char why[512], report[600];
     snprintf(why, sizeof why, "%s", zs__error_body());
-    zs_memory_stats ms;
-    zs__accounting_stats(dev->acct, &ms);
-    size_t n = (size_t)snprintf(report, sizeof report, "held now:");
-    for (int c = 0; c < ZS_MEM_CATEGORY_COUNT && n < sizeof report; c++)
-      if (ms.current[c] > 0)
-        n += (size_t)snprintf(report + n, sizeof report - n, " %s %zu,",
-                              zs_mem_category_name((zs_mem_category)c),
-                              ms.current[c]);
-    if (n < sizeof report)
-      snprintf(report + n, sizeof report - n, " total %zu bytes",
-               ms.total_current);
+    zs__accounting_report(dev->acct, report, sizeof report);
     return zs__error(st, "cannot allocate %zu bytes of %s for %s on %s (%s; "
                      "%s)", bytes, zs_mem_category_name(category),
                      label != NULL ? label : "?", dev->ops->name, why, report);

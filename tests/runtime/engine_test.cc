@@ -676,6 +676,10 @@ TEST_F(EngineTest, CollectiveNobodyJoinsTimesOutWithAClearError) {
     EXPECT_LT(MPI_Wtime() - t0, 30.0);
     EXPECT_TRUE(Contains(zs_last_error(), "all_reduce") &&
                 Contains(zs_last_error(), "within 1 s")) << zs_last_error();
+    // the device, and the memory this rank holds by category at that moment
+    EXPECT_TRUE(Contains(zs_last_error(), "on the host device") &&
+                Contains(zs_last_error(), "held now: params 128, grads 128, "
+                         "optimizer_states 256,")) << zs_last_error();
   }
   // Rank 0 now joins, completing rank 1's abandoned all-reduce; its own
   // step then times out or fails (its partner has given up). Either way it
