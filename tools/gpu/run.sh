@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# run.sh — the GPU checks, run on a bare GPU machine from the bundle that
+# tools/gpu/bundle.sh made (this file is copied into it). Writes logs, the
+# tests' XML and a summary under $OUT (or the bundle's out/):
+#   1. the GPU tests (kernels, the engine on CUDA with and without CPU
+#      offload, the GPT-2 layers, 20-step CPU-vs-GPU parity);
+#   2. GPT-2 at 124M size (L=12, C=768, H=12, T=1024; byte vocabulary):
+#      tokens/s at ZeRO stage 0 and stage 3;
+#   3. CPU offload: the largest model the estimator says fits this machine
+#      (GPU and host memory), trained for 3 steps, predicted vs measured.
+# Every binary runs under the bundle's own dynamic loader and glibc.
+set -u
+B=$(cd "$(dirname "$0")" && pwd)
+OUT=${OUT:-$B/out}
+mkdir -p "$OUT"
+log() { echo "$*" | tee -a "$OUT/summary.txt"; }
+: >"$OUT/summary.txt"
+log "date: $(date -u +%FT%TZ)"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
+  2>&1 | sed 's/^/gpu: /' | tee -a "$OUT/summary.txt"
+log "cpu: $(nproc) cores; $(awk '/MemTotal/ {print $2 " kB"}' /proc/meminfo)"
+
+# Open MPI's run time at its Debian paths (MPI singletons need its
+# components and help files), unless the machine has its own there.
+[ -d /usr/lib/x86_64-linux-gnu/openmpi ] || tar -C / -xf "$B/ompi.tar"
+# cuBLAS and NCCL from the machine's nvidia-* Python wheels.
+pylibs=$(python3 - <<'EOF' 2>/dev/null
+import importlib, os
+dirs = []
+for m in ("nvidia.cublas", "nvidia.nccl", "nvidia.cu13", "nvidia.cuda_runtime"):
+    try:
+        mod = importlib.import_module(m)
+    except Exception:
+        continue
+    for p in list(getattr(mod, "__path__", [])):
+        for sub in ("lib", "lib64"):
+            d = os.path.join(p, sub)
+            if os.path.isdir(d):
+                dirs.append(d)
+print(":".join(dirs))
+EOF
+)
+LIBS="$B/lib:$pylibs:/usr/local/nvidia/lib64:/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+LOADER="$B/lib/ld-linux-x86-64.so.2"
+run() { "$LOADER" --library-path "$LIBS" "$@"; }
+# The parity test starts the trainer itself: through this wrapper.
+cat >"$B/bin/train_sharded.sh" <<EOF
+#!/bin/sh
+exec "$LOADER" --library-path "$LIBS" "$B/bin/train_sharded" "\$@"
+EOF
+chmod +x "$B/bin/train_sharded.sh"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_ess_singleton_isolated=1 NVIDIA_TF32_OVERRIDE=0
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+log "cuBLAS/NCCL from: ${pylibs:-none found}"
+
+# ---- 1. GPU tests --------------------------------------------------------
+fails=0
+t() {
+  local name=$1 rc
+  shift
+  timeout 300 "$LOADER" --library-path "$LIBS" "$B/bin/$name" "$@" \
+    --gtest_output="xml:$OUT/$name.xml" >"$OUT/$name.log" 2>&1
+  rc=$?
+  local ok skip
+  ok=$(grep -cE '^\[       OK \].*\([0-9]+ ms\)' "$OUT/$name.log")
+  skip=$(grep -cE '^\[  SKIPPED \].*\([0-9]+ ms\)' "$OUT/$name.log")
+  if [ $rc = 0 ]; then
+    log "test $name: passed ($ok ok, $skip skipped)"
+  else
+    fails=$((fails + 1))
+    log "test $name: FAILED (exit $rc): $(grep -m3 -E 'Failure|FAILED|rror' "$OUT/$name.log" | tr '\n' ' ')"
+  fi
+}
+t cuda_test
+t gpt2_cuda_layers_test
+t engine_cuda_test_bin
+t gpt2_parity_test "$B/bin/train_sharded.sh" "$B/data/tinyshakespeare.txt"
+
+# ---- 2. GPT-2 124M-size tokens/s ------------------------------------------
+common="--device cuda --data $B/data/tinyshakespeare.txt --eval-every 0 --val-batches 1 --sample-bytes 0 --quiet"
+for stage in 0 3; do
+  r="$OUT/bench_stage$stage.json"
+  if timeout 240 "$B/bin/train_sharded.sh" $common --layers 12 --channels 768 \
+      --heads 12 --seq 1024 --batch 8 --steps 8 --stage $stage --report "$r" \
+      >"$OUT/bench_stage$stage.log" 2>&1; then
+    log "bench gpt2-124M-size stage $stage: $(python3 -c "import json,sys; r=json.load(open('$r')); print('%.0f tokens/s, loss %.4f -> %.4f' % (r['tokens_per_s'], r['steps'][0]['loss'], r['steps'][-1]['loss']))")"
+  else
+    log "bench stage $stage: FAILED: $(grep -m3 -A1 'train_sharded' "$OUT/bench_stage$stage.log" | tr '\n' ' ')"
+  fi
+done
+
+# ---- 3. CPU offload: the estimator's largest model, 3 steps ---------------
+gpu_b=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+gpu_b=$(( ${gpu_b:-0} * 1024 * 1024 ))
+if [ "$gpu_b" = 0 ]; then
+  log "offload: no GPU (nvidia-smi reports none): skipped"
+  log "failed tests: $fails"
+  exit $fails
+fi
+host_b=$(awk '/MemTotal/ {print $2 * 1024}' /proc/meminfo)
+host_b=${HOST_BYTES:-$host_b}
+run "$B/bin/zs_estimate" --params 1e9 --ranks 1 --stage 3 --dtype bf16 \
+  --reduce-dtype fp32 --offload-optimizer cpu --json >"$OUT/estimate_1e9.json"
+fit=$(python3 - "$OUT/estimate_1e9.json" "$gpu_b" "$host_b" <<'EOF'
+import json, sys
+e = json.load(open(sys.argv[1]))
+gpu, host = float(sys.argv[2]), float(sys.argv[3])
+dev_pp = e["device_bytes"] / 1e9         # bytes per parameter on the GPU
+host_pp = e["per_node_host_bytes"] / 1e9  # and in host memory
+# headroom: activations, the fp32 unit copy, staging, CUDA's own
+n = min(0.85 * gpu / dev_pp, 0.70 * host / host_pp)
+C, H = 4096, 32
+block = 12 * C * C + 13 * C
+embed = 256 * C + 128 * C + 2 * C  # wte (V=256), wpe (T=128), final norm
+L = max(1, int((n - embed) // block))
+N = L * block + embed
+print(C, H, L, N, int(N * dev_pp), int(N * host_pp))
+EOF
+)
+set -- $fit
+C=$1 H=$2 L=$3 N=$4 dev=$5 host=$6
+log "offload: estimator at 1e9 parameters: $(tr -d '\n ' <"$OUT/estimate_1e9.json")"
+log "offload: GPU $gpu_b B, host $host_b B -> largest model L=$L C=$C ($N parameters): predicted $dev B on the GPU, $host B in host memory"
+r="$OUT/offload.json"
+if timeout 420 "$B/bin/train_sharded.sh" $common --layers "$L" --channels "$C" \
+    --heads "$H" --seq 128 --batch 1 --steps 3 --stage 3 --dtype bf16 \
+    --offload cpu --report "$r" >"$OUT/offload.log" 2>&1; then
+  log "offload 3 steps: $(python3 -c "
+import json; r=json.load(open('$r')); k=r['ranks'][0]
+print('ok; losses', [round(s['loss'],4) for s in r['steps']], '; measured', json.dumps(k)[:600])")"
+else
+  log "offload 3 steps: FAILED: $(grep -m3 -A1 'train_sharded' "$OUT/offload.log" | tr '\n' ' ')"
+fi
+log "failed tests: $fails"
+exit $fails
