@@ -127,15 +127,27 @@ static zs_status zs__coll_finish(zs__comm* c, zs__coll* op) {
   return st;
 }
 
+/* "the host device" or "the cuda device at PCI 0000:3b:00.0": which
+ * device a collective's error is about. */
+static void zs__dev_name(zs__device* dev, char* buf, size_t cap) {
+  char busid[32];
+  dev->ops->pci_busid(dev, busid, sizeof busid);
+  if (busid[0] != '\0')
+    snprintf(buf, cap, "the %s device at PCI %s", dev->ops->name, busid);
+  else
+    snprintf(buf, cap, "the %s device", dev->ops->name);
+}
+
 zs_status zs__coll_test(zs__comm* c, zs__coll* op, int* done) {
   *done = 0;
   zs_status st = c->ops->test(c, op->req, done);
   if (st != ZS_OK) {
     /* The backend released the request: release the op too (its
      * temporaries are kept if the communicator failed). */
-    char saved[1024], report[600];
+    char saved[1024], report[600], devname[96];
     snprintf(saved, sizeof saved, "%s", zs__error_body());
     zs__accounting_report(c->dev->acct, report, sizeof report);
+    zs__dev_name(c->dev, devname, sizeof devname);
     const zs_coll_op kind = op->op;
     const size_t count = op->count;
     const zs_dtype dtype = op->dtype;
@@ -144,9 +156,9 @@ zs_status zs__coll_test(zs__comm* c, zs__coll* op, int* done) {
     op->dst = NULL;
     (void)zs__coll_finish(c, op);
     *done = 1;
-    return zs__error(st, "%s (in %s of %zu %s elements for unit %s on the %s "
-                     "device; %s)", saved, zs_coll_op_name(kind), count,
-                     zs_dtype_name(dtype), unit, c->dev->ops->name, report);
+    return zs__error(st, "%s (in %s of %zu %s elements for unit %s on %s; "
+                     "%s)", saved, zs_coll_op_name(kind), count,
+                     zs_dtype_name(dtype), unit, devname, report);
   }
   if (!*done) return ZS_OK;
   return zs__coll_finish(c, op);
@@ -172,18 +184,19 @@ zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
     const char* name = op->tag.name != NULL ? op->tag.name : "-";
     if (c->timeout_s > 0 && now - t0 > c->timeout_s) {
       c->failed = 1; /* the request stays pending: keep every buffer */
-      char report[600];
+      char report[600], devname[96];
       zs__accounting_report(c->dev->acct, report, sizeof report);
+      zs__dev_name(c->dev, devname, sizeof devname);
       return zs__error(ZS_ERR_TIMEOUT,
                        "%s of %zu %s elements for unit %s (purpose %d) on "
-                       "the %s device did not complete within %.0f s: "
+                       "%s did not complete within %.0f s: "
                        "another rank is probably waiting in a different "
                        "collective (it skipped or added a gather, release "
                        "or step, or failed); the context cannot be used any "
                        "more (%s)",
                        zs_coll_op_name(op->op), op->count,
                        zs_dtype_name(op->dtype), name, (int)op->tag.purpose,
-                       c->dev->ops->name, c->timeout_s, report);
+                       devname, c->timeout_s, report);
     }
     if (now > warn_at) {
       zs__log(ZS_LOG_WARN,
