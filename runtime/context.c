@@ -94,12 +94,6 @@ zs_status zs__context_create(const zs_config* config, zs__comm* comm,
   comm->prof = ctx->prof;
   /* CPU offload: placement and workers, agreed (a node missing on one
    * rank's machine fails every rank). */
-  if (resolved.offload_param && resolved.device == ZS_DEVICE_CUDA)
-    ZS_FAIL(ZS_ERR_UNSUPPORTED,
-            "offload_param with the CUDA device backend is not built yet "
-            "(stage 3's all-gathers would read host memory): offload the "
-            "optimizer only (offload_optimizer.device = cpu), or run "
-            "offload_param on the host device");
   if (resolved.offload_optimizer.device == 1) {
     /* with a GPU, host memory goes to the GPU's NUMA node */
     char busid[32];

@@ -124,6 +124,15 @@ zs_status zs_config_validate(const zs_config* c) {
              "offload_optimizer.device cpu (got %d at stage %d, "
              "offload_optimizer.device %d)", c->offload_param, c->stage,
              of->device);
+  /* checked here, before any device exists, so it is reported the same
+   * with or without a GPU */
+  if (c->offload_param && c->device == ZS_DEVICE_CUDA)
+    return zs__error(ZS_ERR_UNSUPPORTED,
+                     "config.offload_param with the CUDA device backend is "
+                     "not built yet (stage 3's all-gathers would read host "
+                     "memory): offload the optimizer only "
+                     "(offload_optimizer.device = cpu), or run offload_param "
+                     "on the host device");
   const zs_loss_scaler_config* ls = &c->loss_scaler;
   ZS_REQUIRE(ls->mode == ZS_LOSS_SCALE_NONE || ls->mode == ZS_LOSS_SCALE_STATIC ||
                  ls->mode == ZS_LOSS_SCALE_DYNAMIC,

@@ -442,15 +442,21 @@ const gpt2_layer_ops gpt2_cuda_ops = {
     OpError,
 };
 
-int gpt2_cuda_init(char* err, size_t cap) {
-  if (g_blas.handle != nullptr) return 0;
+int gpt2_cuda_available(char* err, size_t cap) {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess || n == 0) {
-    cudaGetLastError();
-    return InitFail(err, cap, "--device cuda: no usable CUDA device (%s)",
-                    e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-  }
+  if (e == cudaSuccess && n > 0) return 0;
+  cudaGetLastError();
+  if (cap > 0)
+    snprintf(err, cap, "--device cuda: no usable CUDA device here "
+             "(cudaGetDeviceCount: %s)",
+             e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+  return -1;
+}
+
+int gpt2_cuda_init(char* err, size_t cap) {
+  if (g_blas.handle != nullptr) return 0;
+  if (gpt2_cuda_available(err, cap) != 0) return -1;
   g_blas.lib = dlopen("libcublas.so.13", RTLD_NOW | RTLD_LOCAL);
   if (g_blas.lib == nullptr)
     g_blas.lib = dlopen("libcublas.so", RTLD_NOW | RTLD_LOCAL);

@@ -13,9 +13,11 @@
  *
  * Pointers given to the table's entries are device memory (its alloc);
  * tokens and targets too (upload them). All work is queued in order on the
- * legacy default stream (stream 0), the stream ZeroShard's CUDA backend
- * runs its device operations on, so the layers and the engine's gathers,
- * reductions and optimizer steps are ordered without extra events.
+ * legacy default stream (stream 0). ZeroShard's CUDA backend runs its own
+ * operations on blocking streams, which are ordered with the legacy stream
+ * both ways, and its NCCL stream waits for the legacy stream's work, so
+ * the layers and the engine's gathers, reductions and optimizer steps are
+ * ordered without extra events (docs/cuda.md, "Streams and ordering").
  *
  * cuBLAS is loaded at run time (dlopen of libcublas.so.13, or
  * libcublas.so), so programs built with this file start, and run on the
@@ -31,6 +33,10 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* 0 if a CUDA device is usable here; else -1 with the reason in err (cap
+ * bytes), for a clean start-up error before anything is created. */
+int gpt2_cuda_available(char* err, size_t cap);
 
 /* Sets up the current CUDA device for gpt2_cuda_ops: loads cuBLAS and
  * creates its handle (stream 0, default math). Call after the device is

@@ -192,6 +192,8 @@ void gpt2_init_tensor(const gpt2_config* c, unsigned long long seed, int which,
   if (strcmp(name, "proj_w") == 0 || strcmp(name, "fcproj_w") == 0)
     std = 0.02f / sqrtf(2.0f * (float)c->layers);
   int gain = strstr(name, "ln") != NULL && name[strlen(name) - 1] == 'w';
+  /* element k depends only on (key, k): any split gives the same values */
+#pragma omp parallel for schedule(static)
   for (size_t k = 0; k < n; k++) {
     if (decay)
       data[k] = std * gpt2__normal(key, k);

@@ -501,6 +501,7 @@ int main(int argc, char** argv) {
   }
   if (rc == 0 && !failed)
     failed = gpt2_config_check(&cfg, err, sizeof err) != 0 ||
+             (args.device && gpt2_cuda_available(err, sizeof err) != 0) ||
              (rank == 0 && gpt2_report_check(args.report, args.data, err, sizeof err) != 0) ||
              (rank == 0 && gpt2_save_check(args.save, err, sizeof err) != 0) ||
              gpt2_data_load(args.data, args.seq, &data, err, sizeof err) != 0;

@@ -69,25 +69,13 @@ TEST_F(EngineCudaTest, EveryStageTrainsBitwiseAsOnTheHost) {
         ExpectSameTraining(gpu, host, *hm, w);
         // Nothing left on the device after the model is gone.
         EXPECT_EQ(gpu.memory_after_destroy.current[ZS_MEM_PARAMS], 0u) << w;
-        if (offload)
+        if (offload) {
           EXPECT_EQ(gpu.offload.steps_on_workers,
                     (uint64_t)cfg.steps * hm->units.size()) << w;
+        }
       }
     }
   }
-}
-
-TEST_F(EngineCudaTest, OffloadParamOnCudaIsRefusedNamingIt) {
-  zs_config c = ZS_CONFIG_INIT;
-  c.device = ZS_DEVICE_CUDA;
-  c.stage = 3;
-  c.offload_optimizer.device = 1;
-  c.offload_param = 1;
-  zs_context* ctx = nullptr;
-  EXPECT_EQ(zs_context_create_local(&c, &ctx), ZS_ERR_UNSUPPORTED);
-  EXPECT_NE(std::string(zs_last_error()).find("offload_param"),
-            std::string::npos) << zs_last_error();
-  EXPECT_EQ(ctx, nullptr);
 }
 
 }  // namespace

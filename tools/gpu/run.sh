@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
-# run.sh — the GPU checks, run on a bare GPU machine from the bundle that
-# tools/gpu/bundle.sh made (this file is copied into it). Writes logs, the
-# tests' XML and a summary under $OUT (or the bundle's out/):
-#   1. the GPU tests (kernels, the engine on CUDA with and without CPU
-#      offload, the GPT-2 layers, 20-step CPU-vs-GPU parity);
-#   2. GPT-2 at 124M size (L=12, C=768, H=12, T=1024; byte vocabulary):
-#      tokens/s at ZeRO stage 0 and stage 3;
-#   3. CPU offload: the largest model the estimator says fits this machine
-#      (GPU and host memory), trained for 3 steps, predicted vs measured.
+# run.sh [tests] [bench] [offload] — the GPU checks, run on a bare GPU
+# machine from the bundle that tools/gpu/bundle.sh made (this file is
+# copied into it). Writes logs, the tests' XML and a summary under $OUT (or
+# the bundle's out/). Phases (default: tests bench, under 9 minutes, one
+# device call; offload in a second call):
+#   tests    the GPU tests (kernels, the engine on CUDA with and without
+#            CPU offload, the GPT-2 layers, 20-step CPU-vs-GPU parity);
+#   bench    GPT-2 at 124M size (L=12, C=768, H=12, T=1024; byte
+#            vocabulary): tokens/s at ZeRO stage 0 and stage 3;
+#   offload  CPU offload: the largest model the estimator says fits this
+#            machine (GPU and host memory), 3 steps, predicted vs measured.
 # Every binary runs under the bundle's own dynamic loader and glibc.
 set -u
 B=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-$B/out}
 mkdir -p "$OUT"
 log() { echo "$*" | tee -a "$OUT/summary.txt"; }
-: >"$OUT/summary.txt"
+phases=${*:-tests bench}
+want() { case " $phases " in *" $1 "*) return 0 ;; esac; return 1; }
+log "phases: $phases"
 log "date: $(date -u +%FT%TZ)"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
   2>&1 | sed 's/^/gpu: /' | tee -a "$OUT/summary.txt"
@@ -22,7 +26,10 @@ log "cpu: $(nproc) cores; $(awk '/MemTotal/ {print $2 " kB"}' /proc/meminfo)"
 
 # Open MPI's run time at its Debian paths (MPI singletons need its
 # components and help files), unless the machine has its own there.
-[ -d /usr/lib/x86_64-linux-gnu/openmpi ] || tar -C / -xf "$B/ompi.tar"
+if [ ! -d /usr/lib/x86_64-linux-gnu/openmpi ] &&
+   ! tar -C / -xf "$B/ompi.tar" 2>"$OUT/ompi-unpack.log"; then
+  log "cannot unpack Open MPI's run time at / (root needed): $(head -2 "$OUT/ompi-unpack.log")"
+fi
 # cuBLAS and NCCL from the machine's nvidia-* Python wheels.
 pylibs=$(python3 - <<'EOF' 2>/dev/null
 import importlib, os
@@ -57,9 +64,9 @@ log "cuBLAS/NCCL from: ${pylibs:-none found}"
 # ---- 1. GPU tests --------------------------------------------------------
 fails=0
 t() {
-  local name=$1 rc
-  shift
-  timeout 300 "$LOADER" --library-path "$LIBS" "$B/bin/$name" "$@" \
+  local name=$1 limit=$2 rc
+  shift 2
+  timeout "$limit" "$LOADER" --library-path "$LIBS" "$B/bin/$name" "$@" \
     --gtest_output="xml:$OUT/$name.xml" >"$OUT/$name.log" 2>&1
   rc=$?
   local ok skip
@@ -72,16 +79,19 @@ t() {
     log "test $name: FAILED (exit $rc): $(grep -m3 -E 'Failure|FAILED|rror' "$OUT/$name.log" | tr '\n' ' ')"
   fi
 }
-t cuda_test
-t gpt2_cuda_layers_test
-t engine_cuda_test_bin
-t gpt2_parity_test "$B/bin/train_sharded.sh" "$B/data/tinyshakespeare.txt"
+if want tests; then
+  t cuda_test 60
+  t gpt2_cuda_layers_test 60
+  t engine_cuda_test_bin 90
+  t gpt2_parity_test 180 "$B/bin/train_sharded.sh" "$B/data/tinyshakespeare.txt"
+fi
 
 # ---- 2. GPT-2 124M-size tokens/s ------------------------------------------
 common="--device cuda --data $B/data/tinyshakespeare.txt --eval-every 0 --val-batches 1 --sample-bytes 0 --quiet"
 for stage in 0 3; do
+  want bench || break
   r="$OUT/bench_stage$stage.json"
-  if timeout 240 "$B/bin/train_sharded.sh" $common --layers 12 --channels 768 \
+  if timeout 75 "$B/bin/train_sharded.sh" $common --layers 12 --channels 768 \
       --heads 12 --seq 1024 --batch 8 --steps 8 --stage $stage --report "$r" \
       >"$OUT/bench_stage$stage.log" 2>&1; then
     log "bench gpt2-124M-size stage $stage: $(python3 -c "import json,sys; r=json.load(open('$r')); print('%.0f tokens/s, loss %.4f -> %.4f' % (r['tokens_per_s'], r['steps'][0]['loss'], r['steps'][-1]['loss']))")"
@@ -91,11 +101,15 @@ for stage in 0 3; do
 done
 
 # ---- 3. CPU offload: the estimator's largest model, 3 steps ---------------
+if ! want offload; then
+  log "failed: $fails"
+  exit $fails
+fi
 gpu_b=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
 gpu_b=$(( ${gpu_b:-0} * 1024 * 1024 ))
 if [ "$gpu_b" = 0 ]; then
   log "offload: no GPU (nvidia-smi reports none): skipped"
-  log "failed tests: $fails"
+  log "failed: $fails"
   exit $fails
 fi
 host_b=$(awk '/MemTotal/ {print $2 * 1024}' /proc/meminfo)
@@ -123,7 +137,7 @@ C=$1 H=$2 L=$3 N=$4 dev=$5 host=$6
 log "offload: estimator at 1e9 parameters: $(tr -d '\n ' <"$OUT/estimate_1e9.json")"
 log "offload: GPU $gpu_b B, host $host_b B -> largest model L=$L C=$C ($N parameters): predicted $dev B on the GPU, $host B in host memory"
 r="$OUT/offload.json"
-if timeout 420 "$B/bin/train_sharded.sh" $common --layers "$L" --channels "$C" \
+if timeout 540 "$B/bin/train_sharded.sh" $common --layers "$L" --channels "$C" \
     --heads "$H" --seq 128 --batch 1 --steps 3 --stage 3 --dtype bf16 \
     --offload cpu --report "$r" >"$OUT/offload.log" 2>&1; then
   log "offload 3 steps: $(python3 -c "
@@ -132,5 +146,5 @@ print('ok; losses', [round(s['loss'],4) for s in r['steps']], '; measured', json
 else
   log "offload 3 steps: FAILED: $(grep -m3 -A1 'train_sharded' "$OUT/offload.log" | tr '\n' ' ')"
 fi
-log "failed tests: $fails"
+log "failed: $fails"
 exit $fails
