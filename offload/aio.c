@@ -31,6 +31,7 @@ typedef struct zs__aio_req {
   size_t bytes;
   uint64_t off;
   int busy;
+  uint64_t ticket;
 } zs__aio_req;
 
 struct zs__aio {
@@ -38,6 +39,7 @@ struct zs__aio {
   int qd;
   zs__aio_req* reqs; /* qd slots */
   int inflight;
+  uint64_t tickets;  /* requests submitted so far */
   zs_status err;     /* first failure since the last wait */
   char msg[4096 + 256];
   struct io_uring ring;
@@ -233,7 +235,7 @@ zs_status zs__aio_submit(zs__aio* a, zs__aio_file* f, int write, void* buf,
       return zs__error(ZS_ERR_INTERNAL, "io_uring: no submission entry");
     }
     zs__aio_req* r = &a->reqs[slot];
-    *r = (zs__aio_req){f, write, buf, bytes, offset, 1};
+    *r = (zs__aio_req){f, write, buf, bytes, offset, 1, ++a->tickets};
     if (write) io_uring_prep_write(sqe, f->fd, buf, (unsigned)bytes, offset);
     else io_uring_prep_read(sqe, f->fd, buf, (unsigned)bytes, offset);
     io_uring_sqe_set_data64(sqe, (uint64_t)slot);
@@ -252,12 +254,35 @@ zs_status zs__aio_submit(zs__aio* a, zs__aio_file* f, int write, void* buf,
   while (a->inflight >= a->qd) pthread_cond_wait(&a->done, &a->mu);
   int slot = 0;
   while (a->reqs[slot].busy) slot++;
-  a->reqs[slot] = (zs__aio_req){f, write, buf, bytes, offset, 1};
+  a->reqs[slot] = (zs__aio_req){f, write, buf, bytes, offset, 1, ++a->tickets};
   a->queue[(a->qhead + a->qcount) % a->qd] = slot;
   a->qcount++;
   a->inflight++;
   pthread_cond_signal(&a->work);
   pthread_mutex_unlock(&a->mu);
+  return ZS_OK;
+}
+
+uint64_t zs__aio_last_ticket(const zs__aio* a) { return a->tickets; }
+
+/* Whether a request with a ticket <= t is still in flight. */
+static int zs__aio_pending_upto(const zs__aio* a, uint64_t t) {
+  for (int i = 0; i < a->qd; i++)
+    if (a->reqs[i].busy && a->reqs[i].ticket <= t) return 1;
+  return 0;
+}
+
+zs_status zs__aio_wait_until(zs__aio* a, uint64_t ticket) {
+  if (a->backend == ZS__AIO_URING) {
+    while (zs__aio_pending_upto(a, ticket)) zs__uring_reap_one(a);
+  } else {
+    pthread_mutex_lock(&a->mu);
+    while (zs__aio_pending_upto(a, ticket)) pthread_cond_wait(&a->done, &a->mu);
+    pthread_mutex_unlock(&a->mu);
+  }
+  const zs_status st = a->err;
+  a->err = ZS_OK;
+  if (st != ZS_OK) return zs__error(st, "%s", a->msg);
   return ZS_OK;
 }
 

@@ -65,6 +65,14 @@ const char* zs__aio_file_path(const zs__aio_file* f);
  * size); a completion error found while waiting for a slot (IO). */
 zs_status zs__aio_submit(zs__aio* a, zs__aio_file* f, int write, void* buf,
                          size_t bytes, uint64_t offset);
+/* The ticket of the last request zs__aio_submit queued (tickets count
+ * requests from 1 in submission order). */
+uint64_t zs__aio_last_ticket(const zs__aio* a);
+/* Waits until every request with a ticket <= `ticket` has completed (later
+ * ones may still run: a pipeline waits for its reads while its writes go
+ * on). Returns the first failure recorded so far, as zs__aio_wait does. */
+zs_status zs__aio_wait_until(zs__aio* a, uint64_t ticket);
+
 /* Waits for every queued request. Returns the first failure since the
  * last wait: IO naming the operation, the file, the offset and the size
  * ("read of 1048576 bytes at offset 2097152 of /nvme/zs-0/rank-00000.swap:

@@ -1,0 +1,165 @@
+// swap_test.cc — offload/swap: NVMe offload's pipelined sub-group schedule.
+// Seven sub-groups of odd sizes, three fields each, through three slots on
+// both I/O backends: every step sees its sub-group's data, the read of
+// sub-group k+1 is queued before step k runs (the overlap), the file ends
+// with every sub-group updated once; an injected read error stops before
+// the failing sub-group is stepped and names the file and offset; a step's
+// error is returned; after either, earlier sub-groups are written and later
+// ones untouched.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "offload/aio.h"
+#include "offload/swap.h"
+
+namespace {
+
+constexpr int kGroups = 7, kFields = 3;
+
+size_t GroupBytes(int k) { return 4096u * (size_t)(1 + (k * 5) % 3); }
+
+float Original(int field, int k, size_t i) {
+  return (float)(field * 100000 + k * 1000) + (float)(i % 997);
+}
+
+struct Fixture {
+  zs__aio* a = nullptr;
+  zs__aio_file* f = nullptr;
+  std::string path;
+  std::vector<zs__swap_group> groups;
+  void* slots[3][ZS__SWAP_MAX_FIELDS] = {};
+  std::vector<int> stepped;
+  std::vector<uint64_t> tickets_at_step;
+  int fail_step = -1;
+};
+
+zs_status Step(void* arg, int k, void* const* bufs) {
+  Fixture* x = (Fixture*)arg;
+  x->stepped.push_back(k);
+  x->tickets_at_step.push_back(zs__aio_last_ticket(x->a));
+  if (k == x->fail_step) return zs__error(ZS_ERR_INTERNAL, "step %d failed", k);
+  const size_t n = x->groups[k].bytes / sizeof(float);
+  for (int f = 0; f < kFields; f++) {
+    float* v = (float*)bufs[f];
+    for (size_t i = 0; i < n; i++) {
+      if (v[i] != Original(f, k, i)) {
+        ADD_FAILURE() << "group " << k << " field " << f << " [" << i << "] = " << v[i];
+        return ZS_ERR_INTERNAL;
+      }
+      v[i] += (float)(k + 1);
+    }
+  }
+  return ZS_OK;
+}
+
+class SwapTest : public ::testing::TestWithParam<zs__aio_backend> {
+ protected:
+  void SetUp() override {
+    const char* t = std::getenv("TEST_TMPDIR");
+    x_.path = std::string(t ? t : "/tmp") + "/swap-" + std::to_string(GetParam()) + ".swap";
+    unlink(x_.path.c_str());
+    ASSERT_EQ(zs__aio_create(8, GetParam(), &x_.a), ZS_OK) << zs_last_error();
+    uint64_t off = 0;
+    for (int k = 0; k < kGroups; k++) {
+      zs__swap_group g{};
+      g.bytes = GroupBytes(k);
+      x_.groups.push_back(g);
+    }
+    for (int f = 0; f < kFields; f++)  // field-major, as the engine lays out
+      for (int k = 0; k < kGroups; k++) {
+        x_.groups[k].offset[f] = off;
+        off += x_.groups[k].bytes;
+      }
+    ASSERT_EQ(zs__aio_file_create(x_.a, x_.path.c_str(), off, &x_.f), ZS_OK);
+    for (int s = 0; s < 3; s++)
+      for (int f = 0; f < kFields; f++)
+        ASSERT_EQ(posix_memalign(&x_.slots[s][f], ZS__AIO_ALIGN, 3 * 4096), 0);
+    // the initial contents
+    for (int k = 0; k < kGroups; k++)
+      for (int f = 0; f < kFields; f++) {
+        float* v = (float*)x_.slots[0][0];
+        for (size_t i = 0; i < GroupBytes(k) / 4; i++) v[i] = Original(f, k, i);
+        ASSERT_EQ(zs__aio_submit(x_.a, x_.f, 1, v, GroupBytes(k), x_.groups[k].offset[f]), ZS_OK);
+        ASSERT_EQ(zs__aio_wait(x_.a), ZS_OK);
+      }
+  }
+  void TearDown() override {
+    zs__aio_fault_hook = nullptr;
+    for (auto& s : x_.slots)
+      for (void* p : s) free(p);
+    zs__aio_file_close(x_.f, 1);
+    zs__aio_destroy(x_.a);
+  }
+  // +k+1 for the groups below updated_below, the original elsewhere
+  void ExpectFile(int updated_below) {
+    void* buf = nullptr;
+    ASSERT_EQ(posix_memalign(&buf, ZS__AIO_ALIGN, 3 * 4096), 0);
+    for (int k = 0; k < kGroups; k++)
+      for (int f = 0; f < kFields; f++) {
+        ASSERT_EQ(zs__aio_submit(x_.a, x_.f, 0, buf, GroupBytes(k), x_.groups[k].offset[f]), ZS_OK);
+        ASSERT_EQ(zs__aio_wait(x_.a), ZS_OK) << zs_last_error();
+        const float* v = (const float*)buf;
+        for (size_t i = 0; i < GroupBytes(k) / 4; i++) {
+          const float want = Original(f, k, i) + (k < updated_below ? (float)(k + 1) : 0.0f);
+          ASSERT_EQ(v[i], want) << "group " << k << " field " << f << " [" << i << "]";
+        }
+      }
+    free(buf);
+  }
+  Fixture x_;
+};
+
+TEST_P(SwapTest, EveryGroupSteppedOnceWithTheNextReadInFlight) {
+  ASSERT_EQ(zs__swap_pipeline(x_.a, x_.f, x_.groups.data(), kGroups, kFields, x_.slots,
+                              Step, &x_), ZS_OK) << zs_last_error();
+  ASSERT_EQ((int)x_.stepped.size(), kGroups);
+  const uint64_t before = 3 * kGroups;  // the setup's writes
+  for (int k = 0; k < kGroups; k++) {
+    EXPECT_EQ(x_.stepped[k], k);
+    // reads of 0..k+1 and writes of 0..k-1 were queued before step k
+    const int reads = k + 1 < kGroups ? k + 2 : kGroups;
+    EXPECT_EQ(x_.tickets_at_step[k], before + (uint64_t)kFields * (reads + k)) << k;
+  }
+  ExpectFile(kGroups);
+}
+
+long g_bad_offset = -1;
+long FailRead(const char*, uint64_t offset, int write, size_t, long result) {
+  return !write && (long)offset == g_bad_offset ? -EIO : result;
+}
+
+TEST_P(SwapTest, AReadErrorStopsBeforeThatGroupNamingFileAndOffset) {
+  g_bad_offset = (long)x_.groups[4].offset[1];
+  zs__aio_fault_hook = FailRead;
+  EXPECT_EQ(zs__swap_pipeline(x_.a, x_.f, x_.groups.data(), kGroups, kFields, x_.slots,
+                              Step, &x_), ZS_ERR_IO);
+  const std::string e = zs_last_error();
+  EXPECT_NE(e.find("offset " + std::to_string(g_bad_offset) + " of " + x_.path),
+            std::string::npos) << e;
+  zs__aio_fault_hook = nullptr;
+  EXPECT_EQ(x_.stepped, (std::vector<int>{0, 1, 2, 3}));
+  ExpectFile(4);
+}
+
+TEST_P(SwapTest, AStepErrorIsReturnedAndLaterGroupsAreUntouched) {
+  x_.fail_step = 2;
+  EXPECT_EQ(zs__swap_pipeline(x_.a, x_.f, x_.groups.data(), kGroups, kFields, x_.slots,
+                              Step, &x_), ZS_ERR_INTERNAL);
+  EXPECT_NE(std::string(zs_last_error()).find("step 2 failed"), std::string::npos)
+      << zs_last_error();
+  ExpectFile(2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, SwapTest,
+                         ::testing::Values(ZS__AIO_AUTO, ZS__AIO_THREADS),
+                         [](const ::testing::TestParamInfo<zs__aio_backend>& i) {
+                           return std::string(i.param == ZS__AIO_AUTO ? "Auto" : "Threads");
+                         });
+
+}  // namespace
