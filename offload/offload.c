@@ -277,6 +277,11 @@ void zs__offload_destroy(zs__offload* o) {
 
 zs_status zs__offload_alloc(zs__offload* o, size_t bytes, const char* label,
                             void** out) {
+  return zs__offload_alloc_as(o, bytes, label, ZS_MEM_OFFLOAD_HOST, out);
+}
+
+zs_status zs__offload_alloc_as(zs__offload* o, size_t bytes, const char* label,
+                               zs_mem_category category, void** out) {
   *out = NULL;
   if (bytes == 0) bytes = 1;
   void* p = NULL;
@@ -300,8 +305,8 @@ zs_status zs__offload_alloc(zs__offload* o, size_t bytes, const char* label,
               "continuing with pageable host memory", bytes, strerror(errno));
     }
   }
-  zs_status st = zs__accounting_add(o->acct, ZS__OWNER_RUNTIME,
-                                    ZS_MEM_OFFLOAD_HOST, p, bytes, label);
+  zs_status st = zs__accounting_add(o->acct, ZS__OWNER_RUNTIME, category, p,
+                                    bytes, label);
   if (st != ZS_OK) {
     numa_available() >= 0 ? numa_free(p, bytes) : (void)munmap(p, bytes);
     return st;

@@ -54,6 +54,10 @@ void zs__offload_destroy(zs__offload* o);
  * memory stays pageable). Errors: OUT_OF_MEMORY. */
 zs_status zs__offload_alloc(zs__offload* o, size_t bytes, const char* label,
                             void** out);
+/* The same, accounted under `category` (NVMe offload's pinned pool is
+ * ZS_MEM_NVME_STAGING). */
+zs_status zs__offload_alloc_as(zs__offload* o, size_t bytes, const char* label,
+                               zs_mem_category category, void** out);
 /* Frees what zs__offload_alloc returned (NULL accepted). */
 void zs__offload_free(zs__offload* o, void* p);
 

@@ -87,6 +87,7 @@ zs_status zs__context_create(const zs_config* config, zs__comm* comm,
   st = zs__comm_broadcast(comm, zs__tag(ZS__P_CHECK, -1, "run id"), run_id, 1,
                           ZS_UINT64, 0);
   const uint64_t id = *run_id;
+  ctx->run_id = id;
   zs__comm_free(comm, run_id);
   if (st != ZS_OK) goto cleanup;
   (void)zs__profiler_create(pdir, comm->rank, comm->world, id, &ctx->prof);
@@ -94,13 +95,19 @@ zs_status zs__context_create(const zs_config* config, zs__comm* comm,
   comm->prof = ctx->prof;
   /* CPU offload: placement and workers, agreed (a node missing on one
    * rank's machine fails every rank). */
-  if (resolved.offload_optimizer.device == 1) {
+  if (resolved.offload_optimizer.device >= 1) {
     /* with a GPU, host memory goes to the GPU's NUMA node */
     char busid[32];
     ctx->device->ops->pci_busid(ctx->device, busid, sizeof busid);
     zs_status local = zs__offload_create(&resolved, comm->rank, busid,
                                          ctx->acct, &ctx->offload);
     ZS_CHECK(zs__comm_agree(comm, local, "CPU offload"));
+  }
+  /* NVMe offload: the I/O queue and this rank's swap directory, agreed
+   * (an unwritable path on one rank fails every rank) */
+  if (resolved.offload_optimizer.device == 2) {
+    zs_status local = zs__nvme_create(ctx, &ctx->nvme);
+    ZS_CHECK(zs__comm_agree(comm, local, "NVMe offload"));
   }
   if (resolved.progress_thread && comm->ops->start_progress != NULL &&
       comm->ops->start_progress(comm) != ZS_OK)
@@ -120,6 +127,8 @@ void zs_context_destroy(zs_context* ctx) {
             "now and zs_model_destroy only releases what remains (destroy "
             "models before their context)");
   while (ctx->models != NULL) zs__model_detach(ctx->models);
+  zs__nvme_destroy(ctx->nvme);
+  ctx->nvme = NULL;
   zs__offload_destroy(ctx->offload);
   ctx->offload = NULL;
   if (ctx->log_counted)
@@ -207,6 +216,12 @@ zs_status zs_offload_info_get(const zs_context* ctx, zs_offload_info* out) {
   ZS_REQUIRE(ctx != NULL && out != NULL,
              "zs_offload_info_get: ctx and out must not be NULL");
   zs__offload_info(ctx->offload, out);
+  if (ctx->nvme != NULL) {
+    out->nvme = 1;
+    out->nvme_aio = zs__nvme_aio_name(ctx->nvme);
+    for (const zs_model* m = ctx->models; m != NULL; m = m->next)
+      out->nvme_file_bytes += zs__nvme_file_bytes(m);
+  }
   return ZS_OK;
 }
 

@@ -27,6 +27,8 @@ struct zs_context {
   zs_model* models;     /* live models (linked through zs_model.next) */
   zs__profiler* prof;   /* owned; NULL: not profiling */
   struct zs__offload* offload; /* owned; NULL: no CPU offload */
+  struct zs__nvme* nvme;  /* owned; NULL: no NVMe offload */
+  uint64_t run_id;        /* the same on every rank */
 };
 
 /* Builds a context around an existing communicator (takes ownership of comm

@@ -105,9 +105,32 @@ zs_status zs_config_validate(const zs_config* c) {
              "config.max_grad_norm: expected a finite value > 0 when "
              "clip_grad_norm is on, got %g", c->max_grad_norm);
   const zs_offload_config* of = &c->offload_optimizer;
-  ZS_REQUIRE(of->device == 0 || of->device == 1,
-             "config.offload_optimizer.device: expected 0 (none) or 1 (cpu), "
-             "got %d", of->device);
+  ZS_REQUIRE(of->device >= 0 && of->device <= 2,
+             "config.offload_optimizer.device: expected 0 (none), 1 (cpu) or "
+             "2 (nvme), got %d", of->device);
+  if (of->device == 2) {
+    const zs_nvme_config* nv = &c->nvme;
+    ZS_REQUIRE(nv->path != NULL && nv->path[0] != '\0',
+               "config.nvme.path: NVMe offload needs a directory for the "
+               "swap files");
+    ZS_REQUIRE(nv->buffer_count >= 3,
+               "config.nvme.buffer_count: expected >= 3 (three sub-groups in "
+               "flight), got %zu", nv->buffer_count);
+    ZS_REQUIRE(nv->buffer_size >= 4096 && nv->buffer_size % 4096 == 0,
+               "config.nvme.buffer_size: expected a multiple of 4096 bytes "
+               "(direct I/O), got %zu", nv->buffer_size);
+    ZS_REQUIRE(nv->queue_depth >= 1 && nv->queue_depth <= 4096,
+               "config.nvme.queue_depth: expected 1..4096, got %d",
+               nv->queue_depth);
+    ZS_REQUIRE(nv->aio >= 0 && nv->aio <= 2,
+               "config.nvme.aio: expected 0 (auto), 1 (io_uring) or 2 "
+               "(threads), got %d", nv->aio);
+    if (c->device == ZS_DEVICE_CUDA)
+      return zs__error(ZS_ERR_UNSUPPORTED,
+                       "config.offload_optimizer.device nvme with the CUDA "
+                       "device backend is not built yet: NVMe offload runs "
+                       "on the host device (or use CPU offload on CUDA)");
+  }
   ZS_REQUIRE(of->pin_memory == 0 || of->pin_memory == 1,
              "config.offload_optimizer.pin_memory: expected 0 or 1, got %d",
              of->pin_memory);
@@ -119,7 +142,7 @@ zs_status zs_config_validate(const zs_config* c) {
              "config.offload_optimizer.threads: expected >= 0 (0: the NUMA "
              "node's cores), got %d", of->threads);
   ZS_REQUIRE(c->offload_param == 0 ||
-                 (c->offload_param == 1 && c->stage == 3 && of->device == 1),
+                 (c->offload_param == 1 && c->stage == 3 && of->device >= 1),
              "config.offload_param: expected 0, or 1 with stage 3 and "
              "offload_optimizer.device cpu (got %d at stage %d, "
              "offload_optimizer.device %d)", c->offload_param, c->stage,
@@ -197,16 +220,18 @@ size_t zs__config_describe(const zs_config* c, char* buf, size_t cap) {
   /* Settings of a feature that is off are not compared: ranks may differ
    * in them harmlessly. */
   const zs_loss_scaler_config* ls = &c->loss_scaler;
-  char clip[64] = "off", scaler[160] = "off", offload[96] = "off";
+  char clip[64] = "off", scaler[160] = "off", offload[160] = "off";
   if (c->clip_grad_norm) snprintf(clip, sizeof clip, "%.17g", c->max_grad_norm);
   if (ls->mode != ZS_LOSS_SCALE_NONE)
     snprintf(scaler, sizeof scaler, "%d %.17g %.17g %.17g %d %.17g %d",
              ls->mode, ls->init_scale, ls->growth_factor, ls->backoff_factor,
              ls->growth_interval, ls->min_scale, ls->hysteresis);
   if (c->offload_optimizer.device)
-    snprintf(offload, sizeof offload, "%d %d %d %d",
-             c->offload_optimizer.pin_memory, c->offload_optimizer.numa,
-             c->offload_optimizer.threads, c->offload_param);
+    snprintf(offload, sizeof offload, "%d %d %d %d %d %zu %zu %zu",
+             c->offload_optimizer.device, c->offload_optimizer.pin_memory,
+             c->offload_optimizer.numa, c->offload_optimizer.threads,
+             c->offload_param, c->nvme.buffer_count, c->nvme.buffer_size,
+             c->nvme.sub_group_size);
   int k = snprintf(buf == NULL ? NULL : buf + ((size_t)n < cap ? (size_t)n : cap),
                    (size_t)n < cap ? cap - (size_t)n : 0,
                    "config.reduce_dtype=%d\nconfig.grad_accum_steps=%d\n"
@@ -344,7 +369,9 @@ static zs_status zs__json_offload_device(const cJSON* o, const char* path,
     return zs__error(ZS_ERR_INVALID_ARGUMENT,
                      "config JSON: %s.device: expected \"none\" or \"cpu\"%s",
                      path, cJSON_IsString(d) && strcasecmp(d->valuestring, "nvme") == 0
-                               ? " (NVMe offload is not available yet)" : "");
+                               ? " (NVMe offload is configured in C for now: "
+                                 "zs_config.offload_optimizer.device = 2 and "
+                                 "zs_config.nvme)" : "");
   return ZS_OK;
 }
 

@@ -155,6 +155,9 @@ struct zs_model {
   void* staging_g[2];
   void* staging_p[2];
   zs__stream* staging_stream;
+  /* NVMe offload: the swap file and sub-groups (engine_nvme.c); NULL
+   * without it. */
+  struct zs__nvme_model* nvme;
 };
 
 /* ---- engine_model.c ---- */
@@ -185,6 +188,46 @@ zs_status zs__master_refresh(zs_model* m, zs__unit* u);
 zs_status zs__offload_host_alloc(zs_model* m, size_t bytes, const char* label,
                                  void** out);
 void zs__offload_host_free(zs_model* m, void* p);
+/* Where the optimizer reads and writes: the span's parameters and
+ * gradients (p, g: element 0 of the span), and the fp32 master weights and
+ * states of the span's elements [lo, hi) (element `lo` at master[0], ...;
+ * NULL when absent). The whole span in memory: lo = 0, hi = SIZE_MAX. */
+typedef struct zs__opt_view {
+  char* p;
+  char* g;
+  float* master;
+  float* s0;
+  float* s1;
+  size_t lo, hi;
+} zs__opt_view;
+
+/* The optimizer span of a unit (the padded buffer at stage 0, the rank's
+ * shard at 1-3: returned, in elements) and the device buffers holding its
+ * parameters and gradients. */
+size_t zs__optimize_span(zs_model* m, zs__unit* u, char** p, char** g);
+/* The optimizer on a view, run by the CPU offload workers. */
+zs_status zs__optimize_view(zs_model* m, zs__unit* u, float coef,
+                            const zs__opt_view* v);
+
+/* NVMe offload (engine_nvme.c). Context: the I/O queue and the rank's
+ * swap directory (removed at destroy). Model: the swap file of the
+ * optimizer states, its sub-groups and the pinned slots, made at
+ * finalize (units then keep no master weights or states in memory), freed
+ * with the model's storage (the file removed). Step: the pipelined
+ * sub-group step. read_field: a unit's span of one field read back into a
+ * malloc'ed buffer (field -1: the master weights; k: state k). */
+typedef struct zs__nvme zs__nvme;
+typedef struct zs__nvme_model zs__nvme_model;
+zs_status zs__nvme_create(zs_context* ctx, zs__nvme** out);
+void zs__nvme_destroy(zs__nvme* n);
+zs_status zs__nvme_model_init(zs_model* m);
+void zs__nvme_model_free(zs_model* m);
+zs_status zs__nvme_step(zs_model* m, float coef);
+zs_status zs__nvme_read_field(zs_model* m, zs__unit* u, int field,
+                              float** out);
+uint64_t zs__nvme_file_bytes(const zs_model* m);
+const char* zs__nvme_aio_name(const zs__nvme* n);
+
 /* The staging of the offloaded step on a GPU (engine_step.c), freed with
  * the model's storage. Test hook: nonzero runs the staged path with the
  * host device too (its copies are memcpy), so CPU tests cover it. */

@@ -335,6 +335,10 @@ zs_status zs_checkpoint_save(zs_model* m, const char* root, const char* name,
                              const void* extras, size_t extras_bytes) {
   zs_status st = zs__check_finalized(m, "zs_checkpoint_save");
   if (st != ZS_OK) return st;
+  if (m->nvme != NULL) /* the same on every rank: the config is agreed */
+    return zs__error(ZS_ERR_UNSUPPORTED, "%s with NVMe offload is not built "
+                     "yet (the optimizer states are in the swap file): "
+                     "checkpoint with CPU offload or none", "zs_checkpoint_save");
   zs__comm* comm = m->ctx->comm;
   const int rank = m->ctx->rank, world = m->ctx->world;
   char namebuf[64], tmp[ZS__CKPT_PATH_MAX], path[ZS__CKPT_PATH_MAX];
@@ -573,6 +577,10 @@ zs_status zs_checkpoint_load(zs_model* m, const char* path, unsigned flags,
                              size_t* extras_bytes) {
   zs_status st = zs__check_finalized(m, "zs_checkpoint_load");
   if (st != ZS_OK) return st;
+  if (m->nvme != NULL) /* the same on every rank: the config is agreed */
+    return zs__error(ZS_ERR_UNSUPPORTED, "%s with NVMe offload is not built "
+                     "yet (the optimizer states are in the swap file): "
+                     "checkpoint with CPU offload or none", "zs_checkpoint_load");
   zs__comm* comm = m->ctx->comm;
   const int rank = m->ctx->rank, world = m->ctx->world;
   const int weights_only = (flags & ZS_LOAD_WEIGHTS_ONLY) != 0;

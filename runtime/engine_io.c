@@ -4,6 +4,7 @@
  * any field back (all-gather of the owning unit's shards).
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "runtime/engine.h"
@@ -157,10 +158,14 @@ static zs_dtype zs__field_dtype(const zs_model* m, const zs__tensor* owner,
       if (!frozen && adam) *why = "Adam/AdamW keep no momentum buffer";
       if (!frozen && !adam) *why = "SGD runs without momentum";
       return frozen || adam || u->nstates == 0 ? ZS_DTYPE_COUNT : ZS_FLOAT32;
-    case ZS_FIELD_MASTER:
-      if (!frozen && u->master == NULL)
+    case ZS_FIELD_MASTER: {
+      /* with NVMe offload a 16-bit unit's master weights are on disk */
+      const int has = u->master != NULL ||
+                      (m->nvme != NULL && u->trainable && u->dtype != ZS_FLOAT32);
+      if (!frozen && !has)
         *why = "it is fp32 (its parameters are the master weights)";
-      return frozen || u->master == NULL ? ZS_DTYPE_COUNT : ZS_FLOAT32;
+      return frozen || !has ? ZS_DTYPE_COUNT : ZS_FLOAT32;
+    }
   }
   *why = "unknown field";
   return ZS_DTYPE_COUNT;
@@ -168,9 +173,32 @@ static zs_dtype zs__field_dtype(const zs_model* m, const zs__tensor* owner,
 
 /* This rank's shard of the buffer behind `field` and its dtype, or an
  * error naming why the tensor has no such field. */
+/* NVMe offload: a state or master field read back from the swap file into
+ * *tmp (malloc'ed, the caller frees), *out at this rank's shard of it. The
+ * master weights of a unit that has not stepped since its parameters were
+ * written are those parameters, widened (as zs__master_refresh would). */
+static zs_status zs__nvme_field_shard(zs_model* m, zs__unit* u, zs_field field,
+                                      void** out, float** tmp) {
+  const int k = field == ZS_FIELD_MASTER ? -1
+                : field == ZS_FIELD_EXP_AVG_SQ ? 1 : 0;
+  zs_status st = zs__nvme_read_field(m, u, k, tmp);
+  if (st != ZS_OK) return st;
+  char *p, *g;
+  const size_t span = zs__optimize_span(m, u, &p, &g);
+  if (k < 0 && u->master_stale)
+    st = m->ctx->host->ops->convert(m->ctx->host, *tmp, ZS_FLOAT32, p, u->dtype,
+                                    span, NULL);
+  const size_t begin = m->ctx->config.stage == 0
+                           ? zs__layout_shard_begin(&u->layout, m->ctx->rank)
+                           : 0;
+  *out = *tmp + begin;
+  return st;
+}
+
 static zs_status zs__field_shard(zs_model* m, const zs__tensor* t,
                                  const zs__tensor* owner, zs__unit* u,
-                                 zs_field field, void** out, zs_dtype* dtype) {
+                                 zs_field field, void** out, zs_dtype* dtype,
+                                 float** tmp) {
   const char* why = NULL;
   *dtype = zs__field_dtype(m, owner, u, field, &why);
   if (*dtype == ZS_DTYPE_COUNT)
@@ -188,6 +216,14 @@ static zs_status zs__field_shard(zs_model* m, const zs__tensor* t,
       break;
     case ZS_FIELD_EXP_AVG:
     case ZS_FIELD_MOMENTUM:
+    case ZS_FIELD_EXP_AVG_SQ:
+    case ZS_FIELD_MASTER:
+      if (m->nvme != NULL) return zs__nvme_field_shard(m, u, field, out, tmp);
+      break;
+  }
+  switch (field) {
+    case ZS_FIELD_EXP_AVG:
+    case ZS_FIELD_MOMENTUM:
       *out = zs__state_shard_ptr(m, u, 0);
       break;
     case ZS_FIELD_EXP_AVG_SQ:
@@ -199,6 +235,8 @@ static zs_status zs__field_shard(zs_model* m, const zs__tensor* t,
       *out = zs__master_shard_ptr(m, u);
       break;
     }
+    default:
+      break;
   }
   return ZS_OK;
 }
@@ -218,6 +256,7 @@ zs_status zs_tensor_get(zs_model* m, int tensor, zs_field field, void* out) {
   if (st != ZS_OK) return st;
   zs_status local = zs__quiesce(m);
   void* shard = NULL;
+  float* nvme_tmp = NULL; /* NVMe offload: the field read back */
   zs_dtype dtype = ZS_FLOAT32;
   if (local != ZS_OK) {
     /* the message is set */
@@ -232,7 +271,7 @@ zs_status zs_tensor_get(zs_model* m, int tensor, zs_field field, void* out) {
     const zs__tensor* t = &m->tensors[tensor];
     const zs__tensor* owner = t->tied_to >= 0 ? &m->tensors[t->tied_to] : t;
     local = zs__field_shard(m, t, owner, &m->units[zs__storage_unit(m, tensor)],
-                            field, &shard, &dtype);
+                            field, &shard, &dtype, &nvme_tmp);
   }
   zs__device* dev = m->ctx->device;
   char* full = NULL;
@@ -253,5 +292,6 @@ zs_status zs_tensor_get(zs_model* m, int tensor, zs_field field, void* out) {
                           t->numel * elem, NULL));
 cleanup:
   zs__dev_free(dev, full);
+  free(nvme_tmp);
   return st;
 }

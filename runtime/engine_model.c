@@ -157,6 +157,7 @@ void zs__model_detach(zs_model* m) {
   for (int i = 0; i < m->nunits; i++)
     zs__unit_free_storage(m, &m->units[i]);
   zs__staging_free(m);
+  zs__nvme_model_free(m);
   for (zs_model** p = &m->ctx->models; *p != NULL; p = &(*p)->next)
     if (*p == m) {
       *p = m->next;
@@ -599,7 +600,10 @@ static zs_status zs__alloc_unit(zs_model* m, zs__unit* u) {
                          stage <= 1 ? &u->grads_full : &u->grads_shard));
   /* With CPU offload, master weights and optimizer states live in the
    * NUMA-placed host memory (offload_host) instead. */
-  if (b.master > 0) {
+  /* With NVMe offload they live in the swap file (zs__nvme_model_init). */
+  const int nvme = m->ctx->nvme != NULL;
+  if (b.master > 0 && nvme) u->master_stale = 1;
+  if (b.master > 0 && !nvme) {
     if (off != NULL)
       ZS_CHECK(zs__offload_host_alloc(m, b.master, u->name, &u->master));
     else
@@ -609,7 +613,7 @@ static zs_status zs__alloc_unit(zs_model* m, zs__unit* u) {
   }
   const zs_optimizer_config* o = &m->ctx->config.optimizer;
   u->nstates = o->kind == ZS_OPTIM_SGD ? (o->momentum != 0.0 ? 1 : 0) : 2;
-  for (int k = 0; k < u->nstates; k++) {
+  for (int k = 0; k < u->nstates && !nvme; k++) {
     if (off != NULL)
       ZS_CHECK(zs__offload_host_alloc(m, b.state, u->name, &u->state[k]));
     else
@@ -674,6 +678,7 @@ zs_status zs_model_finalize(zs_model* m) {
     }
   for (int i = 0; i < m->nunits && local == ZS_OK; i++)
     local = zs__alloc_unit(m, &m->units[i]);
+  if (local == ZS_OK && m->ctx->nvme != NULL) local = zs__nvme_model_init(m);
   /* Agree on success so that a rank out of memory fails everyone now,
    * rather than hanging them in the first gather. */
   ZS_CHECK(zs__comm_agree(m->ctx->comm, local, "zs_model_finalize"));
@@ -716,6 +721,12 @@ void* zs__master_shard_ptr(zs_model* m, zs__unit* u) {
 
 zs_status zs__master_refresh_range(zs_model* m, zs__unit* u, size_t begin,
                                    size_t n) {
+  /* NVMe: the master weights are on disk; the next step takes the whole
+   * unit's from its parameters */
+  if (m->nvme != NULL && u->dtype != ZS_FLOAT32) {
+    u->master_stale = 1;
+    return ZS_OK;
+  }
   if (u->master == NULL || u->master_stale) return ZS_OK; /* all, later */
   const int stage = m->ctx->config.stage;
   const size_t s0 = stage == 0 ? 0 : zs__layout_shard_begin(&u->layout, m->ctx->rank);

@@ -6,6 +6,7 @@
  * engine_gather.c, gradients in engine_grad.c.
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,20 +26,31 @@
  * parameter in the same pass (zs__device_ops.optimize). Worker `w` of `nw`
  * takes the same contiguous share of every piece; the update is
  * elementwise, so the split never changes a bit. */
+
+
 static zs_status zs__optimize_share(zs_model* m, zs__unit* u, float coef,
                                     int w, int nw, int threads,
-                                    zs__device* dev, char* p, char* g) {
+                                    zs__device* dev, const zs__opt_view* v) {
   const zs_optimizer_config* o = &m->ctx->config.optimizer;
-  float* master = (float*)u->master;
-  float* s0 = (float*)u->state[0];
-  float* s1 = (float*)u->state[1];
+  char* p = v->p;
+  char* g = v->g;
+  float* master = v->master;
+  float* s0 = v->s0;
+  float* s1 = v->s1;
   for (size_t i = 0; i < u->nopt_pieces; i++) {
     const zs__piece* pc = &u->opt_pieces[i];
     const zs__tensor* t = &m->tensors[u->tensors[pc->tensor]];
-    const size_t lo = pc->count * (size_t)w / (size_t)nw;
-    const size_t hi = pc->count * (size_t)(w + 1) / (size_t)nw;
+    /* the piece's part inside the view's range, then this worker's share */
+    const size_t b = pc->span_offset > v->lo ? pc->span_offset : v->lo;
+    const size_t e0 = pc->span_offset + pc->count;
+    const size_t e = e0 < v->hi ? e0 : v->hi;
+    if (b >= e) continue;
+    const size_t cnt = e - b;
+    const size_t lo = cnt * (size_t)w / (size_t)nw;
+    const size_t hi = cnt * (size_t)(w + 1) / (size_t)nw;
     if (lo >= hi) continue;
-    const size_t off = pc->span_offset + lo;
+    const size_t off = b + lo;      /* in the span */
+    const size_t soff = off - v->lo; /* in the master/state buffers */
     zs__opt_args a;
     memset(&a, 0, sizeof a);
     a.kind = o->kind;
@@ -51,12 +63,12 @@ static zs_status zs__optimize_share(zs_model* m, zs__unit* u, float coef,
     a.sgd.dampening = o->dampening;
     a.sgd.nesterov = o->nesterov;
     a.step = t->step + 1;
-    a.w = master != NULL ? master + off : (float*)p + off;
+    a.w = master != NULL ? master + soff : (float*)p + off;
     a.g = zs__at(g, off, u->gelem);
     a.gdtype = u->gdtype;
     a.coef = coef;
-    a.s0 = s0 != NULL ? s0 + off : NULL;
-    a.s1 = s1 != NULL ? s1 + off : NULL;
+    a.s0 = s0 != NULL ? s0 + soff : NULL;
+    a.s1 = s1 != NULL ? s1 + soff : NULL;
     a.p16 = master != NULL ? zs__at(p, off, u->elem) : NULL;
     a.dtype = u->dtype;
     a.n = hi - lo;
@@ -72,8 +84,7 @@ typedef struct zs__opt_job {
   zs_model* m;
   zs__unit* u;
   float coef;
-  char* p; /* the parameters and gradients the workers read, host memory */
-  char* g;
+  zs__opt_view view; /* host memory */
 } zs__opt_job;
 
 /* An offload worker: master weights, states and the step live in host
@@ -81,12 +92,28 @@ typedef struct zs__opt_job {
 static zs_status zs__optimize_worker(void* arg, int w, int nw) {
   const zs__opt_job* j = (const zs__opt_job*)arg;
   return zs__optimize_share(j->m, j->u, j->coef, w, nw, 1, j->m->ctx->host,
-                            j->p, j->g);
+                            &j->view);
+}
+
+zs_status zs__optimize_view(zs_model* m, zs__unit* u, float coef,
+                            const zs__opt_view* v) {
+  zs__opt_job job = {m, u, coef, *v};
+  zs_status st = zs__offload_run(m->ctx->offload, zs__optimize_worker, &job);
+  if (st != ZS_OK)
+    return zs__error_prefix(st, "optimizer on unit '%s': ", u->name);
+  return ZS_OK;
+}
+
+/* The unit's own buffers as a view of the whole span. */
+static zs__opt_view zs__unit_view(zs__unit* u, char* p, char* g) {
+  zs__opt_view v = {p, g, (float*)u->master, (float*)u->state[0],
+                    (float*)u->state[1], 0, SIZE_MAX};
+  return v;
 }
 
 /* The span the optimizer updates: the whole buffer at stage 0, this rank's
  * shard at 1-3 (elements), and the device buffers holding it. */
-static size_t zs__opt_span(zs_model* m, zs__unit* u, char** p, char** g) {
+size_t zs__optimize_span(zs_model* m, zs__unit* u, char** p, char** g) {
   const int stage = m->ctx->config.stage;
   *p = (char*)(stage == 0 ? u->params_full : zs__param_shard_ptr(m, u));
   *g = (char*)(stage == 0 ? u->grads_full : zs__grad_shard_ptr(m, u));
@@ -101,15 +128,16 @@ static zs_status zs__optimize_unit(zs_model* m, zs__unit* u, float coef) {
   zs_status st = zs__master_refresh(m, u);
   if (st != ZS_OK) return st;
   char *p, *g;
-  (void)zs__opt_span(m, u, &p, &g);
+  (void)zs__optimize_span(m, u, &p, &g);
+  const zs__opt_view v = zs__unit_view(u, p, g);
   if (m->ctx->offload != NULL) {
-    zs__opt_job job = {m, u, coef, p, g};
+    zs__opt_job job = {m, u, coef, v};
     st = zs__offload_run(m->ctx->offload, zs__optimize_worker, &job);
     if (st != ZS_OK)
       return zs__error_prefix(st, "optimizer on unit '%s': ", u->name);
     return ZS_OK;
   }
-  return zs__optimize_share(m, u, coef, 0, 1, 0, m->ctx->device, p, g);
+  return zs__optimize_share(m, u, coef, 0, 1, 0, m->ctx->device, &v);
 }
 
 /* ==== CPU offload with a GPU ================================================= */
@@ -127,7 +155,7 @@ static zs_status zs__staging_init(zs_model* m) {
     zs__unit* u = &m->units[i];
     if (!u->trainable) continue;
     char *p, *g;
-    const size_t n = zs__opt_span(m, u, &p, &g);
+    const size_t n = zs__optimize_span(m, u, &p, &g);
     if (n * u->gelem > gb) gb = n * u->gelem;
     if (n * u->elem > pb) pb = n * u->elem;
   }
@@ -162,7 +190,7 @@ void zs__staging_free(zs_model* m) {
 static zs_status zs__staging_in(zs_model* m, zs__unit* u, int k) {
   zs__device* dev = m->ctx->device;
   char *p, *g;
-  const size_t n = zs__opt_span(m, u, &p, &g);
+  const size_t n = zs__optimize_span(m, u, &p, &g);
   zs_status st = dev->ops->copy(dev, m->staging_g[k], g, n * u->gelem,
                                 m->staging_stream);
   if (st == ZS_OK)
@@ -202,9 +230,10 @@ static zs_status zs__optimize_staged(zs_model* m, float coef) {
     if (next < m->nunits)
       ZS_CHECK(zs__staging_in(m, &m->units[next], 1 - slot));
     char *p, *g;
-    const size_t n = zs__opt_span(m, u, &p, &g);
-    zs__opt_job job = {m, u, coef, (char*)m->staging_p[slot],
-                       (char*)m->staging_g[slot]};
+    const size_t n = zs__optimize_span(m, u, &p, &g);
+    zs__opt_job job = {m, u, coef,
+                       zs__unit_view(u, (char*)m->staging_p[slot],
+                                     (char*)m->staging_g[slot])};
     st = zs__offload_run(m->ctx->offload, zs__optimize_worker, &job);
     if (st != ZS_OK) {
       st = zs__error_prefix(st, "optimizer on unit '%s': ", u->name);
@@ -439,8 +468,20 @@ static zs_status zs__step_apply(zs_model* m, zs_step_info* info,
    * staged, overlapped path (the test hook runs it on the host too). */
   const int staged = m->ctx->offload != NULL &&
                      (m->ctx->device != m->ctx->host || zs__offload_force_staging);
-  if (staged) ZS_CHECK(zs__optimize_staged(m, (float)coef));
-  for (int i = 0; i < m->nunits && !staged; i++)
+  if (m->nvme != NULL) {
+    /* NVMe offload: a failure on one rank (a disk error) fails every rank
+     * here, and the model, whose states are now partly updated */
+    zs_status local = zs__nvme_step(m, (float)coef);
+    st = zs__comm_agree(m->ctx->comm, local, "NVMe offload step");
+    if (st != ZS_OK) {
+      m->poisoned = 1;
+      snprintf(m->poison_msg, sizeof m->poison_msg, "%s", zs__error_body());
+      goto cleanup;
+    }
+  } else if (staged) {
+    ZS_CHECK(zs__optimize_staged(m, (float)coef));
+  }
+  for (int i = 0; i < m->nunits && !staged && m->nvme == NULL; i++)
     if (m->units[i].trainable) {
       const double t0 = m->ctx->prof != NULL ? zs__now() : 0.0;
       ZS_CHECK(zs__optimize_unit(m, &m->units[i], (float)coef));

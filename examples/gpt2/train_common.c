@@ -120,10 +120,16 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
                          "rank runs batch/(ranks*K) sequences K times [1]\n"
                          "  --clip X            clip the global gradient norm "
                          "to X > 0 [off]\n"
-                         "  --offload D         none|cpu: fp32 master weights, "
-                         "optimizer states and the step in NUMA-placed\n"
-                         "                      host memory on worker threads "
+                         "  --offload D         none|cpu|nvme: fp32 master "
+                         "weights, optimizer states and the step in\n"
+                         "                      NUMA-placed host memory on "
+                         "worker threads; nvme: the states in a\n"
+                         "                      swap file under --nvme-path "
                          "[none]\n"
+                         "  --nvme-path DIR     with --offload nvme: the "
+                         "directory for the swap files\n"
+                         "  --nvme-sub-group N  with --offload nvme: elements "
+                         "per sub-group [0: 4M]\n"
                          "  --offload-param D   none|cpu (stage 3, with "
                          "--offload cpu): parameter shards too [none]\n"
                          "  --device D          cpu|cuda: run the layers and "
@@ -162,14 +168,28 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
       }
     } else if (sharded && (strcmp(f, "--offload") == 0 ||
                            strcmp(f, "--offload-param") == 0)) {
-      int* dst = strcmp(f, "--offload") == 0 ? &a->offload : &a->offload_param;
+      const int opt = strcmp(f, "--offload") == 0;
+      int* dst = opt ? &a->offload : &a->offload_param;
       if (v != NULL && strcmp(v, "none") == 0) *dst = 0;
       else if (v != NULL && strcmp(v, "cpu") == 0) *dst = 1;
+      else if (opt && v != NULL && strcmp(v, "nvme") == 0) *dst = 2;
       else {
-        snprintf(err, cap, "%s: expected none or cpu, got '%s'", f,
-                 v != NULL ? v : "(missing)");
+        snprintf(err, cap, "%s: expected none or cpu%s, got '%s'%s", f,
+                 opt ? " or nvme" : "", v != NULL ? v : "(missing)",
+                 !opt && v != NULL && strcmp(v, "nvme") == 0
+                     ? " (parameter shards on NVMe are not built yet)" : "");
         return -1;
       }
+    } else if (sharded && strcmp(f, "--nvme-path") == 0) {
+      if (v == NULL || v[0] == '\0') {
+        snprintf(err, cap, "--nvme-path: expected a directory");
+        return -1;
+      }
+      a->nvme_path = v;
+    } else if (sharded && strcmp(f, "--nvme-sub-group") == 0) {
+      int n = 0;
+      rc = gpt2__int(f, v, 0, 2147483647, &n, err, cap);
+      a->nvme_sub_group = n;
     } else if (sharded && strcmp(f, "--device") == 0) {
       if (v != NULL && strcmp(v, "cpu") == 0) a->device = 0;
       else if (v != NULL && strcmp(v, "cuda") == 0) a->device = 1;
@@ -250,6 +270,22 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
   }
   if (a->save_every > 0 && a->save == NULL) {
     snprintf(err, cap, "--save-every needs --save DIR");
+    return -1;
+  }
+  if (a->offload == 2 && a->nvme_path == NULL) {
+    snprintf(err, cap, "--offload nvme needs --nvme-path DIR (a directory on "
+             "the fast device for the swap files)");
+    return -1;
+  }
+  if (a->offload != 2 && (a->nvme_path != NULL || a->nvme_sub_group != 0)) {
+    snprintf(err, cap, "--nvme-path and --nvme-sub-group go with --offload "
+             "nvme");
+    return -1;
+  }
+  if (a->offload == 2 && (a->save != NULL || a->resume != NULL)) {
+    snprintf(err, cap, "--save and --resume with --offload nvme are not "
+             "built yet (checkpoints of states in swap files): use "
+             "--offload cpu to checkpoint");
     return -1;
   }
   if ((long long)a->val_batches * a->batch > (1 << 20)) {
@@ -351,7 +387,8 @@ void gpt2_args_print(const gpt2_args* a, const char* trainer, int ranks,
              ", clip %g", a->clip);
   if (a->offload)
     snprintf(stage + strlen(stage), sizeof stage - strlen(stage),
-             ", CPU offload%s", a->offload_param ? " (+params)" : "");
+             ", %s offload%s", a->offload == 2 ? "NVMe" : "CPU",
+             a->offload_param ? " (+params on the CPU)" : "");
   if (a->device)
     snprintf(stage + strlen(stage), sizeof stage - strlen(stage),
              ", on CUDA GPUs");
@@ -398,7 +435,8 @@ gpt2_report* gpt2_report_create(const gpt2_args* a, const char* trainer,
   cJSON_AddStringToObject(c, "dtype", dtypes[a->dtype % 3]);
   cJSON_AddNumberToObject(c, "grad_accum", a->grad_accum);
   cJSON_AddNumberToObject(c, "clip", a->clip);
-  cJSON_AddStringToObject(c, "offload", a->offload ? "cpu" : "none");
+  cJSON_AddStringToObject(c, "offload", a->offload == 2 ? "nvme"
+                                         : a->offload ? "cpu" : "none");
   cJSON_AddStringToObject(c, "offload_param", a->offload_param ? "cpu" : "none");
   cJSON_AddStringToObject(c, "device", a->device ? "cuda" : "cpu");
   cJSON_AddNumberToObject(c, "steps", a->steps);

@@ -42,7 +42,10 @@ typedef struct gpt2_args {
                           2 fp16); gradients fp32 */
   int grad_accum;      /* sharded: K micro-batches per optimizer step */
   double clip;         /* sharded: max global gradient norm, 0 = off */
-  int offload;         /* sharded: optimizer offload to the CPU (0/1) */
+  int offload;         /* sharded: optimizer offload: 0 none, 1 cpu, 2 nvme */
+  const char* nvme_path; /* sharded, --offload nvme: swap directory */
+  long nvme_sub_group; /* sharded, --offload nvme: sub-group elements (0:
+                          a buffer's worth) */
   int offload_param;   /* sharded, stage 3: parameter shards too (0/1) */
   int device;          /* sharded: 0 cpu, 1 cuda (one GPU per rank) */
   const char* save;    /* sharded: checkpoint root to save into, or NULL */

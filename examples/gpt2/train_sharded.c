@@ -532,6 +532,8 @@ int main(int argc, char** argv) {
   zcfg.reduce_dtype = ZS_FLOAT32;
   if (args.dtype == ZS_FLOAT16) zcfg.loss_scaler.mode = ZS_LOSS_SCALE_DYNAMIC;
   zcfg.offload_optimizer.device = args.offload;
+  zcfg.nvme.path = args.nvme_path;
+  zcfg.nvme.sub_group_size = (size_t)args.nvme_sub_group;
   zcfg.offload_param = args.offload_param;
   model m;
   memset(&m, 0, sizeof m);

@@ -212,13 +212,40 @@ typedef struct zs_loss_scaler_config {
 typedef struct zs_offload_config {
   int device;     /* 0 none (default), 1 cpu: fp32 master weights and
                      optimizer states in host memory placed by NUMA, the
-                     step on worker threads bound to that node's cores */
+                     step on worker threads bound to that node's cores;
+                     2 nvme: the same step, with the master weights and
+                     states in a swap file (zs_config.nvme) streamed
+                     through pinned buffers sub-group by sub-group
+                     (ZeRO-Infinity; host device only for now) */
   int pin_memory; /* 1 (default): page-lock the host memory (for DMA);
                      a refused lock is a warning, the memory pageable */
   int numa;       /* ZS_OFFLOAD_NUMA_AUTO (default), _INTERLEAVE or a node */
   int threads;    /* worker threads; 0 (default): the node's cores; more
                      than the node's cores is an error */
 } zs_offload_config;
+
+/* NVMe offload (offload_optimizer.device = 2; docs/offload.md, "NVMe"):
+ * each rank keeps its fp32 master weights and optimizer states in one swap
+ * file per model under path/zs-<run>-rank-<R>/, created, sized
+ * (fallocate) and removed by the runtime, and streams them through a pool
+ * of buffer_count pinned, NUMA-placed buffers of buffer_size bytes: the
+ * states of sub-group k+1 are read while k is stepped on the CPU workers
+ * and k-1 is written (ZeRO-Infinity, Rajbhandari et al. SC'21, sec. 6). */
+typedef struct zs_nvme_config {
+  const char* path;      /* an existing directory on the fast device;
+                            copied at zs_context_create */
+  size_t buffer_count;   /* pool buffers, >= 3 x the fields per element
+                            (master, exp_avg, exp_avg_sq: 9 covers every
+                            optimizer); default 9 */
+  size_t buffer_size;    /* bytes per buffer, a multiple of 4096; default
+                            16 MiB */
+  size_t sub_group_size; /* elements per sub-group (DeepSpeed's
+                            sub_group_size), 0 (default): as many as a
+                            buffer holds; larger is lowered to that */
+  int queue_depth;       /* I/O requests in flight, 1..4096; default 16 */
+  int aio;               /* 0 auto (io_uring, else threads; default),
+                            1 io_uring only, 2 the thread-pool fallback */
+} zs_nvme_config;
 
 typedef struct zs_config {
   size_t struct_size;    /* sizeof(zs_config) of the caller's header */
@@ -285,6 +312,7 @@ typedef struct zs_config {
   int offload_param; /* stage 3 with offload_optimizer: 1 keeps parameter
                     shards in the same NUMA-placed host memory (they move
                     to the device before the gather); default 0 */
+  zs_nvme_config nvme; /* with offload_optimizer.device = 2 */
 } zs_config;
 
 #define ZS_CONFIG_INIT                                                     \
@@ -294,7 +322,8 @@ typedef struct zs_config {
          0.0, 0.0, 0},                                                     \
         1, 1800.0, (size_t)1 << 22, 2, 0, 1, ZS_REDUCE_FIXED, 1, -1, 1, 0, \
         0, 1.0, {ZS_LOSS_SCALE_NONE, 65536.0, 2.0, 0.5, 2000, 1.0, 1},     \
-        NULL, {0, 1, ZS_OFFLOAD_NUMA_AUTO, 0}, 0                           \
+        NULL, {0, 1, ZS_OFFLOAD_NUMA_AUTO, 0}, 0,                          \
+        {NULL, 9, (size_t)16 << 20, 0, 16, 0}                              \
   }
 
 /* Fills *config with the defaults (the same values as ZS_CONFIG_INIT).
@@ -455,11 +484,16 @@ zs_status zs_comm_counters_get(const zs_context* ctx, zs_comm_counters* out);
 
 /* What CPU offload is doing on this rank. */
 typedef struct zs_offload_info {
-  int enabled;       /* config.offload_optimizer.device == 1 */
+  int enabled;       /* config.offload_optimizer.device is 1 or 2 */
   int numa_node;     /* the chosen node; -1: interleaved */
   int workers;       /* optimizer worker threads (bound to its cores) */
   int pinned;        /* host memory page-locked */
   uint64_t steps_on_workers; /* optimizer runs executed by the workers */
+  int nvme;          /* config.offload_optimizer.device == 2 */
+  uint64_t nvme_file_bytes; /* bytes of this rank's swap files on disk (all
+                               its live models) */
+  const char* nvme_aio; /* "io_uring" or "threads"; NULL without NVMe.
+                           Static storage. */
 } zs_offload_info;
 
 /* Copies this rank's offload state (all zero when offload is off). Not

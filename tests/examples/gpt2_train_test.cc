@@ -292,6 +292,28 @@ TEST(Gpt2Offload, OffloadIsBitwiseAtStagesOneToThree) {
     EXPECT_EQ(p3.losses[k], base.losses[k]) << "step " << k + 1;
 }
 
+// NVMe offload (the optimizer states in swap files, sub-groups of 1000
+// elements through the pinned slots) equals CPU offload and no offload over
+// 20 steps at 3 ranks, stage 3 with bf16 parameters (master weights on disk
+// too) and stage 1 with fp32; the swap directories are gone afterwards.
+TEST(Gpt2Offload, NvmeIsBitwiseCpuOffloadAndNoOffload) {
+  const std::string dir = TmpDir() + "/nvme";
+  Shell("rm -rf " + dir + " && mkdir -p " + dir);
+  for (const std::string v : {" --stage 3 --dtype bf16", " --stage 1"}) {
+    FullReport plain = RunVariant(v, 3, "nvme-none");
+    FullReport cpu = RunVariant(v + " --offload cpu", 3, "nvme-cpu");
+    FullReport nvme = RunVariant(v + " --offload nvme --nvme-sub-group 1000 --nvme-path " + dir,
+                                 3, "nvme-nvme");
+    ASSERT_EQ(plain.losses.size(), 20u) << v;
+    ASSERT_EQ(nvme.losses.size(), 20u) << v;
+    for (size_t k = 0; k < plain.losses.size(); k++) {
+      EXPECT_EQ(nvme.losses[k], plain.losses[k]) << v << " step " << k + 1;
+      EXPECT_EQ(nvme.losses[k], cpu.losses[k]) << v << " step " << k + 1;
+    }
+    EXPECT_EQ(Shell("ls -A " + dir).output, "") << v;
+  }
+}
+
 // ---- Bad input: a clear message, non-zero exit, nothing written -----------
 
 struct BadCase {
@@ -338,6 +360,11 @@ const BadCase kBad[] = {
     {"bad_dtype", "--data @DATA --dtype fp8", "--dtype", 2},
     {"bad_offload", "--data @DATA --offload gpu", "--offload", 2},
     {"offload_param_alone", "--data @DATA --offload-param cpu", "offload_param", 2},
+    {"nvme_without_path", "--data @DATA --offload nvme", "--nvme-path", 2},
+    {"nvme_path_not_a_dir", "--data @DATA --offload nvme --nvme-path @DATA",
+     "swap directory", 2},
+    {"nvme_with_save", "--data @DATA --offload nvme --nvme-path /tmp --save /tmp/x",
+     "not built yet", 2},
     {"batch_not_divisible_by_micro_batches",
      "--data @DATA --batch 12 --grad-accum 4", "not divisible", 2},
     {"too_many_val_sequences", "--data @DATA --val-batches 1048576 --batch 4096",

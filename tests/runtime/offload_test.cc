@@ -6,8 +6,16 @@
 #include <gtest/gtest.h>
 #include <zs_mpi.h>
 
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
+#include "offload/aio.h"      /* zs__aio_fault_hook */
 #include "runtime/engine.h" /* zs__offload_force_staging */
 #include "tests/runtime/test_harness.h"
 #include "tests/testing/mpi_test.h"
@@ -102,6 +110,128 @@ TEST_F(OffloadTest, StagedPathForGpusIsBitwise) {
                   (uint64_t)cfg.steps * m1->units.size()) << where;
       }
   zs__offload_force_staging = 0;
+}
+
+// NVMe offload (engine_nvme.c): the optimizer states in a swap file,
+// stepped sub-group by sub-group through the pinned slots, train bitwise as
+// CPU offload and as no offload (parameters, master weights and moments
+// read back from the file, every step's loss) at stages 0-3, fp32 and
+// bf16, with several tensors per unit, odd sizes, tied and frozen tensors,
+// sub-groups of 1 element (the degenerate model), 7 elements (a sub-group
+// boundary inside tensors) and larger than the shard; the swap files and
+// directories are gone after the context.
+std::string NvmeDir() {
+  const char* t = std::getenv("TEST_TMPDIR");
+  std::string d = std::string(t != nullptr ? t : "/tmp") + "/nvme";
+  mkdir(d.c_str(), 0700);
+  return d;
+}
+
+size_t Entries(const std::string& dir) {
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  size_t n = 0;
+  while (struct dirent* e = readdir(d))
+    if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) n++;
+  closedir(d);
+  return n;
+}
+
+TEST_F(OffloadTest, NvmeIsBitwiseCpuOffloadAndNoOffload) {
+  const std::string dir = NvmeDir();
+  for (int model = 0; model < 2; model++)
+    for (zs_dtype dtype : {ZS_FLOAT32, ZS_BFLOAT16})
+      for (int stage = 0; stage <= 3; stage++) {
+        TrainConfig cfg;
+        cfg.steps = 4;
+        cfg.stage = stage;
+        cfg.param_dtype = dtype;
+        cfg.reduce_dtype = dtype == ZS_FLOAT32 ? -1 : ZS_FLOAT32;
+        auto m1 = model ? MakeDegenerate() : MakeTransformer();
+        TrainResult plain = TrainSharded(*m1, cfg);
+        ASSERT_EQ(plain.status, ZS_OK) << plain.error;
+        cfg.offload = 1;
+        auto m2 = model ? MakeDegenerate() : MakeTransformer();
+        TrainResult cpu = TrainSharded(*m2, cfg);
+        ASSERT_EQ(cpu.status, ZS_OK) << cpu.error;
+        for (size_t sub : {(size_t)1, (size_t)7, (size_t)0}) {
+          if (sub == 1 && model == 0) continue;  // 4 KiB per element: slow
+          const std::string where = std::string(model ? "degenerate " : "transformer ") +
+                                    zs_dtype_name(dtype) + " stage " +
+                                    std::to_string(stage) + " sub-group " +
+                                    std::to_string(sub);
+          cfg.offload = 2;
+          cfg.nvme.path = dir.c_str();
+          cfg.nvme.sub_group_size = sub;
+          cfg.nvme.aio = sub == 7 ? 2 : 0;  // the thread pool too
+          auto m3 = model ? MakeDegenerate() : MakeTransformer();
+          TrainResult nvme = TrainSharded(*m3, cfg);
+          ASSERT_EQ(nvme.status, ZS_OK) << where << ": " << nvme.error;
+          ExpectSameTraining(plain, nvme, *m1, where);
+          ExpectSameTraining(cpu, nvme, *m1, where);
+          // the states were on disk, streamed through the pinned pool
+          EXPECT_EQ(nvme.memory.current[ZS_MEM_OPTIMIZER_STATES], 0u) << where;
+          EXPECT_EQ(nvme.memory.current[ZS_MEM_MASTER_WEIGHTS], 0u) << where;
+          EXPECT_GT(nvme.memory.current[ZS_MEM_NVME_STAGING], 0u) << where;
+          EXPECT_EQ(nvme.offload.nvme, 1) << where;
+          EXPECT_GT(nvme.offload.nvme_file_bytes, 0u) << where;
+          // the workers ran one step per sub-group, at least one per unit
+          EXPECT_GE(nvme.offload.steps_on_workers, cpu.offload.steps_on_workers) << where;
+          MPI_Barrier(MPI_COMM_WORLD);  // every rank has removed its own
+          EXPECT_EQ(Entries(dir), 0u) << where << ": swap files left in " << dir;
+          MPI_Barrier(MPI_COMM_WORLD);
+        }
+      }
+}
+
+long FailFirstRead(const char*, uint64_t offset, int write, size_t, long result) {
+  return !write && offset == 0 ? -EIO : result;
+}
+
+// A disk error on one rank during the step: that rank's error names the
+// swap file and the offset, the others fail cleanly (another rank failed),
+// and the swap files are removed.
+TEST_F(OffloadTest, NvmeReadErrorNamesFileAndOffsetAndFailsEveryRank) {
+  const std::string dir = NvmeDir();
+  TrainConfig cfg;
+  cfg.steps = 2;
+  cfg.stage = 2;
+  cfg.offload = 2;
+  cfg.nvme.path = dir.c_str();
+  const int bad = world_ - 1;
+  if (rank_ == bad) zs__aio_fault_hook = FailFirstRead;
+  auto m = MakeTransformer();
+  TrainResult r = TrainSharded(*m, cfg);
+  zs__aio_fault_hook = nullptr;
+  if (rank_ == bad) {
+    EXPECT_EQ(r.status, ZS_ERR_IO) << r.error;
+    EXPECT_NE(r.error.find("model-0.swap"), std::string::npos) << r.error;
+    EXPECT_NE(r.error.find("at offset 0 of"), std::string::npos) << r.error;
+  } else {
+    EXPECT_EQ(r.status, ZS_ERR_REMOTE) << r.error;
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_EQ(Entries(dir), 0u);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// A swap path that cannot hold a directory fails every rank at context
+// creation, naming it.
+TEST_F(OffloadTest, NvmePathThatIsNotADirectoryFailsEveryRank) {
+  const std::string file = NvmeDir() + "/not-a-dir";
+  if (rank_ == 0) fclose(fopen(file.c_str(), "w"));
+  MPI_Barrier(MPI_COMM_WORLD);
+  zs_config c = ZS_CONFIG_INIT;
+  c.offload_optimizer.device = 2;
+  c.nvme.path = file.c_str();
+  zs_context* ctx = nullptr;
+  EXPECT_NE(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), ZS_OK);
+  EXPECT_EQ(ctx, nullptr);
+  if (world_ == 1 || rank_ == 0)
+    EXPECT_NE(std::string(zs_last_error()).find(file), std::string::npos)
+        << zs_last_error();
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank_ == 0) unlink(file.c_str());
 }
 
 TEST_F(OffloadTest, MissingNumaNodeFailsEveryRank) {

@@ -380,6 +380,7 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
   c.loss_scaler.init_scale = cfg.init_scale;
   c.offload_optimizer.device = cfg.offload;
   c.offload_param = cfg.offload_param;
+  c.nvme = cfg.nvme;
   c.device = cfg.device;
   model.dtype = cfg.param_dtype;
   zs_context* ctx = nullptr;

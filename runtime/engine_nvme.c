@@ -1,0 +1,268 @@
+/*
+ * engine_nvme.c — NVMe offload of the optimizer states (ZeRO-Infinity,
+ * Rajbhandari et al. SC'21, sec. 6; zeroshard.h zs_nvme_config): each
+ * rank keeps its fp32 master weights (16-bit units) and optimizer states
+ * in one swap file per model and steps them sub-group by sub-group through
+ * three slots of pinned, NUMA-placed buffers (offload/swap.h: read k+1,
+ * step k on the CPU workers, write k-1). The step is the CPU offload's:
+ * the same kernels on the same bits, so training equals CPU offload and no
+ * offload bitwise. Every sub-group of a step uses the same step count
+ * (the tensors' counters advance once, after the whole step).
+ *
+ * File layout: for each trainable unit, its optimizer span (the padded
+ * buffer at stage 0, the rank's shard at 1-3) cut into sub-groups of
+ * sub_group elements; each sub-group has one region per field (master if
+ * any unit has one, then the states), each region rounded up to 4096
+ * bytes so that every transfer is direct I/O. fallocate reserves it all at
+ * finalize (zeros: fresh optimizer states), so a full disk fails there.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "offload/aio.h"
+#include "offload/offload.h"
+#include "offload/swap.h"
+#include "runtime/engine.h"
+
+struct zs__nvme {
+  zs__aio* aio;
+  char dir[4096]; /* this rank's swap directory */
+  int made_dir;
+  int models;     /* swap files made so far (names) */
+};
+
+typedef struct zs__nvme_model {
+  zs__aio_file* file;
+  zs__swap_group* groups;
+  int* unit;       /* per group: its unit */
+  size_t* lo;      /* per group: its elements [lo, hi) of the unit's span */
+  size_t* hi;
+  int ngroups;
+  int has_master;  /* field 0 is the master weights */
+  int nfields;
+  void* slots[3][ZS__SWAP_MAX_FIELDS];
+  uint64_t file_bytes;
+} zs__nvme_model;
+
+/* ==== Context ================================================================ */
+
+zs_status zs__nvme_create(zs_context* ctx, zs__nvme** out) {
+  *out = NULL;
+  const zs_nvme_config* c = &ctx->config.nvme;
+  zs__nvme* n = (zs__nvme*)calloc(1, sizeof *n);
+  if (n == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "NVMe offload");
+  int len = snprintf(n->dir, sizeof n->dir, "%s/zs-%016llx-rank-%05d", c->path,
+                     (unsigned long long)ctx->run_id, ctx->rank);
+  if (len < 0 || (size_t)len >= sizeof n->dir - 64) {
+    free(n);
+    return zs__error(ZS_ERR_INVALID_ARGUMENT, "config.nvme.path is too long");
+  }
+  if (mkdir(n->dir, 0700) != 0) {
+    const int e = errno;
+    free(n);
+    return zs__error(ZS_ERR_IO, "NVMe offload: cannot create the swap "
+                     "directory %s (config.nvme.path %s): %s", n->dir, c->path,
+                     strerror(e));
+  }
+  n->made_dir = 1;
+  zs_status st = zs__aio_create(c->queue_depth, (zs__aio_backend)c->aio, &n->aio);
+  if (st != ZS_OK) {
+    zs__nvme_destroy(n);
+    return st;
+  }
+  zs__log(ZS_LOG_INFO, "NVMe offload: swap files in %s, %s I/O, queue depth %d",
+          n->dir, zs__aio_backend_name(n->aio), c->queue_depth);
+  *out = n;
+  return ZS_OK;
+}
+
+void zs__nvme_destroy(zs__nvme* n) {
+  if (n == NULL) return;
+  zs__aio_destroy(n->aio);
+  if (n->made_dir && rmdir(n->dir) != 0)
+    zs__log(ZS_LOG_WARN, "NVMe offload: cannot remove %s: %s (files the "
+            "runtime did not make are left alone)", n->dir, strerror(errno));
+  free(n);
+}
+
+/* ==== Model ================================================================== */
+
+static size_t zs__nvme_span(zs_model* m, const zs__unit* u) {
+  return m->ctx->config.stage == 0 ? u->layout.padded : u->layout.shard;
+}
+
+static size_t zs__round4k(size_t b) { return (b + 4095) / 4096 * 4096; }
+
+void zs__nvme_model_free(zs_model* m) {
+  zs__nvme_model* nm = m->nvme;
+  if (nm == NULL) return;
+  for (int s = 0; s < 3; s++)
+    for (int f = 0; f < ZS__SWAP_MAX_FIELDS; f++)
+      zs__offload_free(m->ctx->offload, nm->slots[s][f]);
+  zs__aio_file_close(nm->file, 1); /* the swap file goes with the model */
+  free(nm->groups);
+  free(nm->unit);
+  free(nm->lo);
+  free(nm->hi);
+  free(nm);
+  m->nvme = NULL;
+}
+
+zs_status zs__nvme_model_init(zs_model* m) {
+  zs__nvme* n = m->ctx->nvme;
+  const zs_nvme_config* c = &m->ctx->config.nvme;
+  zs_status st = ZS_OK;
+  int has_master = 0, nstates = 0, ngroups = 0;
+  size_t sg = c->buffer_size / 4;
+  if (c->sub_group_size > 0 && c->sub_group_size < sg) sg = c->sub_group_size;
+  for (int i = 0; i < m->nunits; i++) {
+    const zs__unit* u = &m->units[i];
+    if (!u->trainable) continue;
+    has_master |= u->dtype != ZS_FLOAT32;
+    nstates = u->nstates;
+    const size_t span = zs__nvme_span(m, u);
+    ngroups += (int)((span + sg - 1) / sg);
+  }
+  const int nfields = has_master + nstates;
+  if (nfields == 0 || ngroups == 0) return ZS_OK; /* nothing to keep */
+  if ((size_t)(3 * nfields) > c->buffer_count)
+    return zs__error(ZS_ERR_INVALID_ARGUMENT,
+                     "config.nvme.buffer_count %zu is below the %d buffers "
+                     "NVMe offload needs here (3 sub-groups in flight x %d "
+                     "fields: %s%d optimizer state(s))", c->buffer_count,
+                     3 * nfields, nfields, has_master ? "master weights and " : "",
+                     nstates);
+  zs__nvme_model* nm = (zs__nvme_model*)calloc(1, sizeof *nm);
+  if (nm == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "NVMe offload");
+  m->nvme = nm;
+  nm->has_master = has_master;
+  nm->nfields = nfields;
+  nm->groups = (zs__swap_group*)calloc((size_t)ngroups, sizeof *nm->groups);
+  nm->unit = (int*)calloc((size_t)ngroups, sizeof *nm->unit);
+  nm->lo = (size_t*)calloc((size_t)ngroups, sizeof *nm->lo);
+  nm->hi = (size_t*)calloc((size_t)ngroups, sizeof *nm->hi);
+  if (!nm->groups || !nm->unit || !nm->lo || !nm->hi)
+    ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "NVMe offload: %d sub-groups", ngroups);
+  uint64_t off = 0;
+  size_t most = 0;
+  int k = 0;
+  for (int i = 0; i < m->nunits; i++) {
+    const zs__unit* u = &m->units[i];
+    if (!u->trainable) continue;
+    const size_t span = zs__nvme_span(m, u);
+    for (size_t lo = 0; lo < span; lo += sg, k++) {
+      const size_t hi = span - lo < sg ? span : lo + sg;
+      zs__swap_group* g = &nm->groups[k];
+      g->bytes = zs__round4k((hi - lo) * sizeof(float));
+      for (int f = 0; f < nfields; f++) {
+        g->offset[f] = off;
+        off += g->bytes;
+      }
+      if (g->bytes > most) most = g->bytes;
+      nm->unit[k] = i;
+      nm->lo[k] = lo;
+      nm->hi[k] = hi;
+    }
+  }
+  nm->ngroups = ngroups;
+  nm->file_bytes = off;
+  char path[4096 + 64];
+  snprintf(path, sizeof path, "%s/model-%d.swap", n->dir, n->models++);
+  ZS_CHECK(zs__aio_file_create(n->aio, path, off, &nm->file));
+  for (int s = 0; s < 3; s++)
+    for (int f = 0; f < nfields; f++)
+      ZS_CHECK(zs__offload_alloc_as(m->ctx->offload, most, "NVMe staging",
+                                    ZS_MEM_NVME_STAGING, &nm->slots[s][f]));
+  zs__log(ZS_LOG_INFO, "NVMe offload: %s: %llu bytes in %d sub-groups of up "
+          "to %zu elements", path, (unsigned long long)off, ngroups, sg);
+cleanup:
+  if (st != ZS_OK) zs__nvme_model_free(m);
+  return st;
+}
+
+const char* zs__nvme_aio_name(const zs__nvme* n) {
+  return zs__aio_backend_name(n->aio);
+}
+
+uint64_t zs__nvme_file_bytes(const zs_model* m) {
+  return m->nvme != NULL ? m->nvme->file_bytes : 0;
+}
+
+/* ==== The step ================================================================ */
+
+typedef struct zs__nvme_step_arg {
+  zs_model* m;
+  float coef;
+} zs__nvme_step_arg;
+
+/* Sub-group k: its unit's parameters and gradients in place, its master
+ * weights and states from the slot; 16-bit units whose master weights
+ * are stale (after initialization or a write of the parameters) take them
+ * from the parameters first. */
+static zs_status zs__nvme_step_group(void* arg, int k, void* const* bufs) {
+  const zs__nvme_step_arg* a = (const zs__nvme_step_arg*)arg;
+  zs_model* m = a->m;
+  zs__nvme_model* nm = m->nvme;
+  zs__unit* u = &m->units[nm->unit[k]];
+  const size_t lo = nm->lo[k], hi = nm->hi[k];
+  char *p, *g;
+  (void)zs__optimize_span(m, u, &p, &g);
+  const int unit_master = u->dtype != ZS_FLOAT32;
+  float* master = unit_master ? (float*)bufs[0] : NULL;
+  const int s = nm->has_master;
+  if (unit_master && u->master_stale) {
+    zs__device* host = m->ctx->host;
+    zs_status st = host->ops->convert(host, master, ZS_FLOAT32,
+                                      zs__at(p, lo, u->elem), u->dtype, hi - lo,
+                                      NULL);
+    if (st != ZS_OK) return st;
+  }
+  zs__opt_view v = {p, g, master, u->nstates > 0 ? (float*)bufs[s] : NULL,
+                    u->nstates > 1 ? (float*)bufs[s + 1] : NULL, lo, hi};
+  return zs__optimize_view(m, u, a->coef, &v);
+}
+
+zs_status zs__nvme_step(zs_model* m, float coef) {
+  zs__nvme_model* nm = m->nvme;
+  zs__nvme_step_arg arg = {m, coef};
+  zs_status st = zs__swap_pipeline(m->ctx->nvme->aio, nm->file, nm->groups,
+                                   nm->ngroups, nm->nfields, nm->slots,
+                                   zs__nvme_step_group, &arg);
+  if (st != ZS_OK) return zs__error_prefix(st, "NVMe offload step: ");
+  for (int i = 0; i < m->nunits; i++)
+    if (m->units[i].trainable) m->units[i].master_stale = 0;
+  return ZS_OK;
+}
+
+/* ==== Reading a field back ====================================================== */
+
+zs_status zs__nvme_read_field(zs_model* m, zs__unit* u, int field,
+                              float** out) {
+  *out = NULL;
+  zs__nvme_model* nm = m->nvme;
+  const int f = field < 0 ? 0 : nm->has_master + field; /* -1: master */
+  const size_t span = zs__nvme_span(m, u);
+  float* buf = (float*)malloc((span > 0 ? span : 1) * sizeof(float));
+  if (buf == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "NVMe read-back");
+  zs_status st = ZS_OK;
+  for (int k = 0; k < nm->ngroups && st == ZS_OK; k++) {
+    if (&m->units[nm->unit[k]] != u) continue;
+    const zs__swap_group* g = &nm->groups[k];
+    st = zs__aio_submit(m->ctx->nvme->aio, nm->file, 0, nm->slots[0][0],
+                        g->bytes, g->offset[f]);
+    if (st == ZS_OK) st = zs__aio_wait(m->ctx->nvme->aio);
+    if (st == ZS_OK)
+      memcpy(buf + nm->lo[k], nm->slots[0][0],
+             (nm->hi[k] - nm->lo[k]) * sizeof(float));
+  }
+  if (st != ZS_OK) {
+    free(buf);
+    return st;
+  }
+  *out = buf;
+  return ZS_OK;
+}
