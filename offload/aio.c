@@ -37,12 +37,14 @@ typedef struct zs__aio_req {
 struct zs__aio {
   zs__aio_backend backend; /* URING or THREADS once created */
   int qd;
+  size_t block;      /* requests are split into transfers of at most this */
   zs__aio_req* reqs; /* qd slots */
   int inflight;
   uint64_t tickets;  /* requests submitted so far */
   zs_status err;     /* first failure since the last wait */
   char msg[4096 + 256];
   struct io_uring ring;
+  int unsubmitted;   /* prepared entries not yet given to the kernel */
   /* threads */
   pthread_t* th;
   int nth;
@@ -78,7 +80,28 @@ static void zs__aio_complete(zs__aio* a, int slot, long res) {
 
 /* ==== io_uring ============================================================== */
 
+/* Gives the prepared entries to the kernel in one call, so that the block
+ * layer sees (and merges) a request's consecutive transfers together. A
+ * refused submission fails those entries. */
+static void zs__uring_flush(zs__aio* a) {
+  if (a->unsubmitted == 0) return;
+  int rc;
+  do rc = io_uring_submit(&a->ring);
+  while (rc == -EINTR);
+  if (rc >= 0) {
+    a->unsubmitted = 0;
+    return;
+  }
+  /* nothing was queued: fail what is in flight and not completed */
+  for (int i = 0; i < a->qd; i++)
+    if (a->reqs[i].busy && a->reqs[i].ticket > a->tickets - (uint64_t)a->unsubmitted)
+      zs__aio_complete(a, i, rc);
+  a->unsubmitted = 0;
+}
+
 static void zs__uring_reap_one(zs__aio* a) {
+  zs__uring_flush(a);
+  if (a->inflight == 0) return;
   struct io_uring_cqe* cqe = NULL;
   int rc;
   do rc = io_uring_wait_cqe(&a->ring, &cqe);
@@ -135,15 +158,19 @@ static void* zs__aio_worker(void* arg) {
 
 /* ==== The queue ============================================================= */
 
-zs_status zs__aio_create(int queue_depth, zs__aio_backend backend,
-                         zs__aio** out) {
+zs_status zs__aio_create(int queue_depth, size_t block_size,
+                         zs__aio_backend backend, zs__aio** out) {
   *out = NULL;
+  ZS_REQUIRE(block_size == 0 || block_size % ZS__AIO_ALIGN == 0,
+             "block_size: expected a multiple of %d bytes, got %zu",
+             ZS__AIO_ALIGN, block_size);
   ZS_REQUIRE(queue_depth >= 1 && queue_depth <= 4096,
              "queue_depth: expected 1..4096 requests in flight, got %d",
              queue_depth);
   zs__aio* a = (zs__aio*)calloc(1, sizeof *a);
   if (a == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "I/O queue");
   a->qd = queue_depth;
+  a->block = block_size;
   a->reqs = (zs__aio_req*)calloc((size_t)queue_depth, sizeof *a->reqs);
   a->queue = (int*)calloc((size_t)queue_depth, sizeof *a->queue);
   pthread_mutex_init(&a->mu, NULL);
@@ -213,8 +240,27 @@ const char* zs__aio_backend_name(const zs__aio* a) {
   return a->backend == ZS__AIO_URING ? "io_uring" : "threads";
 }
 
+static zs_status zs__aio_submit_one(zs__aio* a, zs__aio_file* f, int write,
+                                    void* buf, size_t bytes, uint64_t offset);
+
 zs_status zs__aio_submit(zs__aio* a, zs__aio_file* f, int write, void* buf,
                          size_t bytes, uint64_t offset) {
+  zs_status st = ZS_OK;
+  if (a->block == 0 || bytes <= a->block) {
+    st = zs__aio_submit_one(a, f, write, buf, bytes, offset);
+  } else {
+    /* block-size transfers keep queue_depth of them in flight */
+    for (size_t o = 0; o < bytes && st == ZS_OK; o += a->block) {
+      const size_t n = bytes - o < a->block ? bytes - o : a->block;
+      st = zs__aio_submit_one(a, f, write, (char*)buf + o, n, offset + o);
+    }
+  }
+  if (a->backend == ZS__AIO_URING) zs__uring_flush(a);
+  return st;
+}
+
+static zs_status zs__aio_submit_one(zs__aio* a, zs__aio_file* f, int write,
+                                    void* buf, size_t bytes, uint64_t offset) {
   ZS_REQUIRE(((uintptr_t)buf % ZS__AIO_ALIGN) == 0 &&
                  bytes % ZS__AIO_ALIGN == 0 && offset % ZS__AIO_ALIGN == 0,
              "%s of %s: buffer %p, size %zu and offset %llu must be multiples "
@@ -240,14 +286,7 @@ zs_status zs__aio_submit(zs__aio* a, zs__aio_file* f, int write, void* buf,
     else io_uring_prep_read(sqe, f->fd, buf, (unsigned)bytes, offset);
     io_uring_sqe_set_data64(sqe, (uint64_t)slot);
     a->inflight++;
-    int rc;
-    do rc = io_uring_submit(&a->ring);
-    while (rc == -EINTR);
-    if (rc < 0) { /* nothing was queued: report it now, not at the wait */
-      zs__aio_complete(a, slot, rc);
-      a->err = ZS_OK;
-      return zs__error(ZS_ERR_IO, "%s", a->msg);
-    }
+    a->unsubmitted++; /* given to the kernel at the end of zs__aio_submit */
     return ZS_OK;
   }
   pthread_mutex_lock(&a->mu);

@@ -38,11 +38,14 @@ typedef enum zs__aio_backend {
 typedef struct zs__aio zs__aio;
 typedef struct zs__aio_file zs__aio_file;
 
-/* A queue of at most queue_depth requests in flight (1..4096). Errors:
- * INVALID_ARGUMENT (queue depth), UNSUPPORTED (ZS__AIO_URING where the
- * kernel refuses io_uring, with its reason), OUT_OF_MEMORY. */
-zs_status zs__aio_create(int queue_depth, zs__aio_backend backend,
-                         zs__aio** out);
+/* A queue of at most queue_depth transfers in flight (1..4096); requests
+ * larger than block_size bytes (a multiple of ZS__AIO_ALIGN; 0: no limit)
+ * are split into block_size transfers, so one large request keeps the
+ * queue full (DeepSpeed's aio block_size and queue_depth). Errors:
+ * INVALID_ARGUMENT (queue depth, block size), UNSUPPORTED (ZS__AIO_URING
+ * where the kernel refuses io_uring, with its reason), OUT_OF_MEMORY. */
+zs_status zs__aio_create(int queue_depth, size_t block_size,
+                         zs__aio_backend backend, zs__aio** out);
 /* Waits for what is in flight, then frees. NULL accepted. */
 void zs__aio_destroy(zs__aio* a);
 /* "io_uring" or "threads". */

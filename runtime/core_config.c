@@ -122,6 +122,9 @@ zs_status zs_config_validate(const zs_config* c) {
     ZS_REQUIRE(nv->queue_depth >= 1 && nv->queue_depth <= 4096,
                "config.nvme.queue_depth: expected 1..4096, got %d",
                nv->queue_depth);
+    ZS_REQUIRE(nv->block_size >= 4096 && nv->block_size % 4096 == 0,
+               "config.nvme.block_size: expected a multiple of 4096 bytes, "
+               "got %zu", nv->block_size);
     ZS_REQUIRE(nv->aio >= 0 && nv->aio <= 2,
                "config.nvme.aio: expected 0 (auto), 1 (io_uring) or 2 "
                "(threads), got %d", nv->aio);

@@ -69,7 +69,8 @@ zs_status zs__nvme_create(zs_context* ctx, zs__nvme** out) {
                      strerror(e));
   }
   n->made_dir = 1;
-  zs_status st = zs__aio_create(c->queue_depth, (zs__aio_backend)c->aio, &n->aio);
+  zs_status st = zs__aio_create(c->queue_depth, c->block_size,
+                                (zs__aio_backend)c->aio, &n->aio);
   if (st != ZS_OK) {
     zs__nvme_destroy(n);
     return st;

@@ -245,6 +245,9 @@ typedef struct zs_nvme_config {
   int queue_depth;       /* I/O requests in flight, 1..4096; default 16 */
   int aio;               /* 0 auto (io_uring, else threads; default),
                             1 io_uring only, 2 the thread-pool fallback */
+  size_t block_size;     /* bytes per I/O transfer (larger requests are
+                            split, queue_depth of them in flight), a
+                            multiple of 4096; default 1 MiB */
 } zs_nvme_config;
 
 typedef struct zs_config {
@@ -323,7 +326,7 @@ typedef struct zs_config {
         1, 1800.0, (size_t)1 << 22, 2, 0, 1, ZS_REDUCE_FIXED, 1, -1, 1, 0, \
         0, 1.0, {ZS_LOSS_SCALE_NONE, 65536.0, 2.0, 0.5, 2000, 1.0, 1},     \
         NULL, {0, 1, ZS_OFFLOAD_NUMA_AUTO, 0}, 0,                          \
-        {NULL, 9, (size_t)16 << 20, 0, 16, 0}                              \
+        {NULL, 9, (size_t)16 << 20, 0, 16, 0, (size_t)1 << 20}             \
   }
 
 /* Fills *config with the defaults (the same values as ZS_CONFIG_INIT).

@@ -64,7 +64,7 @@ class SwapTest : public ::testing::TestWithParam<zs__aio_backend> {
     const char* t = std::getenv("TEST_TMPDIR");
     x_.path = std::string(t ? t : "/tmp") + "/swap-" + std::to_string(GetParam()) + ".swap";
     unlink(x_.path.c_str());
-    ASSERT_EQ(zs__aio_create(8, GetParam(), &x_.a), ZS_OK) << zs_last_error();
+    ASSERT_EQ(zs__aio_create(8, 0, GetParam(), &x_.a), ZS_OK) << zs_last_error();
     uint64_t off = 0;
     for (int k = 0; k < kGroups; k++) {
       zs__swap_group g{};

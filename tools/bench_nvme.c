@@ -1,0 +1,259 @@
+/*
+ * bench_nvme.c — tools/zs bench nvme: NVMe offload against the disk, in one
+ * run, on one path:
+ *   raw      sequential O_DIRECT write and read of the swap volume with
+ *            liburing alone (fio's method: block-size requests, queue-depth
+ *            in flight), the device's bandwidth here;
+ *   swap     our swap-out and swap-in of the same bytes (offload/aio
+ *            through the three pinned slots, sub-group by sub-group, as
+ *            the optimizer step moves them);
+ *   step     zs_step of an AdamW model with NVMe offload (fp32: two states
+ *            per parameter on disk) against its disk-bound lower bound:
+ *            the states must be read and written once, so the step takes
+ *            at least max(bytes / raw read, bytes / raw write) (reads and
+ *            writes overlapping perfectly); the serial bound (their sum)
+ *            is printed too.
+ * Medians of --reps; ends with one JSON line (ratio_to_raw_read,
+ * ratio_to_raw_write: goal >= 0.85; step_vs_bound: goal <= 1.2). Numbers
+ * are this machine's: shared machines are noisy, only ratios within one
+ * run mean something.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <liburing.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <zeroshard.h>
+
+#include "offload/aio.h"
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int cmp(const void* a, const void* b) {
+  const double x = *(const double*)a, y = *(const double*)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double* v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp);
+  return v[n / 2];
+}
+
+static void die(const char* what) {
+  fprintf(stderr, "zs bench nvme: %s\n", what);
+  exit(1);
+}
+
+/* Sequential direct I/O of `bytes` in `block` requests, `qd` in flight,
+ * with liburing alone. Returns seconds. */
+static double raw_pass(int fd, int write, char* buf, size_t bytes,
+                       size_t block, int qd) {
+  struct io_uring ring;
+  if (io_uring_queue_init((unsigned)qd, &ring, 0) != 0) return -1;
+  const double t0 = now();
+  size_t next = 0;
+  int inflight = 0;
+  while (next < bytes || inflight > 0) {
+    while (inflight < qd && next < bytes) {
+      struct io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+      /* any of the qd buffers: the contents do not matter here */
+      char* b = buf + (size_t)inflight * block;
+      if (write) io_uring_prep_write(sqe, fd, b, (unsigned)block, next);
+      else io_uring_prep_read(sqe, fd, b, (unsigned)block, next);
+      next += block;
+      inflight++;
+    }
+    io_uring_submit(&ring);
+    struct io_uring_cqe* cqe;
+    if (io_uring_wait_cqe(&ring, &cqe) != 0 || cqe->res != (int)block) {
+      io_uring_queue_exit(&ring);
+      return -1;
+    }
+    io_uring_cqe_seen(&ring, cqe);
+    inflight--;
+  }
+  const double t = now() - t0;
+  io_uring_queue_exit(&ring);
+  return t;
+}
+
+/* Our swap path: sub-groups of `group` bytes, `fields` regions each,
+ * through three slots, two sub-groups in flight (the pipeline's reads),
+ * each region split into block-size transfers by offload/aio. */
+static double swap_pass(zs__aio* a, zs__aio_file* f, int write,
+                        void* const slots[3][4], size_t bytes, size_t group,
+                        int fields) {
+  const double t0 = now();
+  const size_t per_field = bytes / (size_t)fields;
+  const size_t groups = per_field / group;
+  uint64_t ticket[3] = {0, 0, 0};
+  for (size_t k = 0; k < groups; k++) {
+    const int s = (int)(k % 3);
+    if (zs__aio_wait_until(a, ticket[s]) != ZS_OK) return -1;
+    for (int i = 0; i < fields; i++)
+      /* the engine's layout: a sub-group's fields side by side */
+      if (zs__aio_submit(a, f, write, slots[s][i], group,
+                         ((uint64_t)k * fields + (uint64_t)i) * group) != ZS_OK)
+        return -1;
+    ticket[s] = zs__aio_last_ticket(a);
+  }
+  if (zs__aio_wait(a) != ZS_OK) return -1;
+  return now() - t0;
+}
+
+static zs_status fill(void* user, int tensor, const zs_tensor_desc* d,
+                      void* data) {
+  (void)user;
+  (void)tensor;
+  float* w = (float*)data;
+  for (size_t i = 0; i < d->numel; i++) w[i] = 0.001f * (float)(i % 1000);
+  return ZS_OK;
+}
+
+int main(int argc, char** argv) {
+  const char* path = getenv("TMPDIR") != NULL ? getenv("TMPDIR") : "/tmp";
+  size_t params = (size_t)32 << 20, block = (size_t)1 << 20;
+  int qd = 16, reps = 3;
+  for (int i = 1; i < argc; i++) {
+    const char* v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(argv[i], "--path") && v) path = argv[++i];
+    else if (!strcmp(argv[i], "--params") && v) params = (size_t)strtod(argv[++i], NULL);
+    else if (!strcmp(argv[i], "--block-size") && v) block = (size_t)strtod(argv[++i], NULL);
+    else if (!strcmp(argv[i], "--queue-depth") && v) qd = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--reps") && v) reps = atoi(argv[++i]);
+    else {
+      fprintf(stderr, "usage: %s [--path DIR] [--params N] [--block-size B] "
+              "[--queue-depth Q] [--reps R]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (block < 4096 || block % 4096 || qd < 1 || qd > 256 || reps < 1 ||
+      params < block / 4)
+    die("--block-size must be a multiple of 4096, --queue-depth 1..256, "
+        "--reps >= 1, --params at least a block's worth");
+  const size_t group = (size_t)16 << 20; /* the engine's default sub-group
+                                            (nvme.buffer_size) */
+  if (params < group / 4) params = group / 4;
+  params = params / (group / 4) * (group / 4); /* whole sub-groups per field */
+  const int fields = 2;                       /* AdamW on fp32: m, v */
+  const size_t bytes = params * sizeof(float) * fields;
+  char file[4096];
+  snprintf(file, sizeof file, "%s/zs-bench-nvme-%d.raw", path, (int)getpid());
+
+  /* ---- raw ---- */
+  int fd = open(file, O_RDWR | O_CREAT | O_EXCL | O_DIRECT, 0600);
+  if (fd < 0) {
+    fprintf(stderr, "zs bench nvme: cannot create %s with O_DIRECT: %s\n", file,
+            strerror(errno));
+    return 1;
+  }
+  if (fallocate(fd, 0, 0, (off_t)bytes) != 0) {
+    close(fd);
+    unlink(file);
+    die("cannot reserve the raw file (disk full?)");
+  }
+  char* buf = NULL;
+  if (posix_memalign((void**)&buf, 4096, (size_t)qd * block) != 0) die("memory");
+  memset(buf, 0x5a, (size_t)qd * block);
+  double rw[16], rr[16], sw[16], sr[16], st[16];
+  if (reps > 16) reps = 16;
+
+  /* ---- our swap path, interleaved with the raw passes (the device's
+   * speed drifts on a shared machine: each ratio compares neighbours) ---- */
+  zs__aio* a = NULL;
+  zs__aio_file* f = NULL;
+  char swapfile[4096];
+  snprintf(swapfile, sizeof swapfile, "%s/zs-bench-nvme-%d.swap", path,
+           (int)getpid());
+  if (zs__aio_create(qd, block, ZS__AIO_AUTO, &a) != ZS_OK ||
+      zs__aio_file_create(a, swapfile, bytes, &f) != ZS_OK)
+    die(zs_last_error());
+  void* slots[3][4] = {{0}};
+  for (int s = 0; s < 3; s++)
+    for (int i = 0; i < fields; i++)
+      if (posix_memalign(&slots[s][i], 4096, group) != 0) die("memory");
+  for (int r = 0; r < reps; r++) {
+    rw[r] = raw_pass(fd, 1, buf, bytes, block, qd);
+    sw[r] = swap_pass(a, f, 1, slots, bytes, group, fields);
+    rr[r] = raw_pass(fd, 0, buf, bytes, block, qd);
+    sr[r] = swap_pass(a, f, 0, slots, bytes, group, fields);
+    if (rw[r] < 0 || rr[r] < 0) die("raw I/O failed");
+    if (sw[r] < 0 || sr[r] < 0) die(zs_last_error());
+  }
+  const char* aio = zs__aio_backend_name(a);
+  zs__aio_file_close(f, 1);
+  zs__aio_destroy(a);
+  close(fd);
+  unlink(file);
+  free(buf);
+  for (int s = 0; s < 3; s++)
+    for (int i = 0; i < fields; i++) free(slots[s][i]);
+
+  /* ---- the optimizer step with NVMe offload ---- */
+  zs_config cfg = ZS_CONFIG_INIT;
+  cfg.offload_optimizer.device = 2;
+  cfg.nvme.path = path;
+  cfg.nvme.block_size = block;
+  cfg.nvme.queue_depth = qd;
+  cfg.log_level = 0;
+  zs_context* ctx = NULL;
+  zs_model* m = NULL;
+  int u = -1, t = -1;
+  int64_t n = (int64_t)params;
+  if (zs_context_create_local(&cfg, &ctx) != ZS_OK ||
+      zs_model_create(ctx, &m) != ZS_OK ||
+      zs_model_add_unit(m, "u", &u) != ZS_OK ||
+      zs_model_add_tensor(m, u, "w", 1, &n, ZS_FLOAT32, 0, &t) != ZS_OK ||
+      zs_model_finalize(m) != ZS_OK || zs_model_init(m, fill, NULL) != ZS_OK)
+    die(zs_last_error());
+  for (int r = -1; r < reps; r++) { /* one warm-up step */
+    float* g = NULL;
+    if (zs_unit_gather(m, u) != ZS_OK || zs_unit_grad_acquire(m, u) != ZS_OK ||
+        zs_tensor_grad(m, t, (void**)&g) != ZS_OK)
+      die(zs_last_error());
+    for (size_t i = 0; i < params; i++) g[i] = 1e-3f;
+    if (zs_unit_grad_release(m, u) != ZS_OK || zs_unit_release(m, u) != ZS_OK)
+      die(zs_last_error());
+    const double t0 = now();
+    if (zs_step(m, NULL) != ZS_OK) die(zs_last_error());
+    if (r >= 0) st[r] = now() - t0;
+  }
+  zs_model_destroy(m);
+  zs_context_destroy(ctx);
+
+  const double GB = 1e9;
+  const double raw_w = bytes / median(rw, reps) / GB, raw_r = bytes / median(rr, reps) / GB;
+  const double swp_w = bytes / median(sw, reps) / GB, swp_r = bytes / median(sr, reps) / GB;
+  const double step = median(st, reps);
+  const double tr = bytes / GB / raw_r, tw = bytes / GB / raw_w;
+  const double bound = tr > tw ? tr : tw, serial = tr + tw;
+  printf("path %s, %zu parameters (AdamW fp32: %zu bytes of states), "
+         "%zu-byte blocks, queue depth %d, %s I/O, median of %d\n",
+         path, params, bytes, block, qd, aio, reps);
+  printf("raw O_DIRECT (liburing): write %.3f GB/s, read %.3f GB/s\n", raw_w, raw_r);
+  printf("our swap-out %.3f GB/s (%.2f of raw), swap-in %.3f GB/s (%.2f of raw)\n",
+         swp_w, swp_w / raw_w, swp_r, swp_r / raw_r);
+  printf("optimizer step with NVMe offload %.3f s; disk-bound lower bound "
+         "%.3f s (the states read and written once, overlapped): %.2fx "
+         "(%.2fx the serial bound %.3f s)\n",
+         step, bound, step / bound, step / serial, serial);
+  printf("{\"bench\": \"nvme\", \"path\": \"%s\", \"params\": %zu, \"bytes\": %zu, "
+         "\"block_size\": %zu, \"queue_depth\": %d, \"aio\": \"%s\", "
+         "\"raw_write_GBps\": %.4f, \"raw_read_GBps\": %.4f, "
+         "\"swap_out_GBps\": %.4f, \"swap_in_GBps\": %.4f, "
+         "\"ratio_to_raw_write\": %.4f, \"ratio_to_raw_read\": %.4f, "
+         "\"step_s\": %.4f, \"step_bound_s\": %.4f, \"step_vs_bound\": %.4f, "
+         "\"step_vs_serial_bound\": %.4f}\n",
+         path, params, bytes, block, qd, aio, raw_w, raw_r, swp_w, swp_r,
+         swp_w / raw_w, swp_r / raw_r, step, bound, step / bound,
+         step / serial);
+  return 0;
+}
