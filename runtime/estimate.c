@@ -59,9 +59,13 @@ static zs_status zs__estimate_check(const zs_estimate_config* c) {
   ZS_REQUIRE(c->grad_accum_steps >= 1,
              "zs_estimate: grad_accum_steps must be >= 1, got %d",
              c->grad_accum_steps);
-  ZS_REQUIRE(c->offload_optimizer == 0 || c->offload_optimizer == 1,
-             "zs_estimate: offload_optimizer must be 0 or 1, got %d",
-             c->offload_optimizer);
+  ZS_REQUIRE(c->offload_optimizer >= 0 && c->offload_optimizer <= 2,
+             "zs_estimate: offload_optimizer must be 0, 1 (cpu) or 2 (nvme), "
+             "got %d", c->offload_optimizer);
+  ZS_REQUIRE(c->offload_optimizer != 2 ||
+                 (c->nvme_buffer_size >= 4096 && c->nvme_buffer_size % 4096 == 0),
+             "zs_estimate: nvme_buffer_size must be a multiple of 4096, got "
+             "%zu", c->nvme_buffer_size);
   ZS_REQUIRE(c->offload_params == 0 ||
                  (c->offload_params == 1 && c->offload_optimizer &&
                   c->stage == 3),
@@ -77,8 +81,23 @@ static zs_status zs__estimate_check(const zs_estimate_config* c) {
  * mean what zs_memory_stats means: model_state_bytes counts the four
  * model-state categories (not offload_host), total every category. */
 static void zs__estimate_total(zs_memory_estimate* out,
-                               const zs_estimate_config* c) {
-  if (c->offload_optimizer) {
+                               const zs_estimate_config* c,
+                               size_t largest_span) {
+  if (c->offload_optimizer == 2) {
+    /* NVMe: the swap file holds them; three slots of the pinned pool hold
+     * a sub-group's fields each (engine_nvme.c) */
+    const size_t master = out->bytes[ZS_MEM_MASTER_WEIGHTS];
+    const size_t fields = (master > 0) + (size_t)zs__estimate_nstates(c);
+    out->nvme_bytes = master + out->bytes[ZS_MEM_OPTIMIZER_STATES];
+    size_t sg = c->nvme_buffer_size / 4;
+    if (c->nvme_sub_group_size > 0 && c->nvme_sub_group_size < sg)
+      sg = c->nvme_sub_group_size;
+    if (largest_span < sg) sg = largest_span;
+    const size_t slot = (sg * 4 + 4095) / 4096 * 4096;
+    if (out->nvme_bytes > 0)
+      out->bytes[ZS_MEM_NVME_STAGING] += 3 * fields * slot;
+    out->bytes[ZS_MEM_MASTER_WEIGHTS] = out->bytes[ZS_MEM_OPTIMIZER_STATES] = 0;
+  } else if (c->offload_optimizer) {
     out->bytes[ZS_MEM_OFFLOAD_HOST] += out->bytes[ZS_MEM_MASTER_WEIGHTS] +
                                        out->bytes[ZS_MEM_OPTIMIZER_STATES];
     out->bytes[ZS_MEM_MASTER_WEIGHTS] = out->bytes[ZS_MEM_OPTIMIZER_STATES] = 0;
@@ -113,7 +132,7 @@ zs_status zs_estimate_params(double params, const zs_estimate_config* c,
   const zs__unit_layout l = {n, n, (n + W - 1) / W};
   zs__estimate_states(c, &l, zs_dtype_size(dt), zs_dtype_size(gdt),
                       dt != ZS_FLOAT32, n > 0, zs__estimate_nstates(c), out);
-  zs__estimate_total(out, c);
+  zs__estimate_total(out, c, c->stage == 0 ? l.padded : l.shard);
   return ZS_OK;
 }
 
@@ -173,6 +192,7 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
   size_t* offsets = NULL;
   int* alias = NULL;
   int nunits = 0;
+  size_t span_max = 0; /* the largest trainable optimizer span (NVMe) */
   char** tnames = NULL; /* tensor name -> unit, for ties */
   int* tunit = NULL;
   int ntn = 0;
@@ -314,6 +334,10 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
                              c->ranks, offsets, &l));
     u->padded = l.padded;
     u->shard = l.shard;
+    if (u->trainable) {
+      const size_t sp = c->stage == 0 ? l.padded : l.shard;
+      if (sp > span_max) span_max = sp;
+    }
     if (l.padded > out->largest_unit_elements)
       out->largest_unit_elements = l.padded;
     zs__estimate_states(c, &l, u->elem, u->gelem, u->lowp, u->trainable,
@@ -378,7 +402,7 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
     out->bytes[ZS_MEM_ACTIVATIONS] =
         fixed + (size_t)llround((double)(bytes - fixed) * scale);
   }
-  zs__estimate_total(out, c);
+  zs__estimate_total(out, c, span_max);
 cleanup:
   for (int i = 0; units != NULL && i < nunits; i++) free(units[i].owners);
   free(units);

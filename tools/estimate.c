@@ -28,8 +28,11 @@ static const char kUsage[] =
     "  --prefetch-depth N  stage-3 prefetch depth 0..64 [2]\n"
     "  --batch B           global batch to scale described activations to\n"
     "  --grad-accum K      micro-batches per step, with --batch [1]\n"
-    "  --offload-optimizer none|cpu  master weights and optimizer states in\n"
-    "                      host memory (ZeRO-Offload) [none]\n"
+    "  --offload-optimizer none|cpu|nvme  master weights and optimizer\n"
+    "                      states in host memory (ZeRO-Offload), or on disk\n"
+    "                      through a pinned pool (nvme; ZeRO-Infinity)\n"
+    "                      [none]\n"
+    "  --nvme-buffer-size B, --nvme-sub-group N  as zs_config.nvme [16 MiB, 0]\n"
     "  --offload-param none|cpu      stage 3: parameter shards too [none]\n"
     "  --largest-layer N   with --params: the largest layer's elements, for\n"
     "                      DeepSpeed's stage-3 row (a model gives its own)\n"
@@ -88,9 +91,12 @@ static void print_json(const zs_estimate_config* c, const zs_memory_estimate* e,
     fprintf(out, "\"%s\":%zu,", zs_mem_category_name((zs_mem_category)k),
             e->bytes[k]);
   fprintf(out, "\"total\":%zu}", e->total);
+  const size_t host = e->bytes[ZS_MEM_OFFLOAD_HOST] + e->bytes[ZS_MEM_NVME_STAGING];
   fprintf(out, ",\"device_bytes\":%zu,\"per_node_host_bytes\":%zu",
-          e->total - e->bytes[ZS_MEM_OFFLOAD_HOST],
-          e->bytes[ZS_MEM_OFFLOAD_HOST] * (size_t)(c->ranks / c->nodes));
+          e->total - host, host * (size_t)(c->ranks / c->nodes));
+  if (c->offload_optimizer == 2)
+    fprintf(out, ",\"nvme_bytes\":%zu,\"per_node_nvme_bytes\":%zu",
+            e->nvme_bytes, e->nvme_bytes * (size_t)(c->ranks / c->nodes));
   if (ds > 0) fprintf(out, ",\"deepspeed_model_states_bytes\":%.0f", ds);
   fprintf(out, "}");
 }
@@ -104,13 +110,18 @@ static void print_row(const zs_estimate_config* c, const zs_memory_estimate* e,
           e->bytes[ZS_MEM_PARAMS] / 1e9, e->bytes[ZS_MEM_GRADS] / 1e9,
           e->bytes[ZS_MEM_MASTER_WEIGHTS] / 1e9,
           e->bytes[ZS_MEM_OPTIMIZER_STATES] / 1e9,
-          (e->total - e->bytes[ZS_MEM_OFFLOAD_HOST]) / 1e9,
-          (e->total - e->bytes[ZS_MEM_OFFLOAD_HOST]) *
+          (e->total - e->bytes[ZS_MEM_OFFLOAD_HOST] - e->bytes[ZS_MEM_NVME_STAGING]) / 1e9,
+          (e->total - e->bytes[ZS_MEM_OFFLOAD_HOST] - e->bytes[ZS_MEM_NVME_STAGING]) *
               (double)(c->ranks / c->nodes) / 1e9);
   if (e->bytes[ZS_MEM_OFFLOAD_HOST] > 0)
     fprintf(out, "         offloaded to host memory: %.3f GB/rank, %.3f GB/node\n",
             e->bytes[ZS_MEM_OFFLOAD_HOST] / 1e9,
             e->bytes[ZS_MEM_OFFLOAD_HOST] * (double)(c->ranks / c->nodes) / 1e9);
+  if (c->offload_optimizer == 2)
+    fprintf(out, "         on NVMe: %.3f GB/rank, %.3f GB/node; pinned staging "
+            "%.1f MB/rank\n", e->nvme_bytes / 1e9,
+            e->nvme_bytes * (double)(c->ranks / c->nodes) / 1e9,
+            e->bytes[ZS_MEM_NVME_STAGING] / 1e6);
   if (ds > 0)
     fprintf(out, "         DeepSpeed's estimate_zero%d_model_states_mem_needs "
             "(offload none): %.3f GB/GPU\n", c->stage, ds / 1e9);
@@ -177,9 +188,23 @@ int main(int argc, char** argv) {
                                                : &c.offload_optimizer;
       if (v && !strcmp(v, "none")) *dst = 0;
       else if (v && !strcmp(v, "cpu")) *dst = 1;
+      else if (v && !strcmp(v, "nvme") && dst == &c.offload_optimizer) *dst = 2;
       else if (v && !strcmp(v, "nvme"))
-        return fail("nvme offload is not modelled yet (cpu or none)", f);
-      else return fail("expected none or cpu", f);
+        return fail("parameter shards on NVMe are not built yet (cpu or none)", f);
+      else return fail(dst == &c.offload_optimizer ? "expected none, cpu or nvme"
+                                                   : "expected none or cpu", f);
+    } else if (!strcmp(f, "--nvme-buffer-size")) {
+      char* end = NULL;
+      const double b = v ? strtod(v, &end) : -1;
+      if (!v || !*v || *end || !(b >= 4096) || fmod(b, 4096) != 0)
+        return fail("--nvme-buffer-size: expected a multiple of 4096 bytes", v);
+      c.nvme_buffer_size = (size_t)b;
+    } else if (!strcmp(f, "--nvme-sub-group")) {
+      char* end = NULL;
+      const double b = v ? strtod(v, &end) : -1;
+      if (!v || !*v || *end || !(b >= 0) || b != floor(b))
+        return fail("--nvme-sub-group: expected elements >= 0", v);
+      c.nvme_sub_group_size = (size_t)b;
     } else if (!strcmp(f, "--largest-layer")) {
       char* end = NULL;
       largest = v ? strtod(v, &end) : -1;

@@ -1048,14 +1048,19 @@ typedef struct zs_estimate_config {
   int grad_accum_steps; /* >= 1, with global_batch */
   int offload_optimizer; /* 1: ZeRO-Offload's split: fp32 master weights
                             and optimizer states in host memory
-                            (offload_host), the step on the CPU */
+                            (offload_host), the step on the CPU; 2: NVMe
+                            (ZeRO-Infinity): those on disk (nvme_bytes),
+                            a pinned staging pool (nvme_staging) */
   int offload_params;    /* stage 3, with offload_optimizer: the 16-bit
                             parameter shards in host memory too (only the
                             gathered working set on the device) */
+  size_t nvme_buffer_size;    /* as zs_config.nvme.buffer_size (bytes) */
+  size_t nvme_sub_group_size; /* as zs_config.nvme.sub_group_size */
 } zs_estimate_config;
 
-#define ZS_ESTIMATE_CONFIG_INIT \
-  { 1, 1, 0, ZS_DTYPE_COUNT, -1, ZS_OPTIM_ADAMW, 0, 2, 0, 1, 0, 0 }
+#define ZS_ESTIMATE_CONFIG_INIT                                          \
+  { 1, 1, 0, ZS_DTYPE_COUNT, -1, ZS_OPTIM_ADAMW, 0, 2, 0, 1, 0, 0,       \
+    (size_t)16 << 20, 0 }
 
 typedef struct zs_memory_estimate {
   size_t bytes[ZS_MEM_CATEGORY_COUNT]; /* per rank, peak per category
@@ -1068,6 +1073,10 @@ typedef struct zs_memory_estimate {
                                offload_host for the device's share) */
   size_t largest_unit_elements; /* of a description: the largest unit's
                                    padded elements; 0 for a count */
+  size_t nvme_bytes;        /* NVMe offload: the master weights and
+                               optimizer states on disk per rank (the swap
+                               file, less its rounding of each sub-group's
+                               regions up to 4 KiB) */
 } zs_memory_estimate;
 
 /* From a parameter count (a whole number, elements). Pure computation.

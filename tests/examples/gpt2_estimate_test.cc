@@ -144,6 +144,43 @@ TEST(Gpt2Estimate, OffloadSplitIsExact) {
   cJSON_Delete(est);
 }
 
+// With NVMe offload: model states on the device as with CPU offload, the
+// master weights and optimizer states in the swap file, and the pinned
+// staging (three slots of a sub-group's fields) to the byte; bf16 so the
+// master weights are a field too.
+TEST(Gpt2Estimate, NvmeSplitIsExact) {
+  const std::string desc = TmpDir() + "/describe_nvme.json";
+  RunResult d = Shell(Mpirun(2) + g_sharded + kFlags + " --data " + g_data +
+                      " --dtype bf16 --describe " + desc);
+  ASSERT_EQ(d.exit_code, 0) << d.output;
+  RunResult e = Shell(g_estimate + " --model " + desc +
+                      " --ranks 2 --stage 3 --reduce-dtype fp32 --offload-optimizer nvme "
+                      "--nvme-sub-group 1000 --json");
+  ASSERT_EQ(e.exit_code, 0) << e.output;
+  cJSON* est = cJSON_Parse(e.output.c_str());
+  ASSERT_NE(est, nullptr);
+  EXPECT_GT(Num(est, "nvme_bytes"), 0);
+  const std::string dir = TmpDir() + "/est_nvme";
+  Shell("rm -rf " + dir + " && mkdir -p " + dir);
+  const std::string report = TmpDir() + "/est_nvme.json";
+  RunResult r = Shell(Mpirun(2) + g_sharded + kFlags + " --data " + g_data +
+                      " --dtype bf16 --stage 3 --offload nvme --nvme-sub-group 1000 "
+                      "--nvme-path " + dir + " --report " + report);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  cJSON* rep = ParseFile(report);
+  ASSERT_NE(rep, nullptr);
+  const cJSON* row;
+  cJSON_ArrayForEach(row, cJSON_GetObjectItem(rep, "ranks")) {
+    EXPECT_EQ(Num(est, "model_state_bytes"), Num(row, "model_state_bytes"));
+    EXPECT_EQ(Num(cJSON_GetObjectItem(est, "peak_bytes"), "nvme_staging"),
+              Num(cJSON_GetObjectItem(row, "peak_bytes"), "nvme_staging"));
+    EXPECT_GT(Num(cJSON_GetObjectItem(row, "peak_bytes"), "nvme_staging"), 0);
+    EXPECT_EQ(Num(cJSON_GetObjectItem(row, "peak_bytes"), "master_weights"), 0);
+  }
+  cJSON_Delete(rep);
+  cJSON_Delete(est);
+}
+
 // DeepSpeed's rules of thumb next to ours (offload none, per GPU): 13B
 // parameters on 8 GPUs, largest layer 325M: stage 2 4 Psi + 16 Psi / N =
 // 78 GB; stage 3 4 * 325M + 18 Psi / N = 30.55 GB (DeepSpeed's docs example).
@@ -192,6 +229,10 @@ const BadCase kBad[] = {
     {"truncated_model", "--model @TRUNC --ranks 8", "truncated"},
     {"fractional_params", "--params 1.5 --ranks 8", "--params"},
     {"nodes_not_dividing", "--params 1e9 --ranks 6 --nodes 4", "--nodes"},
+    {"nvme_params", "--params 1e9 --ranks 8 --stage 3 --offload-optimizer nvme "
+                    "--offload-param nvme", "not built yet"},
+    {"nvme_buffer", "--params 1e9 --ranks 8 --offload-optimizer nvme "
+                    "--nvme-buffer-size 1000", "--nvme-buffer-size"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Cases, EstimateBadInput, ::testing::ValuesIn(kBad),

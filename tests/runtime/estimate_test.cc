@@ -115,6 +115,35 @@ TEST(Estimate, OffloadMovesStatesToTheHost) {
   EXPECT_LAST_ERROR_HAS("offload_params");
 }
 
+// NVMe offload (ZeRO-Infinity): the master weights and optimizer states
+// go to disk (12 Psi / N for bf16 AdamW), the device keeps the rest, and
+// host memory holds the pinned staging: three slots of a sub-group's three
+// fields, a sub-group being at most a buffer (or the shard).
+TEST(Estimate, NvmeMovesStatesToDiskThroughThePinnedPool) {
+  zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
+  c.ranks = 8;
+  c.stage = 2;
+  c.dtype = ZS_BFLOAT16;
+  c.offload_optimizer = 2;
+  zs_memory_estimate e;
+  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK) << zs_last_error();
+  EXPECT_EQ(e.nvme_bytes, 12ull * 1000000000ull);
+  EXPECT_EQ(e.bytes[ZS_MEM_MASTER_WEIGHTS] + e.bytes[ZS_MEM_OPTIMIZER_STATES] +
+                e.bytes[ZS_MEM_OFFLOAD_HOST], 0u);
+  EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], 3u * 3u * (16u << 20));
+  EXPECT_EQ(e.model_state_bytes, 16ull * 1000000000ull + 2ull * 1000000000ull);
+  c.nvme_sub_group_size = 1000;  // 4000 bytes: one 4 KiB region per field
+  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
+  EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], 3u * 3u * 4096u);
+  c.dtype = ZS_FLOAT32;  // fp32: no master weights, two fields
+  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
+  EXPECT_EQ(e.nvme_bytes, 8ull * 1000000000ull);
+  EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], 3u * 2u * 4096u);
+  c.nvme_buffer_size = 1000;
+  EXPECT_EQ(zs_estimate_params(8e9, &c, &e), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_LAST_ERROR_HAS("nvme_buffer_size");
+}
+
 TEST(Estimate, BadInputNamesTheSetting) {
   zs_memory_estimate e;
   zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
