@@ -77,6 +77,9 @@ typedef struct zs__nccl_impl {
   zs__comm* host; /* MPI over the same ranks, for host buffers (owned) */
   int device;
   int local;      /* one rank: collectives are device copies, no NCCL */
+  cudaEvent_t order; /* reused: the legacy stream's point each call waits
+                        for (cudaStreamWaitEvent takes the event's state at
+                        the call, so one event serves every call) */
 } zs__nccl_impl;
 
 struct zs__comm_req {
@@ -131,11 +134,11 @@ static zs_status zs__nccl_begin(zs__comm* c, zs_dtype dtype, const char* what,
     return zs__error(ZS_ERR_UNSUPPORTED, "NCCL %s: dtype %s", what,
                      zs_dtype_name(dtype));
   zs__nccl_impl* n = zs__nimpl(c);
-  cudaEvent_t ev;
-  cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-  if (e == cudaSuccess) e = cudaEventRecord(ev, cudaStreamLegacy);
-  if (e == cudaSuccess) e = cudaStreamWaitEvent(n->stream, ev, 0);
-  cudaEventDestroy(ev);
+  cudaError_t e = cudaSuccess;
+  if (n->order == NULL)
+    e = cudaEventCreateWithFlags(&n->order, cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventRecord(n->order, cudaStreamLegacy);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(n->stream, n->order, 0);
   if (e != cudaSuccess)
     return zs__error(ZS_ERR_DEVICE, "NCCL backend: ordering event: %s",
                      cudaGetErrorString(e));
@@ -376,6 +379,7 @@ static void zs__nccl_destroy(zs__comm* c) {
       zs__nccl_fn.CommDestroy(n->comm);
     }
     cudaStreamDestroy(n->stream);
+    if (n->order != NULL) cudaEventDestroy(n->order);
     if (n->host != NULL) n->host->ops->destroy(n->host);
     free(n);
   }

@@ -39,7 +39,9 @@ def count_xml(path):
     except ET.ParseError:
         return "unreadable"
     for case in root.iter("testcase"):
-        name = "%s.%s" % (case.get("classname", "?"), case.get("name", "?"))
+        # Bazel's own XML for a test that died (a timeout) has no classname
+        cls = case.get("classname")
+        name = "%s.%s" % (cls, case.get("name", "?")) if cls else case.get("name", "?")
         if case.find("failure") is not None or case.find("error") is not None:
             failed += 1
             names.append(name)

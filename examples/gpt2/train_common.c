@@ -617,11 +617,15 @@ static void gpt2__mib(char* buf, size_t cap, size_t bytes) {
 
 void gpt2_print_memory_table(FILE* out, const zs_memory_stats* rows,
                              int ranks) {
-  static const zs_mem_category cols[] = {
+  zs_mem_category cols[] = {
       ZS_MEM_PARAMS,          ZS_MEM_PARAMS_GATHERED, ZS_MEM_GRADS,
       ZS_MEM_MASTER_WEIGHTS,  ZS_MEM_OPTIMIZER_STATES, ZS_MEM_COMM_BUFFERS,
-      ZS_MEM_ACTIVATIONS,     ZS_MEM_OFFLOAD_HOST,     ZS_MEM_OTHER};
-  const int ncol = (int)(sizeof cols / sizeof cols[0]);
+      ZS_MEM_ACTIVATIONS,     ZS_MEM_OFFLOAD_HOST,     ZS_MEM_OTHER,
+      ZS_MEM_NVME_STAGING};
+  /* the NVMe staging column only when some rank has it */
+  int nvme = 0;
+  for (int r = 0; r < ranks; r++) nvme |= rows[r].peak[ZS_MEM_NVME_STAGING] > 0;
+  const int ncol = (int)(sizeof cols / sizeof cols[0]) - (nvme ? 0 : 1);
   fprintf(out, "peak memory per rank (MiB):\n%4s", "rank");
   for (int k = 0; k < ncol; k++)
     fprintf(out, " %16s", zs_mem_category_name(cols[k]));
