@@ -63,10 +63,11 @@ zs_status zs__nvme_create(zs_context* ctx, zs__nvme** out) {
   }
   if (mkdir(n->dir, 0700) != 0) {
     const int e = errno;
+    zs_status st = zs__error(ZS_ERR_IO, "NVMe offload: cannot create the "
+                             "swap directory %s (config.nvme.path %s): %s",
+                             n->dir, c->path, strerror(e));
     free(n);
-    return zs__error(ZS_ERR_IO, "NVMe offload: cannot create the swap "
-                     "directory %s (config.nvme.path %s): %s", n->dir, c->path,
-                     strerror(e));
+    return st;
   }
   n->made_dir = 1;
   zs_status st = zs__aio_create(c->queue_depth, c->block_size,
