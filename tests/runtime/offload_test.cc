@@ -7,6 +7,7 @@
 #include <zs_mpi.h>
 
 #include <dirent.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -213,6 +214,83 @@ TEST_F(OffloadTest, NvmeReadErrorNamesFileAndOffsetAndFailsEveryRank) {
   MPI_Barrier(MPI_COMM_WORLD);
   EXPECT_EQ(Entries(dir), 0u);
   MPI_Barrier(MPI_COMM_WORLD);
+}
+
+long g_fault_kind = 0;  // 1: a write fails, 2: a read comes back short
+long WriteOrShort(const char*, uint64_t, int write, size_t bytes, long result) {
+  if (g_fault_kind == 1 && write) return -EIO;
+  if (g_fault_kind == 2 && !write) return (long)bytes / 2;
+  return result;
+}
+
+// A failed write and a short read through the engine: the failing rank's
+// error names the operation, the file and the offset, the others fail
+// cleanly, and the swap files are removed.
+TEST_F(OffloadTest, NvmeWriteErrorAndShortReadFailEveryRankNamingTheFile) {
+  const std::string dir = NvmeDir();
+  for (long kind : {1L, 2L}) {
+    TrainConfig cfg;
+    cfg.steps = 2;
+    cfg.stage = 1;
+    cfg.param_dtype = ZS_BFLOAT16;
+    cfg.reduce_dtype = ZS_FLOAT32;
+    cfg.offload = 2;
+    cfg.nvme.path = dir.c_str();
+    const int bad = 0;
+    g_fault_kind = kind;
+    if (rank_ == bad) zs__aio_fault_hook = WriteOrShort;
+    auto m = MakeTransformer();
+    TrainResult r = TrainSharded(*m, cfg);
+    zs__aio_fault_hook = nullptr;
+    const std::string what = kind == 1 ? "write" : "short read";
+    if (rank_ == bad) {
+      EXPECT_EQ(r.status, ZS_ERR_IO) << what << ": " << r.error;
+      EXPECT_NE(r.error.find(kind == 1 ? "write of " : "short read, got "),
+                std::string::npos) << r.error;
+      EXPECT_NE(r.error.find("model-0.swap"), std::string::npos) << r.error;
+      EXPECT_NE(r.error.find(" at offset "), std::string::npos) << r.error;
+    } else {
+      EXPECT_EQ(r.status, ZS_ERR_REMOTE) << what << ": " << r.error;
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    EXPECT_EQ(Entries(dir), 0u) << what;
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
+// A disk too small for the swap files (a 16 KiB tmpfs): zs_model_finalize
+// fails on every rank, the rank whose file did not fit naming it and "no
+// space left", and nothing is left on the disk. Needs mount(2) (root);
+// skipped with the reason otherwise.
+TEST_F(OffloadTest, NvmeDiskFullFailsAtFinalizeOnEveryRank) {
+  const std::string dir = NvmeDir() + "/small";
+  int mounted = 0;
+  if (rank_ == 0) {
+    mkdir(dir.c_str(), 0700);
+    mounted = mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=16k") == 0;
+  }
+  MPI_Bcast(&mounted, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  if (!mounted) GTEST_SKIP() << "cannot mount a small tmpfs here (needs root)";
+  TrainConfig cfg;
+  cfg.steps = 1;
+  cfg.stage = 0;  // the whole buffers: the largest files
+  cfg.offload = 2;
+  cfg.nvme.path = dir.c_str();
+  auto m = MakeTransformer();
+  TrainResult r = TrainSharded(*m, cfg);
+  EXPECT_NE(r.status, ZS_OK);
+  int mine = r.status == ZS_ERR_IO && r.error.find("no space left") != std::string::npos &&
+             r.error.find(".swap") != std::string::npos;
+  int any = 0;
+  MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  EXPECT_EQ(any, 1) << "no rank reported the full disk: " << r.error;
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_EQ(Entries(dir), 0u);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank_ == 0) {
+    umount(dir.c_str());
+    rmdir(dir.c_str());
+  }
 }
 
 // A swap path that cannot hold a directory fails every rank at context
