@@ -6,6 +6,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -361,21 +362,40 @@ cleanup:
   return st;
 }
 
-/* "device": "none" | "cpu" of an offload block; *out unchanged if absent. */
+/* "device": "none" | "cpu" (| "nvme" where nvme_ok) of an offload block;
+ * *out unchanged if absent. */
 static zs_status zs__json_offload_device(const cJSON* o, const char* path,
-                                         int* out) {
+                                         int nvme_ok, int* out) {
   const cJSON* d = cJSON_GetObjectItemCaseSensitive(o, "device");
   if (d == NULL) return ZS_OK;
+  const int nvme = cJSON_IsString(d) && strcasecmp(d->valuestring, "nvme") == 0;
   if (cJSON_IsString(d) && strcasecmp(d->valuestring, "cpu") == 0) *out = 1;
   else if (cJSON_IsString(d) && strcasecmp(d->valuestring, "none") == 0) *out = 0;
+  else if (nvme && nvme_ok) *out = 2;
   else
     return zs__error(ZS_ERR_INVALID_ARGUMENT,
-                     "config JSON: %s.device: expected \"none\" or \"cpu\"%s",
-                     path, cJSON_IsString(d) && strcasecmp(d->valuestring, "nvme") == 0
-                               ? " (NVMe offload is configured in C for now: "
-                                 "zs_config.offload_optimizer.device = 2 and "
-                                 "zs_config.nvme)" : "");
+                     "config JSON: %s.device: expected \"none\", \"cpu\"%s%s",
+                     path, nvme_ok ? " or \"nvme\"" : "",
+                     nvme && !nvme_ok ? " (parameter shards on NVMe are not "
+                                        "built yet)" : "");
   return ZS_OK;
+}
+
+/* A string from a config file, kept for the life of the process (the
+ * config struct holds a pointer; configs are read a few times per run).
+ * NULL if out of memory. */
+static const char* zs__json_keep(const char* v) {
+  static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+  static char* kept[64];
+  static int nkept = 0;
+  pthread_mutex_lock(&lock);
+  const char* out = NULL;
+  for (int i = 0; i < nkept && out == NULL; i++)
+    if (strcmp(kept[i], v) == 0) out = kept[i];
+  if (out == NULL && nkept < 64 && (kept[nkept] = strdup(v)) != NULL)
+    out = kept[nkept++];
+  pthread_mutex_unlock(&lock);
+  return out;
 }
 
 /* zero_optimization.offload_optimizer / offload_param (DeepSpeed's keys,
@@ -388,9 +408,20 @@ static zs_status zs__json_offload(const cJSON* zero, zs_config* c) {
     if (!cJSON_IsObject(oo))
       ZS_FAIL(ZS_ERR_INVALID_ARGUMENT, "config JSON: %s: expected an object", p);
     static const char* const keys[] = {"device", "pin_memory", "numa",
-                                       "threads", NULL};
+                                       "threads", "nvme_path",
+                                       "buffer_count", "buffer_size", NULL};
     ZS_CHECK(zs__json_known_keys(oo, p, keys));
-    ZS_CHECK(zs__json_offload_device(oo, p, &c->offload_optimizer.device));
+    ZS_CHECK(zs__json_offload_device(oo, p, 1, &c->offload_optimizer.device));
+    const cJSON* np = cJSON_GetObjectItemCaseSensitive(oo, "nvme_path");
+    if (np != NULL) {
+      if (!cJSON_IsString(np) || np->valuestring[0] == '\0')
+        ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+                "config JSON: %s.nvme_path: expected a directory", p);
+      if ((c->nvme.path = zs__json_keep(np->valuestring)) == NULL)
+        ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "config JSON: %s.nvme_path", p);
+    }
+    ZS_CHECK(zs__json_size(oo, "buffer_count", p, &c->nvme.buffer_count));
+    ZS_CHECK(zs__json_size(oo, "buffer_size", p, &c->nvme.buffer_size));
     ZS_CHECK(zs__json_int(oo, "pin_memory", p, 0, 1,
                           &c->offload_optimizer.pin_memory));
     ZS_CHECK(zs__json_int(oo, "threads", p, 0, 4096,
@@ -412,7 +443,7 @@ static zs_status zs__json_offload(const cJSON* zero, zs_config* c) {
       ZS_FAIL(ZS_ERR_INVALID_ARGUMENT, "config JSON: %s: expected an object", p);
     static const char* const keys[] = {"device", NULL};
     ZS_CHECK(zs__json_known_keys(op, p, keys));
-    ZS_CHECK(zs__json_offload_device(op, p, &c->offload_param));
+    ZS_CHECK(zs__json_offload_device(op, p, 0, &c->offload_param));
   }
 cleanup:
   return st;
@@ -429,7 +460,7 @@ static zs_status zs__json_apply(const cJSON* root, zs_config* c) {
                                      "communication_data_type",
                                      "gradient_accumulation_steps",
                                      "gradient_accumulation_local",
-                                     "gradient_clipping", "fp16", NULL};
+                                     "gradient_clipping", "fp16", "aio", NULL};
   ZS_CHECK(zs__json_known_keys(root, "", keys));
   const cJSON* zero = cJSON_GetObjectItemCaseSensitive(root, "zero_optimization");
   if (zero != NULL) {
@@ -440,12 +471,13 @@ static zs_status zs__json_apply(const cJSON* root, zs_config* c) {
         "stage", "reduce_bucket_size", "prefetch_depth",
         "stage3_max_live_parameters", "reshard_after_forward",
         "deterministic_reduction", "offload_optimizer", "offload_param",
-        NULL};
+        "sub_group_size", NULL};
     const char* zp = "zero_optimization";
     ZS_CHECK(zs__json_known_keys(zero, zp, zkeys));
     ZS_CHECK(zs__json_int(zero, "stage", zp, 0, 3, &c->stage));
     ZS_CHECK(zs__json_size(zero, "reduce_bucket_size", zp, &c->bucket_elements));
     ZS_CHECK(zs__json_int(zero, "prefetch_depth", zp, 0, 64, &c->prefetch_depth));
+    ZS_CHECK(zs__json_size(zero, "sub_group_size", zp, &c->nvme.sub_group_size));
     ZS_CHECK(zs__json_size(zero, "stage3_max_live_parameters", zp,
                            &c->max_live_elements));
     ZS_CHECK(zs__json_int(zero, "reshard_after_forward", zp, 0, 1,
@@ -502,6 +534,29 @@ static zs_status zs__json_apply(const cJSON* root, zs_config* c) {
             "disables clipping), got %g", clip);
   c->clip_grad_norm = clip > 0.0;
   if (clip > 0.0) c->max_grad_norm = clip;
+  /* DeepSpeed's "aio" block (NVMe offload's I/O), with "backend" added */
+  const cJSON* aio = cJSON_GetObjectItemCaseSensitive(root, "aio");
+  if (aio != NULL) {
+    if (!cJSON_IsObject(aio))
+      ZS_FAIL(ZS_ERR_INVALID_ARGUMENT, "config JSON: aio: expected an object");
+    static const char* const akeys[] = {"block_size", "queue_depth", "backend",
+                                        NULL};
+    ZS_CHECK(zs__json_known_keys(aio, "aio", akeys));
+    ZS_CHECK(zs__json_size(aio, "block_size", "aio", &c->nvme.block_size));
+    ZS_CHECK(zs__json_int(aio, "queue_depth", "aio", 1, 4096, &c->nvme.queue_depth));
+    const cJSON* b = cJSON_GetObjectItemCaseSensitive(aio, "backend");
+    if (b != NULL) {
+      if (cJSON_IsString(b) && strcasecmp(b->valuestring, "auto") == 0)
+        c->nvme.aio = 0;
+      else if (cJSON_IsString(b) && strcasecmp(b->valuestring, "io_uring") == 0)
+        c->nvme.aio = 1;
+      else if (cJSON_IsString(b) && strcasecmp(b->valuestring, "threads") == 0)
+        c->nvme.aio = 2;
+      else
+        ZS_FAIL(ZS_ERR_INVALID_ARGUMENT, "config JSON: aio.backend: expected "
+                "\"auto\", \"io_uring\" or \"threads\"");
+    }
+  }
   const cJSON* fp16 = cJSON_GetObjectItemCaseSensitive(root, "fp16");
   if (fp16 != NULL) {
     if (!cJSON_IsObject(fp16))

@@ -346,7 +346,11 @@ zs_status zs_config_validate(const zs_config* config);
  * must not be silently ignored). Errors: ZS_ERR_INVALID_ARGUMENT naming the
  * key (e.g. "zero_optimization.stage: expected an integer 0..3, got 5") or
  * the parse position; *config is unchanged on error. Also
- * "collective_timeout" (seconds). */
+ * "collective_timeout" (seconds); NVMe offload's
+ * "zero_optimization.offload_optimizer.{nvme_path, buffer_count,
+ * buffer_size}", "zero_optimization.sub_group_size" and "aio.{block_size,
+ * queue_depth, backend}" (the nvme_path string is kept by the library for
+ * the life of the process). */
 zs_status zs_config_from_json(const char* text, zs_config* config);
 
 /* Like zs_config_from_json on the contents of the file at path.

@@ -611,6 +611,39 @@ TEST(ConfigJson, FullDeepSpeedStyleExample) {
   ExpectConfigEq(c, want);
 }
 
+// NVMe offload from JSON: DeepSpeed's keys (offload_optimizer.nvme_path,
+// buffer_count, zero_optimization.sub_group_size, aio.block_size and
+// queue_depth) plus buffer_size and aio.backend.
+TEST(ConfigJson, NvmeOffloadKeys) {
+  zs_config c = ZS_CONFIG_INIT;
+  ASSERT_EQ(zs_config_from_json(R"({"zero_optimization": {"stage": 3,
+      "sub_group_size": 1000000, "offload_optimizer": {"device": "nvme",
+      "nvme_path": "/local_nvme", "buffer_count": 12, "buffer_size": 8388608}},
+      "aio": {"block_size": 2097152, "queue_depth": 32, "backend": "threads"}})",
+                                &c), ZS_OK) << zs_last_error();
+  EXPECT_EQ(c.offload_optimizer.device, 2);
+  EXPECT_STREQ(c.nvme.path, "/local_nvme");
+  EXPECT_EQ(c.nvme.buffer_count, 12u);
+  EXPECT_EQ(c.nvme.buffer_size, 8388608u);
+  EXPECT_EQ(c.nvme.sub_group_size, 1000000u);
+  EXPECT_EQ(c.nvme.block_size, 2097152u);
+  EXPECT_EQ(c.nvme.queue_depth, 32);
+  EXPECT_EQ(c.nvme.aio, 2);
+  zs_config d = ZS_CONFIG_INIT;
+  EXPECT_EQ(zs_config_from_json(R"({"zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "nvme"}}})",
+                                &d), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_LAST_ERROR_HAS("parameter shards on NVMe are not built yet");
+  EXPECT_EQ(zs_config_from_json(R"({"aio": {"backend": "libaio"}})", &d),
+            ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_LAST_ERROR_HAS("aio.backend");
+  EXPECT_EQ(zs_config_from_json(
+                R"({"zero_optimization": {"offload_optimizer": {"device": "nvme"}}})", &d),
+            ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_LAST_ERROR_HAS("config.nvme.path");
+  EXPECT_EQ(d.offload_optimizer.device, 0);  // unchanged on error
+}
+
 TEST(ConfigJson, SgdParamsAndBooleanNesterov) {
   const char* text = R"({"optimizer": {"type": "SGD", "params": {
       "lr": 0.1, "momentum": 0.9, "dampening": 0, "nesterov": true,
