@@ -226,6 +226,16 @@ zs_status zs__nvme_step(zs_model* m, float coef);
 zs_status zs__nvme_read_field(zs_model* m, zs__unit* u, int field,
                               float** out);
 uint64_t zs__nvme_file_bytes(const zs_model* m);
+/* Writes a unit's span of one field (as read_field's) back to the file. */
+zs_status zs__nvme_write_field(zs_model* m, zs__unit* u, int field,
+                               const float* buf);
+/* read_field, then *out at this rank's shard of it (the optimizer span at
+ * stages 1-3 is the shard; at stage 0 the shard is inside it); stale master
+ * weights are the parameters widened. *tmp: the caller frees. */
+zs_status zs__nvme_shard(zs_model* m, zs__unit* u, int field, char** out,
+                         float** tmp);
+/* Whether a unit keeps fp32 master weights (in memory, or on NVMe). */
+int zs__unit_has_master(const zs_model* m, const zs__unit* u);
 const char* zs__nvme_aio_name(const zs__nvme* n);
 
 /* The staging of the offloaded step on a GPU (engine_step.c), freed with

@@ -88,7 +88,7 @@ static zs_status zs__ckpt_describe(const zs_model* m, zs__ckpt_meta* cm) {
     zs__ckpt_unit* cu = &cm->units[i];
     snprintf(cu->name, sizeof cu->name, "%s", u->name);
     cu->dtype = u->dtype;
-    cu->wdtype = u->master != NULL ? ZS_FLOAT32 : u->dtype;
+    cu->wdtype = zs__unit_has_master(m, u) ? ZS_FLOAT32 : u->dtype;
     cu->used = u->layout.used;
     cu->padded = u->layout.padded;
     cu->shard = u->layout.shard;
@@ -137,16 +137,19 @@ static zs_status zs__ckpt_write_rank(zs_model* m, const char* path,
     zs__unit* u = &m->units[i];
     st = zs__master_refresh(m, u);
     for (int f = 0; f <= zs__ckpt_nstates(u) && st == ZS_OK; f++) {
-      const char* src;
+      const char* src = NULL;
       size_t esz;
-      if (f == 0 && u->master != NULL) {
-        src = zs__master_shard_ptr(m, u);
+      float* nvme_tmp = NULL; /* NVMe offload: the field read back */
+      if (f == 0 && zs__unit_has_master(m, u)) {
+        if (m->nvme != NULL) st = zs__nvme_shard(m, u, -1, (char**)&src, &nvme_tmp);
+        else src = zs__master_shard_ptr(m, u);
         esz = sizeof(float);
       } else if (f == 0) {
         src = zs__param_shard_ptr(m, u);
         esz = u->elem;
       } else {
-        src = zs__state_shard_ptr(m, u, f - 1);
+        if (m->nvme != NULL) st = zs__nvme_shard(m, u, f - 1, (char**)&src, &nvme_tmp);
+        else src = zs__state_shard_ptr(m, u, f - 1);
         esz = sizeof(float);
       }
       const size_t bytes = u->layout.shard * esz, chunk = ZS__CKPT_CHUNK * 4;
@@ -155,6 +158,7 @@ static zs_status zs__ckpt_write_rank(zs_model* m, const char* path,
         st = dev->ops->copy(dev, stage, src + b, n, NULL);
         if (st == ZS_OK) st = zs__ckpt_writer_write(&w, stage, n);
       }
+      free(nvme_tmp);
     }
   }
   free(stage);
@@ -335,10 +339,6 @@ zs_status zs_checkpoint_save(zs_model* m, const char* root, const char* name,
                              const void* extras, size_t extras_bytes) {
   zs_status st = zs__check_finalized(m, "zs_checkpoint_save");
   if (st != ZS_OK) return st;
-  if (m->nvme != NULL) /* the same on every rank: the config is agreed */
-    return zs__error(ZS_ERR_UNSUPPORTED, "%s with NVMe offload is not built "
-                     "yet (the optimizer states are in the swap file): "
-                     "checkpoint with CPU offload or none", "zs_checkpoint_save");
   zs__comm* comm = m->ctx->comm;
   const int rank = m->ctx->rank, world = m->ctx->world;
   char namebuf[64], tmp[ZS__CKPT_PATH_MAX], path[ZS__CKPT_PATH_MAX];
@@ -515,6 +515,28 @@ static zs_status zs__ckpt_load_span(zs_model* m, zs__unit* u,
   return st;
 }
 
+/* A master-weight (which -1) or state (which k) field of a unit's
+ * optimizer span [ob, ob + on): into the unit's buffer, or with NVMe
+ * offload into the swap file (read, loaded over, written back, so the
+ * elements the checkpoint does not hold keep their values). */
+static zs_status zs__ckpt_load_field(zs_model* m, zs__unit* u,
+                                     zs__ckpt_reader* rd, const int* map,
+                                     int field, size_t ob, size_t on,
+                                     int which, char* buf) {
+  if (m->nvme == NULL)
+    return zs__ckpt_load_span(m, u, rd, map, field, ob, on,
+                              which < 0 ? u->master : u->state[which],
+                              ZS_FLOAT32, buf);
+  float* tmp = NULL;
+  zs_status st = zs__nvme_read_field(m, u, which, &tmp);
+  if (st == ZS_OK)
+    st = zs__ckpt_load_span(m, u, rd, map, field, ob, on, (char*)tmp,
+                            ZS_FLOAT32, buf);
+  if (st == ZS_OK) st = zs__nvme_write_field(m, u, which, tmp);
+  free(tmp);
+  return st;
+}
+
 static zs_status zs__ckpt_load_units(zs_model* m, zs__ckpt_reader* rd,
                                      const int* map, int weights_only) {
   const int stage = m->ctx->config.stage, rank = m->ctx->rank;
@@ -535,15 +557,13 @@ static zs_status zs__ckpt_load_units(zs_model* m, zs__ckpt_reader* rd,
     /* Master weights and optimizer states: the optimizer's span. */
     const size_t ob = stage == 0 ? 0 : sb;
     const size_t on = stage == 0 ? u->layout.padded : u->layout.shard;
-    if (st == ZS_OK && u->master != NULL) {
-      st = zs__ckpt_load_span(m, u, rd, map, 0, ob, on, u->master, ZS_FLOAT32,
-                              buf);
+    if (st == ZS_OK && zs__unit_has_master(m, u)) {
+      st = zs__ckpt_load_field(m, u, rd, map, 0, ob, on, -1, buf);
       if (st == ZS_OK) u->master_stale = 0;
     }
     for (int k = 0; !weights_only && k < zs__ckpt_nstates(u) && st == ZS_OK;
          k++)
-      st = zs__ckpt_load_span(m, u, rd, map, 1 + k, ob, on, u->state[k],
-                              ZS_FLOAT32, buf);
+      st = zs__ckpt_load_field(m, u, rd, map, 1 + k, ob, on, k, buf);
   }
   free(buf);
   return st;
@@ -577,10 +597,6 @@ zs_status zs_checkpoint_load(zs_model* m, const char* path, unsigned flags,
                              size_t* extras_bytes) {
   zs_status st = zs__check_finalized(m, "zs_checkpoint_load");
   if (st != ZS_OK) return st;
-  if (m->nvme != NULL) /* the same on every rank: the config is agreed */
-    return zs__error(ZS_ERR_UNSUPPORTED, "%s with NVMe offload is not built "
-                     "yet (the optimizer states are in the swap file): "
-                     "checkpoint with CPU offload or none", "zs_checkpoint_load");
   zs__comm* comm = m->ctx->comm;
   const int rank = m->ctx->rank, world = m->ctx->world;
   const int weights_only = (flags & ZS_LOAD_WEIGHTS_ONLY) != 0;

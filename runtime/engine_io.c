@@ -160,8 +160,7 @@ static zs_dtype zs__field_dtype(const zs_model* m, const zs__tensor* owner,
       return frozen || adam || u->nstates == 0 ? ZS_DTYPE_COUNT : ZS_FLOAT32;
     case ZS_FIELD_MASTER: {
       /* with NVMe offload a 16-bit unit's master weights are on disk */
-      const int has = u->master != NULL ||
-                      (m->nvme != NULL && u->trainable && u->dtype != ZS_FLOAT32);
+      const int has = zs__unit_has_master(m, u);
       if (!frozen && !has)
         *why = "it is fp32 (its parameters are the master weights)";
       return frozen || !has ? ZS_DTYPE_COUNT : ZS_FLOAT32;
@@ -173,28 +172,6 @@ static zs_dtype zs__field_dtype(const zs_model* m, const zs__tensor* owner,
 
 /* This rank's shard of the buffer behind `field` and its dtype, or an
  * error naming why the tensor has no such field. */
-/* NVMe offload: a state or master field read back from the swap file into
- * *tmp (malloc'ed, the caller frees), *out at this rank's shard of it. The
- * master weights of a unit that has not stepped since its parameters were
- * written are those parameters, widened (as zs__master_refresh would). */
-static zs_status zs__nvme_field_shard(zs_model* m, zs__unit* u, zs_field field,
-                                      void** out, float** tmp) {
-  const int k = field == ZS_FIELD_MASTER ? -1
-                : field == ZS_FIELD_EXP_AVG_SQ ? 1 : 0;
-  zs_status st = zs__nvme_read_field(m, u, k, tmp);
-  if (st != ZS_OK) return st;
-  char *p, *g;
-  const size_t span = zs__optimize_span(m, u, &p, &g);
-  if (k < 0 && u->master_stale)
-    st = m->ctx->host->ops->convert(m->ctx->host, *tmp, ZS_FLOAT32, p, u->dtype,
-                                    span, NULL);
-  const size_t begin = m->ctx->config.stage == 0
-                           ? zs__layout_shard_begin(&u->layout, m->ctx->rank)
-                           : 0;
-  *out = *tmp + begin;
-  return st;
-}
-
 static zs_status zs__field_shard(zs_model* m, const zs__tensor* t,
                                  const zs__tensor* owner, zs__unit* u,
                                  zs_field field, void** out, zs_dtype* dtype,
@@ -218,7 +195,11 @@ static zs_status zs__field_shard(zs_model* m, const zs__tensor* t,
     case ZS_FIELD_MOMENTUM:
     case ZS_FIELD_EXP_AVG_SQ:
     case ZS_FIELD_MASTER:
-      if (m->nvme != NULL) return zs__nvme_field_shard(m, u, field, out, tmp);
+      if (m->nvme != NULL)
+        return zs__nvme_shard(m, u,
+                              field == ZS_FIELD_MASTER ? -1
+                              : field == ZS_FIELD_EXP_AVG_SQ ? 1 : 0,
+                              (char**)out, tmp);
       break;
   }
   switch (field) {

@@ -741,6 +741,11 @@ zs_status zs__master_refresh_range(zs_model* m, zs__unit* u, size_t begin,
                            hi - lo, NULL);
 }
 
+int zs__unit_has_master(const zs_model* m, const zs__unit* u) {
+  return u->master != NULL ||
+         (m->nvme != NULL && u->trainable && u->dtype != ZS_FLOAT32);
+}
+
 zs_status zs__master_refresh(zs_model* m, zs__unit* u) {
   if (u->master == NULL || !u->master_stale) return ZS_OK;
   const int stage = m->ctx->config.stage;

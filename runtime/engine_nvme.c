@@ -268,3 +268,39 @@ zs_status zs__nvme_read_field(zs_model* m, zs__unit* u, int field,
   *out = buf;
   return ZS_OK;
 }
+
+zs_status zs__nvme_write_field(zs_model* m, zs__unit* u, int field,
+                               const float* buf) {
+  zs__nvme_model* nm = m->nvme;
+  const int f = field < 0 ? 0 : nm->has_master + field;
+  zs_status st = ZS_OK;
+  for (int k = 0; k < nm->ngroups && st == ZS_OK; k++) {
+    if (&m->units[nm->unit[k]] != u) continue;
+    const zs__swap_group* g = &nm->groups[k];
+    const size_t bytes = (nm->hi[k] - nm->lo[k]) * sizeof(float);
+    memcpy(nm->slots[0][0], buf + nm->lo[k], bytes);
+    memset((char*)nm->slots[0][0] + bytes, 0, g->bytes - bytes);
+    st = zs__aio_submit(m->ctx->nvme->aio, nm->file, 1, nm->slots[0][0],
+                        g->bytes, g->offset[f]);
+    if (st == ZS_OK) st = zs__aio_wait(m->ctx->nvme->aio);
+  }
+  return st;
+}
+
+zs_status zs__nvme_shard(zs_model* m, zs__unit* u, int field, char** out,
+                         float** tmp) {
+  zs_status st = zs__nvme_read_field(m, u, field, tmp);
+  if (st != ZS_OK) return st;
+  char *p, *g;
+  const size_t span = zs__optimize_span(m, u, &p, &g);
+  /* master weights not stepped since the parameters were written are
+   * those parameters, widened (what zs__master_refresh would give) */
+  if (field < 0 && u->master_stale)
+    st = m->ctx->host->ops->convert(m->ctx->host, *tmp, ZS_FLOAT32, p,
+                                    u->dtype, span, NULL);
+  const size_t begin = m->ctx->config.stage == 0
+                           ? zs__layout_shard_begin(&u->layout, m->ctx->rank)
+                           : 0;
+  *out = (char*)(*tmp + begin);
+  return st;
+}

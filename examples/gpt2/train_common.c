@@ -282,12 +282,7 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
              "nvme");
     return -1;
   }
-  if (a->offload == 2 && (a->save != NULL || a->resume != NULL)) {
-    snprintf(err, cap, "--save and --resume with --offload nvme are not "
-             "built yet (checkpoints of states in swap files): use "
-             "--offload cpu to checkpoint");
-    return -1;
-  }
+
   if ((long long)a->val_batches * a->batch > (1 << 20)) {
     snprintf(err, cap, "--val-batches %d x --batch %d: more than 2^20 val "
              "sequences", a->val_batches, a->batch);

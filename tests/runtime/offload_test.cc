@@ -185,6 +185,53 @@ TEST_F(OffloadTest, NvmeIsBitwiseCpuOffloadAndNoOffload) {
       }
 }
 
+// Checkpoints with NVMe offload: the master weights and moments are read
+// from the swap file into the checkpoint and written back at load, so
+// 3 steps + save + load + 3 steps equals 6 straight steps bitwise, and a
+// checkpoint saved with NVMe offload continues bitwise with CPU offload
+// (the same checkpoint format).
+TEST_F(OffloadTest, NvmeCheckpointsResumeBitwise) {
+  const std::string dir = NvmeDir();
+  const char* t = std::getenv("TEST_TMPDIR");
+  const std::string root = std::string(t != nullptr ? t : "/tmp") + "/nvme-ckpt";
+  for (int stage : {0, 3}) {
+    const std::string what = "stage " + std::to_string(stage);
+    TrainConfig cfg;
+    cfg.stage = stage;
+    cfg.param_dtype = ZS_BFLOAT16;
+    cfg.reduce_dtype = ZS_FLOAT32;
+    cfg.offload = 2;
+    cfg.nvme.path = dir.c_str();
+    cfg.nvme.sub_group_size = 7;
+    auto run = [&](int first, int steps, const std::string& load,
+                   const std::string& save, int offload) {
+      cfg.first_step = first;
+      cfg.steps = steps;
+      cfg.load = load;
+      cfg.save = save;
+      cfg.save_name = "";
+      cfg.offload = offload;
+      auto m = MakeTransformer();
+      TrainResult r = TrainSharded(*m, cfg);
+      EXPECT_EQ(r.status, ZS_OK) << what << ": " << r.error;
+      return r;
+    };
+    const std::string ck = root + std::to_string(stage);
+    TrainResult straight = run(0, 6, "", "", 2);
+    TrainResult first = run(0, 3, "", ck, 2);
+    TrainResult resumed = run(3, 3, ck, "", 2);
+    TrainResult on_cpu = run(3, 3, ck, "", 1);
+    auto m = MakeTransformer();
+    ExpectSameTensors(straight, resumed, *m, what + " resumed with NVMe");
+    ExpectSameTensors(straight, on_cpu, *m, what + " resumed with CPU offload");
+    for (int s = 0; s < 3; s++)
+      EXPECT_EQ(straight.losses[3 + s], resumed.losses[s]) << what << " step " << s;
+    MPI_Barrier(MPI_COMM_WORLD);
+    EXPECT_EQ(Entries(dir), 0u) << what;
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
 long FailFirstRead(const char*, uint64_t offset, int write, size_t, long result) {
   return !write && offset == 0 ? -EIO : result;
 }
