@@ -158,6 +158,11 @@ struct zs_model {
   /* NVMe offload: the swap file and sub-groups (engine_nvme.c); NULL
    * without it. */
   struct zs__nvme_model* nvme;
+  /* A step failed after it had changed the optimizer states on some ranks
+   * (an NVMe I/O error): further steps are refused with this message until
+   * a checkpoint with optimizer state is loaded. */
+  int broken;
+  char broken_msg[512];
 };
 
 /* ---- engine_model.c ---- */

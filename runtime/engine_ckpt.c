@@ -635,6 +635,7 @@ zs_status zs_checkpoint_load(zs_model* m, const char* path, unsigned flags,
     m->steps_called = cm.iteration * m->ctx->config.grad_accum_steps;
     m->steps_applied = cm.steps_applied;
     m->micro = 0;
+    m->broken = 0; /* the optimizer states are whole again */
     /* The scaler's state carries over when the same kind of scaler runs
      * (a static or absent one keeps its configured scale). */
     if (cm.scaler_mode == m->ctx->config.loss_scaler.mode) {

@@ -115,6 +115,7 @@ void zs__nvme_model_free(zs_model* m) {
 }
 
 zs_status zs__nvme_model_init(zs_model* m) {
+  zs__nvme_model_free(m); /* a finalize that failed earlier may have left one */
   zs__nvme* n = m->ctx->nvme;
   const zs_nvme_config* c = &m->ctx->config.nvme;
   zs_status st = ZS_OK;

@@ -474,8 +474,8 @@ static zs_status zs__step_apply(zs_model* m, zs_step_info* info,
     zs_status local = zs__nvme_step(m, (float)coef);
     st = zs__comm_agree(m->ctx->comm, local, "NVMe offload step");
     if (st != ZS_OK) {
-      m->poisoned = 1;
-      snprintf(m->poison_msg, sizeof m->poison_msg, "%s", zs__error_body());
+      m->broken = 1;
+      snprintf(m->broken_msg, sizeof m->broken_msg, "%s", zs__error_body());
       goto cleanup;
     }
   } else if (staged) {
@@ -522,6 +522,14 @@ static zs_status zs__step_run(zs_model* m, zs_step_info* info, int discard) {
   const char* fn = discard ? "zs_step_discard" : "zs_step";
   zs_status st = zs__check_finalized(m, fn);
   if (st != ZS_OK) return st;
+  /* the same on every rank: the failure was agreed; discarding (which
+   * runs no optimizer) stays possible, to drop pending gradients */
+  if (m->broken && !discard)
+    return zs__error(ZS_ERR_INVALID_STATE, "%s: an earlier step failed after "
+                     "updating part of the optimizer states (%s); drop the "
+                     "pending gradients (zs_step_discard) and load a "
+                     "checkpoint (zs_checkpoint_load) to go on", fn,
+                     m->broken_msg);
   zs_step_info local_info;
   if (info == NULL) info = &local_info;
   memset(info, 0, sizeof *info);

@@ -233,7 +233,7 @@ typedef struct zs_offload_config {
  * and k-1 is written (ZeRO-Infinity, Rajbhandari et al. SC'21, sec. 6). */
 typedef struct zs_nvme_config {
   const char* path;      /* an existing directory on the fast device;
-                            copied at zs_context_create */
+                            read at zs_context_create, not retained */
   size_t buffer_count;   /* pool buffers, >= 3 x the fields per element
                             (master, exp_avg, exp_avg_sq: 9 covers every
                             optimizer); default 9 */
@@ -807,7 +807,10 @@ typedef struct zs_step_info {
  * decays and moves it), runs the optimizer on this rank's part (the whole
  * buffer at stage 0, the shard at 1-3), and at stages 1-2 all-gathers the
  * updated parameters. Collective. info may be NULL. Errors: INVALID_STATE,
- * REMOTE, MISMATCH, COMM, TIMEOUT, OUT_OF_MEMORY. Algorithm: ZeRO
+ * REMOTE, MISMATCH, COMM, TIMEOUT, OUT_OF_MEMORY; with NVMe offload IO (a
+ * disk error on this rank; REMOTE on the others), after which the states
+ * are partly updated and zs_step refuses (INVALID_STATE) until
+ * zs_step_discard and a zs_checkpoint_load. Algorithm: ZeRO
  * (arXiv:1910.02054) section 5.
  * With gradient accumulation (config.grad_accum_steps K) call it after
  * every micro-batch: the first K-1 calls reduce (or keep, with

@@ -258,6 +258,7 @@ TEST_F(OffloadTest, NvmeReadErrorNamesFileAndOffsetAndFailsEveryRank) {
   } else {
     EXPECT_EQ(r.status, ZS_ERR_REMOTE) << r.error;
   }
+  // (the model refuses further steps after such a failure: the next test)
   MPI_Barrier(MPI_COMM_WORLD);
   EXPECT_EQ(Entries(dir), 0u);
   MPI_Barrier(MPI_COMM_WORLD);
@@ -338,6 +339,50 @@ TEST_F(OffloadTest, NvmeDiskFullFailsAtFinalizeOnEveryRank) {
     umount(dir.c_str());
     rmdir(dir.c_str());
   }
+}
+
+// After a step failed half-way (a disk error), the model refuses further
+// steps on every rank, saying why, instead of training on partly updated
+// states; loading a checkpoint makes it whole again.
+TEST_F(OffloadTest, NvmeAfterAFailedStepFurtherStepsAreRefused) {
+  const std::string dir = NvmeDir();
+  zs_config c = ZS_CONFIG_INIT;
+  c.stage = 2;
+  c.offload_optimizer.device = 2;
+  c.nvme.path = dir.c_str();
+  zs_context* ctx = nullptr;
+  ASSERT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), ZS_OK) << zs_last_error();
+  zs_model* m = nullptr;
+  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+  int u = -1, t = -1;
+  int64_t n = 4096;
+  ASSERT_EQ(zs_model_add_unit(m, "u", &u), ZS_OK);
+  ASSERT_EQ(zs_model_add_tensor(m, u, "w", 1, &n, ZS_FLOAT32, 0, &t), ZS_OK);
+  ASSERT_EQ(zs_model_finalize(m), ZS_OK) << zs_last_error();
+  auto step = [&]() {
+    EXPECT_EQ(zs_unit_gather(m, u), ZS_OK);
+    EXPECT_EQ(zs_unit_grad_acquire(m, u), ZS_OK);
+    EXPECT_EQ(zs_unit_grad_release(m, u), ZS_OK);
+    EXPECT_EQ(zs_unit_release(m, u), ZS_OK);
+    return zs_step(m, nullptr);
+  };
+  ASSERT_EQ(step(), ZS_OK) << zs_last_error();
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string ck = std::string(tmp != nullptr ? tmp : "/tmp") + "/nvme-broken";
+  ASSERT_EQ(zs_checkpoint_save(m, ck.c_str(), nullptr, nullptr, 0), ZS_OK) << zs_last_error();
+  g_fault_kind = 1;
+  if (rank_ == 0) zs__aio_fault_hook = WriteOrShort;
+  EXPECT_NE(step(), ZS_OK);
+  zs__aio_fault_hook = nullptr;
+  EXPECT_EQ(step(), ZS_ERR_INVALID_STATE);
+  EXPECT_NE(std::string(zs_last_error()).find("load a checkpoint"), std::string::npos)
+      << zs_last_error();
+  EXPECT_EQ(zs_step_discard(m, nullptr), ZS_OK) << zs_last_error();
+  ASSERT_EQ(zs_checkpoint_load(m, ck.c_str(), 0, nullptr, 0, nullptr), ZS_OK)
+      << zs_last_error();
+  EXPECT_EQ(step(), ZS_OK) << zs_last_error();
+  zs_model_destroy(m);
+  zs_context_destroy(ctx);
 }
 
 // A swap path that cannot hold a directory fails every rank at context
