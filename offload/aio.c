@@ -243,6 +243,18 @@ const char* zs__aio_backend_name(const zs__aio* a) {
 static zs_status zs__aio_submit_one(zs__aio* a, zs__aio_file* f, int write,
                                     void* buf, size_t bytes, uint64_t offset);
 
+/* A free request slot (one exists: fewer than qd are in flight), filled in
+ * with the next ticket and counted in flight (threads: the caller holds
+ * mu). */
+static int zs__aio_claim(zs__aio* a, zs__aio_file* f, int write, void* buf,
+                         size_t bytes, uint64_t offset) {
+  int slot = 0;
+  while (a->reqs[slot].busy) slot++;
+  a->reqs[slot] = (zs__aio_req){f, write, buf, bytes, offset, 1, ++a->tickets};
+  a->inflight++;
+  return slot;
+}
+
 zs_status zs__aio_submit(zs__aio* a, zs__aio_file* f, int write, void* buf,
                          size_t bytes, uint64_t offset) {
   zs_status st = ZS_OK;
@@ -274,29 +286,22 @@ static zs_status zs__aio_submit_one(zs__aio* a, zs__aio_file* f, int write,
              (unsigned long long)f->bytes);
   if (a->backend == ZS__AIO_URING) {
     while (a->inflight >= a->qd) zs__uring_reap_one(a);
-    int slot = 0;
-    while (a->reqs[slot].busy) slot++;
     struct io_uring_sqe* sqe = io_uring_get_sqe(&a->ring);
     if (sqe == NULL) { /* cannot happen: entries == qd >= inflight + 1 */
       return zs__error(ZS_ERR_INTERNAL, "io_uring: no submission entry");
     }
-    zs__aio_req* r = &a->reqs[slot];
-    *r = (zs__aio_req){f, write, buf, bytes, offset, 1, ++a->tickets};
+    const int slot = zs__aio_claim(a, f, write, buf, bytes, offset);
     if (write) io_uring_prep_write(sqe, f->fd, buf, (unsigned)bytes, offset);
     else io_uring_prep_read(sqe, f->fd, buf, (unsigned)bytes, offset);
     io_uring_sqe_set_data64(sqe, (uint64_t)slot);
-    a->inflight++;
     a->unsubmitted++; /* given to the kernel at the end of zs__aio_submit */
     return ZS_OK;
   }
   pthread_mutex_lock(&a->mu);
   while (a->inflight >= a->qd) pthread_cond_wait(&a->done, &a->mu);
-  int slot = 0;
-  while (a->reqs[slot].busy) slot++;
-  a->reqs[slot] = (zs__aio_req){f, write, buf, bytes, offset, 1, ++a->tickets};
+  const int slot = zs__aio_claim(a, f, write, buf, bytes, offset);
   a->queue[(a->qhead + a->qcount) % a->qd] = slot;
   a->qcount++;
-  a->inflight++;
   pthread_cond_signal(&a->work);
   pthread_mutex_unlock(&a->mu);
   return ZS_OK;

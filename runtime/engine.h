@@ -210,6 +210,8 @@ typedef struct zs__opt_view {
  * shard at 1-3: returned, in elements) and the device buffers holding its
  * parameters and gradients. */
 size_t zs__optimize_span(zs_model* m, zs__unit* u, char** p, char** g);
+/* Its element count alone. */
+size_t zs__optimize_span_elems(const zs_model* m, const zs__unit* u);
 /* The optimizer on a view, run by the CPU offload workers. */
 zs_status zs__optimize_view(zs_model* m, zs__unit* u, float coef,
                             const zs__opt_view* v);

@@ -93,9 +93,6 @@ void zs__nvme_destroy(zs__nvme* n) {
 
 /* ==== Model ================================================================== */
 
-static size_t zs__nvme_span(zs_model* m, const zs__unit* u) {
-  return m->ctx->config.stage == 0 ? u->layout.padded : u->layout.shard;
-}
 
 static size_t zs__round4k(size_t b) { return (b + 4095) / 4096 * 4096; }
 
@@ -127,7 +124,7 @@ zs_status zs__nvme_model_init(zs_model* m) {
     if (!u->trainable) continue;
     has_master |= u->dtype != ZS_FLOAT32;
     nstates = u->nstates;
-    const size_t span = zs__nvme_span(m, u);
+    const size_t span = zs__optimize_span_elems(m, u);
     ngroups += (int)((span + sg - 1) / sg);
   }
   const int nfields = has_master + nstates;
@@ -156,7 +153,7 @@ zs_status zs__nvme_model_init(zs_model* m) {
   for (int i = 0; i < m->nunits; i++) {
     const zs__unit* u = &m->units[i];
     if (!u->trainable) continue;
-    const size_t span = zs__nvme_span(m, u);
+    const size_t span = zs__optimize_span_elems(m, u);
     for (size_t lo = 0; lo < span; lo += sg, k++) {
       const size_t hi = span - lo < sg ? span : lo + sg;
       zs__swap_group* g = &nm->groups[k];
@@ -248,7 +245,7 @@ zs_status zs__nvme_read_field(zs_model* m, zs__unit* u, int field,
   *out = NULL;
   zs__nvme_model* nm = m->nvme;
   const int f = field < 0 ? 0 : nm->has_master + field; /* -1: master */
-  const size_t span = zs__nvme_span(m, u);
+  const size_t span = zs__optimize_span_elems(m, u);
   float* buf = (float*)malloc((span > 0 ? span : 1) * sizeof(float));
   if (buf == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "NVMe read-back");
   zs_status st = ZS_OK;
@@ -290,15 +287,21 @@ zs_status zs__nvme_write_field(zs_model* m, zs__unit* u, int field,
 
 zs_status zs__nvme_shard(zs_model* m, zs__unit* u, int field, char** out,
                          float** tmp) {
-  zs_status st = zs__nvme_read_field(m, u, field, tmp);
-  if (st != ZS_OK) return st;
-  char *p, *g;
-  const size_t span = zs__optimize_span(m, u, &p, &g);
-  /* master weights not stepped since the parameters were written are
-   * those parameters, widened (what zs__master_refresh would give) */
-  if (field < 0 && u->master_stale)
+  zs_status st = ZS_OK;
+  if (field < 0 && u->master_stale) {
+    /* master weights not stepped since the parameters were written are
+     * those parameters, widened (what zs__master_refresh would give): no
+     * need to read the file */
+    char *p, *g;
+    const size_t span = zs__optimize_span(m, u, &p, &g);
+    *tmp = (float*)malloc((span > 0 ? span : 1) * sizeof(float));
+    if (*tmp == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "NVMe read-back");
     st = m->ctx->host->ops->convert(m->ctx->host, *tmp, ZS_FLOAT32, p,
                                     u->dtype, span, NULL);
+  } else {
+    st = zs__nvme_read_field(m, u, field, tmp);
+  }
+  if (st != ZS_OK) return st;
   const size_t begin = m->ctx->config.stage == 0
                            ? zs__layout_shard_begin(&u->layout, m->ctx->rank)
                            : 0;

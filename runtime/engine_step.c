@@ -113,11 +113,15 @@ static zs__opt_view zs__unit_view(zs__unit* u, char* p, char* g) {
 
 /* The span the optimizer updates: the whole buffer at stage 0, this rank's
  * shard at 1-3 (elements), and the device buffers holding it. */
+size_t zs__optimize_span_elems(const zs_model* m, const zs__unit* u) {
+  return m->ctx->config.stage == 0 ? u->layout.padded : u->layout.shard;
+}
+
 size_t zs__optimize_span(zs_model* m, zs__unit* u, char** p, char** g) {
   const int stage = m->ctx->config.stage;
   *p = (char*)(stage == 0 ? u->params_full : zs__param_shard_ptr(m, u));
   *g = (char*)(stage == 0 ? u->grads_full : zs__grad_shard_ptr(m, u));
-  return stage == 0 ? u->layout.padded : u->layout.shard;
+  return zs__optimize_span_elems(m, u);
 }
 
 /* The optimizer on this rank's span of a unit (zs__optimize_share). With
@@ -154,8 +158,7 @@ static zs_status zs__staging_init(zs_model* m) {
   for (int i = 0; i < m->nunits; i++) {
     zs__unit* u = &m->units[i];
     if (!u->trainable) continue;
-    char *p, *g;
-    const size_t n = zs__optimize_span(m, u, &p, &g);
+    const size_t n = zs__optimize_span_elems(m, u);
     if (n * u->gelem > gb) gb = n * u->gelem;
     if (n * u->elem > pb) pb = n * u->elem;
   }

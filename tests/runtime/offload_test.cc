@@ -27,6 +27,23 @@ namespace {
 
 class OffloadTest : public ZsMpiTest {};
 
+// The training every offload is compared with: `steps` at `stage` with
+// `dtype` parameters (16-bit ones reduce their gradients in fp32).
+TrainConfig Config(int stage, zs_dtype dtype, int steps) {
+  TrainConfig cfg;
+  cfg.steps = steps;
+  cfg.stage = stage;
+  cfg.param_dtype = dtype;
+  cfg.reduce_dtype = dtype == ZS_FLOAT32 ? -1 : ZS_FLOAT32;
+  return cfg;
+}
+
+// model 0: the transformer (tied head, frozen tensor), 1: the degenerate
+// model (odd, tiny and empty tensors).
+std::unique_ptr<Model> Make(int model) {
+  return model ? MakeDegenerate() : MakeTransformer();
+}
+
 TEST_F(OffloadTest, OffloadIsBitwiseAndTheAccountingProvesIt) {
   for (zs_dtype dtype : {ZS_FLOAT32, ZS_BFLOAT16})
     for (int stage = 0; stage <= 3; stage++)
@@ -35,11 +52,7 @@ TEST_F(OffloadTest, OffloadIsBitwiseAndTheAccountingProvesIt) {
         const std::string where = std::string(zs_dtype_name(dtype)) + " stage " +
                                   std::to_string(stage) +
                                   (param ? " +params" : "");
-        TrainConfig cfg;
-        cfg.steps = 6;
-        cfg.stage = stage;
-        cfg.param_dtype = dtype;
-        cfg.reduce_dtype = dtype == ZS_FLOAT32 ? -1 : ZS_FLOAT32;
+        TrainConfig cfg = Config(stage, dtype, 6);
         auto m1 = MakeTransformer();
         TrainResult plain = TrainSharded(*m1, cfg);
         ASSERT_EQ(plain.status, ZS_OK) << where << ": " << plain.error;
@@ -90,16 +103,12 @@ TEST_F(OffloadTest, StagedPathForGpusIsBitwise) {
         const std::string where = std::string(model ? "degenerate " : "transformer ") +
                                   zs_dtype_name(dtype) + " stage " +
                                   std::to_string(stage);
-        TrainConfig cfg;
-        cfg.steps = 4;
-        cfg.stage = stage;
-        cfg.param_dtype = dtype;
-        cfg.reduce_dtype = dtype == ZS_FLOAT32 ? -1 : ZS_FLOAT32;
-        auto m1 = model ? MakeDegenerate() : MakeTransformer();
+        TrainConfig cfg = Config(stage, dtype, 4);
+        auto m1 = Make(model);
         TrainResult plain = TrainSharded(*m1, cfg);
         ASSERT_EQ(plain.status, ZS_OK) << where << ": " << plain.error;
         cfg.offload = 1;
-        auto m2 = model ? MakeDegenerate() : MakeTransformer();
+        auto m2 = Make(model);
         TrainResult off = TrainSharded(*m2, cfg);
         ASSERT_EQ(off.status, ZS_OK) << where << ": " << off.error;
         ExpectSameTraining(plain, off, *m1, where);
@@ -143,16 +152,12 @@ TEST_F(OffloadTest, NvmeIsBitwiseCpuOffloadAndNoOffload) {
   for (int model = 0; model < 2; model++)
     for (zs_dtype dtype : {ZS_FLOAT32, ZS_BFLOAT16})
       for (int stage = 0; stage <= 3; stage++) {
-        TrainConfig cfg;
-        cfg.steps = 4;
-        cfg.stage = stage;
-        cfg.param_dtype = dtype;
-        cfg.reduce_dtype = dtype == ZS_FLOAT32 ? -1 : ZS_FLOAT32;
-        auto m1 = model ? MakeDegenerate() : MakeTransformer();
+        TrainConfig cfg = Config(stage, dtype, 4);
+        auto m1 = Make(model);
         TrainResult plain = TrainSharded(*m1, cfg);
         ASSERT_EQ(plain.status, ZS_OK) << plain.error;
         cfg.offload = 1;
-        auto m2 = model ? MakeDegenerate() : MakeTransformer();
+        auto m2 = Make(model);
         TrainResult cpu = TrainSharded(*m2, cfg);
         ASSERT_EQ(cpu.status, ZS_OK) << cpu.error;
         for (size_t sub : {(size_t)1, (size_t)7, (size_t)0}) {
@@ -165,7 +170,7 @@ TEST_F(OffloadTest, NvmeIsBitwiseCpuOffloadAndNoOffload) {
           cfg.nvme.path = dir.c_str();
           cfg.nvme.sub_group_size = sub;
           cfg.nvme.aio = sub == 7 ? 2 : 0;  // the thread pool too
-          auto m3 = model ? MakeDegenerate() : MakeTransformer();
+          auto m3 = Make(model);
           TrainResult nvme = TrainSharded(*m3, cfg);
           ASSERT_EQ(nvme.status, ZS_OK) << where << ": " << nvme.error;
           ExpectSameTraining(plain, nvme, *m1, where);
@@ -221,9 +226,14 @@ TEST_F(OffloadTest, NvmeCheckpointsResumeBitwise) {
     TrainResult first = run(0, 3, "", ck, 2);
     TrainResult resumed = run(3, 3, ck, "", 2);
     TrainResult on_cpu = run(3, 3, ck, "", 1);
+    // saved before any step: the master weights are still the parameters
+    // widened (not read from the file); loading them trains as straight
+    run(0, 0, "", ck + "-init", 2);
+    TrainResult from_init = run(0, 6, ck + "-init", "", 2);
     auto m = MakeTransformer();
     ExpectSameTensors(straight, resumed, *m, what + " resumed with NVMe");
     ExpectSameTensors(straight, on_cpu, *m, what + " resumed with CPU offload");
+    ExpectSameTensors(straight, from_init, *m, what + " from a checkpoint of step 0");
     for (int s = 0; s < 3; s++)
       EXPECT_EQ(straight.losses[3 + s], resumed.losses[s]) << what << " step " << s;
     MPI_Barrier(MPI_COMM_WORLD);
