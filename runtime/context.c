@@ -105,7 +105,7 @@ zs_status zs__context_create(const zs_config* config, zs__comm* comm,
   }
   /* NVMe offload: the I/O queue and this rank's swap directory, agreed
    * (an unwritable path on one rank fails every rank) */
-  if (resolved.offload_optimizer.device == 2) {
+  if (resolved.offload_optimizer.device == 2 || resolved.offload_param == 2) {
     zs_status local = zs__nvme_create(ctx, &ctx->nvme);
     ZS_CHECK(zs__comm_agree(comm, local, "NVMe offload"));
   }
@@ -220,7 +220,11 @@ zs_status zs_offload_info_get(const zs_context* ctx, zs_offload_info* out) {
     out->nvme = 1;
     out->nvme_aio = zs__nvme_aio_name(ctx->nvme);
     for (const zs_model* m = ctx->models; m != NULL; m = m->next)
-      out->nvme_file_bytes += zs__nvme_file_bytes(m);
+    {
+      out->nvme_file_bytes += zs__nvme_file_bytes(m) + zs__nvme_param_file_bytes(m);
+      zs__nvme_param_counts(m, &out->nvme_param_reads,
+                            &out->nvme_param_reads_ahead);
+    }
   }
   return ZS_OK;
 }

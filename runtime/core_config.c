@@ -109,7 +109,10 @@ zs_status zs_config_validate(const zs_config* c) {
   ZS_REQUIRE(of->device >= 0 && of->device <= 2,
              "config.offload_optimizer.device: expected 0 (none), 1 (cpu) or "
              "2 (nvme), got %d", of->device);
-  if (of->device == 2) {
+  ZS_REQUIRE(c->offload_param >= 0 && c->offload_param <= 2,
+             "config.offload_param: expected 0 (none), 1 (cpu) or 2 (nvme), "
+             "got %d", c->offload_param);
+  if (of->device == 2 || c->offload_param == 2) {
     const zs_nvme_config* nv = &c->nvme;
     ZS_REQUIRE(nv->path != NULL && nv->path[0] != '\0',
                "config.nvme.path: NVMe offload needs a directory for the "
@@ -129,11 +132,20 @@ zs_status zs_config_validate(const zs_config* c) {
     ZS_REQUIRE(nv->aio >= 0 && nv->aio <= 2,
                "config.nvme.aio: expected 0 (auto), 1 (io_uring) or 2 "
                "(threads), got %d", nv->aio);
+    ZS_REQUIRE(nv->param_buffer_count >= 1 && nv->param_buffer_count <= 4096,
+               "config.nvme.param_buffer_count: expected 1..4096 parameter "
+               "buffers, got %zu", nv->param_buffer_count);
+    ZS_REQUIRE(nv->param_buffer_size % 4096 == 0,
+               "config.nvme.param_buffer_size: expected 0 (the largest "
+               "shard) or a multiple of 4096 bytes, got %zu",
+               nv->param_buffer_size);
     if (c->device == ZS_DEVICE_CUDA)
       return zs__error(ZS_ERR_UNSUPPORTED,
-                       "config.offload_optimizer.device nvme with the CUDA "
+                       "config.%s nvme with the CUDA "
                        "device backend is not built yet: NVMe offload runs "
-                       "on the host device (or use CPU offload on CUDA)");
+                       "on the host device (or use CPU offload on CUDA)",
+                       of->device == 2 ? "offload_optimizer.device"
+                                       : "offload_param");
   }
   ZS_REQUIRE(of->pin_memory == 0 || of->pin_memory == 1,
              "config.offload_optimizer.pin_memory: expected 0 or 1, got %d",
@@ -145,12 +157,11 @@ zs_status zs_config_validate(const zs_config* c) {
   ZS_REQUIRE(of->threads >= 0,
              "config.offload_optimizer.threads: expected >= 0 (0: the NUMA "
              "node's cores), got %d", of->threads);
-  ZS_REQUIRE(c->offload_param == 0 ||
-                 (c->offload_param == 1 && c->stage == 3 && of->device >= 1),
-             "config.offload_param: expected 0, or 1 with stage 3 and "
-             "offload_optimizer.device cpu (got %d at stage %d, "
-             "offload_optimizer.device %d)", c->offload_param, c->stage,
-             of->device);
+  ZS_REQUIRE(c->offload_param == 0 || (c->stage == 3 && of->device >= 1),
+             "config.offload_param: expected 0, or 1 (cpu) / 2 (nvme) with "
+             "stage 3 and offload_optimizer.device cpu or nvme (got %d at "
+             "stage %d, offload_optimizer.device %d)", c->offload_param,
+             c->stage, of->device);
   /* checked here, before any device exists, so it is reported the same
    * with or without a GPU */
   if (c->offload_param && c->device == ZS_DEVICE_CUDA)
@@ -231,11 +242,12 @@ size_t zs__config_describe(const zs_config* c, char* buf, size_t cap) {
              ls->mode, ls->init_scale, ls->growth_factor, ls->backoff_factor,
              ls->growth_interval, ls->min_scale, ls->hysteresis);
   if (c->offload_optimizer.device)
-    snprintf(offload, sizeof offload, "%d %d %d %d %d %zu %zu %zu",
+    snprintf(offload, sizeof offload, "%d %d %d %d %d %zu %zu %zu %zu %zu",
              c->offload_optimizer.device, c->offload_optimizer.pin_memory,
              c->offload_optimizer.numa, c->offload_optimizer.threads,
              c->offload_param, c->nvme.buffer_count, c->nvme.buffer_size,
-             c->nvme.sub_group_size);
+             c->nvme.sub_group_size, c->nvme.param_buffer_count,
+             c->nvme.param_buffer_size);
   int k = snprintf(buf == NULL ? NULL : buf + ((size_t)n < cap ? (size_t)n : cap),
                    (size_t)n < cap ? cap - (size_t)n : 0,
                    "config.reduce_dtype=%d\nconfig.grad_accum_steps=%d\n"
@@ -365,19 +377,16 @@ cleanup:
 /* "device": "none" | "cpu" (| "nvme" where nvme_ok) of an offload block;
  * *out unchanged if absent. */
 static zs_status zs__json_offload_device(const cJSON* o, const char* path,
-                                         int nvme_ok, int* out) {
+                                         int* out) {
   const cJSON* d = cJSON_GetObjectItemCaseSensitive(o, "device");
   if (d == NULL) return ZS_OK;
-  const int nvme = cJSON_IsString(d) && strcasecmp(d->valuestring, "nvme") == 0;
   if (cJSON_IsString(d) && strcasecmp(d->valuestring, "cpu") == 0) *out = 1;
   else if (cJSON_IsString(d) && strcasecmp(d->valuestring, "none") == 0) *out = 0;
-  else if (nvme && nvme_ok) *out = 2;
+  else if (cJSON_IsString(d) && strcasecmp(d->valuestring, "nvme") == 0) *out = 2;
   else
     return zs__error(ZS_ERR_INVALID_ARGUMENT,
-                     "config JSON: %s.device: expected \"none\", \"cpu\"%s%s",
-                     path, nvme_ok ? " or \"nvme\"" : "",
-                     nvme && !nvme_ok ? " (parameter shards on NVMe are not "
-                                        "built yet)" : "");
+                     "config JSON: %s.device: expected \"none\", \"cpu\" or "
+                     "\"nvme\"", path);
   return ZS_OK;
 }
 
@@ -398,10 +407,33 @@ static const char* zs__json_keep(const char* v) {
   return out;
 }
 
+/* An offload section's "nvme_path". The optimizer states and the
+ * parameter shards share one swap directory: a second, different path is
+ * an error rather than silently ignored. */
+static zs_status zs__json_nvme_path(const cJSON* o, const char* p,
+                                    const char** path) {
+  /* *path: the other section's, or NULL */
+  const cJSON* np = cJSON_GetObjectItemCaseSensitive(o, "nvme_path");
+  if (np == NULL) return ZS_OK;
+  if (!cJSON_IsString(np) || np->valuestring[0] == '\0')
+    return zs__error(ZS_ERR_INVALID_ARGUMENT,
+                     "config JSON: %s.nvme_path: expected a directory", p);
+  if (*path != NULL && strcmp(*path, np->valuestring) != 0)
+    return zs__error(ZS_ERR_INVALID_ARGUMENT,
+                     "config JSON: %s.nvme_path '%s' differs from the other "
+                     "offload section's '%s': the optimizer states and the "
+                     "parameter shards share one swap directory", p,
+                     np->valuestring, *path);
+  if ((*path = zs__json_keep(np->valuestring)) == NULL)
+    return zs__error(ZS_ERR_OUT_OF_MEMORY, "config JSON: %s.nvme_path", p);
+  return ZS_OK;
+}
+
 /* zero_optimization.offload_optimizer / offload_param (DeepSpeed's keys,
  * with "numa" and "threads" added). */
 static zs_status zs__json_offload(const cJSON* zero, zs_config* c) {
   zs_status st = ZS_OK;
+  const char* nvme_path = NULL; /* this file's, from either section */
   const cJSON* oo = cJSON_GetObjectItemCaseSensitive(zero, "offload_optimizer");
   if (oo != NULL) {
     const char* p = "zero_optimization.offload_optimizer";
@@ -411,15 +443,8 @@ static zs_status zs__json_offload(const cJSON* zero, zs_config* c) {
                                        "threads", "nvme_path",
                                        "buffer_count", "buffer_size", NULL};
     ZS_CHECK(zs__json_known_keys(oo, p, keys));
-    ZS_CHECK(zs__json_offload_device(oo, p, 1, &c->offload_optimizer.device));
-    const cJSON* np = cJSON_GetObjectItemCaseSensitive(oo, "nvme_path");
-    if (np != NULL) {
-      if (!cJSON_IsString(np) || np->valuestring[0] == '\0')
-        ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
-                "config JSON: %s.nvme_path: expected a directory", p);
-      if ((c->nvme.path = zs__json_keep(np->valuestring)) == NULL)
-        ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "config JSON: %s.nvme_path", p);
-    }
+    ZS_CHECK(zs__json_offload_device(oo, p, &c->offload_optimizer.device));
+    ZS_CHECK(zs__json_nvme_path(oo, p, &nvme_path));
     ZS_CHECK(zs__json_size(oo, "buffer_count", p, &c->nvme.buffer_count));
     ZS_CHECK(zs__json_size(oo, "buffer_size", p, &c->nvme.buffer_size));
     ZS_CHECK(zs__json_int(oo, "pin_memory", p, 0, 1,
@@ -441,10 +466,15 @@ static zs_status zs__json_offload(const cJSON* zero, zs_config* c) {
     const char* p = "zero_optimization.offload_param";
     if (!cJSON_IsObject(op))
       ZS_FAIL(ZS_ERR_INVALID_ARGUMENT, "config JSON: %s: expected an object", p);
-    static const char* const keys[] = {"device", NULL};
+    static const char* const keys[] = {"device", "nvme_path", "buffer_count",
+                                       "buffer_size", NULL};
     ZS_CHECK(zs__json_known_keys(op, p, keys));
-    ZS_CHECK(zs__json_offload_device(op, p, 0, &c->offload_param));
+    ZS_CHECK(zs__json_offload_device(op, p, &c->offload_param));
+    ZS_CHECK(zs__json_nvme_path(op, p, &nvme_path));
+    ZS_CHECK(zs__json_size(op, "buffer_count", p, &c->nvme.param_buffer_count));
+    ZS_CHECK(zs__json_size(op, "buffer_size", p, &c->nvme.param_buffer_size));
   }
+  if (nvme_path != NULL) c->nvme.path = nvme_path;
 cleanup:
   return st;
 }

@@ -158,6 +158,10 @@ struct zs_model {
   /* NVMe offload: the swap file and sub-groups (engine_nvme.c); NULL
    * without it. */
   struct zs__nvme_model* nvme;
+  /* Stage-3 parameter shards on NVMe (engine_nvme_param.c); NULL without
+   * offload_param = 2. Their params_shard then points into its buffer
+   * pool while acquired, and is NULL otherwise. */
+  struct zs__nvme_params* nvme_params;
   /* A step failed after it had changed the optimizer states on some ranks
    * (an NVMe I/O error): further steps are refused with this message until
    * a checkpoint with optimizer state is loaded. */
@@ -244,6 +248,52 @@ zs_status zs__nvme_shard(zs_model* m, zs__unit* u, int field, char** out,
 /* Whether a unit keeps fp32 master weights (in memory, or on NVMe). */
 int zs__unit_has_master(const zs_model* m, const zs__unit* u);
 const char* zs__nvme_aio_name(const zs__nvme* n);
+/* The context's I/O queue and swap directory, and the next swap file's
+ * number (each call takes one). */
+struct zs__aio* zs__nvme_aio(const zs__nvme* n);
+const char* zs__nvme_dir(const zs__nvme* n);
+int zs__nvme_next_file(zs__nvme* n);
+
+/* Stage-3 parameter shards on NVMe (engine_nvme_param.c; offload_param =
+ * 2). Without it (m->nvme_params NULL) every call below does nothing and
+ * returns ZS_OK, so callers use them unconditionally.
+ *   init/free: the parameter swap file (one region per unit) and the pool
+ *     of config.nvme.param_buffer_count pinned buffers; free waits for
+ *     the transfers in flight and removes the file.
+ *   acquire: u->params_shard points at a buffer holding the unit's shard
+ *     (read from the file if no buffer has it; synchronous) until the
+ *     matching release. Re-entrant (pins count). Errors: IO naming the
+ *     file and offset, INVALID_STATE when every buffer is pinned.
+ *   write_back: queues the write of the acquired shard to its region
+ *     (asynchronous; the buffer is reused only after it completed).
+ *   flush: waits for every transfer; after a failure, abort.
+ *   read_ahead: starts reading a unit's shard into a free buffer, if one
+ *     is free without waiting; returns 0 when none is (1: started, or
+ *     already in a buffer). Never fails: a failure is found again by the
+ *     acquire that needs the shard.
+ *   gather_source: acquire for an all-gather, agreed across ranks when a
+ *     read was involved (collective then); the buffer stays pinned until
+ *     gather_done after the all-gather was waited for. */
+typedef struct zs__nvme_params zs__nvme_params;
+zs_status zs__nvme_param_init(zs_model* m);
+void zs__nvme_param_free(zs_model* m);
+uint64_t zs__nvme_param_file_bytes(const zs_model* m);
+/* Adds the shards read so far, and those read ahead, to *reads, *ahead. */
+void zs__nvme_param_counts(const zs_model* m, uint64_t* reads, uint64_t* ahead);
+zs_status zs__param_acquire(zs_model* m, zs__unit* u);
+/* acquire for a caller that overwrites the whole shard: no read. */
+zs_status zs__param_acquire_blank(zs_model* m, zs__unit* u);
+void zs__param_release(zs_model* m, zs__unit* u);
+zs_status zs__param_write_back(zs_model* m, zs__unit* u);
+zs_status zs__param_flush(zs_model* m);
+/* After an operation failed with st: waits for every transfer and
+ * all-gather using a buffer, and drops every buffer and pin (the shards
+ * are re-read from the file; unwritten changes are lost). Returns st with
+ * its message kept. */
+zs_status zs__param_abort(zs_model* m, zs_status st);
+int zs__param_read_ahead(zs_model* m, int unit);
+zs_status zs__param_gather_source(zs_model* m, zs__unit* u);
+void zs__param_gather_done(zs_model* m, zs__unit* u);
 
 /* The staging of the offloaded step on a GPU (engine_step.c), freed with
  * the model's storage. Test hook: nonzero runs the staged path with the

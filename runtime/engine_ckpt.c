@@ -135,6 +135,8 @@ static zs_status zs__ckpt_write_rank(zs_model* m, const char* path,
   }
   for (int i = 0; i < m->nunits && st == ZS_OK; i++) {
     zs__unit* u = &m->units[i];
+    st = zs__param_acquire(m, u); /* parameter shards on NVMe: read in */
+    if (st != ZS_OK) break;
     st = zs__master_refresh(m, u);
     for (int f = 0; f <= zs__ckpt_nstates(u) && st == ZS_OK; f++) {
       const char* src = NULL;
@@ -160,6 +162,7 @@ static zs_status zs__ckpt_write_rank(zs_model* m, const char* path,
       }
       free(nvme_tmp);
     }
+    zs__param_release(m, u);
   }
   free(stage);
   if (st != ZS_OK) {
@@ -548,10 +551,14 @@ static zs_status zs__ckpt_load_units(zs_model* m, zs__ckpt_reader* rd,
     zs__unit* u = &m->units[i];
     const size_t sb = zs__layout_shard_begin(&u->layout, rank);
     /* Parameters: the full buffer at stages 0-2, the shard at 3. */
-    if (stage == 3)
-      st = zs__ckpt_load_span(m, u, rd, map, 0, sb, u->layout.shard,
-                              u->params_shard, u->dtype, buf);
-    else
+    if (stage == 3) {
+      st = zs__param_acquire_blank(m, u); /* NVMe: the whole shard loads */
+      if (st == ZS_OK)
+        st = zs__ckpt_load_span(m, u, rd, map, 0, sb, u->layout.shard,
+                                u->params_shard, u->dtype, buf);
+      if (st == ZS_OK) st = zs__param_write_back(m, u);
+      zs__param_release(m, u);
+    } else
       st = zs__ckpt_load_span(m, u, rd, map, 0, 0, u->layout.padded,
                               u->params_full, u->dtype, buf);
     /* Master weights and optimizer states: the optimizer's span. */
@@ -626,6 +633,9 @@ zs_status zs_checkpoint_load(zs_model* m, const char* path, unsigned flags,
   if (local == ZS_OK) local = zs__ckpt_reader_open(&rd, &cm);
   ZS_CHECK(zs__comm_agree(comm, local, "zs_checkpoint_load"));
   local = zs__ckpt_load_units(m, &rd, map, weights_only);
+  /* parameter shards on NVMe: written through, or (after a failure) the
+   * partly loaded buffers dropped */
+  local = local == ZS_OK ? zs__param_flush(m) : zs__param_abort(m, local);
   ZS_CHECK(zs__comm_agree(comm, local, "zs_checkpoint_load"));
   if (!weights_only) {
     for (int i = 0; i < m->ntensors; i++)

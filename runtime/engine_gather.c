@@ -51,6 +51,7 @@ zs_status zs__quiesce(zs_model* m) {
   for (int i = 0; i < m->nunits; i++) {
     zs__unit* u = &m->units[i];
     zs_status s2 = zs__inflight_wait(c, &u->gather_ops);
+    zs__param_gather_done(m, u);
     if (st == ZS_OK) st = s2;
     if (u->grad_state == ZS__GRAD_REDUCING) s2 = zs__grad_reduce_finish(m, u);
     if (st == ZS_OK) st = s2;
@@ -69,9 +70,11 @@ static zs_status zs__hold(zs_model* m, int unit) {
   if (m->ctx->config.stage == 3 && u->gather_refs == 0) {
     zs__device* dev = m->ctx->device;
     zs__coll* op = NULL;
-    zs_status st =
-        zs__dev_alloc(dev, ZS_MEM_PARAMS_GATHERED, u->layout.padded * u->elem,
-                      0, u->name, &u->params_full);
+    /* parameter shards on NVMe: the shard comes into a buffer first */
+    zs_status st = zs__param_gather_source(m, u);
+    if (st != ZS_OK) return zs__error_prefix(st, "gather of unit '%s': ", u->name);
+    st = zs__dev_alloc(dev, ZS_MEM_PARAMS_GATHERED, u->layout.padded * u->elem,
+                       0, u->name, &u->params_full);
     if (st == ZS_OK)
       st = zs__comm_iall_gather(m->ctx->comm, zs__tag(ZS__P_GATHER, unit, u->name),
                                 u->params_shard, u->params_full,
@@ -81,6 +84,7 @@ static zs_status zs__hold(zs_model* m, int unit) {
       if (op == NULL) {
         zs__dev_free(dev, u->params_full);
         u->params_full = NULL;
+        zs__param_gather_done(m, u);
       }
       return zs__error_prefix(st, "gather of unit '%s': ", u->name);
     }
@@ -97,6 +101,7 @@ static void zs__drop(zs_model* m, int unit) {
   if (--u->gather_refs > 0 || m->ctx->config.stage != 3) return;
   if (zs__inflight_wait(m->ctx->comm, &u->gather_ops) != ZS_OK)
     zs__log(ZS_LOG_ERROR, "%s", zs_last_error());
+  zs__param_gather_done(m, u);
   zs__dev_free(m->ctx->device, u->params_full);
   u->params_full = NULL;
   m->live_elems -= u->layout.padded;
@@ -117,6 +122,7 @@ static zs_status zs__hold_for_use(zs_model* m, int unit) {
 /* Waits until a held unit's full parameters are complete. */
 static zs_status zs__ready(zs_model* m, zs__unit* u) {
   zs_status st = zs__inflight_wait(m->ctx->comm, &u->gather_ops);
+  zs__param_gather_done(m, u);
   if (st == ZS_OK) st = zs__inflight_wait(m->ctx->comm, &u->shard_ops);
   return st;
 }
@@ -165,10 +171,23 @@ static zs_status zs__prefetch_one(zs_model* m, int unit) {
 /* Issues all-gathers for the next units of the trace that are not
  * gathered, while fewer than prefetch_depth prefetches are unused and the
  * live-elements limit allows. */
+/* Parameter shards on NVMe: reads the shards of the next units of the
+ * trace that are not gathered into free buffers, ahead of their
+ * all-gathers (ZeRO-Infinity's read-ahead). Each buffer a read-ahead takes
+ * stays until its unit is used, so this stops at the first unit that
+ * finds none. */
+static void zs__param_trace_read_ahead(zs_model* m) {
+  if (m->nvme_params == NULL) return;
+  for (int j = m->trace_pos; j < m->trace_len; j++) {
+    const int v = m->trace[j];
+    if (m->units[v].gather_refs > 0) continue;
+    if (!zs__param_read_ahead(m, v)) break;
+  }
+}
+
 static zs_status zs__prefetch_issue(zs_model* m) {
   const int depth = m->ctx->config.prefetch_depth;
-  if (m->ctx->config.stage != 3 || depth == 0 || !m->trace_valid ||
-      !m->trace_ok)
+  if (m->ctx->config.stage != 3 || !m->trace_valid || !m->trace_ok)
     return ZS_OK;
   for (int j = m->trace_pos; j < m->trace_len && m->prefetches < depth; j++) {
     const int v = m->trace[j];
@@ -181,6 +200,7 @@ static zs_status zs__prefetch_issue(zs_model* m) {
     zs_status st = zs__prefetch_one(m, v);
     if (st != ZS_OK) return st;
   }
+  zs__param_trace_read_ahead(m);
   return ZS_OK;
 }
 

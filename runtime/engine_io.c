@@ -34,15 +34,33 @@ static zs_status zs__store_params(zs_model* m, zs__unit* u, const char* full,
     size_t s0 = zs__layout_shard_begin(&u->layout, m->ctx->rank);
     size_t s1 = s0 + u->layout.shard;
     size_t lo = begin > s0 ? begin : s0, hi = begin + n < s1 ? begin + n : s1;
-    if (lo < hi)
-      st = dev->ops->copy(dev, zs__at(u->params_shard, lo - s0, u->elem),
-                          full + (lo - begin) * u->elem, (hi - lo) * u->elem,
-                          NULL);
+    if (lo >= hi) return ZS_OK;
+    /* parameter shards on NVMe: into the unit's buffer (read first
+     * unless the whole shard is written), then its file */
+    st = lo == s0 && hi == s1 ? zs__param_acquire_blank(m, u)
+                              : zs__param_acquire(m, u);
+    if (st != ZS_OK) return st;
+    st = dev->ops->copy(dev, zs__at(u->params_shard, lo - s0, u->elem),
+                        full + (lo - begin) * u->elem, (hi - lo) * u->elem,
+                        NULL);
+    if (st == ZS_OK) st = zs__master_refresh_range(m, u, begin, n);
+    if (st == ZS_OK) st = zs__param_write_back(m, u);
+    zs__param_release(m, u);
+    return st;
   }
   /* The written elements' master weights follow (only those: the others
    * keep their fp32 precision). */
   if (st == ZS_OK) st = zs__master_refresh_range(m, u, begin, n);
   return st;
+}
+
+/* With parameter shards on NVMe a store reads and writes the disk, which
+ * may fail on one rank only: every rank agrees on the outcome (no other
+ * rank is left waiting in the next collective). Otherwise local. */
+static zs_status zs__agree_store(zs_model* m, zs_status local,
+                                 const char* what) {
+  if (m->nvme_params == NULL) return local;
+  return zs__comm_agree(m->ctx->comm, local, what);
 }
 
 zs_status zs_model_init(zs_model* m, zs_init_fn fn, void* user) {
@@ -82,10 +100,12 @@ zs_status zs_model_init(zs_model* m, zs_init_fn fn, void* user) {
     ZS_CHECK(zs__comm_agree(comm, local, "zs_model_init"));
     ZS_CHECK(zs__comm_broadcast(comm, zs__tag(ZS__P_INIT, ui, u->name), tmp, P,
                                 u->dtype, 0));
-    ZS_CHECK(zs__store_params(m, u, tmp, 0, P));
+    ZS_CHECK(zs__agree_store(m, zs__store_params(m, u, tmp, 0, P),
+                             "zs_model_init"));
     zs__dev_free(dev, tmp);
     tmp = NULL;
   }
+  ZS_CHECK(zs__agree_store(m, zs__param_flush(m), "zs_model_init"));
 cleanup:
   zs__dev_free(dev, tmp);
   return st;
@@ -119,7 +139,9 @@ zs_status zs_tensor_set(zs_model* m, int tensor, const void* data) {
   ZS_CHECK(zs__comm_agree(m->ctx->comm, local, "zs_tensor_set"));
   ZS_CHECK(zs__comm_broadcast(m->ctx->comm, zs__tag(ZS__P_SET, su, u->name),
                               tmp, t->numel, u->dtype, 0));
-  ZS_CHECK(zs__store_params(m, u, tmp, t->offset, t->numel));
+  ZS_CHECK(zs__agree_store(m, zs__store_params(m, u, tmp, t->offset, t->numel),
+                           "zs_tensor_set"));
+  ZS_CHECK(zs__agree_store(m, zs__param_flush(m), "zs_tensor_set"));
 cleanup:
   zs__dev_free(dev, tmp);
   return st;
@@ -170,6 +192,24 @@ static zs_dtype zs__field_dtype(const zs_model* m, const zs__tensor* owner,
   return ZS_DTYPE_COUNT;
 }
 
+/* Parameter shards on NVMe: a copy of the unit's shard in *tmp (malloc'ed,
+ * the caller frees), so that no buffer stays pinned meanwhile. */
+static zs_status zs__param_shard_copy(zs_model* m, zs__unit* u, void** out,
+                                      float** tmp) {
+  const size_t bytes = u->layout.shard * u->elem;
+  zs_status st = zs__param_acquire(m, u);
+  if (st != ZS_OK) return st;
+  *tmp = (float*)malloc(bytes > 0 ? bytes : 1);
+  if (*tmp == NULL) {
+    st = zs__error(ZS_ERR_OUT_OF_MEMORY, "zs_tensor_get: %zu bytes", bytes);
+  } else {
+    memcpy(*tmp, u->params_shard, bytes);
+    *out = *tmp;
+  }
+  zs__param_release(m, u);
+  return st;
+}
+
 /* This rank's shard of the buffer behind `field` and its dtype, or an
  * error naming why the tensor has no such field. */
 static zs_status zs__field_shard(zs_model* m, const zs__tensor* t,
@@ -186,6 +226,7 @@ static zs_status zs__field_shard(zs_model* m, const zs__tensor* t,
                      zs__field_name(field), (int)field, why);
   switch (field) {
     case ZS_FIELD_PARAM:
+      if (m->nvme_params != NULL) return zs__param_shard_copy(m, u, out, tmp);
       *out = zs__param_shard_ptr(m, u);
       break;
     case ZS_FIELD_GRAD:

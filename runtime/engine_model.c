@@ -143,7 +143,8 @@ static void zs__unit_free_storage(zs_model* m, zs__unit* u) {
   else zs__dev_free(dev, u->master);
   zs__dev_free(dev, u->grads_shard);
   zs__dev_free(dev, u->grads_full);
-  if (off != NULL && offload_param) zs__offload_host_free(m, u->params_shard);
+  if (offload_param == 2) ; /* a buffer of the NVMe parameter pool */
+  else if (off != NULL && offload_param) zs__offload_host_free(m, u->params_shard);
   else zs__dev_free(dev, u->params_shard);
   zs__dev_free(dev, u->params_full);
   u->state[0] = u->state[1] = u->master = NULL;
@@ -158,6 +159,7 @@ void zs__model_detach(zs_model* m) {
     zs__unit_free_storage(m, &m->units[i]);
   zs__staging_free(m);
   zs__nvme_model_free(m);
+  zs__nvme_param_free(m);
   for (zs_model** p = &m->ctx->models; *p != NULL; p = &(*p)->next)
     if (*p == m) {
       *p = m->next;
@@ -590,6 +592,8 @@ static zs_status zs__alloc_unit(zs_model* m, zs__unit* u) {
   if (stage <= 2)
     ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_PARAMS, b.params, 1, u->name,
                            &u->params_full));
+  else if (m->ctx->config.offload_param == 2)
+    ; /* in the parameter swap file (zs__nvme_param_init) */
   else if (off != NULL && m->ctx->config.offload_param)
     ZS_CHECK(zs__offload_host_alloc(m, b.params, u->name, &u->params_shard));
   else
@@ -601,7 +605,7 @@ static zs_status zs__alloc_unit(zs_model* m, zs__unit* u) {
   /* With CPU offload, master weights and optimizer states live in the
    * NUMA-placed host memory (offload_host) instead. */
   /* With NVMe offload they live in the swap file (zs__nvme_model_init). */
-  const int nvme = m->ctx->nvme != NULL;
+  const int nvme = m->ctx->config.offload_optimizer.device == 2;
   if (b.master > 0 && nvme) u->master_stale = 1;
   if (b.master > 0 && !nvme) {
     if (off != NULL)
@@ -678,7 +682,10 @@ zs_status zs_model_finalize(zs_model* m) {
     }
   for (int i = 0; i < m->nunits && local == ZS_OK; i++)
     local = zs__alloc_unit(m, &m->units[i]);
-  if (local == ZS_OK && m->ctx->nvme != NULL) local = zs__nvme_model_init(m);
+  if (local == ZS_OK && m->ctx->config.offload_optimizer.device == 2)
+    local = zs__nvme_model_init(m);
+  if (local == ZS_OK && m->ctx->config.offload_param == 2)
+    local = zs__nvme_param_init(m);
   /* Agree on success so that a rank out of memory fails everyone now,
    * rather than hanging them in the first gather. */
   ZS_CHECK(zs__comm_agree(m->ctx->comm, local, "zs_model_finalize"));
@@ -686,9 +693,12 @@ zs_status zs_model_finalize(zs_model* m) {
   m->trace_ok = 1;
   m->finalized = 1;
 cleanup:
-  if (st != ZS_OK)
+  if (st != ZS_OK) {
+    zs__nvme_param_free(m);
     for (int i = 0; i < m->nunits; i++)
       zs__unit_free_storage(m, &m->units[i]);
+    zs__nvme_model_free(m);
+  }
   free(desc.data);
   return st;
 }
@@ -734,11 +744,15 @@ zs_status zs__master_refresh_range(zs_model* m, zs__unit* u, size_t begin,
   const size_t lo = begin > s0 ? begin : s0;
   const size_t hi = begin + n < s1 ? begin + n : s1;
   if (lo >= hi) return ZS_OK;
+  zs_status st = zs__param_acquire(m, u);
+  if (st != ZS_OK) return st;
   const void* p = stage == 0 ? u->params_full : zs__param_shard_ptr(m, u);
   zs__device* dev = m->ctx->device;
-  return dev->ops->convert(dev, (float*)u->master + (lo - s0), ZS_FLOAT32,
-                           zs__at((void*)p, lo - s0, u->elem), u->dtype,
-                           hi - lo, NULL);
+  st = dev->ops->convert(dev, (float*)u->master + (lo - s0), ZS_FLOAT32,
+                         zs__at((void*)p, lo - s0, u->elem), u->dtype, hi - lo,
+                         NULL);
+  zs__param_release(m, u);
+  return st;
 }
 
 int zs__unit_has_master(const zs_model* m, const zs__unit* u) {
@@ -749,11 +763,13 @@ int zs__unit_has_master(const zs_model* m, const zs__unit* u) {
 zs_status zs__master_refresh(zs_model* m, zs__unit* u) {
   if (u->master == NULL || !u->master_stale) return ZS_OK;
   const int stage = m->ctx->config.stage;
+  zs_status st = zs__param_acquire(m, u);
+  if (st != ZS_OK) return st;
   const void* p = stage == 0 ? u->params_full : zs__param_shard_ptr(m, u);
   zs__device* dev = m->ctx->device;
-  zs_status st = dev->ops->convert(
-      dev, u->master, ZS_FLOAT32, p, u->dtype,
-      stage == 0 ? u->layout.padded : u->layout.shard, NULL);
+  st = dev->ops->convert(dev, u->master, ZS_FLOAT32, p, u->dtype,
+                         stage == 0 ? u->layout.padded : u->layout.shard, NULL);
+  zs__param_release(m, u);
   if (st == ZS_OK) u->master_stale = 0;
   return st;
 }

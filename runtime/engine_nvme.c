@@ -32,7 +32,7 @@ struct zs__nvme {
   zs__aio* aio;
   char dir[4096]; /* this rank's swap directory */
   int made_dir;
-  int models;     /* swap files made so far (names) */
+  int models;     /* swap files made so far (their names' numbers) */
 };
 
 typedef struct zs__nvme_model {
@@ -171,7 +171,7 @@ zs_status zs__nvme_model_init(zs_model* m) {
   nm->ngroups = ngroups;
   nm->file_bytes = off;
   char path[4096 + 64];
-  snprintf(path, sizeof path, "%s/model-%d.swap", n->dir, n->models++);
+  snprintf(path, sizeof path, "%s/model-%d.swap", n->dir, zs__nvme_next_file(n));
   ZS_CHECK(zs__aio_file_create(n->aio, path, off, &nm->file));
   for (int s = 0; s < 3; s++)
     for (int f = 0; f < nfields; f++)
@@ -183,6 +183,10 @@ cleanup:
   if (st != ZS_OK) zs__nvme_model_free(m);
   return st;
 }
+
+zs__aio* zs__nvme_aio(const zs__nvme* n) { return n->aio; }
+const char* zs__nvme_dir(const zs__nvme* n) { return n->dir; }
+int zs__nvme_next_file(zs__nvme* n) { return n->models++; }
 
 const char* zs__nvme_aio_name(const zs__nvme* n) {
   return zs__aio_backend_name(n->aio);
@@ -210,7 +214,19 @@ static zs_status zs__nvme_step_group(void* arg, int k, void* const* bufs) {
   zs__unit* u = &m->units[nm->unit[k]];
   const size_t lo = nm->lo[k], hi = nm->hi[k];
   char *p, *g;
-  (void)zs__optimize_span(m, u, &p, &g);
+  /* Parameter shards on NVMe: the unit's shard is acquired at its first
+   * sub-group (the next unit's is read ahead meanwhile) and written back
+   * after its last. */
+  if (lo == 0 && m->nvme_params != NULL) {
+    zs_status st = zs__param_acquire(m, u);
+    if (st != ZS_OK) return st;
+    for (int j = k + 1; j < nm->ngroups; j++)
+      if (nm->unit[j] != nm->unit[k]) {
+        zs__param_read_ahead(m, nm->unit[j]);
+        break;
+      }
+  }
+  const size_t span = zs__optimize_span(m, u, &p, &g);
   const int unit_master = u->dtype != ZS_FLOAT32;
   float* master = unit_master ? (float*)bufs[0] : NULL;
   const int s = nm->has_master;
@@ -219,11 +235,16 @@ static zs_status zs__nvme_step_group(void* arg, int k, void* const* bufs) {
     zs_status st = host->ops->convert(host, master, ZS_FLOAT32,
                                       zs__at(p, lo, u->elem), u->dtype, hi - lo,
                                       NULL);
-    if (st != ZS_OK) return st;
+    if (st != ZS_OK) return st; /* zs__nvme_step drops the pins */
   }
   zs__opt_view v = {p, g, master, u->nstates > 0 ? (float*)bufs[s] : NULL,
                     u->nstates > 1 ? (float*)bufs[s + 1] : NULL, lo, hi};
-  return zs__optimize_view(m, u, a->coef, &v);
+  zs_status st = zs__optimize_view(m, u, a->coef, &v);
+  if (hi == span && m->nvme_params != NULL) {
+    if (st == ZS_OK) st = zs__param_write_back(m, u);
+    zs__param_release(m, u);
+  }
+  return st;
 }
 
 zs_status zs__nvme_step(zs_model* m, float coef) {
@@ -232,7 +253,11 @@ zs_status zs__nvme_step(zs_model* m, float coef) {
   zs_status st = zs__swap_pipeline(m->ctx->nvme->aio, nm->file, nm->groups,
                                    nm->ngroups, nm->nfields, nm->slots,
                                    zs__nvme_step_group, &arg);
-  if (st != ZS_OK) return zs__error_prefix(st, "NVMe offload step: ");
+  /* the parameter shards' write-backs complete within the step */
+  if (st == ZS_OK) st = zs__param_flush(m);
+  if (st != ZS_OK) {
+    return zs__param_abort(m, zs__error_prefix(st, "NVMe offload step: "));
+  }
   for (int i = 0; i < m->nunits; i++)
     if (m->units[i].trainable) m->units[i].master_stale = 0;
   return ZS_OK;
@@ -293,11 +318,15 @@ zs_status zs__nvme_shard(zs_model* m, zs__unit* u, int field, char** out,
      * those parameters, widened (what zs__master_refresh would give): no
      * need to read the file */
     char *p, *g;
+    st = zs__param_acquire(m, u);
+    if (st != ZS_OK) return st;
     const size_t span = zs__optimize_span(m, u, &p, &g);
     *tmp = (float*)malloc((span > 0 ? span : 1) * sizeof(float));
-    if (*tmp == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "NVMe read-back");
-    st = m->ctx->host->ops->convert(m->ctx->host, *tmp, ZS_FLOAT32, p,
-                                    u->dtype, span, NULL);
+    if (*tmp == NULL) st = zs__error(ZS_ERR_OUT_OF_MEMORY, "NVMe read-back");
+    else
+      st = m->ctx->host->ops->convert(m->ctx->host, *tmp, ZS_FLOAT32, p,
+                                      u->dtype, span, NULL);
+    zs__param_release(m, u);
   } else {
     st = zs__nvme_read_field(m, u, field, tmp);
   }

@@ -144,6 +144,35 @@ static zs_status zs__optimize_unit(zs_model* m, zs__unit* u, float coef) {
   return zs__optimize_share(m, u, coef, 0, 1, 0, m->ctx->device, &v);
 }
 
+/* The in-memory optimizer on every trainable unit; with parameter shards
+ * on NVMe each shard is read in (the next one ahead), stepped and written
+ * back, and every rank agrees on the outcome (a disk error on one rank
+ * fails all; the model is then refused further steps, see m->broken). */
+static zs_status zs__optimize_units(zs_model* m, float coef) {
+  zs_status st = ZS_OK;
+  for (int i = 0; i < m->nunits && st == ZS_OK; i++) {
+    zs__unit* u = &m->units[i];
+    if (!u->trainable) continue;
+    const double t0 = m->ctx->prof != NULL ? zs__now() : 0.0;
+    st = zs__param_acquire(m, u);
+    if (st != ZS_OK) break;
+    for (int j = i + 1; j < m->nunits; j++)
+      if (m->units[j].trainable) {
+        zs__param_read_ahead(m, j);
+        break;
+      }
+    st = zs__optimize_unit(m, u, coef);
+    if (st == ZS_OK) st = zs__param_write_back(m, u);
+    zs__param_release(m, u);
+    if (m->ctx->prof != NULL)
+      zs__profiler_span(m->ctx->prof, 0, "optimizer", "optimizer", t0,
+                        zs__now(), u->name, 0, 0, 0);
+  }
+  if (m->nvme_params == NULL) return st;
+  st = st == ZS_OK ? zs__param_flush(m) : zs__param_abort(m, st);
+  return zs__comm_agree(m->ctx->comm, st, "optimizer step (NVMe parameters)");
+}
+
 /* ==== CPU offload with a GPU ================================================= */
 
 int zs__offload_force_staging = 0;
@@ -469,7 +498,7 @@ static zs_status zs__step_apply(zs_model* m, zs_step_info* info,
     ZS_CHECK(zs__inflight_wait(m->ctx->comm, &m->units[i].shard_ops));
   /* CPU offload with the parameters and gradients in device memory: the
    * staged, overlapped path (the test hook runs it on the host too). */
-  const int staged = m->ctx->offload != NULL &&
+  const int staged = m->ctx->offload != NULL && m->nvme_params == NULL &&
                      (m->ctx->device != m->ctx->host || zs__offload_force_staging);
   if (m->nvme != NULL) {
     /* NVMe offload: a failure on one rank (a disk error) fails every rank
@@ -483,15 +512,14 @@ static zs_status zs__step_apply(zs_model* m, zs_step_info* info,
     }
   } else if (staged) {
     ZS_CHECK(zs__optimize_staged(m, (float)coef));
-  }
-  for (int i = 0; i < m->nunits && !staged && m->nvme == NULL; i++)
-    if (m->units[i].trainable) {
-      const double t0 = m->ctx->prof != NULL ? zs__now() : 0.0;
-      ZS_CHECK(zs__optimize_unit(m, &m->units[i], (float)coef));
-      if (m->ctx->prof != NULL)
-        zs__profiler_span(m->ctx->prof, 0, "optimizer", "optimizer", t0,
-                          zs__now(), m->units[i].name, 0, 0, 0);
+  } else {
+    st = zs__optimize_units(m, (float)coef);
+    if (st != ZS_OK && m->nvme_params != NULL) {
+      m->broken = 1;
+      snprintf(m->broken_msg, sizeof m->broken_msg, "%s", zs__error_body());
     }
+    if (st != ZS_OK) goto cleanup;
+  }
   /* Stages 1-2 keep full parameters: every rank's updated shard goes back
    * into everyone's full buffer, bucket by bucket, without waiting. */
   if (cfg->stage == 1 || cfg->stage == 2)

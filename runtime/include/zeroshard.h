@@ -248,6 +248,17 @@ typedef struct zs_nvme_config {
   size_t block_size;     /* bytes per I/O transfer (larger requests are
                             split, queue_depth of them in flight), a
                             multiple of 4096; default 1 MiB */
+  /* Stage-3 parameter shards on NVMe (offload_param = 2): each unit's
+   * shard has its own 4 KiB-aligned region of a parameter swap file and
+   * is read into one of param_buffer_count pinned buffers before its
+   * all-gather (read ahead along the prefetch trace) and written back
+   * after the optimizer step (ZeRO-Infinity's parameter swapper). The
+   * buffers cache shards: with as many buffers as units nothing is read
+   * twice. */
+  size_t param_buffer_count; /* >= 1; default 5 (DeepSpeed's) */
+  size_t param_buffer_size;  /* bytes per buffer, a multiple of 4096, at
+                                least the largest unit's shard (rounded
+                                up to 4 KiB); 0 (default): exactly that */
 } zs_nvme_config;
 
 typedef struct zs_config {
@@ -312,10 +323,15 @@ typedef struct zs_config {
                     profiling is off; training continues. */
   /* ---- Offload (docs/offload.md) ---- */
   zs_offload_config offload_optimizer;
-  int offload_param; /* stage 3 with offload_optimizer: 1 keeps parameter
-                    shards in the same NUMA-placed host memory (they move
-                    to the device before the gather); default 0 */
-  zs_nvme_config nvme; /* with offload_optimizer.device = 2 */
+  int offload_param; /* stage 3 with offload_optimizer: 1 (cpu) keeps
+                    parameter shards in the same NUMA-placed host memory
+                    (they move to the device before the gather); 2 (nvme,
+                    host device only for now) keeps them in a swap file
+                    under nvme.path, read into a pinned buffer pool ahead
+                    of their all-gather (zs_nvme_config.param_*); default
+                    0 */
+  zs_nvme_config nvme; /* with offload_optimizer.device = 2 or
+                          offload_param = 2 */
 } zs_config;
 
 #define ZS_CONFIG_INIT                                                     \
@@ -326,7 +342,7 @@ typedef struct zs_config {
         1, 1800.0, (size_t)1 << 22, 2, 0, 1, ZS_REDUCE_FIXED, 1, -1, 1, 0, \
         0, 1.0, {ZS_LOSS_SCALE_NONE, 65536.0, 2.0, 0.5, 2000, 1.0, 1},     \
         NULL, {0, 1, ZS_OFFLOAD_NUMA_AUTO, 0}, 0,                          \
-        {NULL, 9, (size_t)16 << 20, 0, 16, 0, (size_t)1 << 20}             \
+        {NULL, 9, (size_t)16 << 20, 0, 16, 0, (size_t)1 << 20, 5, 0}       \
   }
 
 /* Fills *config with the defaults (the same values as ZS_CONFIG_INIT).
@@ -496,11 +512,19 @@ typedef struct zs_offload_info {
   int workers;       /* optimizer worker threads (bound to its cores) */
   int pinned;        /* host memory page-locked */
   uint64_t steps_on_workers; /* optimizer runs executed by the workers */
-  int nvme;          /* config.offload_optimizer.device == 2 */
+  int nvme;          /* NVMe offload is on: config.offload_optimizer.device
+                        or config.offload_param is 2 */
   uint64_t nvme_file_bytes; /* bytes of this rank's swap files on disk (all
-                               its live models) */
+                               its live models: optimizer states and
+                               parameter shards) */
   const char* nvme_aio; /* "io_uring" or "threads"; NULL without NVMe.
                            Static storage. */
+  uint64_t nvme_param_reads;       /* offload_param = nvme: parameter shards
+                                      read from the swap file (a shard found
+                                      in a buffer is not read) */
+  uint64_t nvme_param_reads_ahead; /* ... of which started ahead of their
+                                      use (along the prefetch trace, or the
+                                      step's next unit) */
 } zs_offload_info;
 
 /* Copies this rank's offload state (all zero when offload is off). Not

@@ -1,0 +1,353 @@
+/*
+ * engine_nvme_param.c — stage-3 parameter shards on NVMe (offload_param =
+ * nvme; ZeRO-Infinity, Rajbhandari et al. SC'21, sec. 5-6, and DeepSpeed's
+ * partitioned-parameter swapper): each unit's shard lives in its own
+ * 4 KiB-aligned region of one parameter swap file per model. A pool of
+ * param_buffer_count pinned buffers caches shards:
+ *
+ *   on disk --read (demand, or ahead along the prefetch trace)--> buffer
+ *   buffer --all-gather--> params_full (the buffer is pinned until the
+ *                                       all-gather is waited for)
+ *   buffer --optimizer step, init, tensor_set, checkpoint load--> written
+ *            back to the file (asynchronously; the buffer is reused only
+ *            after its write completed)
+ *
+ * A buffer's reuse takes the least recently used one that nothing holds.
+ * Every choice depends only on the order of calls (never on timing), so all
+ * ranks hold the same shards in their buffers, read from disk at the same
+ * points, and agree on the outcome of those reads before an all-gather
+ * (a failed read on one rank fails the gather on every rank instead of
+ * leaving them waiting in the collective).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "offload/aio.h"
+#include "offload/offload.h"
+#include "runtime/engine.h"
+
+typedef struct zs__pslot {
+  void* buf;
+  int unit;              /* the unit whose shard it holds, -1 none */
+  int pins;              /* holders that read or write it now */
+  int gather_pin;        /* an all-gather of the unit reads it */
+  int ahead;             /* read ahead, not used since */
+  int from_disk;         /* read from the file, outcome not yet agreed */
+  uint64_t read_ticket;  /* its read (0: none in flight) */
+  uint64_t write_ticket; /* its latest write-back (0: none) */
+  uint64_t used;         /* clock of its last use (least recently used) */
+} zs__pslot;
+
+struct zs__nvme_params {
+  zs__aio_file* file;
+  uint64_t* offset; /* per unit: its region of the file */
+  size_t* bytes;    /* per unit: the shard's bytes rounded up to 4 KiB */
+  int* slot;        /* per unit: the buffer holding it, -1: on disk only */
+  zs__pslot* slots;
+  int nslots;
+  uint64_t clock;
+  uint64_t file_bytes;
+  uint64_t reads;   /* shards read from the file (zs_offload_info) */
+  uint64_t ahead;   /* ... of which read ahead */
+};
+
+static size_t zs__round4k(size_t b) { return (b + 4095) / 4096 * 4096; }
+
+static zs__aio* zs__param_aio(const zs_model* m) {
+  return zs__nvme_aio(m->ctx->nvme);
+}
+
+/* ==== Setup ================================================================== */
+
+void zs__nvme_param_free(zs_model* m) {
+  zs__nvme_params* np = m->nvme_params;
+  if (np == NULL) return;
+  (void)zs__aio_wait(zs__param_aio(m)); /* nothing may still use a buffer */
+  for (int s = 0; s < np->nslots; s++)
+    zs__offload_free(m->ctx->offload, np->slots[s].buf);
+  for (int i = 0; i < m->nunits; i++) m->units[i].params_shard = NULL;
+  zs__aio_file_close(np->file, 1);
+  free(np->slots);
+  free(np->offset);
+  free(np->bytes);
+  free(np->slot);
+  free(np);
+  m->nvme_params = NULL;
+}
+
+zs_status zs__nvme_param_init(zs_model* m) {
+  zs__nvme_param_free(m); /* a finalize that failed earlier */
+  const zs_nvme_config* c = &m->ctx->config.nvme;
+  zs_status st = ZS_OK;
+  zs__nvme_params* np = (zs__nvme_params*)calloc(1, sizeof *np);
+  if (np == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "NVMe parameters");
+  m->nvme_params = np;
+  const int n = m->nunits > 0 ? m->nunits : 1;
+  np->offset = (uint64_t*)calloc((size_t)n, sizeof *np->offset);
+  np->bytes = (size_t*)calloc((size_t)n, sizeof *np->bytes);
+  np->slot = (int*)calloc((size_t)n, sizeof *np->slot);
+  np->nslots = (int)c->param_buffer_count;
+  np->slots = (zs__pslot*)calloc((size_t)np->nslots, sizeof *np->slots);
+  if (!np->offset || !np->bytes || !np->slot || !np->slots)
+    ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "NVMe parameters: %d units", m->nunits);
+  size_t most = 4096;
+  int largest = -1;
+  for (int i = 0; i < m->nunits; i++) {
+    const zs__unit* u = &m->units[i];
+    np->bytes[i] = zs__round4k(u->layout.shard * u->elem);
+    np->offset[i] = np->file_bytes;
+    np->file_bytes += np->bytes[i];
+    np->slot[i] = -1;
+    if (np->bytes[i] > most) {
+      most = np->bytes[i];
+      largest = i;
+    }
+  }
+  if (c->param_buffer_size != 0 && c->param_buffer_size < most)
+    ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+            "config.nvme.param_buffer_size %zu bytes is below the shard of "
+            "unit '%s' (%zu bytes, rounded up to 4 KiB): raise it, or use 0 "
+            "for the largest shard", c->param_buffer_size,
+            largest >= 0 ? m->units[largest].name : "?", most);
+  if (c->param_buffer_size != 0) most = c->param_buffer_size;
+  char path[4096 + 64];
+  snprintf(path, sizeof path, "%s/params-%d.swap", zs__nvme_dir(m->ctx->nvme),
+           zs__nvme_next_file(m->ctx->nvme));
+  ZS_CHECK(zs__aio_file_create(zs__param_aio(m), path,
+                               np->file_bytes > 0 ? np->file_bytes : 4096,
+                               &np->file));
+  for (int s = 0; s < np->nslots; s++) {
+    np->slots[s].unit = -1;
+    ZS_CHECK(zs__offload_alloc_as(m->ctx->offload, most, "NVMe parameters",
+                                  ZS_MEM_NVME_STAGING, &np->slots[s].buf));
+  }
+  zs__log(ZS_LOG_INFO, "NVMe offload: %s: parameter shards of %d units, %llu "
+          "bytes; %d buffers of %zu bytes", path, m->nunits,
+          (unsigned long long)np->file_bytes, np->nslots, most);
+cleanup:
+  if (st != ZS_OK) zs__nvme_param_free(m);
+  return st;
+}
+
+uint64_t zs__nvme_param_file_bytes(const zs_model* m) {
+  return m->nvme_params != NULL ? m->nvme_params->file_bytes : 0;
+}
+
+void zs__nvme_param_counts(const zs_model* m, uint64_t* reads, uint64_t* ahead) {
+  if (m->nvme_params == NULL) return;
+  *reads += m->nvme_params->reads;
+  *ahead += m->nvme_params->ahead;
+}
+
+/* ==== Buffers ================================================================ */
+
+/* Forgets what slot s holds: waits for its transfers (it is about to be
+ * reused) and detaches its unit. */
+static zs_status zs__pslot_evict(zs_model* m, int s) {
+  zs__nvme_params* np = m->nvme_params;
+  zs__pslot* b = &np->slots[s];
+  zs_status st = ZS_OK;
+  const uint64_t t = b->read_ticket > b->write_ticket ? b->read_ticket
+                                                      : b->write_ticket;
+  if (t > 0) st = zs__aio_wait_until(zs__param_aio(m), t);
+  if (b->unit >= 0) {
+    np->slot[b->unit] = -1;
+    m->units[b->unit].params_shard = NULL;
+  }
+  b->unit = -1;
+  b->ahead = b->from_disk = 0;
+  b->read_ticket = b->write_ticket = 0;
+  return st;
+}
+
+/* A slot for a new shard: an empty one, else the least recently used one
+ * that nothing pins. A demand (ahead = 0) may take one that an all-gather
+ * still reads (it waits for that all-gather); a read-ahead takes neither
+ * those nor other read-aheads. -1: none (read-ahead only). */
+static int zs__pslot_choose(const zs_model* m, int ahead) {
+  const zs__nvme_params* np = m->nvme_params;
+  int best = -1;
+  for (int s = 0; s < np->nslots; s++) {
+    const zs__pslot* b = &np->slots[s];
+    if (b->unit < 0) return s;
+    if (b->pins > 0 || (ahead && (b->gather_pin || b->ahead))) continue;
+    if (best < 0 || b->used < np->slots[best].used) best = s;
+  }
+  return best;
+}
+
+/* Gives slot s to unit ui (the slot is evicted first) and, unless blank,
+ * starts reading the unit's shard into it. */
+static zs_status zs__pslot_read(zs_model* m, int ui, int s, int blank) {
+  zs__nvme_params* np = m->nvme_params;
+  zs__pslot* b = &np->slots[s];
+  zs__unit* owner = b->unit >= 0 ? &m->units[b->unit] : NULL;
+  if (owner != NULL && b->gather_pin) {
+    /* the all-gather reading it finishes first (every rank waits for the
+     * same one: the choice depends only on the order of calls) */
+    zs_status st = zs__inflight_wait(m->ctx->comm, &owner->gather_ops);
+    b->gather_pin = 0;
+    if (st != ZS_OK) return st;
+  }
+  zs_status st = zs__pslot_evict(m, s);
+  if (st != ZS_OK) return st;
+  b->unit = ui;
+  np->slot[ui] = s;
+  b->used = ++np->clock;
+  if (np->bytes[ui] > 0 && !blank) {
+    st = zs__aio_submit(zs__param_aio(m), np->file, 0, b->buf, np->bytes[ui],
+                        np->offset[ui]);
+    if (st != ZS_OK) {
+      np->slot[ui] = -1;
+      b->unit = -1;
+      return st;
+    }
+    b->read_ticket = zs__aio_last_ticket(zs__param_aio(m));
+    b->from_disk = 1;
+    np->reads++;
+  }
+  return ZS_OK;
+}
+
+static zs_status zs__param_take(zs_model* m, zs__unit* u, int blank) {
+  zs__nvme_params* np = m->nvme_params;
+  if (np == NULL) return ZS_OK;
+  const int ui = (int)(u - m->units);
+  int s = np->slot[ui];
+  zs_status st = ZS_OK;
+  if (s < 0) {
+    s = zs__pslot_choose(m, 0);
+    if (s < 0)
+      return zs__error(ZS_ERR_INVALID_STATE,
+                       "NVMe parameters: all %d buffers are in use; unit '%s' "
+                       "needs one (config.nvme.param_buffer_count)",
+                       np->nslots, u->name);
+    st = zs__pslot_read(m, ui, s, blank);
+    if (st != ZS_OK)
+      return zs__error_prefix(st, "NVMe parameters of unit '%s': ", u->name);
+  }
+  zs__pslot* b = &np->slots[s];
+  if (b->read_ticket > 0) {
+    st = zs__aio_wait_until(zs__param_aio(m), b->read_ticket);
+    if (st != ZS_OK) {
+      (void)zs__pslot_evict(m, s); /* its contents are not the shard */
+      return zs__error_prefix(st, "NVMe parameters of unit '%s': ", u->name);
+    }
+    b->read_ticket = 0;
+  }
+  b->pins++;
+  b->ahead = 0;
+  b->used = ++np->clock;
+  u->params_shard = b->buf;
+  return ZS_OK;
+}
+
+zs_status zs__param_acquire(zs_model* m, zs__unit* u) {
+  return zs__param_take(m, u, 0);
+}
+
+zs_status zs__param_acquire_blank(zs_model* m, zs__unit* u) {
+  return zs__param_take(m, u, 1);
+}
+
+void zs__param_release(zs_model* m, zs__unit* u) {
+  zs__nvme_params* np = m->nvme_params;
+  if (np == NULL) return;
+  const int s = np->slot[u - m->units];
+  if (s >= 0 && np->slots[s].pins > 0) np->slots[s].pins--;
+}
+
+zs_status zs__param_write_back(zs_model* m, zs__unit* u) {
+  zs__nvme_params* np = m->nvme_params;
+  if (np == NULL) return ZS_OK;
+  const int ui = (int)(u - m->units), s = np->slot[ui];
+  if (s < 0 || np->bytes[ui] == 0) return ZS_OK;
+  zs__pslot* b = &np->slots[s];
+  /* the padding past the shard goes to disk as zeros, never stale bytes */
+  const size_t used = u->layout.shard * u->elem;
+  memset((char*)b->buf + used, 0, np->bytes[ui] - used);
+  zs_status st = zs__aio_submit(zs__param_aio(m), np->file, 1, b->buf,
+                                np->bytes[ui], np->offset[ui]);
+  if (st != ZS_OK)
+    return zs__error_prefix(st, "NVMe parameters of unit '%s': ", u->name);
+  b->write_ticket = zs__aio_last_ticket(zs__param_aio(m));
+  return ZS_OK;
+}
+
+zs_status zs__param_flush(zs_model* m) {
+  if (m->nvme_params == NULL) return ZS_OK;
+  zs__nvme_params* np = m->nvme_params;
+  zs_status st = zs__aio_wait(zs__param_aio(m));
+  for (int s = 0; s < np->nslots; s++) {
+    np->slots[s].write_ticket = 0;
+    np->slots[s].read_ticket = 0;
+  }
+  if (st != ZS_OK) {
+    /* after a failed transfer no buffer is trusted */
+    return zs__param_abort(m, zs__error_prefix(st, "NVMe parameters: "));
+  }
+  return ZS_OK;
+}
+
+zs_status zs__param_abort(zs_model* m, zs_status st) {
+  zs__nvme_params* np = m->nvme_params;
+  if (np == NULL) return st;
+  char saved[1024]; /* the caller's error stays the one reported */
+  snprintf(saved, sizeof saved, "%s", zs__error_body());
+  (void)zs__aio_wait(zs__param_aio(m));
+  for (int s = 0; s < np->nslots; s++) {
+    zs__pslot* b = &np->slots[s];
+    if (b->gather_pin && b->unit >= 0)
+      (void)zs__inflight_wait(m->ctx->comm, &m->units[b->unit].gather_ops);
+    b->pins = b->gather_pin = 0;
+    b->read_ticket = b->write_ticket = 0;
+    (void)zs__pslot_evict(m, s);
+  }
+  return zs__error(st, "%s", saved);
+}
+
+int zs__param_read_ahead(zs_model* m, int unit) {
+  zs__nvme_params* np = m->nvme_params;
+  if (np == NULL || np->slot[unit] >= 0) return 1;
+  const int s = zs__pslot_choose(m, 1);
+  if (s < 0) return 0;
+  /* an error here is found again by the acquire that needs the shard */
+  if (zs__pslot_read(m, unit, s, 0) == ZS_OK) {
+    np->slots[s].ahead = 1;
+    np->ahead++;
+  }
+  return 1;
+}
+
+/* ==== The all-gather's source ================================================ */
+
+zs_status zs__param_gather_source(zs_model* m, zs__unit* u) {
+  zs__nvme_params* np = m->nvme_params;
+  if (np == NULL) return ZS_OK;
+  zs_status local = zs__param_acquire(m, u);
+  const int s = np->slot[u - m->units];
+  /* Ranks read from disk at the same points (see the top), and agree on
+   * the outcome there: a rank whose read failed must not leave the
+   * others waiting in the all-gather. Shards found in a buffer need no
+   * agreement. */
+  const int from_disk = local != ZS_OK || (s >= 0 && np->slots[s].from_disk);
+  if (from_disk) {
+    zs_status st = zs__comm_agree(m->ctx->comm, local, "NVMe parameter read");
+    if (st != ZS_OK) {
+      if (local == ZS_OK) zs__param_release(m, u);
+      return st;
+    }
+    np->slots[s].from_disk = 0;
+  }
+  np->slots[s].gather_pin = 1;
+  np->slots[s].pins--; /* the all-gather's pin holds it from here */
+  return ZS_OK;
+}
+
+void zs__param_gather_done(zs_model* m, zs__unit* u) {
+  zs__nvme_params* np = m->nvme_params;
+  if (np == NULL || u->gather_ops.n > 0) return;
+  const int s = np->slot[u - m->units];
+  if (s >= 0) np->slots[s].gather_pin = 0;
+}

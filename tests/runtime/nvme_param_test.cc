@@ -1,0 +1,316 @@
+// nvme_param_test.cc — stage-3 parameter shards on NVMe (offload_param =
+// nvme; docs/offload.md, "Parameter shards on NVMe") at 1, 2, 3 and 4
+// ranks: training with every unit's shard in a swap file, read into a pool
+// of pinned buffers before its all-gather and written back after the step,
+// is bitwise the training without offload, with the optimizer states in
+// host memory or on NVMe too, with one buffer (every shard re-read at
+// every use) or enough for all; checkpoints resume; a disk error in a
+// gather or in the step fails every rank, naming the file and offset on
+// the failing one; the swap files are gone afterwards.
+#include <gtest/gtest.h>
+#include <zs_mpi.h>
+
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "offload/aio.h" /* zs__aio_fault_hook */
+#include "tests/runtime/test_harness.h"
+#include "tests/testing/mpi_test.h"
+
+using namespace zstest;
+
+namespace {
+
+class NvmeParamTest : public ZsMpiTest {};
+
+std::string NvmeDir() {
+  const char* t = std::getenv("TEST_TMPDIR");
+  std::string d = std::string(t != nullptr ? t : "/tmp") + "/nvme-param";
+  mkdir(d.c_str(), 0700);
+  return d;
+}
+
+size_t Entries(const std::string& dir) {
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  size_t n = 0;
+  while (struct dirent* e = readdir(d))
+    if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) n++;
+  closedir(d);
+  return n;
+}
+
+// The swap files and directories are removed by every rank before this
+// returns (each rank removes its own).
+void ExpectNothingLeft(const std::string& dir, const std::string& what) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_EQ(Entries(dir), 0u) << what << ": swap files left in " << dir;
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TrainConfig Stage3(zs_dtype dtype, int steps) {
+  TrainConfig cfg;
+  cfg.steps = steps;
+  cfg.stage = 3;
+  cfg.param_dtype = dtype;
+  cfg.reduce_dtype = dtype == ZS_FLOAT32 ? -1 : ZS_FLOAT32;
+  return cfg;
+}
+
+// model 0: the transformer (tied head, frozen tensor, several tensors per
+// unit), 1: the degenerate model (odd, tiny and empty tensors).
+std::unique_ptr<Model> Make(int model) {
+  return model ? MakeDegenerate() : MakeTransformer();
+}
+
+TEST_F(NvmeParamTest, ParameterShardsOnNvmeTrainBitwiseAsNoOffload) {
+  const std::string dir = NvmeDir();
+  for (int model = 0; model < 2; model++)
+    for (zs_dtype dtype : {ZS_FLOAT32, ZS_BFLOAT16}) {
+      TrainConfig cfg = Stage3(dtype, 4);
+      auto m1 = Make(model);
+      TrainResult plain = TrainSharded(*m1, cfg);
+      ASSERT_EQ(plain.status, ZS_OK) << plain.error;
+      cfg.offload_param = 2;
+      cfg.nvme.path = dir.c_str();
+      // 1 buffer: every shard is read at every use and the read-ahead
+      // finds none free; 2: read-ahead along the trace; 64: all cached
+      for (int opt : {1, 2})
+        for (size_t buffers : {(size_t)1, (size_t)2, (size_t)64}) {
+          const std::string where =
+              std::string(model ? "degenerate " : "transformer ") +
+              zs_dtype_name(dtype) + " optimizer on " + (opt == 1 ? "cpu" : "nvme") +
+              ", " + std::to_string(buffers) + " parameter buffers";
+          cfg.offload = opt;
+          cfg.nvme.param_buffer_count = buffers;
+          cfg.nvme.sub_group_size = 7;  // sub-group boundaries inside tensors
+          cfg.nvme.aio = buffers == 2 ? 2 : 0;  // the thread pool too
+          auto m2 = Make(model);
+          TrainResult nvme = TrainSharded(*m2, cfg);
+          ASSERT_EQ(nvme.status, ZS_OK) << where << ": " << nvme.error;
+          ExpectSameTraining(plain, nvme, *m1, where);
+          // the parameter shards were on disk, in the pinned pool while used
+          EXPECT_EQ(nvme.memory.current[ZS_MEM_PARAMS], 0u) << where;
+          EXPECT_GT(nvme.memory.current[ZS_MEM_NVME_STAGING], 0u) << where;
+          EXPECT_EQ(nvme.offload.nvme, 1) << where;
+          EXPECT_GE(nvme.offload.nvme_file_bytes,
+                    plain.memory.current[ZS_MEM_PARAMS]) << where;
+          // zs_model_init writes every shard without reading it; with a
+          // buffer per unit nothing is read again, with fewer the shards
+          // are re-read (two buffers: read ahead along the trace)
+          if (buffers == 64) {
+            EXPECT_EQ(nvme.offload.nvme_param_reads, 0u) << where;
+          } else {
+            EXPECT_GT(nvme.offload.nvme_param_reads, 0u) << where;
+          }
+          if (buffers == 2 && model == 0)
+            EXPECT_GT(nvme.offload.nvme_param_reads_ahead, 0u) << where;
+          ExpectNothingLeft(dir, where);
+        }
+    }
+}
+
+// Prefetch off, and reshard_after_forward off (the gathered copy kept from
+// forward to backward): the same training.
+TEST_F(NvmeParamTest, PrefetchOffAndKeptGathersAreBitwise) {
+  const std::string dir = NvmeDir();
+  for (int variant = 0; variant < 2; variant++) {
+    TrainConfig cfg = Stage3(ZS_BFLOAT16, 3);
+    cfg.prefetch_depth = variant == 0 ? 0 : 3;
+    cfg.reshard_after_forward = variant == 0 ? 1 : 0;
+    auto m1 = MakeTransformer();
+    TrainResult plain = TrainSharded(*m1, cfg);
+    ASSERT_EQ(plain.status, ZS_OK) << plain.error;
+    cfg.offload = 2;
+    cfg.offload_param = 2;
+    cfg.nvme.path = dir.c_str();
+    cfg.nvme.param_buffer_count = 2;
+    auto m2 = MakeTransformer();
+    TrainResult nvme = TrainSharded(*m2, cfg);
+    const std::string where = variant == 0 ? "prefetch off" : "kept gathers";
+    ASSERT_EQ(nvme.status, ZS_OK) << where << ": " << nvme.error;
+    ExpectSameTraining(plain, nvme, *m1, where);
+    ExpectNothingLeft(dir, where);
+  }
+}
+
+// 3 steps + save + load + 3 steps equals 6 straight steps bitwise, and the
+// checkpoint (the same format) continues bitwise without offload.
+TEST_F(NvmeParamTest, CheckpointsResumeBitwise) {
+  const std::string dir = NvmeDir();
+  const char* t = std::getenv("TEST_TMPDIR");
+  const std::string ck = std::string(t != nullptr ? t : "/tmp") + "/nvme-param-ckpt";
+  for (zs_dtype dtype : {ZS_FLOAT32, ZS_BFLOAT16}) {
+    const std::string what = zs_dtype_name(dtype);
+    TrainConfig cfg = Stage3(dtype, 0);
+    cfg.nvme.path = dir.c_str();
+    cfg.nvme.param_buffer_count = 1;
+    auto run = [&](int first, int steps, const std::string& load,
+                   const std::string& save, int offload) {
+      cfg.first_step = first;
+      cfg.steps = steps;
+      cfg.load = load;
+      cfg.save = save;
+      cfg.save_name = "";
+      cfg.offload = offload;
+      cfg.offload_param = offload ? 2 : 0;
+      auto m = MakeTransformer();
+      TrainResult r = TrainSharded(*m, cfg);
+      EXPECT_EQ(r.status, ZS_OK) << what << ": " << r.error;
+      return r;
+    };
+    const std::string root = ck + what;
+    TrainResult straight = run(0, 6, "", "", 2);
+    TrainResult straight_plain = run(0, 6, "", "", 0);
+    run(0, 3, "", root, 2);
+    TrainResult resumed = run(3, 3, root, "", 2);
+    TrainResult plain = run(3, 3, root, "", 0);
+    auto m = MakeTransformer();
+    ExpectSameTraining(straight_plain, straight, *m, what + " straight");
+    ExpectSameTensors(straight, resumed, *m, what + " resumed with NVMe");
+    ExpectSameTensors(straight, plain, *m, what + " resumed without offload");
+    for (int s = 0; s < 3; s++)
+      EXPECT_EQ(straight.losses[3 + s], resumed.losses[s]) << what << " step " << s;
+    ExpectNothingLeft(dir, what);
+  }
+}
+
+// Fault injection on the parameter swap file of one rank: the n-th read at
+// offset 0 (unit 0's shard; with one buffer it is re-read at each use),
+// or any write (the step's write-back).
+long g_kind = 0;  // 1: the 2nd read at offset 0 fails, 2: comes back short,
+                  // 3: a write fails
+int g_reads = 0;
+long ParamFault(const char* path, uint64_t offset, int write, size_t bytes,
+                long result) {
+  if (strstr(path, "params-") == nullptr) return result;
+  if (g_kind == 3 && write) return -EIO;
+  if (g_kind != 3 && !write && offset == 0 && ++g_reads == 2)
+    return g_kind == 1 ? -EIO : (long)bytes / 2;
+  return result;
+}
+
+// Read errors surface in the all-gather that needed the shard: every rank
+// agrees on the read before the collective, so none is left waiting in
+// it; a write error fails the step on every rank, which then refuses
+// further steps until a checkpoint is loaded. The failing rank names the
+// file and the offset; the others fail cleanly (ZS_ERR_REMOTE).
+TEST_F(NvmeParamTest, DiskErrorsFailEveryRankNamingFileAndOffset) {
+  const std::string dir = NvmeDir();
+  for (long kind : {1L, 2L, 3L}) {
+    const std::string what = kind == 1 ? "read error" : kind == 2 ? "short read"
+                                                                  : "write error";
+    zs_config c = ZS_CONFIG_INIT;
+    c.stage = 3;
+    c.offload_optimizer.device = 1;
+    c.offload_param = 2;
+    c.nvme.path = dir.c_str();
+    c.nvme.param_buffer_count = 1;  // every use re-reads its shard
+    zs_context* ctx = nullptr;
+    ASSERT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), ZS_OK) << zs_last_error();
+    zs_model* m = nullptr;
+    ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+    int u[2], t[2];
+    int64_t n = 1024 * world_ + 3;
+    for (int i = 0; i < 2; i++) {
+      ASSERT_EQ(zs_model_add_unit(m, i ? "b" : "a", &u[i]), ZS_OK);
+      ASSERT_EQ(zs_model_add_tensor(m, u[i], i ? "b.w" : "a.w", 1, &n, ZS_FLOAT32, 0, &t[i]), ZS_OK) << zs_last_error();
+    }
+    ASSERT_EQ(zs_model_finalize(m), ZS_OK) << zs_last_error();
+    // the first read at offset 0 is zs_model_init's; the second the
+    // forward's gather of unit "a"
+    auto init = [](void*, int, const zs_tensor_desc* d, void* data) {
+      for (int64_t k = 0; k < d->numel; k++) static_cast<float*>(data)[k] = 0.5f;
+      return ZS_OK;
+    };
+    ASSERT_EQ(zs_model_init(m, init, nullptr), ZS_OK) << zs_last_error();
+    const int bad = world_ - 1;
+    g_kind = kind;
+    g_reads = 0;
+    if (rank_ == bad) zs__aio_fault_hook = ParamFault;
+    zs_status st = ZS_OK;
+    for (int i = 0; i < 2 && st == ZS_OK; i++) {
+      st = zs_unit_gather(m, u[i]);
+      if (st == ZS_OK) st = zs_unit_release(m, u[i]);
+    }
+    for (int i = 1; i >= 0 && st == ZS_OK; i--) {
+      st = zs_unit_gather(m, u[i]);
+      if (st == ZS_OK) st = zs_unit_grad_acquire(m, u[i]);
+      if (st == ZS_OK) st = zs_unit_grad_release(m, u[i]);
+      if (st == ZS_OK) st = zs_unit_release(m, u[i]);
+    }
+    const bool in_step = st == ZS_OK;
+    if (st == ZS_OK) st = zs_step(m, nullptr);
+    zs__aio_fault_hook = nullptr;
+    const std::string err = zs_last_error();
+    EXPECT_EQ(in_step, kind == 3) << what << ": " << err;
+    if (rank_ == bad) {
+      EXPECT_EQ(st, ZS_ERR_IO) << what << ": " << err;
+      EXPECT_NE(err.find("params-0.swap"), std::string::npos) << err;
+      EXPECT_NE(err.find(" at offset 0 of "), std::string::npos) << err;
+      if (kind != 3) EXPECT_NE(err.find("gather of unit 'a'"), std::string::npos) << err;
+    } else {
+      EXPECT_EQ(st, ZS_ERR_REMOTE) << what << ": " << err;
+    }
+    if (kind == 3) {  // the shards on disk may be stale now: refused
+      EXPECT_EQ(zs_step(m, nullptr), ZS_ERR_INVALID_STATE) << what;
+    }
+    zs_model_destroy(m);
+    zs_context_destroy(ctx);
+    ExpectNothingLeft(dir, what);
+  }
+}
+
+TEST_F(NvmeParamTest, BadConfigurationsAreRefusedNamingTheField) {
+  const std::string dir = NvmeDir();
+  zs_config c = ZS_CONFIG_INIT;
+  c.stage = 3;
+  c.offload_optimizer.device = 1;
+  c.offload_param = 2;
+  EXPECT_EQ(zs_config_validate(&c), ZS_ERR_INVALID_ARGUMENT);  // no path
+  EXPECT_NE(std::string(zs_last_error()).find("config.nvme.path"), std::string::npos)
+      << zs_last_error();
+  c.nvme.path = dir.c_str();
+  EXPECT_EQ(zs_config_validate(&c), ZS_OK) << zs_last_error();
+  c.nvme.param_buffer_count = 0;
+  EXPECT_EQ(zs_config_validate(&c), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(zs_last_error()).find("param_buffer_count"), std::string::npos);
+  c.nvme.param_buffer_count = 5;
+  c.nvme.param_buffer_size = 1000;
+  EXPECT_EQ(zs_config_validate(&c), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(zs_last_error()).find("param_buffer_size"), std::string::npos);
+  c.nvme.param_buffer_size = 0;
+  c.stage = 2;  // parameter shards exist at stage 3 only
+  EXPECT_EQ(zs_config_validate(&c), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(zs_last_error()).find("offload_param"), std::string::npos);
+  c.stage = 3;
+  c.device = ZS_DEVICE_CUDA;
+  EXPECT_EQ(zs_config_validate(&c), ZS_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(zs_last_error()).find("offload_param"), std::string::npos);
+
+  // A buffer smaller than a unit's shard fails finalize on every rank,
+  // naming the unit, and leaves nothing behind.
+  c.device = ZS_DEVICE_HOST;
+  c.nvme.param_buffer_size = 4096;
+  zs_context* ctx = nullptr;
+  ASSERT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), ZS_OK) << zs_last_error();
+  zs_model* m = nullptr;
+  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+  int u = -1, t = -1;
+  int64_t n = 4096 * world_ + 1;  // a shard of more than 4 KiB
+  ASSERT_EQ(zs_model_add_unit(m, "big", &u), ZS_OK);
+  ASSERT_EQ(zs_model_add_tensor(m, u, "w", 1, &n, ZS_FLOAT32, 0, &t), ZS_OK);
+  EXPECT_NE(zs_model_finalize(m), ZS_OK);
+  EXPECT_NE(std::string(zs_last_error()).find("'big'"), std::string::npos)
+      << zs_last_error();
+  zs_model_destroy(m);
+  zs_context_destroy(ctx);
+  ExpectNothingLeft(dir, "param_buffer_size too small");
+}
+
+}  // namespace
