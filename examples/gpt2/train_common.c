@@ -54,6 +54,7 @@ static void gpt2__defaults(gpt2_args* a) {
   a->log_every = 10;
   a->sample_bytes = 200;
   a->prefetch_depth = 2;
+  a->nvme_param_buffers = 5;
   a->bucket_elements = 1L << 22;
   a->progress_thread = 1;
   a->dtype = 0;
@@ -130,8 +131,12 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
                          "directory for the swap files\n"
                          "  --nvme-sub-group N  with --offload nvme: elements "
                          "per sub-group [0: 4M]\n"
-                         "  --offload-param D   none|cpu (stage 3, with "
-                         "--offload cpu): parameter shards too [none]\n"
+                         "  --offload-param D   none|cpu|nvme (stage 3, with "
+                         "--offload cpu or nvme): parameter\n"
+                         "                      shards too; nvme: in a swap "
+                         "file under --nvme-path [none]\n"
+                         "  --nvme-param-buffers N  with --offload-param nvme: "
+                         "pinned buffers caching shards [5]\n"
                          "  --device D          cpu|cuda: run the layers and "
                          "ZeroShard's buffers on the CPU or on one\n"
                          "                      GPU per rank (cuBLAS, NCCL) "
@@ -172,14 +177,14 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
       int* dst = opt ? &a->offload : &a->offload_param;
       if (v != NULL && strcmp(v, "none") == 0) *dst = 0;
       else if (v != NULL && strcmp(v, "cpu") == 0) *dst = 1;
-      else if (opt && v != NULL && strcmp(v, "nvme") == 0) *dst = 2;
+      else if (v != NULL && strcmp(v, "nvme") == 0) *dst = 2;
       else {
-        snprintf(err, cap, "%s: expected none or cpu%s, got '%s'%s", f,
-                 opt ? " or nvme" : "", v != NULL ? v : "(missing)",
-                 !opt && v != NULL && strcmp(v, "nvme") == 0
-                     ? " (parameter shards on NVMe are not built yet)" : "");
+        snprintf(err, cap, "%s: expected none, cpu or nvme, got '%s'", f,
+                 v != NULL ? v : "(missing)");
         return -1;
       }
+    } else if (sharded && strcmp(f, "--nvme-param-buffers") == 0) {
+      rc = gpt2__int(f, v, 1, 4096, &a->nvme_param_buffers, err, cap);
     } else if (sharded && strcmp(f, "--nvme-path") == 0) {
       if (v == NULL || v[0] == '\0') {
         snprintf(err, cap, "--nvme-path: expected a directory");
@@ -272,14 +277,24 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
     snprintf(err, cap, "--save-every needs --save DIR");
     return -1;
   }
-  if (a->offload == 2 && a->nvme_path == NULL) {
-    snprintf(err, cap, "--offload nvme needs --nvme-path DIR (a directory on "
-             "the fast device for the swap files)");
+  const int nvme = a->offload == 2 || a->offload_param == 2;
+  if (nvme && a->nvme_path == NULL) {
+    snprintf(err, cap, "--%s nvme needs --nvme-path DIR (a directory on "
+             "the fast device for the swap files)",
+             a->offload == 2 ? "offload" : "offload-param");
     return -1;
   }
-  if (a->offload != 2 && (a->nvme_path != NULL || a->nvme_sub_group != 0)) {
-    snprintf(err, cap, "--nvme-path and --nvme-sub-group go with --offload "
-             "nvme");
+  if (!nvme && a->nvme_path != NULL) {
+    snprintf(err, cap, "--nvme-path goes with --offload nvme or "
+             "--offload-param nvme");
+    return -1;
+  }
+  if (a->offload != 2 && a->nvme_sub_group != 0) {
+    snprintf(err, cap, "--nvme-sub-group goes with --offload nvme");
+    return -1;
+  }
+  if (a->offload_param != 2 && a->nvme_param_buffers != 5) {
+    snprintf(err, cap, "--nvme-param-buffers goes with --offload-param nvme");
     return -1;
   }
 
@@ -383,7 +398,8 @@ void gpt2_args_print(const gpt2_args* a, const char* trainer, int ranks,
   if (a->offload)
     snprintf(stage + strlen(stage), sizeof stage - strlen(stage),
              ", %s offload%s", a->offload == 2 ? "NVMe" : "CPU",
-             a->offload_param ? " (+params on the CPU)" : "");
+             a->offload_param == 2 ? " (+params on NVMe)"
+             : a->offload_param ? " (+params on the CPU)" : "");
   if (a->device)
     snprintf(stage + strlen(stage), sizeof stage - strlen(stage),
              ", on CUDA GPUs");
@@ -432,7 +448,8 @@ gpt2_report* gpt2_report_create(const gpt2_args* a, const char* trainer,
   cJSON_AddNumberToObject(c, "clip", a->clip);
   cJSON_AddStringToObject(c, "offload", a->offload == 2 ? "nvme"
                                          : a->offload ? "cpu" : "none");
-  cJSON_AddStringToObject(c, "offload_param", a->offload_param ? "cpu" : "none");
+  cJSON_AddStringToObject(c, "offload_param", a->offload_param == 2 ? "nvme"
+                                               : a->offload_param ? "cpu" : "none");
   cJSON_AddStringToObject(c, "device", a->device ? "cuda" : "cpu");
   cJSON_AddNumberToObject(c, "steps", a->steps);
   cJSON_AddNumberToObject(c, "seed", (double)a->seed);

@@ -46,7 +46,10 @@ typedef struct gpt2_args {
   const char* nvme_path; /* sharded, --offload nvme: swap directory */
   long nvme_sub_group; /* sharded, --offload nvme: sub-group elements (0:
                           a buffer's worth) */
-  int offload_param;   /* sharded, stage 3: parameter shards too (0/1) */
+  int offload_param;   /* sharded, stage 3: parameter shards too (0 none,
+                          1 cpu, 2 nvme) */
+  int nvme_param_buffers; /* sharded, --offload-param nvme: pinned buffers
+                             (zs_config.nvme.param_buffer_count) [5] */
   int device;          /* sharded: 0 cpu, 1 cuda (one GPU per rank) */
   const char* save;    /* sharded: checkpoint root to save into, or NULL */
   int save_every;      /* sharded: save every N steps (0: at the end only) */

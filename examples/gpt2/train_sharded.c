@@ -535,6 +535,7 @@ int main(int argc, char** argv) {
   zcfg.nvme.path = args.nvme_path;
   zcfg.nvme.sub_group_size = (size_t)args.nvme_sub_group;
   zcfg.offload_param = args.offload_param;
+  zcfg.nvme.param_buffer_count = (size_t)args.nvme_param_buffers;
   model m;
   memset(&m, 0, sizeof m);
   m.dtype = (zs_dtype)args.dtype;

@@ -295,7 +295,8 @@ TEST(Gpt2Offload, OffloadIsBitwiseAtStagesOneToThree) {
 // NVMe offload (the optimizer states in swap files, sub-groups of 1000
 // elements through the pinned slots) equals CPU offload and no offload over
 // 20 steps at 3 ranks, stage 3 with bf16 parameters (master weights on disk
-// too) and stage 1 with fp32; the swap directories are gone afterwards.
+// too; then the parameter shards as well) and stage 1 with fp32; the swap
+// directories are gone afterwards.
 TEST(Gpt2Offload, NvmeIsBitwiseCpuOffloadAndNoOffload) {
   const std::string dir = TmpDir() + "/nvme";
   Shell("rm -rf " + dir + " && mkdir -p " + dir);
@@ -310,6 +311,16 @@ TEST(Gpt2Offload, NvmeIsBitwiseCpuOffloadAndNoOffload) {
       EXPECT_EQ(nvme.losses[k], plain.losses[k]) << v << " step " << k + 1;
       EXPECT_EQ(nvme.losses[k], cpu.losses[k]) << v << " step " << k + 1;
     }
+    EXPECT_EQ(Shell("ls -A " + dir).output, "") << v;
+    if (v.find("--stage 3") == std::string::npos) continue;
+    // stage 3: the parameter shards on NVMe too, two buffers (each shard
+    // read again at its next use, the next ones ahead)
+    FullReport params = RunVariant(v + " --offload nvme --nvme-sub-group 1000 "
+                                       "--offload-param nvme --nvme-param-buffers 2 "
+                                       "--nvme-path " + dir, 3, "nvme-params");
+    ASSERT_EQ(params.losses.size(), 20u) << v;
+    for (size_t k = 0; k < plain.losses.size(); k++)
+      EXPECT_EQ(params.losses[k], plain.losses[k]) << v << " +params step " << k + 1;
     EXPECT_EQ(Shell("ls -A " + dir).output, "") << v;
   }
 }
@@ -363,8 +374,13 @@ const BadCase kBad[] = {
     {"nvme_without_path", "--data @DATA --offload nvme", "--nvme-path", 2},
     {"nvme_path_not_a_dir", "--data @DATA --offload nvme --nvme-path @DATA",
      "swap directory", 2},
-    {"nvme_params", "--data @DATA --offload nvme --offload-param nvme --nvme-path /tmp",
-     "parameter shards on NVMe are not built yet", 2},
+    {"nvme_params_below_stage_3",
+     "--data @DATA --stage 2 --offload nvme --offload-param nvme --nvme-path /tmp",
+     "offload_param", 2},
+    {"nvme_params_without_path", "--data @DATA --offload cpu --offload-param nvme",
+     "--offload-param nvme needs --nvme-path", 2},
+    {"nvme_param_buffers_alone", "--data @DATA --nvme-param-buffers 3",
+     "--nvme-param-buffers goes with --offload-param nvme", 2},
     {"batch_not_divisible_by_micro_batches",
      "--data @DATA --batch 12 --grad-accum 4", "not divisible", 2},
     {"too_many_val_sequences", "--data @DATA --val-batches 1048576 --batch 4096",
