@@ -66,12 +66,19 @@ static zs_status zs__estimate_check(const zs_estimate_config* c) {
                  (c->nvme_buffer_size >= 4096 && c->nvme_buffer_size % 4096 == 0),
              "zs_estimate: nvme_buffer_size must be a multiple of 4096, got "
              "%zu", c->nvme_buffer_size);
-  ZS_REQUIRE(c->offload_params == 0 ||
-                 (c->offload_params == 1 && c->offload_optimizer &&
-                  c->stage == 3),
+  ZS_REQUIRE(c->offload_params >= 0 && c->offload_params <= 2,
+             "zs_estimate: offload_params must be 0, 1 (cpu) or 2 (nvme), "
+             "got %d", c->offload_params);
+  ZS_REQUIRE(c->offload_params == 0 || (c->offload_optimizer && c->stage == 3),
              "zs_estimate: offload_params needs stage 3 and "
              "offload_optimizer (got offload_params %d, stage %d)",
              c->offload_params, c->stage);
+  ZS_REQUIRE(c->offload_params != 2 ||
+                 (c->nvme_param_buffer_count >= 1 &&
+                  c->nvme_param_buffer_size % 4096 == 0),
+             "zs_estimate: nvme_param_buffer_count must be >= 1 and "
+             "nvme_param_buffer_size 0 or a multiple of 4096 (got %zu, %zu)",
+             c->nvme_param_buffer_count, c->nvme_param_buffer_size);
   return ZS_OK;
 }
 
@@ -82,7 +89,8 @@ static zs_status zs__estimate_check(const zs_estimate_config* c) {
  * model-state categories (not offload_host), total every category. */
 static void zs__estimate_total(zs_memory_estimate* out,
                                const zs_estimate_config* c,
-                               size_t largest_span) {
+                               size_t largest_span,
+                               size_t largest_param_shard_bytes) {
   if (c->offload_optimizer == 2) {
     /* NVMe: the swap file holds them; three slots of the pinned pool hold
      * a sub-group's fields each (engine_nvme.c) */
@@ -102,7 +110,17 @@ static void zs__estimate_total(zs_memory_estimate* out,
                                        out->bytes[ZS_MEM_OPTIMIZER_STATES];
     out->bytes[ZS_MEM_MASTER_WEIGHTS] = out->bytes[ZS_MEM_OPTIMIZER_STATES] = 0;
   }
-  if (c->offload_params) {
+  if (c->offload_params == 2) {
+    /* NVMe: the shards in the parameter swap file; a pool of pinned
+     * buffers, each the largest shard rounded up to 4 KiB unless set
+     * (engine_nvme_param.c) */
+    out->nvme_bytes += out->bytes[ZS_MEM_PARAMS];
+    size_t buf = (largest_param_shard_bytes + 4095) / 4096 * 4096;
+    if (buf < 4096) buf = 4096;
+    if (c->nvme_param_buffer_size > 0) buf = c->nvme_param_buffer_size;
+    out->bytes[ZS_MEM_NVME_STAGING] += c->nvme_param_buffer_count * buf;
+    out->bytes[ZS_MEM_PARAMS] = 0;
+  } else if (c->offload_params) {
     out->bytes[ZS_MEM_OFFLOAD_HOST] += out->bytes[ZS_MEM_PARAMS];
     out->bytes[ZS_MEM_PARAMS] = 0;
   }
@@ -132,7 +150,8 @@ zs_status zs_estimate_params(double params, const zs_estimate_config* c,
   const zs__unit_layout l = {n, n, (n + W - 1) / W};
   zs__estimate_states(c, &l, zs_dtype_size(dt), zs_dtype_size(gdt),
                       dt != ZS_FLOAT32, n > 0, zs__estimate_nstates(c), out);
-  zs__estimate_total(out, c, c->stage == 0 ? l.padded : l.shard);
+  zs__estimate_total(out, c, c->stage == 0 ? l.padded : l.shard,
+                     l.shard * zs_dtype_size(dt));
   return ZS_OK;
 }
 
@@ -193,6 +212,7 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
   int* alias = NULL;
   int nunits = 0;
   size_t span_max = 0; /* the largest trainable optimizer span (NVMe) */
+  size_t shard_bytes_max = 0; /* the largest parameter shard (NVMe) */
   char** tnames = NULL; /* tensor name -> unit, for ties */
   int* tunit = NULL;
   int ntn = 0;
@@ -340,6 +360,7 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
     }
     if (l.padded > out->largest_unit_elements)
       out->largest_unit_elements = l.padded;
+    if (l.shard * u->elem > shard_bytes_max) shard_bytes_max = l.shard * u->elem;
     zs__estimate_states(c, &l, u->elem, u->gelem, u->lowp, u->trainable,
                         zs__estimate_nstates(c), out);
     ui++;
@@ -402,7 +423,7 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
     out->bytes[ZS_MEM_ACTIVATIONS] =
         fixed + (size_t)llround((double)(bytes - fixed) * scale);
   }
-  zs__estimate_total(out, c, span_max);
+  zs__estimate_total(out, c, span_max, shard_bytes_max);
 cleanup:
   for (int i = 0; units != NULL && i < nunits; i++) free(units[i].owners);
   free(units);

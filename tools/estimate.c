@@ -33,7 +33,9 @@ static const char kUsage[] =
     "                      through a pinned pool (nvme; ZeRO-Infinity)\n"
     "                      [none]\n"
     "  --nvme-buffer-size B, --nvme-sub-group N  as zs_config.nvme [16 MiB, 0]\n"
-    "  --offload-param none|cpu      stage 3: parameter shards too [none]\n"
+    "  --offload-param none|cpu|nvme  stage 3: parameter shards too [none]\n"
+    "  --nvme-param-buffers N  with --offload-param nvme: pinned buffers of\n"
+    "                      the largest shard each [5]\n"
     "  --largest-layer N   with --params: the largest layer's elements, for\n"
     "                      DeepSpeed's stage-3 row (a model gives its own)\n"
     "  --json              one JSON object (an array with --stages)\n"
@@ -94,7 +96,7 @@ static void print_json(const zs_estimate_config* c, const zs_memory_estimate* e,
   const size_t host = e->bytes[ZS_MEM_OFFLOAD_HOST] + e->bytes[ZS_MEM_NVME_STAGING];
   fprintf(out, ",\"device_bytes\":%zu,\"per_node_host_bytes\":%zu",
           e->total - host, host * (size_t)(c->ranks / c->nodes));
-  if (c->offload_optimizer == 2)
+  if (c->offload_optimizer == 2 || c->offload_params == 2)
     fprintf(out, ",\"nvme_bytes\":%zu,\"per_node_nvme_bytes\":%zu",
             e->nvme_bytes, e->nvme_bytes * (size_t)(c->ranks / c->nodes));
   if (ds > 0) fprintf(out, ",\"deepspeed_model_states_bytes\":%.0f", ds);
@@ -117,7 +119,7 @@ static void print_row(const zs_estimate_config* c, const zs_memory_estimate* e,
     fprintf(out, "         offloaded to host memory: %.3f GB/rank, %.3f GB/node\n",
             e->bytes[ZS_MEM_OFFLOAD_HOST] / 1e9,
             e->bytes[ZS_MEM_OFFLOAD_HOST] * (double)(c->ranks / c->nodes) / 1e9);
-  if (c->offload_optimizer == 2)
+  if (c->offload_optimizer == 2 || c->offload_params == 2)
     fprintf(out, "         on NVMe: %.3f GB/rank, %.3f GB/node; pinned staging "
             "%.1f MB/rank\n", e->nvme_bytes / 1e9,
             e->nvme_bytes * (double)(c->ranks / c->nodes) / 1e9,
@@ -188,11 +190,13 @@ int main(int argc, char** argv) {
                                                : &c.offload_optimizer;
       if (v && !strcmp(v, "none")) *dst = 0;
       else if (v && !strcmp(v, "cpu")) *dst = 1;
-      else if (v && !strcmp(v, "nvme") && dst == &c.offload_optimizer) *dst = 2;
-      else if (v && !strcmp(v, "nvme"))
-        return fail("parameter shards on NVMe are not built yet (cpu or none)", f);
-      else return fail(dst == &c.offload_optimizer ? "expected none, cpu or nvme"
-                                                   : "expected none or cpu", f);
+      else if (v && !strcmp(v, "nvme")) *dst = 2;
+      else return fail("expected none, cpu or nvme", f);
+    } else if (!strcmp(f, "--nvme-param-buffers")) {
+      int n = 0;
+      if (parse_int(v, 1, 4096, &n))
+        return fail("--nvme-param-buffers: expected 1..4096", v);
+      c.nvme_param_buffer_count = (size_t)n;
     } else if (!strcmp(f, "--nvme-buffer-size")) {
       char* end = NULL;
       const double b = v ? strtod(v, &end) : -1;

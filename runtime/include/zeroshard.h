@@ -1082,16 +1082,21 @@ typedef struct zs_estimate_config {
                             (offload_host), the step on the CPU; 2: NVMe
                             (ZeRO-Infinity): those on disk (nvme_bytes),
                             a pinned staging pool (nvme_staging) */
-  int offload_params;    /* stage 3, with offload_optimizer: the 16-bit
+  int offload_params;    /* stage 3, with offload_optimizer: 1 (cpu) the
                             parameter shards in host memory too (only the
-                            gathered working set on the device) */
+                            gathered working set on the device); 2 (nvme)
+                            on disk (nvme_bytes), a pool of pinned buffers
+                            (nvme_staging) */
   size_t nvme_buffer_size;    /* as zs_config.nvme.buffer_size (bytes) */
   size_t nvme_sub_group_size; /* as zs_config.nvme.sub_group_size */
+  size_t nvme_param_buffer_count; /* as zs_config.nvme.param_buffer_count */
+  size_t nvme_param_buffer_size;  /* as zs_config.nvme.param_buffer_size
+                                     (bytes; 0: the largest shard) */
 } zs_estimate_config;
 
 #define ZS_ESTIMATE_CONFIG_INIT                                          \
   { 1, 1, 0, ZS_DTYPE_COUNT, -1, ZS_OPTIM_ADAMW, 0, 2, 0, 1, 0, 0,       \
-    (size_t)16 << 20, 0 }
+    (size_t)16 << 20, 0, 5, 0 }
 
 typedef struct zs_memory_estimate {
   size_t bytes[ZS_MEM_CATEGORY_COUNT]; /* per rank, peak per category
@@ -1105,9 +1110,10 @@ typedef struct zs_memory_estimate {
   size_t largest_unit_elements; /* of a description: the largest unit's
                                    padded elements; 0 for a count */
   size_t nvme_bytes;        /* NVMe offload: the master weights and
-                               optimizer states on disk per rank (the swap
-                               file, less its rounding of each sub-group's
-                               regions up to 4 KiB) */
+                               optimizer states (and with offload_params 2
+                               the parameter shards) on disk per rank (the
+                               swap files, less their rounding of each
+                               region up to 4 KiB) */
 } zs_memory_estimate;
 
 /* From a parameter count (a whole number, elements). Pure computation.

@@ -170,6 +170,20 @@ TEST(Gpt2Estimate, NvmeSplitIsExact) {
                    "nvme_staging");
 }
 
+// With the parameter shards on NVMe too: no parameters on the device, and
+// the pinned staging (the optimizer's slots plus two buffers of the
+// largest shard) to the byte.
+TEST(Gpt2Estimate, NvmeParamSplitIsExact) {
+  const std::string dir = TmpDir() + "/est_nvme_param";
+  Shell("rm -rf " + dir + " && mkdir -p " + dir);
+  ExpectSplitExact("nvme_param", " --dtype bf16",
+                   "--reduce-dtype fp32 --offload-optimizer nvme --nvme-sub-group 1000 "
+                   "--offload-param nvme --nvme-param-buffers 2",
+                   "--dtype bf16 --offload nvme --nvme-sub-group 1000 --offload-param "
+                   "nvme --nvme-param-buffers 2 --nvme-path " + dir,
+                   "nvme_staging");
+}
+
 // DeepSpeed's rules of thumb next to ours (offload none, per GPU): 13B
 // parameters on 8 GPUs, largest layer 325M: stage 2 4 Psi + 16 Psi / N =
 // 78 GB; stage 3 4 * 325M + 18 Psi / N = 30.55 GB (DeepSpeed's docs example).
@@ -218,8 +232,8 @@ const BadCase kBad[] = {
     {"truncated_model", "--model @TRUNC --ranks 8", "truncated"},
     {"fractional_params", "--params 1.5 --ranks 8", "--params"},
     {"nodes_not_dividing", "--params 1e9 --ranks 6 --nodes 4", "--nodes"},
-    {"nvme_params", "--params 1e9 --ranks 8 --stage 3 --offload-optimizer nvme "
-                    "--offload-param nvme", "not built yet"},
+    {"nvme_param_buffers", "--params 1e9 --ranks 8 --stage 3 --offload-optimizer cpu "
+                    "--offload-param nvme --nvme-param-buffers 0", "--nvme-param-buffers"},
     {"nvme_buffer", "--params 1e9 --ranks 8 --offload-optimizer nvme "
                     "--nvme-buffer-size 1000", "--nvme-buffer-size"},
 };

@@ -144,6 +144,39 @@ TEST(Estimate, NvmeMovesStatesToDiskThroughThePinnedPool) {
   EXPECT_LAST_ERROR_HAS("nvme_buffer_size");
 }
 
+// Stage-3 parameter shards on NVMe too: the 2 Psi / N bf16 shard goes to
+// disk with the states (14 Psi / N), nothing of the model states but the
+// gradients stays on the device, and the pinned pool gains
+// nvme_param_buffer_count buffers of the shard rounded up to 4 KiB (or of
+// nvme_param_buffer_size).
+TEST(Estimate, NvmeParamsMoveShardsToDiskThroughAPool) {
+  zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
+  c.ranks = 8;
+  c.stage = 3;
+  c.dtype = ZS_BFLOAT16;
+  c.offload_optimizer = 2;
+  c.nvme_sub_group_size = 1000;
+  c.offload_params = 2;
+  zs_memory_estimate e;
+  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK) << zs_last_error();
+  EXPECT_EQ(e.nvme_bytes, 14ull * 1000000000ull);
+  EXPECT_EQ(e.bytes[ZS_MEM_PARAMS], 0u);
+  EXPECT_EQ(e.model_state_bytes, 2ull * 1000000000ull);  // the gradient shard
+  const size_t shard = (2000000000ull + 4095) / 4096 * 4096;
+  EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], 3u * 3u * 4096u + 5u * shard);
+  c.nvme_param_buffer_count = 2;
+  c.nvme_param_buffer_size = (size_t)4 << 30;
+  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
+  EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], 3u * 3u * 4096u + 2u * ((size_t)4 << 30));
+  c.offload_optimizer = 1;  // states in host memory, shards on disk
+  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
+  EXPECT_EQ(e.nvme_bytes, 2ull * 1000000000ull);
+  EXPECT_EQ(e.bytes[ZS_MEM_OFFLOAD_HOST], 12ull * 1000000000ull);
+  c.nvme_param_buffer_count = 0;
+  EXPECT_EQ(zs_estimate_params(8e9, &c, &e), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_LAST_ERROR_HAS("nvme_param_buffer_count");
+}
+
 TEST(Estimate, BadInputNamesTheSetting) {
   zs_memory_estimate e;
   zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
