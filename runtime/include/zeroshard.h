@@ -364,7 +364,9 @@ zs_status zs_config_validate(const zs_config* config);
  * the parse position; *config is unchanged on error. Also
  * "collective_timeout" (seconds); NVMe offload's
  * "zero_optimization.offload_optimizer.{nvme_path, buffer_count,
- * buffer_size}", "zero_optimization.sub_group_size" and "aio.{block_size,
+ * buffer_size}", "zero_optimization.offload_param.{device, nvme_path,
+ * buffer_count, buffer_size}" (nvme.param_buffer_*; one nvme_path for
+ * both sections), "zero_optimization.sub_group_size" and "aio.{block_size,
  * queue_depth, backend}" (the nvme_path string is kept by the library for
  * the life of the process). */
 zs_status zs_config_from_json(const char* text, zs_config* config);
