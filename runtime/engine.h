@@ -271,8 +271,8 @@ int zs__nvme_next_file(zs__nvme* n);
  *     is free without waiting; returns 0 when none is (1: started, or
  *     already in a buffer). Never fails: a failure is found again by the
  *     acquire that needs the shard.
- *   gather_source: acquire for an all-gather, agreed across ranks when a
- *     read was involved (collective then); the buffer stays pinned until
+ *   gather_source: acquire for an all-gather, agreed across ranks
+ *     (collective: one all-reduce); the buffer stays pinned until
  *     gather_done after the all-gather was waited for. */
 typedef struct zs__nvme_params zs__nvme_params;
 zs_status zs__nvme_param_init(zs_model* m);

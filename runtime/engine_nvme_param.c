@@ -13,11 +13,11 @@
  *            after its write completed)
  *
  * A buffer's reuse takes the least recently used one that nothing holds.
- * Every choice depends only on the order of calls (never on timing), so all
- * ranks hold the same shards in their buffers, read from disk at the same
- * points, and agree on the outcome of those reads before an all-gather
- * (a failed read on one rank fails the gather on every rank instead of
- * leaving them waiting in the collective).
+ * Every choice depends only on the order of calls (never on timing), so
+ * ranks hold the same shards in their buffers and read from disk at the
+ * same points. Before each all-gather every rank agrees on its shard (a
+ * failed read on one rank fails the gather on every rank instead of
+ * leaving the others waiting in the collective).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,7 +33,6 @@ typedef struct zs__pslot {
   int pins;              /* holders that read or write it now */
   int gather_pin;        /* an all-gather of the unit reads it */
   int ahead;             /* read ahead, not used since */
-  int from_disk;         /* read from the file, outcome not yet agreed */
   uint64_t read_ticket;  /* its read (0: none in flight) */
   uint64_t write_ticket; /* its latest write-back (0: none) */
   uint64_t used;         /* clock of its last use (least recently used) */
@@ -156,7 +155,7 @@ static zs_status zs__pslot_evict(zs_model* m, int s) {
     m->units[b->unit].params_shard = NULL;
   }
   b->unit = -1;
-  b->ahead = b->from_disk = 0;
+  b->ahead = 0;
   b->read_ticket = b->write_ticket = 0;
   return st;
 }
@@ -204,10 +203,22 @@ static zs_status zs__pslot_read(zs_model* m, int ui, int s, int blank) {
       return st;
     }
     b->read_ticket = zs__aio_last_ticket(zs__param_aio(m));
-    b->from_disk = 1;
     np->reads++;
   }
   return ZS_OK;
+}
+
+/* A transfer failed while unit u needed its shard (its own, or another
+ * one found while waiting): every transfer is waited for, which also
+ * clears the failure from the queue (it is reported once, here), and the
+ * unit's slot (if any) is dropped, its contents not being the shard. */
+static zs_status zs__param_io_failed(zs_model* m, zs__unit* u, int s,
+                                     zs_status st) {
+  char saved[1024];
+  snprintf(saved, sizeof saved, "%s", zs__error_body());
+  (void)zs__aio_wait(zs__param_aio(m));
+  if (s >= 0) (void)zs__pslot_evict(m, s);
+  return zs__error(st, "NVMe parameters of unit '%s': %s", u->name, saved);
 }
 
 static zs_status zs__param_take(zs_model* m, zs__unit* u, int blank) {
@@ -224,16 +235,12 @@ static zs_status zs__param_take(zs_model* m, zs__unit* u, int blank) {
                        "needs one (config.nvme.param_buffer_count)",
                        np->nslots, u->name);
     st = zs__pslot_read(m, ui, s, blank);
-    if (st != ZS_OK)
-      return zs__error_prefix(st, "NVMe parameters of unit '%s': ", u->name);
+    if (st != ZS_OK) return zs__param_io_failed(m, u, np->slot[ui], st);
   }
   zs__pslot* b = &np->slots[s];
   if (b->read_ticket > 0) {
     st = zs__aio_wait_until(zs__param_aio(m), b->read_ticket);
-    if (st != ZS_OK) {
-      (void)zs__pslot_evict(m, s); /* its contents are not the shard */
-      return zs__error_prefix(st, "NVMe parameters of unit '%s': ", u->name);
-    }
+    if (st != ZS_OK) return zs__param_io_failed(m, u, s, st);
     b->read_ticket = 0;
   }
   b->pins++;
@@ -326,20 +333,17 @@ zs_status zs__param_gather_source(zs_model* m, zs__unit* u) {
   zs__nvme_params* np = m->nvme_params;
   if (np == NULL) return ZS_OK;
   zs_status local = zs__param_acquire(m, u);
-  const int s = np->slot[u - m->units];
-  /* Ranks read from disk at the same points (see the top), and agree on
-   * the outcome there: a rank whose read failed must not leave the
-   * others waiting in the all-gather. Shards found in a buffer need no
-   * agreement. */
-  const int from_disk = local != ZS_OK || (s >= 0 && np->slots[s].from_disk);
-  if (from_disk) {
-    zs_status st = zs__comm_agree(m->ctx->comm, local, "NVMe parameter read");
-    if (st != ZS_OK) {
-      if (local == ZS_OK) zs__param_release(m, u);
-      return st;
-    }
-    np->slots[s].from_disk = 0;
+  /* Every rank agrees on the shard before the all-gather (one small
+   * all-reduce): a rank whose read failed must not leave the others
+   * waiting in the collective. Agreeing on every gather, not only on those
+   * that read, keeps this true even if an earlier failure left the ranks'
+   * buffers holding different shards. */
+  zs_status st = zs__comm_agree(m->ctx->comm, local, "NVMe parameter read");
+  if (st != ZS_OK) {
+    if (local == ZS_OK) zs__param_release(m, u);
+    return st;
   }
+  const int s = np->slot[u - m->units];
   np->slots[s].gather_pin = 1;
   np->slots[s].pins--; /* the all-gather's pin holds it from here */
   return ZS_OK;
