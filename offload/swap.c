@@ -20,26 +20,35 @@ static zs_status zs__swap_io(zs__aio* a, zs__aio_file* f,
 
 zs_status zs__swap_pipeline(zs__aio* a, zs__aio_file* f,
                             const zs__swap_group* groups, int ngroups,
-                            int nfields, void* const slots[3][ZS__SWAP_MAX_FIELDS],
+                            int nfields, int nslots,
+                            void* const slots[][ZS__SWAP_MAX_FIELDS],
                             zs_status (*step)(void* arg, int k, void* const* bufs),
                             void* arg) {
   ZS_REQUIRE(nfields >= 1 && nfields <= ZS__SWAP_MAX_FIELDS,
              "swap pipeline: %d fields per sub-group (1..%d)", nfields,
              ZS__SWAP_MAX_FIELDS);
+  ZS_REQUIRE(nslots >= 3 && nslots <= ZS__SWAP_MAX_SLOTS,
+             "swap pipeline: %d slots (3..%d)", nslots, ZS__SWAP_MAX_SLOTS);
   if (ngroups <= 0) return ZS_OK;
   zs_status st = ZS_OK;
-  uint64_t read_done = 0; /* ticket of the latest read */
-  ZS_CHECK(zs__swap_io(a, f, &groups[0], nfields, slots[0], 0, &read_done));
+  /* Group k uses slot k % nslots. While k is stepped, k-1 is being
+   * written and k+1 .. k+nslots-2 are being read. */
+  uint64_t read_done[ZS__SWAP_MAX_SLOTS] = {0}, write_done[ZS__SWAP_MAX_SLOTS] = {0};
+  const int ahead = nslots - 2;
+  for (int j = 0; j < ahead && j < ngroups; j++)
+    ZS_CHECK(zs__swap_io(a, f, &groups[j], nfields, slots[j], 0, &read_done[j]));
   for (int k = 0; k < ngroups; k++) {
-    /* group k is in; so is everything queued before its read, which
-     * includes the write of group k-2 from the slot group k+1 takes */
-    ZS_CHECK(zs__aio_wait_until(a, read_done));
-    if (k + 1 < ngroups)
-      ZS_CHECK(zs__swap_io(a, f, &groups[k + 1], nfields, slots[(k + 1) % 3], 0,
-                           &read_done));
-    ZS_CHECK(step(arg, k, slots[k % 3]));
-    uint64_t unused;
-    ZS_CHECK(zs__swap_io(a, f, &groups[k], nfields, slots[k % 3], 1, &unused));
+    const int s = k % nslots;
+    ZS_CHECK(zs__aio_wait_until(a, read_done[s]));
+    /* the next read takes the slot of group k-2, whose write must be done */
+    const int j = k + ahead;
+    if (j < ngroups) {
+      const int js = j % nslots;
+      if (write_done[js] > 0) ZS_CHECK(zs__aio_wait_until(a, write_done[js]));
+      ZS_CHECK(zs__swap_io(a, f, &groups[j], nfields, slots[js], 0, &read_done[js]));
+    }
+    ZS_CHECK(step(arg, k, slots[s]));
+    ZS_CHECK(zs__swap_io(a, f, &groups[k], nfields, slots[s], 1, &write_done[s]));
   }
   ZS_CHECK(zs__aio_wait(a));
 cleanup:

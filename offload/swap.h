@@ -1,9 +1,9 @@
 /*
  * swap.h — the pipelined sub-group schedule of NVMe offload (ZeRO-Infinity,
  * Rajbhandari et al. SC'21, sec. 6.2; DeepSpeed's pipelined optimizer
- * swapper): the optimizer states of sub-group k+1 are read while sub-group
- * k is stepped on the CPU and sub-group k-1 is written back, through three
- * slots of aligned host buffers.
+ * swapper): the optimizer states of the next sub-groups are read while
+ * sub-group k is stepped on the CPU and sub-group k-1 is written back,
+ * through a ring of slots of aligned host buffers (three or more).
  *
  * A sub-group is `nfields` regions of one swap file (say the fp32 master
  * weights, exp_avg and exp_avg_sq of a range of elements), each `bytes`
@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-enum { ZS__SWAP_MAX_FIELDS = 4 };
+enum { ZS__SWAP_MAX_FIELDS = 4, ZS__SWAP_MAX_SLOTS = 16 };
 
 typedef struct zs__swap_group {
   uint64_t offset[ZS__SWAP_MAX_FIELDS]; /* each field's region in the file */
@@ -32,9 +32,10 @@ typedef struct zs__swap_group {
 
 /* Runs step(arg, k, bufs) for k = 0 .. ngroups-1 in order, bufs[f] holding
  * field f of sub-group k as read from the file; what step leaves in bufs
- * is written back to the same regions. Order: read(k+1) is in flight
- * while step(k) runs, and so is write(k-1); a slot is reused only after
- * its write completed. slots[s][f] (s < 3, f < nfields): buffers of at
+ * is written back to the same regions. Order: with nslots slots (3 ..
+ * ZS__SWAP_MAX_SLOTS), the reads of k+1 .. k+nslots-2 are in flight while
+ * step(k) runs, and so is write(k-1); a slot is reused only after its
+ * write completed. slots[s][f] (s < nslots, f < nfields): buffers of at
  * least the largest group's bytes, ZS__AIO_ALIGN-aligned.
  *
  * Errors: the first I/O failure (IO, naming the file, offset and size) or
@@ -42,10 +43,11 @@ typedef struct zs__swap_group {
  * request has completed when this returns. After an error the file holds
  * the sub-groups stepped before it updated and the rest as they were (the
  * caller reports the state as inconsistent). INVALID_ARGUMENT for nfields
- * outside 1..ZS__SWAP_MAX_FIELDS. */
+ * outside 1..ZS__SWAP_MAX_FIELDS or nslots outside 3..ZS__SWAP_MAX_SLOTS. */
 zs_status zs__swap_pipeline(zs__aio* a, zs__aio_file* f,
                             const zs__swap_group* groups, int ngroups,
-                            int nfields, void* const slots[3][ZS__SWAP_MAX_FIELDS],
+                            int nfields, int nslots,
+                            void* const slots[][ZS__SWAP_MAX_FIELDS],
                             zs_status (*step)(void* arg, int k, void* const* bufs),
                             void* arg);
 

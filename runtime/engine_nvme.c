@@ -3,7 +3,7 @@
  * Rajbhandari et al. SC'21, sec. 6; zeroshard.h zs_nvme_config): each
  * rank keeps its fp32 master weights (16-bit units) and optimizer states
  * in one swap file per model and steps them sub-group by sub-group through
- * three slots of pinned, NUMA-placed buffers (offload/swap.h: read k+1,
+ * a ring of slots of pinned, NUMA-placed buffers (offload/swap.h: read k+1..,
  * step k on the CPU workers, write k-1). The step is the CPU offload's:
  * the same kernels on the same bits, so training equals CPU offload and no
  * offload bitwise. Every sub-group of a step uses the same step count
@@ -28,6 +28,9 @@
 #include "offload/swap.h"
 #include "runtime/engine.h"
 
+_Static_assert(ZS__NVME_MAX_SLOTS == ZS__SWAP_MAX_SLOTS,
+               "the estimator's ring is the pipeline's");
+
 struct zs__nvme {
   zs__aio* aio;
   char dir[4096]; /* this rank's swap directory */
@@ -44,7 +47,8 @@ typedef struct zs__nvme_model {
   int ngroups;
   int has_master;  /* field 0 is the master weights */
   int nfields;
-  void* slots[3][ZS__SWAP_MAX_FIELDS];
+  int nslots;      /* the pipeline's ring: buffer_count / nfields, 3..16 */
+  void* slots[ZS__SWAP_MAX_SLOTS][ZS__SWAP_MAX_FIELDS];
   uint64_t file_bytes;
 } zs__nvme_model;
 
@@ -99,7 +103,7 @@ static size_t zs__round4k(size_t b) { return (b + 4095) / 4096 * 4096; }
 void zs__nvme_model_free(zs_model* m) {
   zs__nvme_model* nm = m->nvme;
   if (nm == NULL) return;
-  for (int s = 0; s < 3; s++)
+  for (int s = 0; s < ZS__SWAP_MAX_SLOTS; s++)
     for (int f = 0; f < ZS__SWAP_MAX_FIELDS; f++)
       zs__offload_free(m->ctx->offload, nm->slots[s][f]);
   zs__aio_file_close(nm->file, 1); /* the swap file goes with the model */
@@ -132,7 +136,7 @@ zs_status zs__nvme_model_init(zs_model* m) {
   if ((size_t)(3 * nfields) > c->buffer_count)
     return zs__error(ZS_ERR_INVALID_ARGUMENT,
                      "config.nvme.buffer_count %zu is below the %d buffers "
-                     "NVMe offload needs here (3 sub-groups in flight x %d "
+                     "NVMe offload needs here (3 sub-groups in flight at least, x %d "
                      "fields: %s%d optimizer state(s))", c->buffer_count,
                      3 * nfields, nfields, has_master ? "master weights and " : "",
                      nstates);
@@ -141,6 +145,7 @@ zs_status zs__nvme_model_init(zs_model* m) {
   m->nvme = nm;
   nm->has_master = has_master;
   nm->nfields = nfields;
+  nm->nslots = zs__layout_nvme_slots(c->buffer_count, nfields);
   nm->groups = (zs__swap_group*)calloc((size_t)ngroups, sizeof *nm->groups);
   nm->unit = (int*)calloc((size_t)ngroups, sizeof *nm->unit);
   nm->lo = (size_t*)calloc((size_t)ngroups, sizeof *nm->lo);
@@ -173,7 +178,7 @@ zs_status zs__nvme_model_init(zs_model* m) {
   char path[4096 + 64];
   snprintf(path, sizeof path, "%s/model-%d.swap", n->dir, zs__nvme_next_file(n));
   ZS_CHECK(zs__aio_file_create(n->aio, path, off, &nm->file));
-  for (int s = 0; s < 3; s++)
+  for (int s = 0; s < nm->nslots; s++)
     for (int f = 0; f < nfields; f++)
       ZS_CHECK(zs__offload_alloc_as(m->ctx->offload, most, "NVMe staging",
                                     ZS_MEM_NVME_STAGING, &nm->slots[s][f]));
@@ -251,7 +256,8 @@ zs_status zs__nvme_step(zs_model* m, float coef) {
   zs__nvme_model* nm = m->nvme;
   zs__nvme_step_arg arg = {m, coef};
   zs_status st = zs__swap_pipeline(m->ctx->nvme->aio, nm->file, nm->groups,
-                                   nm->ngroups, nm->nfields, nm->slots,
+                                   nm->ngroups, nm->nfields, nm->nslots,
+                                   nm->slots,
                                    zs__nvme_step_group, &arg);
   /* the parameter shards' write-backs complete within the step */
   if (st == ZS_OK) st = zs__param_flush(m);

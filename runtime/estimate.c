@@ -62,6 +62,9 @@ static zs_status zs__estimate_check(const zs_estimate_config* c) {
   ZS_REQUIRE(c->offload_optimizer >= 0 && c->offload_optimizer <= 2,
              "zs_estimate: offload_optimizer must be 0, 1 (cpu) or 2 (nvme), "
              "got %d", c->offload_optimizer);
+  ZS_REQUIRE(c->offload_optimizer != 2 || c->nvme_buffer_count >= 3,
+             "zs_estimate: nvme_buffer_count must be >= 3 (three sub-groups "
+             "in flight), got %zu", c->nvme_buffer_count);
   ZS_REQUIRE(c->offload_optimizer != 2 ||
                  (c->nvme_buffer_size >= 4096 && c->nvme_buffer_size % 4096 == 0),
              "zs_estimate: nvme_buffer_size must be a multiple of 4096, got "
@@ -92,8 +95,8 @@ static void zs__estimate_total(zs_memory_estimate* out,
                                size_t largest_span,
                                size_t largest_param_shard_bytes) {
   if (c->offload_optimizer == 2) {
-    /* NVMe: the swap file holds them; three slots of the pinned pool hold
-     * a sub-group's fields each (engine_nvme.c) */
+    /* NVMe: the swap file holds them; each slot of the pinned pool's ring
+     * holds a sub-group's fields (engine_nvme.c) */
     const size_t master = out->bytes[ZS_MEM_MASTER_WEIGHTS];
     const size_t fields = (master > 0) + (size_t)zs__estimate_nstates(c);
     out->nvme_bytes = master + out->bytes[ZS_MEM_OPTIMIZER_STATES];
@@ -102,8 +105,12 @@ static void zs__estimate_total(zs_memory_estimate* out,
       sg = c->nvme_sub_group_size;
     if (largest_span < sg) sg = largest_span;
     const size_t slot = (sg * 4 + 4095) / 4096 * 4096;
+    /* the ring of the pool (zs__layout_nvme_slots; the engine refuses a pool
+     * below three slots, counted here as three) */
+    int ring = fields > 0 ? zs__layout_nvme_slots(c->nvme_buffer_count, (int)fields) : 0;
+    if (ring < 3) ring = 3;
     if (out->nvme_bytes > 0)
-      out->bytes[ZS_MEM_NVME_STAGING] += 3 * fields * slot;
+      out->bytes[ZS_MEM_NVME_STAGING] += (size_t)ring * fields * slot;
     out->bytes[ZS_MEM_MASTER_WEIGHTS] = out->bytes[ZS_MEM_OPTIMIZER_STATES] = 0;
   } else if (c->offload_optimizer) {
     out->bytes[ZS_MEM_OFFLOAD_HOST] += out->bytes[ZS_MEM_MASTER_WEIGHTS] +

@@ -45,6 +45,16 @@ typedef struct zs__piece {
 /* Alignment in elements for an element size in bytes (64 / elem_size). */
 size_t zs__layout_align(size_t elem_size);
 
+/* NVMe offload's staging (engine_nvme.c, and the estimator): a pool of
+ * buffer_count buffers gives the step's pipeline a ring of buffer_count /
+ * nfields slots of a sub-group's nfields fields (nfields >= 1), at most
+ * ZS__NVME_MAX_SLOTS (the engine refuses fewer than 3). */
+#define ZS__NVME_MAX_SLOTS 16
+static inline int zs__layout_nvme_slots(size_t buffer_count, int nfields) {
+  const size_t n = buffer_count / (size_t)nfields;
+  return n > ZS__NVME_MAX_SLOTS ? ZS__NVME_MAX_SLOTS : (int)n;
+}
+
 /* Lays out n tensors of a unit. numels[i]: elements of tensor i. alias[i]:
  * nonzero for a tied tensor, which takes no storage (offsets[i] is set to
  * (size_t)-1). align >= 1, world >= 1. offsets: n entries, written.

@@ -32,7 +32,8 @@ static const char kUsage[] =
     "                      states in host memory (ZeRO-Offload), or on disk\n"
     "                      through a pinned pool (nvme; ZeRO-Infinity)\n"
     "                      [none]\n"
-    "  --nvme-buffer-size B, --nvme-sub-group N  as zs_config.nvme [16 MiB, 0]\n"
+    "  --nvme-buffer-size B, --nvme-buffer-count N, --nvme-sub-group N\n"
+    "                      as zs_config.nvme [16 MiB, 9, 0]\n"
     "  --offload-param none|cpu|nvme  stage 3: parameter shards too [none]\n"
     "  --nvme-param-buffers N  with --offload-param nvme: pinned buffers of\n"
     "                      the largest shard each [5]\n"
@@ -203,6 +204,11 @@ int main(int argc, char** argv) {
       if (!v || !*v || *end || !(b >= 4096) || fmod(b, 4096) != 0)
         return fail("--nvme-buffer-size: expected a multiple of 4096 bytes", v);
       c.nvme_buffer_size = (size_t)b;
+    } else if (!strcmp(f, "--nvme-buffer-count")) {
+      int n = 0;
+      if (parse_int(v, 3, 4096, &n))
+        return fail("--nvme-buffer-count: expected 3..4096", v);
+      c.nvme_buffer_count = (size_t)n;
     } else if (!strcmp(f, "--nvme-sub-group")) {
       char* end = NULL;
       const double b = v ? strtod(v, &end) : -1;

@@ -236,7 +236,10 @@ typedef struct zs_nvme_config {
                             read at zs_context_create, not retained */
   size_t buffer_count;   /* pool buffers, >= 3 x the fields per element
                             (master, exp_avg, exp_avg_sq: 9 covers every
-                            optimizer); default 9 */
+                            optimizer); the step's pipeline is a ring of
+                            buffer_count / fields slots (at most 16), so
+                            that many minus two sub-groups are read ahead;
+                            default 9 */
   size_t buffer_size;    /* bytes per buffer, a multiple of 4096; default
                             16 MiB */
   size_t sub_group_size; /* elements per sub-group (DeepSpeed's
@@ -1091,6 +1094,7 @@ typedef struct zs_estimate_config {
                             (nvme_staging) */
   size_t nvme_buffer_size;    /* as zs_config.nvme.buffer_size (bytes) */
   size_t nvme_sub_group_size; /* as zs_config.nvme.sub_group_size */
+  size_t nvme_buffer_count;   /* as zs_config.nvme.buffer_count */
   size_t nvme_param_buffer_count; /* as zs_config.nvme.param_buffer_count */
   size_t nvme_param_buffer_size;  /* as zs_config.nvme.param_buffer_size
                                      (bytes; 0: the largest shard) */
@@ -1098,7 +1102,7 @@ typedef struct zs_estimate_config {
 
 #define ZS_ESTIMATE_CONFIG_INIT                                          \
   { 1, 1, 0, ZS_DTYPE_COUNT, -1, ZS_OPTIM_ADAMW, 0, 2, 0, 1, 0, 0,       \
-    (size_t)16 << 20, 0, 5, 0 }
+    (size_t)16 << 20, 0, 9, 5, 0 }
 
 typedef struct zs_memory_estimate {
   size_t bytes[ZS_MEM_CATEGORY_COUNT]; /* per rank, peak per category

@@ -1,11 +1,12 @@
 // swap_test.cc — offload/swap: NVMe offload's pipelined sub-group schedule.
-// Seven sub-groups of odd sizes, three fields each, through three slots on
-// both I/O backends: every step sees its sub-group's data, the read of
-// sub-group k+1 is queued before step k runs (the overlap), the file ends
-// with every sub-group updated once; an injected read error stops before
-// the failing sub-group is stepped and names the file and offset; a step's
-// error is returned; after either, earlier sub-groups are written and later
-// ones untouched.
+// Seven sub-groups of odd sizes, three fields each, through rings of 3, 5
+// and 16 slots (more than the sub-groups) on both I/O backends: every step
+// sees its sub-group's data, the reads of sub-groups k+1 .. k+slots-2 are
+// queued before step k runs (the overlap), the file ends with every
+// sub-group updated once; an injected read error stops before the failing
+// sub-group is stepped and names the file and offset; a step's error is
+// returned; after either, earlier sub-groups are written and later ones
+// untouched.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "offload/aio.h"
@@ -33,7 +35,7 @@ struct Fixture {
   zs__aio_file* f = nullptr;
   std::string path;
   std::vector<zs__swap_group> groups;
-  void* slots[3][ZS__SWAP_MAX_FIELDS] = {};
+  void* slots[ZS__SWAP_MAX_SLOTS][ZS__SWAP_MAX_FIELDS] = {};
   std::vector<int> stepped;
   std::vector<uint64_t> tickets_at_step;
   int fail_step = -1;
@@ -58,13 +60,16 @@ zs_status Step(void* arg, int k, void* const* bufs) {
   return ZS_OK;
 }
 
-class SwapTest : public ::testing::TestWithParam<zs__aio_backend> {
+class SwapTest
+    : public ::testing::TestWithParam<std::tuple<zs__aio_backend, int>> {
  protected:
+  int Slots() const { return std::get<1>(GetParam()); }
   void SetUp() override {
     const char* t = std::getenv("TEST_TMPDIR");
-    x_.path = std::string(t ? t : "/tmp") + "/swap-" + std::to_string(GetParam()) + ".swap";
+    x_.path = std::string(t ? t : "/tmp") + "/swap-" +
+              std::to_string(std::get<0>(GetParam())) + "-" + std::to_string(Slots()) + ".swap";
     unlink(x_.path.c_str());
-    ASSERT_EQ(zs__aio_create(8, 0, GetParam(), &x_.a), ZS_OK) << zs_last_error();
+    ASSERT_EQ(zs__aio_create(8, 0, std::get<0>(GetParam()), &x_.a), ZS_OK) << zs_last_error();
     uint64_t off = 0;
     for (int k = 0; k < kGroups; k++) {
       zs__swap_group g{};
@@ -77,7 +82,7 @@ class SwapTest : public ::testing::TestWithParam<zs__aio_backend> {
         off += x_.groups[k].bytes;
       }
     ASSERT_EQ(zs__aio_file_create(x_.a, x_.path.c_str(), off, &x_.f), ZS_OK);
-    for (int s = 0; s < 3; s++)
+    for (int s = 0; s < Slots(); s++)
       for (int f = 0; f < kFields; f++)
         ASSERT_EQ(posix_memalign(&x_.slots[s][f], ZS__AIO_ALIGN, 3 * 4096), 0);
     // the initial contents
@@ -116,14 +121,14 @@ class SwapTest : public ::testing::TestWithParam<zs__aio_backend> {
 };
 
 TEST_P(SwapTest, EveryGroupSteppedOnceWithTheNextReadInFlight) {
-  ASSERT_EQ(zs__swap_pipeline(x_.a, x_.f, x_.groups.data(), kGroups, kFields, x_.slots,
-                              Step, &x_), ZS_OK) << zs_last_error();
+  ASSERT_EQ(zs__swap_pipeline(x_.a, x_.f, x_.groups.data(), kGroups, kFields, Slots(),
+                              x_.slots, Step, &x_), ZS_OK) << zs_last_error();
   ASSERT_EQ((int)x_.stepped.size(), kGroups);
   const uint64_t before = 3 * kGroups;  // the setup's writes
   for (int k = 0; k < kGroups; k++) {
     EXPECT_EQ(x_.stepped[k], k);
-    // reads of 0..k+1 and writes of 0..k-1 were queued before step k
-    const int reads = k + 1 < kGroups ? k + 2 : kGroups;
+    // reads of 0..k+slots-2 and writes of 0..k-1 were queued before step k
+    const int reads = k + Slots() - 1 < kGroups ? k + Slots() - 1 : kGroups;
     EXPECT_EQ(x_.tickets_at_step[k], before + (uint64_t)kFields * (reads + k)) << k;
   }
   ExpectFile(kGroups);
@@ -137,29 +142,39 @@ long FailRead(const char*, uint64_t offset, int write, size_t, long result) {
 TEST_P(SwapTest, AReadErrorStopsBeforeThatGroupNamingFileAndOffset) {
   g_bad_offset = (long)x_.groups[4].offset[1];
   zs__aio_fault_hook = FailRead;
-  EXPECT_EQ(zs__swap_pipeline(x_.a, x_.f, x_.groups.data(), kGroups, kFields, x_.slots,
-                              Step, &x_), ZS_ERR_IO);
+  EXPECT_EQ(zs__swap_pipeline(x_.a, x_.f, x_.groups.data(), kGroups, kFields, Slots(),
+                              x_.slots, Step, &x_), ZS_ERR_IO);
   const std::string e = zs_last_error();
   EXPECT_NE(e.find("offset " + std::to_string(g_bad_offset) + " of " + x_.path),
             std::string::npos) << e;
   zs__aio_fault_hook = nullptr;
-  EXPECT_EQ(x_.stepped, (std::vector<int>{0, 1, 2, 3}));
-  ExpectFile(4);
+  // the steps before it ran in order; with three slots exactly 0..3 (the
+  // failing read is the only one in flight when group 4 is waited for);
+  // with deeper rings the failure may be found while waiting for an
+  // earlier group, which then is not stepped either
+  const int n = (int)x_.stepped.size();
+  EXPECT_LE(n, 4);
+  if (Slots() == 3) EXPECT_EQ(n, 4);
+  for (int k = 0; k < n; k++) EXPECT_EQ(x_.stepped[k], k);
+  ExpectFile(n);
 }
 
 TEST_P(SwapTest, AStepErrorIsReturnedAndLaterGroupsAreUntouched) {
   x_.fail_step = 2;
-  EXPECT_EQ(zs__swap_pipeline(x_.a, x_.f, x_.groups.data(), kGroups, kFields, x_.slots,
-                              Step, &x_), ZS_ERR_INTERNAL);
+  EXPECT_EQ(zs__swap_pipeline(x_.a, x_.f, x_.groups.data(), kGroups, kFields, Slots(),
+                              x_.slots, Step, &x_), ZS_ERR_INTERNAL);
   EXPECT_NE(std::string(zs_last_error()).find("step 2 failed"), std::string::npos)
       << zs_last_error();
   ExpectFile(2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, SwapTest,
-                         ::testing::Values(ZS__AIO_AUTO, ZS__AIO_THREADS),
-                         [](const ::testing::TestParamInfo<zs__aio_backend>& i) {
-                           return std::string(i.param == ZS__AIO_AUTO ? "Auto" : "Threads");
+                         ::testing::Combine(::testing::Values(ZS__AIO_AUTO, ZS__AIO_THREADS),
+                                            ::testing::Values(3, 5, 16)),
+                         [](const ::testing::TestParamInfo<std::tuple<zs__aio_backend, int>>& i) {
+                           return std::string(std::get<0>(i.param) == ZS__AIO_AUTO ? "Auto"
+                                                                                : "Threads") +
+                                  std::to_string(std::get<1>(i.param)) + "Slots";
                          });
 
 }  // namespace

@@ -117,8 +117,9 @@ TEST(Estimate, OffloadMovesStatesToTheHost) {
 
 // NVMe offload (ZeRO-Infinity): the master weights and optimizer states
 // go to disk (12 Psi / N for bf16 AdamW), the device keeps the rest, and
-// host memory holds the pinned staging: three slots of a sub-group's three
-// fields, a sub-group being at most a buffer (or the shard).
+// host memory holds the pinned staging: a ring of buffer_count / fields
+// slots (three for bf16's three fields with the default 9 buffers) of a
+// sub-group's fields, a sub-group being at most a buffer (or the shard).
 TEST(Estimate, NvmeMovesStatesToDiskThroughThePinnedPool) {
   zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
   c.ranks = 8;
@@ -135,10 +136,15 @@ TEST(Estimate, NvmeMovesStatesToDiskThroughThePinnedPool) {
   c.nvme_sub_group_size = 1000;  // 4000 bytes: one 4 KiB region per field
   ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], 3u * 3u * 4096u);
-  c.dtype = ZS_FLOAT32;  // fp32: no master weights, two fields
+  c.dtype = ZS_FLOAT32;  // fp32: no master weights, two fields: a ring of
+                         // 9 / 2 = 4 slots
   ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
   EXPECT_EQ(e.nvme_bytes, 8ull * 1000000000ull);
-  EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], 3u * 2u * 4096u);
+  EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], 4u * 2u * 4096u);
+  c.nvme_buffer_count = 40;  // the ring stops at 16 slots
+  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
+  EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], 16u * 2u * 4096u);
+  c.nvme_buffer_count = 9;
   c.nvme_buffer_size = 1000;
   EXPECT_EQ(zs_estimate_params(8e9, &c, &e), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("nvme_buffer_size");
