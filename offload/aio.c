@@ -42,6 +42,7 @@ struct zs__aio {
   int inflight;
   uint64_t tickets;  /* requests submitted so far */
   zs_status err;     /* first failure since the last wait */
+  uint64_t failures; /* failed transfers since creation (never reset) */
   char msg[4096 + 256];
   struct io_uring ring;
   int unsubmitted;   /* prepared entries not yet given to the kernel */
@@ -62,6 +63,7 @@ static void zs__aio_complete(zs__aio* a, int slot, long res) {
   zs__aio_req* r = &a->reqs[slot];
   if (zs__aio_fault_hook != NULL)
     res = zs__aio_fault_hook(r->f->path, r->off, r->write, r->bytes, res);
+  if (res != (long)r->bytes) a->failures++;
   if (res != (long)r->bytes && a->err == ZS_OK) {
     const char* op = r->write ? "write" : "read";
     if (res < 0)
@@ -308,6 +310,14 @@ static zs_status zs__aio_submit_one(zs__aio* a, zs__aio_file* f, int write,
 }
 
 uint64_t zs__aio_last_ticket(const zs__aio* a) { return a->tickets; }
+
+uint64_t zs__aio_failures(zs__aio* a) {
+  if (a->backend == ZS__AIO_URING) return a->failures;
+  pthread_mutex_lock(&a->mu);
+  const uint64_t n = a->failures;
+  pthread_mutex_unlock(&a->mu);
+  return n;
+}
 
 /* Whether a request with a ticket <= t is still in flight. */
 static int zs__aio_pending_upto(const zs__aio* a, uint64_t t) {

@@ -71,6 +71,11 @@ zs_status zs__aio_submit(zs__aio* a, zs__aio_file* f, int write, void* buf,
 /* The ticket of the last request zs__aio_submit queued (tickets count
  * requests from 1 in submission order). */
 uint64_t zs__aio_last_ticket(const zs__aio* a);
+/* Failed transfers since the queue was made (never reset). A caller that
+ * must know whether its own transfer failed (each failure is returned by
+ * only one wait, which may be another caller's) compares this count before
+ * submitting and after waiting: unchanged means it succeeded. */
+uint64_t zs__aio_failures(zs__aio* a);
 /* Waits until every request with a ticket <= `ticket` has completed (later
  * ones may still run: a pipeline waits for its reads while its writes go
  * on). Returns the first failure recorded so far, as zs__aio_wait does. */

@@ -35,6 +35,8 @@ typedef struct zs__pslot {
   int ahead;             /* read ahead, not used since */
   uint64_t read_ticket;  /* its read (0: none in flight) */
   uint64_t write_ticket; /* its latest write-back (0: none) */
+  uint64_t read_mark;    /* the queue's failure count when each was */
+  uint64_t write_mark;   /* submitted (zs__aio_failures) */
   uint64_t used;         /* clock of its last use (least recently used) */
 } zs__pslot;
 
@@ -141,15 +143,52 @@ void zs__nvme_param_counts(const zs_model* m, uint64_t* reads, uint64_t* ahead) 
 
 /* ==== Buffers ================================================================ */
 
-/* Forgets what slot s holds: waits for its transfers (it is about to be
- * reused) and detaches its unit. */
+/* Waits for slot s's read (write = 0) or latest write-back and makes sure
+ * it succeeded. A failure the wait returns is the error (IO, naming file
+ * and offset). But the queue returns each failure to one wait only, which
+ * may have been another caller's: so if the wait succeeds while some
+ * transfer failed since this one was submitted, this one is done again,
+ * synchronously (up to twice). A write redone holds the buffer's current
+ * contents, which are the newest. */
+static zs_status zs__pslot_settle(zs_model* m, int s, int write) {
+  zs__nvme_params* np = m->nvme_params;
+  zs__pslot* b = &np->slots[s];
+  zs__aio* aio = zs__param_aio(m);
+  uint64_t* ticket = write ? &b->write_ticket : &b->read_ticket;
+  uint64_t* mark = write ? &b->write_mark : &b->read_mark;
+  if (*ticket == 0) return ZS_OK;
+  zs_status st = zs__aio_wait_until(aio, *ticket);
+  /* a failure this wait returns is reported as it is (it names its
+   * transfer); one that went to another wait is redone here */
+  for (int tries = 0; st == ZS_OK && tries < 2 && zs__aio_failures(aio) != *mark;
+       tries++) {
+    *mark = zs__aio_failures(aio);
+    st = zs__aio_submit(aio, np->file, write, b->buf, np->bytes[b->unit],
+                        np->offset[b->unit]);
+    if (st == ZS_OK) st = zs__aio_wait_until(aio, zs__aio_last_ticket(aio));
+  }
+  if (st == ZS_OK && zs__aio_failures(aio) != *mark)
+    st = zs__error(ZS_ERR_IO, "NVMe parameters: the %s of unit '%s' (%zu "
+                   "bytes at offset %llu of %s) kept failing", write ? "write"
+                   : "read", m->units[b->unit].name, np->bytes[b->unit],
+                   (unsigned long long)np->offset[b->unit],
+                   zs__aio_file_path(np->file));
+  *ticket = 0;
+  return st;
+}
+
+/* Forgets what slot s holds: makes sure its latest write-back reached the
+ * file, waits for a read into it (it is about to be reused) and detaches
+ * its unit. */
 static zs_status zs__pslot_evict(zs_model* m, int s) {
   zs__nvme_params* np = m->nvme_params;
   zs__pslot* b = &np->slots[s];
-  zs_status st = ZS_OK;
-  const uint64_t t = b->read_ticket > b->write_ticket ? b->read_ticket
-                                                      : b->write_ticket;
-  if (t > 0) st = zs__aio_wait_until(zs__param_aio(m), t);
+  /* the file must hold what the buffer held; a read's contents go */
+  zs_status st = b->unit >= 0 ? zs__pslot_settle(m, s, 1) : ZS_OK;
+  if (b->read_ticket > 0) {
+    const zs_status r = zs__aio_wait_until(zs__param_aio(m), b->read_ticket);
+    if (st == ZS_OK) st = r;
+  }
   if (b->unit >= 0) {
     np->slot[b->unit] = -1;
     m->units[b->unit].params_shard = NULL;
@@ -195,6 +234,7 @@ static zs_status zs__pslot_read(zs_model* m, int ui, int s, int blank) {
   np->slot[ui] = s;
   b->used = ++np->clock;
   if (np->bytes[ui] > 0 && !blank) {
+    b->read_mark = zs__aio_failures(zs__param_aio(m));
     st = zs__aio_submit(zs__param_aio(m), np->file, 0, b->buf, np->bytes[ui],
                         np->offset[ui]);
     if (st != ZS_OK) {
@@ -238,11 +278,8 @@ static zs_status zs__param_take(zs_model* m, zs__unit* u, int blank) {
     if (st != ZS_OK) return zs__param_io_failed(m, u, np->slot[ui], st);
   }
   zs__pslot* b = &np->slots[s];
-  if (b->read_ticket > 0) {
-    st = zs__aio_wait_until(zs__param_aio(m), b->read_ticket);
-    if (st != ZS_OK) return zs__param_io_failed(m, u, s, st);
-    b->read_ticket = 0;
-  }
+  st = zs__pslot_settle(m, s, 0);
+  if (st != ZS_OK) return zs__param_io_failed(m, u, s, st);
   b->pins++;
   b->ahead = 0;
   b->used = ++np->clock;
@@ -271,11 +308,17 @@ zs_status zs__param_write_back(zs_model* m, zs__unit* u) {
   const int ui = (int)(u - m->units), s = np->slot[ui];
   if (s < 0 || np->bytes[ui] == 0) return ZS_OK;
   zs__pslot* b = &np->slots[s];
+  /* an earlier write of the region completes first: two writes of one
+   * region in flight together may land in either order */
+  zs_status st = zs__pslot_settle(m, s, 1);
+  if (st != ZS_OK)
+    return zs__error_prefix(st, "NVMe parameters of unit '%s': ", u->name);
   /* the padding past the shard goes to disk as zeros, never stale bytes */
   const size_t used = u->layout.shard * u->elem;
   memset((char*)b->buf + used, 0, np->bytes[ui] - used);
-  zs_status st = zs__aio_submit(zs__param_aio(m), np->file, 1, b->buf,
-                                np->bytes[ui], np->offset[ui]);
+  b->write_mark = zs__aio_failures(zs__param_aio(m));
+  st = zs__aio_submit(zs__param_aio(m), np->file, 1, b->buf, np->bytes[ui],
+                      np->offset[ui]);
   if (st != ZS_OK)
     return zs__error_prefix(st, "NVMe parameters of unit '%s': ", u->name);
   b->write_ticket = zs__aio_last_ticket(zs__param_aio(m));
@@ -286,9 +329,13 @@ zs_status zs__param_flush(zs_model* m) {
   if (m->nvme_params == NULL) return ZS_OK;
   zs__nvme_params* np = m->nvme_params;
   zs_status st = zs__aio_wait(zs__param_aio(m));
+  /* each transfer's own outcome (a failure may have gone to another
+   * waiter; settle redoes it) */
   for (int s = 0; s < np->nslots; s++) {
-    np->slots[s].write_ticket = 0;
-    np->slots[s].read_ticket = 0;
+    if (np->slots[s].unit < 0) continue;
+    const zs_status w = zs__pslot_settle(m, s, 1);
+    const zs_status r = zs__pslot_settle(m, s, 0);
+    if (st == ZS_OK) st = w != ZS_OK ? w : r;
   }
   if (st != ZS_OK) {
     /* after a failed transfer no buffer is trusted */

@@ -105,6 +105,7 @@ long Fault(const char*, uint64_t offset, int, size_t, long result) {
 }
 
 TEST_P(AioTest, IoErrorsAndShortReadsNameTheFileAndOffset) {
+  EXPECT_EQ(zs__aio_failures(a_), 0u);
   zs__aio_file* f = nullptr;
   ASSERT_EQ(zs__aio_file_create(a_, path_.c_str(), 8 * kMiB, &f), ZS_OK);
   Buf b(8 * kMiB);
@@ -131,6 +132,8 @@ TEST_P(AioTest, IoErrorsAndShortReadsNameTheFileAndOffset) {
   for (size_t k = 0; k < 8; k++)
     ASSERT_EQ(zs__aio_submit(a_, f, 0, b.data() + k * kMiB, kMiB, k * kMiB), ZS_OK);
   EXPECT_EQ(zs__aio_wait(a_), ZS_OK) << zs_last_error();
+  // every failed transfer was counted, though each wait returned one
+  EXPECT_EQ(zs__aio_failures(a_), 2u);
   zs__aio_file_close(f, 1);
 }
 
