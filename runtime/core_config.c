@@ -139,13 +139,6 @@ zs_status zs_config_validate(const zs_config* c) {
                "config.nvme.param_buffer_size: expected 0 (the largest "
                "shard) or a multiple of 4096 bytes, got %zu",
                nv->param_buffer_size);
-    if (c->device == ZS_DEVICE_CUDA)
-      return zs__error(ZS_ERR_UNSUPPORTED,
-                       "config.%s nvme with the CUDA "
-                       "device backend is not built yet: NVMe offload runs "
-                       "on the host device (or use CPU offload on CUDA)",
-                       of->device == 2 ? "offload_optimizer.device"
-                                       : "offload_param");
   }
   ZS_REQUIRE(of->pin_memory == 0 || of->pin_memory == 1,
              "config.offload_optimizer.pin_memory: expected 0 or 1, got %d",
@@ -169,8 +162,8 @@ zs_status zs_config_validate(const zs_config* c) {
                      "config.offload_param with the CUDA device backend is "
                      "not built yet (stage 3's all-gathers would read host "
                      "memory): offload the optimizer only "
-                     "(offload_optimizer.device = cpu), or run offload_param "
-                     "on the host device");
+                     "(offload_optimizer.device = cpu or nvme), or run "
+                     "offload_param on the host device");
   const zs_loss_scaler_config* ls = &c->loss_scaler;
   ZS_REQUIRE(ls->mode == ZS_LOSS_SCALE_NONE || ls->mode == ZS_LOSS_SCALE_STATIC ||
                  ls->mode == ZS_LOSS_SCALE_DYNAMIC,

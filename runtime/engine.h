@@ -300,6 +300,15 @@ void zs__param_gather_done(zs_model* m, zs__unit* u);
  * host device too (its copies are memcpy), so CPU tests cover it. */
 void zs__staging_free(zs_model* m);
 extern int zs__offload_force_staging;
+/* Whether the offloaded step goes through the staging (parameters and
+ * gradients in device memory, or the test hook). */
+int zs__offload_staged(const zs_model* m);
+zs_status zs__staging_init(zs_model* m);
+/* One unit at a time, synchronously (NVMe offload's step): its gradient
+ * span and parameters into staging slot 0 (staging_g[0], staging_p[0]),
+ * and its parameters back from there. Errors: DEVICE. */
+zs_status zs__staging_unit_in(zs_model* m, zs__unit* u);
+zs_status zs__staging_unit_out(zs_model* m, zs__unit* u);
 /* After elements [begin, begin + n) of the unit's flat buffer were written:
  * refreshes the master weights of those that are in this rank's span. */
 zs_status zs__master_refresh_range(zs_model* m, zs__unit* u, size_t begin,

@@ -232,6 +232,18 @@ static zs_status zs__nvme_step_group(void* arg, int k, void* const* bufs) {
       }
   }
   const size_t span = zs__optimize_span(m, u, &p, &g);
+  /* Parameters and gradients in device memory (CUDA): the unit's span
+   * comes to the host staging at its first sub-group and its parameters
+   * go back after its last (synchronous copies, one unit at a time). */
+  const int staged = zs__offload_staged(m);
+  if (staged) {
+    if (lo == 0) {
+      zs_status st = zs__staging_unit_in(m, u);
+      if (st != ZS_OK) return st;
+    }
+    p = (char*)m->staging_p[0];
+    g = (char*)m->staging_g[0];
+  }
   const int unit_master = u->dtype != ZS_FLOAT32;
   float* master = unit_master ? (float*)bufs[0] : NULL;
   const int s = nm->has_master;
@@ -245,6 +257,7 @@ static zs_status zs__nvme_step_group(void* arg, int k, void* const* bufs) {
   zs__opt_view v = {p, g, master, u->nstates > 0 ? (float*)bufs[s] : NULL,
                     u->nstates > 1 ? (float*)bufs[s + 1] : NULL, lo, hi};
   zs_status st = zs__optimize_view(m, u, a->coef, &v);
+  if (st == ZS_OK && staged && hi == span) st = zs__staging_unit_out(m, u);
   if (hi == span && m->nvme_params != NULL) {
     if (st == ZS_OK) st = zs__param_write_back(m, u);
     zs__param_release(m, u);
@@ -329,9 +342,18 @@ zs_status zs__nvme_shard(zs_model* m, zs__unit* u, int field, char** out,
     const size_t span = zs__optimize_span(m, u, &p, &g);
     *tmp = (float*)malloc((span > 0 ? span : 1) * sizeof(float));
     if (*tmp == NULL) st = zs__error(ZS_ERR_OUT_OF_MEMORY, "NVMe read-back");
-    else
-      st = m->ctx->host->ops->convert(m->ctx->host, *tmp, ZS_FLOAT32, p,
-                                      u->dtype, span, NULL);
+    /* the context's device converts where the parameters are; the result
+     * comes to the host */
+    float* dst = *tmp;
+    zs__device* dev = m->ctx->device;
+    if (st == ZS_OK && dev != m->ctx->host)
+      st = zs__dev_alloc(dev, ZS_MEM_OTHER, (span > 0 ? span : 1) * sizeof(float),
+                         0, "NVMe read-back", (void**)&dst);
+    if (st == ZS_OK)
+      st = dev->ops->convert(dev, dst, ZS_FLOAT32, p, u->dtype, span, NULL);
+    if (st == ZS_OK && dst != *tmp)
+      st = dev->ops->copy(dev, *tmp, dst, span * sizeof(float), NULL);
+    if (dst != *tmp) zs__dev_free(dev, dst);
     zs__param_release(m, u);
   } else {
     st = zs__nvme_read_field(m, u, field, tmp);

@@ -179,7 +179,7 @@ int zs__offload_force_staging = 0;
 
 /* Two slots of page-locked host staging (each: the largest span's
  * gradients and parameters) and the copy stream, made at the first step. */
-static zs_status zs__staging_init(zs_model* m) {
+zs_status zs__staging_init(zs_model* m) {
   if (m->staging_stream != NULL) return ZS_OK;
   zs__device* dev = m->ctx->device;
   zs_status st = ZS_OK;
@@ -228,6 +228,28 @@ static zs_status zs__staging_in(zs_model* m, zs__unit* u, int k) {
   if (st == ZS_OK)
     st = dev->ops->copy(dev, m->staging_p[k], p, n * u->elem,
                         m->staging_stream);
+  return st;
+}
+
+int zs__offload_staged(const zs_model* m) {
+  return m->ctx->offload != NULL && m->nvme_params == NULL &&
+         (m->ctx->device != m->ctx->host || zs__offload_force_staging);
+}
+
+zs_status zs__staging_unit_in(zs_model* m, zs__unit* u) {
+  zs_status st = zs__staging_init(m);
+  if (st == ZS_OK) st = zs__staging_in(m, u, 0);
+  if (st == ZS_OK) st = m->ctx->device->ops->stream_sync(m->ctx->device, m->staging_stream);
+  return st;
+}
+
+zs_status zs__staging_unit_out(zs_model* m, zs__unit* u) {
+  zs__device* dev = m->ctx->device;
+  char *p, *g;
+  const size_t n = zs__optimize_span(m, u, &p, &g);
+  zs_status st = dev->ops->copy(dev, p, m->staging_p[0], n * u->elem,
+                                m->staging_stream);
+  if (st == ZS_OK) st = dev->ops->stream_sync(dev, m->staging_stream);
   return st;
 }
 
@@ -498,8 +520,7 @@ static zs_status zs__step_apply(zs_model* m, zs_step_info* info,
     ZS_CHECK(zs__inflight_wait(m->ctx->comm, &m->units[i].shard_ops));
   /* CPU offload with the parameters and gradients in device memory: the
    * staged, overlapped path (the test hook runs it on the host too). */
-  const int staged = m->ctx->offload != NULL && m->nvme_params == NULL &&
-                     (m->ctx->device != m->ctx->host || zs__offload_force_staging);
+  const int staged = zs__offload_staged(m);
   if (m->nvme != NULL) {
     /* NVMe offload: a failure on one rank (a disk error) fails every rank
      * here, and the model, whose states are now partly updated */

@@ -216,7 +216,8 @@ typedef struct zs_offload_config {
                      2 nvme: the same step, with the master weights and
                      states in a swap file (zs_config.nvme) streamed
                      through pinned buffers sub-group by sub-group
-                     (ZeRO-Infinity; host device only for now) */
+                     (ZeRO-Infinity; with CUDA each unit's span is
+                     staged through the host) */
   int pin_memory; /* 1 (default): page-lock the host memory (for DMA);
                      a refused lock is a warning, the memory pageable */
   int numa;       /* ZS_OFFLOAD_NUMA_AUTO (default), _INTERLEAVE or a node */

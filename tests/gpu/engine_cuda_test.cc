@@ -7,10 +7,11 @@
 // computes the host's bits (tests/gpu/cuda_test), so with the same data the
 // CUDA run must be BITWISE the host run at every stage, for fp32 and bf16
 // parameters (no clipping: the norm is the one value summed in another
-// order), with and without CPU offload of the optimizer.
+// order), with and without CPU or NVMe offload of the optimizer.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "tests/gpu/gpu_available.h"
@@ -60,16 +61,24 @@ TEST_F(EngineCudaTest, EveryStageTrainsBitwiseAsOnTheHost) {
       // on the GPU alone, and with CPU offload of the optimizer (master
       // weights and states in page-locked host memory, the step on the
       // CPU workers, staged copies of gradients and parameters)
-      for (int offload = 0; offload <= 1; offload++) {
-        const std::string w = what + (offload ? " +CPU offload" : "");
+      // (2: NVMe offload, the states in a swap file under TEST_TMPDIR,
+      // each unit's span staged through the host)
+      const char* t = std::getenv("TEST_TMPDIR");
+      const std::string dir = std::string(t != nullptr ? t : "/tmp");
+      for (int offload = 0; offload <= 2; offload++) {
+        const std::string w = what + (offload == 2   ? " +NVMe offload"
+                                      : offload == 1 ? " +CPU offload"
+                                                     : "");
         cfg.offload = offload;
+        cfg.nvme.path = dir.c_str();
+        cfg.nvme.sub_group_size = 1000;
         auto gm = c.make();
         TrainResult gpu = TrainSharded(*gm, cfg);
         ASSERT_EQ(gpu.status, ZS_OK) << w << ": " << gpu.error;
         ExpectSameTraining(gpu, host, *hm, w);
         // Nothing left on the device after the model is gone.
         EXPECT_EQ(gpu.memory_after_destroy.current[ZS_MEM_PARAMS], 0u) << w;
-        if (offload) {
+        if (offload == 1) {
           EXPECT_EQ(gpu.offload.steps_on_workers,
                     (uint64_t)cfg.steps * hm->units.size()) << w;
         }

@@ -358,6 +358,11 @@ TEST(Config, OffloadParamWithCudaIsUnsupportedNamingIt) {
       << zs_last_error();
   c.offload_param = 0;  // the optimizer's offload alone is fine
   EXPECT_EQ(zs_config_validate(&c), ZS_OK) << zs_last_error();
+  c.offload_optimizer.device = 2;  // also on NVMe (staged through the host)
+  c.nvme.path = "/tmp";
+  EXPECT_EQ(zs_config_validate(&c), ZS_OK) << zs_last_error();
+  c.offload_param = 2;  // but not the parameter shards
+  EXPECT_EQ(zs_config_validate(&c), ZS_ERR_UNSUPPORTED);
 }
 
 TEST(Config, InitEqualsInitializerMacro) {

@@ -38,6 +38,14 @@ TrainConfig Config(int stage, zs_dtype dtype, int steps) {
   return cfg;
 }
 
+// A directory for NVMe swap files under the test's temporary directory.
+std::string NvmeDir() {
+  const char* t = std::getenv("TEST_TMPDIR");
+  std::string d = std::string(t != nullptr ? t : "/tmp") + "/nvme";
+  mkdir(d.c_str(), 0700);
+  return d;
+}
+
 // model 0: the transformer (tied head, frozen tensor), 1: the degenerate
 // model (odd, tiny and empty tensors).
 std::unique_ptr<Model> Make(int model) {
@@ -118,23 +126,20 @@ TEST_F(OffloadTest, StagedPathForGpusIsBitwise) {
             << where << ": the staging is offload host memory";
         EXPECT_EQ(off.offload.steps_on_workers,
                   (uint64_t)cfg.steps * m1->units.size()) << where;
+        // NVMe offload with CUDA takes the staging too (a unit's span to
+        // the host, its sub-groups stepped, its parameters back)
+        const std::string dir = NvmeDir();
+        cfg.offload = 2;
+        cfg.nvme.path = dir.c_str();
+        cfg.nvme.sub_group_size = 7;
+        auto m3 = Make(model);
+        TrainResult nvme = TrainSharded(*m3, cfg);
+        ASSERT_EQ(nvme.status, ZS_OK) << where << " nvme: " << nvme.error;
+        ExpectSameTraining(plain, nvme, *m1, where + " nvme");
+        EXPECT_GT(nvme.memory.current[ZS_MEM_OFFLOAD_HOST], 0u)
+            << where << " nvme: the staging is offload host memory";
       }
   zs__offload_force_staging = 0;
-}
-
-// NVMe offload (engine_nvme.c): the optimizer states in a swap file,
-// stepped sub-group by sub-group through the pinned slots, train bitwise as
-// CPU offload and as no offload (parameters, master weights and moments
-// read back from the file, every step's loss) at stages 0-3, fp32 and
-// bf16, with several tensors per unit, odd sizes, tied and frozen tensors,
-// sub-groups of 1 element (the degenerate model), 7 elements (a sub-group
-// boundary inside tensors) and larger than the shard; the swap files and
-// directories are gone after the context.
-std::string NvmeDir() {
-  const char* t = std::getenv("TEST_TMPDIR");
-  std::string d = std::string(t != nullptr ? t : "/tmp") + "/nvme";
-  mkdir(d.c_str(), 0700);
-  return d;
 }
 
 size_t Entries(const std::string& dir) {
@@ -147,6 +152,14 @@ size_t Entries(const std::string& dir) {
   return n;
 }
 
+// NVMe offload (engine_nvme.c): the optimizer states in a swap file,
+// stepped sub-group by sub-group through the pinned slots, train bitwise as
+// CPU offload and as no offload (parameters, master weights and moments
+// read back from the file, every step's loss) at stages 0-3, fp32 and
+// bf16, with several tensors per unit, odd sizes, tied and frozen tensors,
+// sub-groups of 1 element (the degenerate model), 7 elements (a sub-group
+// boundary inside tensors) and larger than the shard; the swap files and
+// directories are gone after the context.
 TEST_F(OffloadTest, NvmeIsBitwiseCpuOffloadAndNoOffload) {
   const std::string dir = NvmeDir();
   for (int model = 0; model < 2; model++)
