@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 long (*zs__aio_fault_hook)(const char* path, uint64_t offset, int write,
@@ -101,13 +102,36 @@ static void zs__uring_flush(zs__aio* a) {
   a->unsubmitted = 0;
 }
 
+/* A wait that has lasted `waited` seconds: says which transfer it is on
+ * (the oldest in flight), so that a stuck device is never a silent hang.
+ * Threads: the caller holds mu. */
+static void zs__aio_warn_waiting(const zs__aio* a, int waited) {
+  const zs__aio_req* old = NULL;
+  for (int i = 0; i < a->qd; i++)
+    if (a->reqs[i].busy && (old == NULL || a->reqs[i].ticket < old->ticket))
+      old = &a->reqs[i];
+  if (old == NULL) return;
+  zs__log(ZS_LOG_WARN, "NVMe offload: still waiting after %d s for the %s of "
+          "%zu bytes at offset %llu of %s (%d transfers in flight)", waited,
+          old->write ? "write" : "read", old->bytes,
+          (unsigned long long)old->off, old->f->path, a->inflight);
+}
+
+enum { ZS__AIO_WARN_S = 60 }; /* seconds between the warnings above */
+
 static void zs__uring_reap_one(zs__aio* a) {
   zs__uring_flush(a);
   if (a->inflight == 0) return;
   struct io_uring_cqe* cqe = NULL;
-  int rc;
-  do rc = io_uring_wait_cqe(&a->ring, &cqe);
-  while (rc == -EINTR);
+  int rc, waited = 0;
+  for (;;) {
+    struct __kernel_timespec ts = {ZS__AIO_WARN_S, 0};
+    rc = io_uring_wait_cqe_timeout(&a->ring, &cqe, &ts);
+    if (rc == -EINTR) continue;
+    if (rc != -ETIME) break;
+    waited += ZS__AIO_WARN_S;
+    zs__aio_warn_waiting(a, waited);
+  }
   if (rc < 0) { /* the ring itself failed: fail every request in flight */
     for (int i = 0; i < a->qd; i++)
       if (a->reqs[i].busy) zs__aio_complete(a, i, rc);
@@ -120,6 +144,15 @@ static void zs__uring_reap_one(zs__aio* a) {
 }
 
 /* ==== Thread pool =========================================================== */
+
+/* pthread_cond_wait for at most `seconds`: 0, or ETIMEDOUT. */
+static int zs__aio_timedwait(pthread_cond_t* c, pthread_mutex_t* mu,
+                             int seconds) {
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  t.tv_sec += seconds;
+  return pthread_cond_timedwait(c, mu, &t);
+}
 
 /* The whole transfer, retrying partial ones; -errno, or fewer bytes at end
  * of file. */
@@ -326,33 +359,44 @@ static int zs__aio_pending_upto(const zs__aio* a, uint64_t t) {
   return 0;
 }
 
-zs_status zs__aio_wait_until(zs__aio* a, uint64_t ticket) {
-  if (a->backend == ZS__AIO_URING) {
-    while (zs__aio_pending_upto(a, ticket)) zs__uring_reap_one(a);
-  } else {
-    pthread_mutex_lock(&a->mu);
-    while (zs__aio_pending_upto(a, ticket)) pthread_cond_wait(&a->done, &a->mu);
-    pthread_mutex_unlock(&a->mu);
-  }
+/* Takes the recorded failure (threads: the caller holds mu, so that a
+ * worker recording one meanwhile cannot be lost). */
+static zs_status zs__aio_take_error(zs__aio* a, char* msg, size_t cap) {
   const zs_status st = a->err;
   a->err = ZS_OK;
-  if (st != ZS_OK) return zs__error(st, "%s", a->msg);
+  if (st != ZS_OK) snprintf(msg, cap, "%s", a->msg);
+  return st;
+}
+
+/* Waits until no request with a ticket <= upto is in flight (UINT64_MAX:
+ * none at all) and takes the recorded failure. */
+static zs_status zs__aio_wait_upto(zs__aio* a, uint64_t upto) {
+  char msg[sizeof a->msg];
+  zs_status st;
+  if (a->backend == ZS__AIO_URING) {
+    while (upto == UINT64_MAX ? a->inflight > 0 : zs__aio_pending_upto(a, upto))
+      zs__uring_reap_one(a);
+    st = zs__aio_take_error(a, msg, sizeof msg);
+  } else {
+    pthread_mutex_lock(&a->mu);
+    int waited = 0;
+    while (upto == UINT64_MAX ? a->inflight > 0 : zs__aio_pending_upto(a, upto))
+      if (zs__aio_timedwait(&a->done, &a->mu, ZS__AIO_WARN_S) == ETIMEDOUT) {
+        waited += ZS__AIO_WARN_S;
+        zs__aio_warn_waiting(a, waited);
+      }
+    st = zs__aio_take_error(a, msg, sizeof msg);
+    pthread_mutex_unlock(&a->mu);
+  }
+  if (st != ZS_OK) return zs__error(st, "%s", msg);
   return ZS_OK;
 }
 
-zs_status zs__aio_wait(zs__aio* a) {
-  if (a->backend == ZS__AIO_URING) {
-    while (a->inflight > 0) zs__uring_reap_one(a);
-  } else {
-    pthread_mutex_lock(&a->mu);
-    while (a->inflight > 0) pthread_cond_wait(&a->done, &a->mu);
-    pthread_mutex_unlock(&a->mu);
-  }
-  const zs_status st = a->err;
-  a->err = ZS_OK;
-  if (st != ZS_OK) return zs__error(st, "%s", a->msg);
-  return ZS_OK;
+zs_status zs__aio_wait_until(zs__aio* a, uint64_t ticket) {
+  return zs__aio_wait_upto(a, ticket);
 }
+
+zs_status zs__aio_wait(zs__aio* a) { return zs__aio_wait_upto(a, UINT64_MAX); }
 
 /* ==== Files ================================================================= */
 

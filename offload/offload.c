@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <numa.h>
 #include <pthread.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -160,7 +161,18 @@ zs_status zs__offload_run(zs__offload* o, zs_status (*fn)(void*, int, int),
   o->generation++;
   o->runs++;
   pthread_cond_broadcast(&o->go);
-  while (o->pending > 0) pthread_cond_wait(&o->done, &o->lock);
+  /* a warning every minute, so that a stuck worker is never a silent hang */
+  int waited = 0;
+  while (o->pending > 0) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_sec += 60;
+    if (pthread_cond_timedwait(&o->done, &o->lock, &t) == ETIMEDOUT) {
+      waited += 60;
+      zs__log(ZS_LOG_WARN, "offload: %d of %d worker threads still running "
+              "after %d s", o->pending, o->nworkers, waited);
+    }
+  }
   zs_status st = o->first_error;
   char msg[512];
   snprintf(msg, sizeof msg, "%s", o->first_message);

@@ -34,12 +34,20 @@ zs_status zs__swap_pipeline(zs__aio* a, zs__aio_file* f,
   /* Group k uses slot k % nslots. While k is stepped, k-1 is being
    * written and k+1 .. k+nslots-2 are being read. */
   uint64_t read_done[ZS__SWAP_MAX_SLOTS] = {0}, write_done[ZS__SWAP_MAX_SLOTS] = {0};
+  /* The queue returns each failure to one wait only, maybe another
+   * caller's (the step's callback does I/O too): a group is stepped only
+   * if no transfer failed since the pipeline began. */
+  const uint64_t failures = zs__aio_failures(a);
   const int ahead = nslots - 2;
   for (int j = 0; j < ahead && j < ngroups; j++)
     ZS_CHECK(zs__swap_io(a, f, &groups[j], nfields, slots[j], 0, &read_done[j]));
   for (int k = 0; k < ngroups; k++) {
     const int s = k % nslots;
     ZS_CHECK(zs__aio_wait_until(a, read_done[s]));
+    if (zs__aio_failures(a) != failures)
+      ZS_FAIL(ZS_ERR_IO, "a transfer failed before sub-group %d of %s was "
+              "stepped (its error was reported to another waiter)", k,
+              zs__aio_file_path(f));
     /* the next read takes the slot of group k-2, whose write must be done */
     const int j = k + ahead;
     if (j < ngroups) {

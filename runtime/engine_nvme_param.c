@@ -33,6 +33,9 @@ typedef struct zs__pslot {
   int pins;              /* holders that read or write it now */
   int gather_pin;        /* an all-gather of the unit reads it */
   int ahead;             /* read ahead, not used since */
+  int dirty;             /* holds changes the file may not have: set at a
+                            write-back, cleared once it is known to have
+                            reached the file */
   uint64_t read_ticket;  /* its read (0: none in flight) */
   uint64_t write_ticket; /* its latest write-back (0: none) */
   uint64_t read_mark;    /* the queue's failure count when each was */
@@ -65,7 +68,7 @@ void zs__nvme_param_free(zs_model* m) {
   zs__nvme_params* np = m->nvme_params;
   if (np == NULL) return;
   (void)zs__aio_wait(zs__param_aio(m)); /* nothing may still use a buffer */
-  for (int s = 0; s < np->nslots; s++)
+  for (int s = 0; np->slots != NULL && s < np->nslots; s++)
     zs__offload_free(m->ctx->offload, np->slots[s].buf);
   for (int i = 0; i < m->nunits; i++) m->units[i].params_shard = NULL;
   zs__aio_file_close(np->file, 1);
@@ -156,35 +159,46 @@ static zs_status zs__pslot_settle(zs_model* m, int s, int write) {
   zs__aio* aio = zs__param_aio(m);
   uint64_t* ticket = write ? &b->write_ticket : &b->read_ticket;
   uint64_t* mark = write ? &b->write_mark : &b->read_mark;
-  if (*ticket == 0) return ZS_OK;
-  zs_status st = zs__aio_wait_until(aio, *ticket);
-  /* a failure this wait returns is reported as it is (it names its
-   * transfer); one that went to another wait is redone here */
-  for (int tries = 0; st == ZS_OK && tries < 2 && zs__aio_failures(aio) != *mark;
-       tries++) {
+  /* a dirty buffer with no write in flight: its last write failed (and
+   * was reported); it is written again now */
+  const int retry = write && b->dirty && *ticket == 0;
+  if (*ticket == 0 && !retry) return ZS_OK;
+  zs_status st = ZS_OK;
+  int redo = retry;
+  if (!retry) {
+    st = zs__aio_wait_until(aio, *ticket);
+    /* a failure this wait returns is reported as it is (it names its
+     * transfer); one that went to another wait is redone here */
+    redo = st == ZS_OK && zs__aio_failures(aio) != *mark;
+  }
+  for (int tries = 0; redo && tries < 2; tries++) {
     *mark = zs__aio_failures(aio);
     st = zs__aio_submit(aio, np->file, write, b->buf, np->bytes[b->unit],
                         np->offset[b->unit]);
     if (st == ZS_OK) st = zs__aio_wait_until(aio, zs__aio_last_ticket(aio));
+    redo = st == ZS_OK && zs__aio_failures(aio) != *mark;
   }
-  if (st == ZS_OK && zs__aio_failures(aio) != *mark)
+  if (redo)
     st = zs__error(ZS_ERR_IO, "NVMe parameters: the %s of unit '%s' (%zu "
                    "bytes at offset %llu of %s) kept failing", write ? "write"
                    : "read", m->units[b->unit].name, np->bytes[b->unit],
                    (unsigned long long)np->offset[b->unit],
                    zs__aio_file_path(np->file));
   *ticket = 0;
+  if (write && st == ZS_OK) b->dirty = 0; /* the file has it */
   return st;
 }
 
 /* Forgets what slot s holds: makes sure its latest write-back reached the
  * file, waits for a read into it (it is about to be reused) and detaches
- * its unit. */
+ * its unit. A buffer whose changes cannot reach the file stays with its
+ * unit (the error is returned; nothing is dropped). */
 static zs_status zs__pslot_evict(zs_model* m, int s) {
   zs__nvme_params* np = m->nvme_params;
   zs__pslot* b = &np->slots[s];
   /* the file must hold what the buffer held; a read's contents go */
   zs_status st = b->unit >= 0 ? zs__pslot_settle(m, s, 1) : ZS_OK;
+  if (b->dirty) return st;
   if (b->read_ticket > 0) {
     const zs_status r = zs__aio_wait_until(zs__param_aio(m), b->read_ticket);
     if (st == ZS_OK) st = r;
@@ -194,22 +208,26 @@ static zs_status zs__pslot_evict(zs_model* m, int s) {
     m->units[b->unit].params_shard = NULL;
   }
   b->unit = -1;
-  b->ahead = 0;
+  b->ahead = b->dirty = 0;
   b->read_ticket = b->write_ticket = 0;
   return st;
 }
 
 /* A slot for a new shard: an empty one, else the least recently used one
  * that nothing pins. A demand (ahead = 0) may take one that an all-gather
- * still reads (it waits for that all-gather); a read-ahead takes neither
- * those nor other read-aheads. -1: none (read-ahead only). */
+ * still reads, or one whose write-back is in flight (it waits for them); a
+ * read-ahead takes only a clean one with nothing in flight (so it never
+ * waits, nor takes another read-ahead's). -1: none. */
 static int zs__pslot_choose(const zs_model* m, int ahead) {
   const zs__nvme_params* np = m->nvme_params;
   int best = -1;
   for (int s = 0; s < np->nslots; s++) {
     const zs__pslot* b = &np->slots[s];
     if (b->unit < 0) return s;
-    if (b->pins > 0 || (ahead && (b->gather_pin || b->ahead))) continue;
+    if (b->pins > 0) continue;
+    if (ahead && (b->gather_pin || b->ahead || b->dirty || b->write_ticket ||
+                  b->read_ticket))
+      continue;
     if (best < 0 || b->used < np->slots[best].used) best = s;
   }
   return best;
@@ -230,6 +248,9 @@ static zs_status zs__pslot_read(zs_model* m, int ui, int s, int blank) {
   }
   zs_status st = zs__pslot_evict(m, s);
   if (st != ZS_OK) return st;
+  if (b->unit >= 0) /* cannot happen: a clean eviction detaches */
+    return zs__error(ZS_ERR_INTERNAL, "NVMe parameters: slot %d still holds "
+                     "unit '%s'", s, m->units[b->unit].name);
   b->unit = ui;
   np->slot[ui] = s;
   b->used = ++np->clock;
@@ -310,8 +331,8 @@ zs_status zs__param_write_back(zs_model* m, zs__unit* u) {
   zs__pslot* b = &np->slots[s];
   /* an earlier write of the region completes first: two writes of one
    * region in flight together may land in either order */
-  zs_status st = zs__pslot_settle(m, s, 1);
-  if (st != ZS_OK)
+  zs_status st = b->write_ticket != 0 ? zs__pslot_settle(m, s, 1) : ZS_OK;
+  if (st != ZS_OK) /* the buffer stays dirty: written again later */
     return zs__error_prefix(st, "NVMe parameters of unit '%s': ", u->name);
   /* the padding past the shard goes to disk as zeros, never stale bytes */
   const size_t used = u->layout.shard * u->elem;
@@ -322,6 +343,7 @@ zs_status zs__param_write_back(zs_model* m, zs__unit* u) {
   if (st != ZS_OK)
     return zs__error_prefix(st, "NVMe parameters of unit '%s': ", u->name);
   b->write_ticket = zs__aio_last_ticket(zs__param_aio(m));
+  b->dirty = 1;
   return ZS_OK;
 }
 
@@ -354,7 +376,8 @@ zs_status zs__param_abort(zs_model* m, zs_status st) {
     zs__pslot* b = &np->slots[s];
     if (b->gather_pin && b->unit >= 0)
       (void)zs__inflight_wait(m->ctx->comm, &m->units[b->unit].gather_ops);
-    b->pins = b->gather_pin = 0;
+    /* changes not on disk are lost here: the caller reports the failure */
+    b->pins = b->gather_pin = b->dirty = 0;
     b->read_ticket = b->write_ticket = 0;
     (void)zs__pslot_evict(m, s);
   }

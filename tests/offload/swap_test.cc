@@ -39,13 +39,32 @@ struct Fixture {
   std::vector<int> stepped;
   std::vector<uint64_t> tickets_at_step;
   int fail_step = -1;
+  int consume_at = -1;  // this step makes a transfer fail and takes its error
 };
+
+long g_scratch_offset = -1;
+long FailScratch(const char*, uint64_t offset, int write, size_t, long result) {
+  return !write && (long)offset == g_scratch_offset ? -EIO : result;
+}
 
 zs_status Step(void* arg, int k, void* const* bufs) {
   Fixture* x = (Fixture*)arg;
   x->stepped.push_back(k);
   x->tickets_at_step.push_back(zs__aio_last_ticket(x->a));
   if (k == x->fail_step) return zs__error(ZS_ERR_INTERNAL, "step %d failed", k);
+  if (k == x->consume_at) {
+    // another user of the queue: its read fails, and its own wait takes
+    // the error, so no wait of the pipeline will return it
+    void* scratch = nullptr;
+    if (posix_memalign(&scratch, ZS__AIO_ALIGN, 4096) != 0) return ZS_ERR_OUT_OF_MEMORY;
+    g_scratch_offset = (long)x->groups[0].offset[0];
+    zs__aio_fault_hook = FailScratch;
+    zs_status st = zs__aio_submit(x->a, x->f, 0, scratch, 4096, x->groups[0].offset[0]);
+    if (st == ZS_OK) st = zs__aio_wait(x->a);
+    zs__aio_fault_hook = nullptr;
+    free(scratch);
+    if (st != ZS_ERR_IO) ADD_FAILURE() << "the scratch read did not fail";
+  }
   const size_t n = x->groups[k].bytes / sizeof(float);
   for (int f = 0; f < kFields; f++) {
     float* v = (float*)bufs[f];
@@ -166,6 +185,18 @@ TEST_P(SwapTest, AStepErrorIsReturnedAndLaterGroupsAreUntouched) {
   EXPECT_NE(std::string(zs_last_error()).find("step 2 failed"), std::string::npos)
       << zs_last_error();
   ExpectFile(2);
+}
+
+// A transfer that failed while the pipeline ran, its error taken by
+// another wait: the pipeline still stops before stepping the next group.
+TEST_P(SwapTest, AFailureReportedElsewhereStopsThePipeline) {
+  x_.consume_at = 2;
+  EXPECT_EQ(zs__swap_pipeline(x_.a, x_.f, x_.groups.data(), kGroups, kFields, Slots(),
+                              x_.slots, Step, &x_), ZS_ERR_IO);
+  EXPECT_NE(std::string(zs_last_error()).find("reported to another waiter"),
+            std::string::npos) << zs_last_error();
+  EXPECT_EQ(x_.stepped, (std::vector<int>{0, 1, 2}));
+  ExpectFile(3);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, SwapTest,

@@ -343,6 +343,9 @@ TEST_F(NvmeParamTest, AFailureReportedToAnotherWaiterIsStillCaught) {
   ASSERT_EQ(zs__param_write_back(m, b), ZS_OK);
   zs__param_release(m, b);
   EXPECT_EQ(zs__aio_wait(aio), ZS_ERR_IO);
+  // a read-ahead never takes a buffer whose changes may not be on disk
+  EXPECT_EQ(zs__param_read_ahead(m, u[0]), 0);
+  EXPECT_EQ(g_transfers_at, 1);
   ASSERT_EQ(zs__param_acquire(m, a), ZS_OK) << zs_last_error();
   zs__param_release(m, a);
   EXPECT_EQ(g_transfers_at, 2) << "the write was not done again";
