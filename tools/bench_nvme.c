@@ -56,59 +56,36 @@ static void die(const char* what) {
   exit(1);
 }
 
+enum { RAW_READ = 0, RAW_WRITE = 1, RAW_MIXED = 2 };
+
 /* Sequential direct I/O of `bytes` in `block` requests, `qd` in flight,
- * with liburing alone. Returns seconds. */
-static double raw_pass(int fd, int write, char* buf, size_t bytes,
+ * with liburing alone: reads, writes, or (RAW_MIXED) the step's traffic,
+ * `bytes` read and `bytes` written at the same time (alternating
+ * requests; the writes trail the reads by half the file so that no block
+ * is read and written at once): the time the device needs for what the
+ * step moves, reads and writes overlapping as well as it allows. Returns
+ * seconds, or -1. */
+static double raw_pass(int fd, int mode, char* buf, size_t bytes,
                        size_t block, int qd) {
   struct io_uring ring;
   if (io_uring_queue_init((unsigned)qd, &ring, 0) != 0) return -1;
   const double t0 = now();
+  const size_t n = bytes / block, total = mode == RAW_MIXED ? 2 * n : n;
   size_t next = 0;
   int inflight = 0;
-  while (next < bytes || inflight > 0) {
-    while (inflight < qd && next < bytes) {
+  while (next < total || inflight > 0) {
+    while (inflight < qd && next < total) {
       struct io_uring_sqe* sqe = io_uring_get_sqe(&ring);
       /* any of the qd buffers: the contents do not matter here */
       char* b = buf + (size_t)inflight * block;
-      if (write) io_uring_prep_write(sqe, fd, b, (unsigned)block, next);
-      else io_uring_prep_read(sqe, fd, b, (unsigned)block, next);
-      next += block;
-      inflight++;
-    }
-    io_uring_submit(&ring);
-    struct io_uring_cqe* cqe;
-    if (io_uring_wait_cqe(&ring, &cqe) != 0 || cqe->res != (int)block) {
-      io_uring_queue_exit(&ring);
-      return -1;
-    }
-    io_uring_cqe_seen(&ring, cqe);
-    inflight--;
-  }
-  const double t = now() - t0;
-  io_uring_queue_exit(&ring);
-  return t;
-}
-
-/* The step's traffic with liburing alone: `bytes` read and `bytes`
- * written at the same time (alternating block requests, `qd` in flight;
- * the writes trail the reads by half the file so that no block is read
- * and written at once). The time the device needs for what the step
- * moves, with reads and writes overlapping as well as it allows. */
-static double raw_mixed_pass(int fd, char* buf, size_t bytes, size_t block,
-                             int qd) {
-  struct io_uring ring;
-  if (io_uring_queue_init((unsigned)qd, &ring, 0) != 0) return -1;
-  const double t0 = now();
-  const size_t n = bytes / block, half = n / 2;
-  size_t next = 0; /* requests issued: even ones read, odd ones write */
-  int inflight = 0;
-  while (next < 2 * n || inflight > 0) {
-    while (inflight < qd && next < 2 * n) {
-      struct io_uring_sqe* sqe = io_uring_get_sqe(&ring);
-      char* b = buf + (size_t)inflight * block;
-      const size_t i = next / 2;
-      if (next % 2 == 0) io_uring_prep_read(sqe, fd, b, (unsigned)block, i * block);
-      else io_uring_prep_write(sqe, fd, b, (unsigned)block, ((i + half) % n) * block);
+      int write = mode == RAW_WRITE;
+      size_t at = next;
+      if (mode == RAW_MIXED) {
+        write = next % 2;
+        at = write ? (next / 2 + n / 2) % n : next / 2;
+      }
+      if (write) io_uring_prep_write(sqe, fd, b, (unsigned)block, at * block);
+      else io_uring_prep_read(sqe, fd, b, (unsigned)block, at * block);
       next++;
       inflight++;
     }
@@ -225,11 +202,11 @@ int main(int argc, char** argv) {
     for (int i = 0; i < fields; i++)
       if (posix_memalign(&slots[s][i], 4096, group) != 0) die("memory");
   for (int r = 0; r < reps; r++) {
-    rw[r] = raw_pass(fd, 1, buf, bytes, block, qd);
+    rw[r] = raw_pass(fd, RAW_WRITE, buf, bytes, block, qd);
     sw[r] = swap_pass(a, f, 1, slots, nslots, bytes, group, fields);
-    rr[r] = raw_pass(fd, 0, buf, bytes, block, qd);
+    rr[r] = raw_pass(fd, RAW_READ, buf, bytes, block, qd);
     sr[r] = swap_pass(a, f, 0, slots, nslots, bytes, group, fields);
-    rm[r] = raw_mixed_pass(fd, buf, bytes, block, qd);
+    rm[r] = raw_pass(fd, RAW_MIXED, buf, bytes, block, qd);
     if (rw[r] < 0 || rr[r] < 0 || rm[r] < 0) die("raw I/O failed");
     if (sw[r] < 0 || sr[r] < 0) die(zs_last_error());
   }

@@ -54,6 +54,31 @@ void ExpectNothingLeft(const std::string& dir, const std::string& what) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+// Two units "a" and "b" of one fp32 tensor each (odd sizes), stage 3, the
+// optimizer on the CPU, the parameter shards on NVMe through one buffer
+// (every use of a shard reads it again), finalized.
+size_t TwoUnitsNumel(int world) { return 1024 * (size_t)world + 3; }
+void TwoUnits(const std::string& dir, zs_context** ctx, zs_model** m, int u[2]) {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  zs_config c = ZS_CONFIG_INIT;
+  c.stage = 3;
+  c.offload_optimizer.device = 1;
+  c.offload_param = 2;
+  c.nvme.path = dir.c_str();
+  c.nvme.param_buffer_count = 1;
+  ASSERT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, ctx), ZS_OK) << zs_last_error();
+  ASSERT_EQ(zs_model_create(*ctx, m), ZS_OK);
+  int64_t n = (int64_t)TwoUnitsNumel(world);
+  for (int i = 0; i < 2; i++) {
+    int t = -1;
+    ASSERT_EQ(zs_model_add_unit(*m, i ? "b" : "a", &u[i]), ZS_OK);
+    ASSERT_EQ(zs_model_add_tensor(*m, u[i], i ? "b.w" : "a.w", 1, &n, ZS_FLOAT32, 0, &t),
+              ZS_OK) << zs_last_error();
+  }
+  ASSERT_EQ(zs_model_finalize(*m), ZS_OK) << zs_last_error();
+}
+
 TrainConfig Stage3(zs_dtype dtype, int steps) {
   TrainConfig cfg;
   cfg.steps = steps;
@@ -207,23 +232,10 @@ TEST_F(NvmeParamTest, DiskErrorsFailEveryRankNamingFileAndOffset) {
   for (long kind : {1L, 2L, 3L}) {
     const std::string what = kind == 1 ? "read error" : kind == 2 ? "short read"
                                                                   : "write error";
-    zs_config c = ZS_CONFIG_INIT;
-    c.stage = 3;
-    c.offload_optimizer.device = 1;
-    c.offload_param = 2;
-    c.nvme.path = dir.c_str();
-    c.nvme.param_buffer_count = 1;  // every use re-reads its shard
     zs_context* ctx = nullptr;
-    ASSERT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), ZS_OK) << zs_last_error();
     zs_model* m = nullptr;
-    ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
-    int u[2], t[2];
-    int64_t n = 1024 * world_ + 3;
-    for (int i = 0; i < 2; i++) {
-      ASSERT_EQ(zs_model_add_unit(m, i ? "b" : "a", &u[i]), ZS_OK);
-      ASSERT_EQ(zs_model_add_tensor(m, u[i], i ? "b.w" : "a.w", 1, &n, ZS_FLOAT32, 0, &t[i]), ZS_OK) << zs_last_error();
-    }
-    ASSERT_EQ(zs_model_finalize(m), ZS_OK) << zs_last_error();
+    int u[2];
+    ASSERT_NO_FATAL_FAILURE(TwoUnits(dir, &ctx, &m, u));
     // zs_model_init writes whole shards without reading them; with one
     // buffer the first read at offset 0 is the forward's gather of unit
     // "a", the second (the failing one) the backward's
@@ -288,24 +300,11 @@ long FailOnceAt(const char* path, uint64_t offset, int write, size_t, long resul
 
 TEST_F(NvmeParamTest, AFailureReportedToAnotherWaiterIsStillCaught) {
   const std::string dir = NvmeDir();
-  zs_config c = ZS_CONFIG_INIT;
-  c.stage = 3;
-  c.offload_optimizer.device = 1;
-  c.offload_param = 2;
-  c.nvme.path = dir.c_str();
-  c.nvme.param_buffer_count = 1;
   zs_context* ctx = nullptr;
-  ASSERT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), ZS_OK) << zs_last_error();
   zs_model* m = nullptr;
-  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
-  int u[2], t[2];
-  int64_t n = 1024 * world_ + 3;
-  for (int i = 0; i < 2; i++) {
-    ASSERT_EQ(zs_model_add_unit(m, i ? "b" : "a", &u[i]), ZS_OK);
-    ASSERT_EQ(zs_model_add_tensor(m, u[i], i ? "b.w" : "a.w", 1, &n, ZS_FLOAT32, 0, &t[i]),
-              ZS_OK);
-  }
-  ASSERT_EQ(zs_model_finalize(m), ZS_OK) << zs_last_error();
+  int u[2];
+  ASSERT_NO_FATAL_FAILURE(TwoUnits(dir, &ctx, &m, u));
+  const size_t n = TwoUnitsNumel(world_);
   auto init = [](void*, int tensor, const zs_tensor_desc* d, void* data) {
     for (size_t k = 0; k < d->numel; k++) static_cast<float*>(data)[k] = tensor ? 0.5f : 0.25f;
     return ZS_OK;
@@ -319,7 +318,7 @@ TEST_F(NvmeParamTest, AFailureReportedToAnotherWaiterIsStillCaught) {
     ASSERT_EQ(zs__param_acquire(m, b), ZS_OK) << what << ": " << zs_last_error();
     const float* v = (const float*)b->params_shard;
     const size_t begin = zs__layout_shard_begin(&b->layout, rank_);
-    for (size_t k = 0; k < b->layout.shard && begin + k < (size_t)n; k++)
+    for (size_t k = 0; k < b->layout.shard && begin + k < n; k++)
       ASSERT_EQ(v[k], 0.5f) << what << " [" << k << "]";
     zs__param_release(m, b);
   };
