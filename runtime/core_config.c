@@ -135,10 +135,10 @@ zs_status zs_config_validate(const zs_config* c) {
     ZS_REQUIRE(nv->param_buffer_count >= 1 && nv->param_buffer_count <= 4096,
                "config.nvme.param_buffer_count: expected 1..4096 parameter "
                "buffers, got %zu", nv->param_buffer_count);
-    ZS_REQUIRE(nv->param_buffer_size % 4096 == 0,
-               "config.nvme.param_buffer_size: expected 0 (the largest "
-               "shard) or a multiple of 4096 bytes, got %zu",
-               nv->param_buffer_size);
+    ZS_REQUIRE(nv->param_buffer_elements <= ((size_t)1 << 40),
+               "config.nvme.param_buffer_elements: expected 0 (the largest "
+               "shard) or a count of elements up to 2^40, got %zu",
+               nv->param_buffer_elements);
   }
   ZS_REQUIRE(of->pin_memory == 0 || of->pin_memory == 1,
              "config.offload_optimizer.pin_memory: expected 0 or 1, got %d",
@@ -240,7 +240,7 @@ size_t zs__config_describe(const zs_config* c, char* buf, size_t cap) {
              c->offload_optimizer.numa, c->offload_optimizer.threads,
              c->offload_param, c->nvme.buffer_count, c->nvme.buffer_size,
              c->nvme.sub_group_size, c->nvme.param_buffer_count,
-             c->nvme.param_buffer_size);
+             c->nvme.param_buffer_elements);
   int k = snprintf(buf == NULL ? NULL : buf + ((size_t)n < cap ? (size_t)n : cap),
                    (size_t)n < cap ? cap - (size_t)n : 0,
                    "config.reduce_dtype=%d\nconfig.grad_accum_steps=%d\n"
@@ -465,7 +465,8 @@ static zs_status zs__json_offload(const cJSON* zero, zs_config* c) {
     ZS_CHECK(zs__json_offload_device(op, p, &c->offload_param));
     ZS_CHECK(zs__json_nvme_path(op, p, &nvme_path));
     ZS_CHECK(zs__json_size(op, "buffer_count", p, &c->nvme.param_buffer_count));
-    ZS_CHECK(zs__json_size(op, "buffer_size", p, &c->nvme.param_buffer_size));
+    /* DeepSpeed's offload_param.buffer_size counts elements */
+    ZS_CHECK(zs__json_size(op, "buffer_size", p, &c->nvme.param_buffer_elements));
   }
   if (nvme_path != NULL) c->nvme.path = nvme_path;
 cleanup:

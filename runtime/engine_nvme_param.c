@@ -95,26 +95,23 @@ zs_status zs__nvme_param_init(zs_model* m) {
   np->slots = (zs__pslot*)calloc((size_t)np->nslots, sizeof *np->slots);
   if (!np->offset || !np->bytes || !np->slot || !np->slots)
     ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "NVMe parameters: %d units", m->nunits);
-  size_t most = 4096;
-  int largest = -1;
+  size_t most = 4096, widest = 1;
   for (int i = 0; i < m->nunits; i++) {
     const zs__unit* u = &m->units[i];
     np->bytes[i] = zs__round4k(u->layout.shard * u->elem);
     np->offset[i] = np->file_bytes;
     np->file_bytes += np->bytes[i];
     np->slot[i] = -1;
-    if (np->bytes[i] > most) {
-      most = np->bytes[i];
-      largest = i;
-    }
+    if (np->bytes[i] > most) most = np->bytes[i];
+    if (u->elem > widest) widest = u->elem;
+    if (c->param_buffer_elements != 0 && u->layout.shard > c->param_buffer_elements)
+      ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+              "config.nvme.param_buffer_elements %zu is below the shard of "
+              "unit '%s' (%zu elements): raise it, or use 0 for the largest "
+              "shard", c->param_buffer_elements, u->name, u->layout.shard);
   }
-  if (c->param_buffer_size != 0 && c->param_buffer_size < most)
-    ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
-            "config.nvme.param_buffer_size %zu bytes is below the shard of "
-            "unit '%s' (%zu bytes, rounded up to 4 KiB): raise it, or use 0 "
-            "for the largest shard", c->param_buffer_size,
-            largest >= 0 ? m->units[largest].name : "?", most);
-  if (c->param_buffer_size != 0) most = c->param_buffer_size;
+  if (c->param_buffer_elements != 0)
+    most = zs__round4k(c->param_buffer_elements * widest);
   char path[4096 + 64];
   snprintf(path, sizeof path, "%s/params-%d.swap", zs__nvme_dir(m->ctx->nvme),
            zs__nvme_next_file(m->ctx->nvme));

@@ -76,12 +76,10 @@ static zs_status zs__estimate_check(const zs_estimate_config* c) {
              "zs_estimate: offload_params needs stage 3 and "
              "offload_optimizer (got offload_params %d, stage %d)",
              c->offload_params, c->stage);
-  ZS_REQUIRE(c->offload_params != 2 ||
-                 (c->nvme_param_buffer_count >= 1 &&
-                  c->nvme_param_buffer_size % 4096 == 0),
-             "zs_estimate: nvme_param_buffer_count must be >= 1 and "
-             "nvme_param_buffer_size 0 or a multiple of 4096 (got %zu, %zu)",
-             c->nvme_param_buffer_count, c->nvme_param_buffer_size);
+  ZS_REQUIRE(c->offload_params != 2 || (c->nvme_param_buffer_count >= 1 &&
+                                        c->nvme_param_buffer_count <= 4096),
+             "zs_estimate: nvme_param_buffer_count must be 1..4096, got %zu",
+             c->nvme_param_buffer_count);
   return ZS_OK;
 }
 
@@ -93,7 +91,8 @@ static zs_status zs__estimate_check(const zs_estimate_config* c) {
 static void zs__estimate_total(zs_memory_estimate* out,
                                const zs_estimate_config* c,
                                size_t largest_span,
-                               size_t largest_param_shard_bytes) {
+                               size_t largest_param_shard_bytes,
+                               size_t widest_elem) {
   if (c->offload_optimizer == 2) {
     /* NVMe: the swap file holds them; each slot of the pinned pool's ring
      * holds a sub-group's fields (engine_nvme.c) */
@@ -124,7 +123,8 @@ static void zs__estimate_total(zs_memory_estimate* out,
     out->nvme_bytes += out->bytes[ZS_MEM_PARAMS];
     size_t buf = (largest_param_shard_bytes + 4095) / 4096 * 4096;
     if (buf < 4096) buf = 4096;
-    if (c->nvme_param_buffer_size > 0) buf = c->nvme_param_buffer_size;
+    if (c->nvme_param_buffer_elements > 0)
+      buf = (c->nvme_param_buffer_elements * widest_elem + 4095) / 4096 * 4096;
     out->bytes[ZS_MEM_NVME_STAGING] += c->nvme_param_buffer_count * buf;
     out->bytes[ZS_MEM_PARAMS] = 0;
   } else if (c->offload_params) {
@@ -157,8 +157,12 @@ zs_status zs_estimate_params(double params, const zs_estimate_config* c,
   const zs__unit_layout l = {n, n, (n + W - 1) / W};
   zs__estimate_states(c, &l, zs_dtype_size(dt), zs_dtype_size(gdt),
                       dt != ZS_FLOAT32, n > 0, zs__estimate_nstates(c), out);
+  /* the parameter buffers hold the largest unit's shard: the whole count
+   * unless the largest unit is given */
+  const size_t lu = c->largest_unit_elements > 0 && c->largest_unit_elements < n
+                        ? c->largest_unit_elements : n;
   zs__estimate_total(out, c, c->stage == 0 ? l.padded : l.shard,
-                     l.shard * zs_dtype_size(dt));
+                     (lu + W - 1) / W * zs_dtype_size(dt), zs_dtype_size(dt));
   return ZS_OK;
 }
 
@@ -220,6 +224,7 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
   int nunits = 0;
   size_t span_max = 0; /* the largest trainable optimizer span (NVMe) */
   size_t shard_bytes_max = 0; /* the largest parameter shard (NVMe) */
+  size_t widest_elem = 1;     /* ... and the widest parameter dtype */
   char** tnames = NULL; /* tensor name -> unit, for ties */
   int* tunit = NULL;
   int ntn = 0;
@@ -368,6 +373,7 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
     if (l.padded > out->largest_unit_elements)
       out->largest_unit_elements = l.padded;
     if (l.shard * u->elem > shard_bytes_max) shard_bytes_max = l.shard * u->elem;
+    if (u->elem > widest_elem) widest_elem = u->elem;
     zs__estimate_states(c, &l, u->elem, u->gelem, u->lowp, u->trainable,
                         zs__estimate_nstates(c), out);
     ui++;
@@ -430,7 +436,7 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
     out->bytes[ZS_MEM_ACTIVATIONS] =
         fixed + (size_t)llround((double)(bytes - fixed) * scale);
   }
-  zs__estimate_total(out, c, span_max, shard_bytes_max);
+  zs__estimate_total(out, c, span_max, shard_bytes_max, widest_elem);
 cleanup:
   for (int i = 0; units != NULL && i < nunits; i++) free(units[i].owners);
   free(units);

@@ -149,7 +149,9 @@ int main(int argc, char** argv) {
     else if (!strcmp(argv[i], "--reps") && v) reps = atoi(argv[++i]);
     else {
       fprintf(stderr, "usage: %s [--path DIR] [--params N] [--block-size B] "
-              "[--queue-depth Q] [--reps R]\n", argv[0]);
+              "[--queue-depth Q] [--reps R]\n(--params is rounded down to "
+              "whole 16 MiB sub-groups per state, at least one: multiples "
+              "of 4194304)\n", argv[0]);
       return 2;
     }
   }
@@ -160,7 +162,8 @@ int main(int argc, char** argv) {
   const size_t group = (size_t)16 << 20; /* the engine's default sub-group
                                             (nvme.buffer_size) */
   if (params < group / 4) params = group / 4;
-  params = params / (group / 4) * (group / 4); /* whole sub-groups per field */
+  params = params / (group / 4) * (group / 4); /* whole sub-groups per field
+                                                 (printed below) */
   const int fields = 2;                       /* AdamW on fp32: m, v */
   const size_t bytes = params * sizeof(float) * fields;
   char file[4096];

@@ -38,6 +38,8 @@ static const char kUsage[] =
     "  --nvme-param-buffers N  with --offload-param nvme: pinned buffers of\n"
     "                      the largest shard each [5]\n"
     "  --largest-layer N   with --params: the largest layer's elements, for\n"
+    "                      the NVMe parameter buffers (without it the count\n"
+    "                      is one unit) and\n"
     "                      DeepSpeed's stage-3 row (a model gives its own)\n"
     "  --json              one JSON object (an array with --stages)\n"
     "Stages 2 and 3 also print DeepSpeed's estimate_zero2/zero3_model_states_\n"
@@ -218,8 +220,9 @@ int main(int argc, char** argv) {
     } else if (!strcmp(f, "--largest-layer")) {
       char* end = NULL;
       largest = v ? strtod(v, &end) : -1;
-      if (!v || !*v || *end || !isfinite(largest) || largest < 0)
+      if (!v || !*v || *end || !isfinite(largest) || largest < 0 || largest > 1e15)
         return fail("--largest-layer: expected a number >= 0", v);
+      c.largest_unit_elements = (size_t)largest;
     } else if (!strcmp(f, "--json")) {
       json = 1;
       takes = 0;

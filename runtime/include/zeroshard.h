@@ -259,10 +259,13 @@ typedef struct zs_nvme_config {
    * after the optimizer step (ZeRO-Infinity's parameter swapper). The
    * buffers cache shards: with as many buffers as units nothing is read
    * twice. */
-  size_t param_buffer_count; /* >= 1; default 5 (DeepSpeed's) */
-  size_t param_buffer_size;  /* bytes per buffer, a multiple of 4096, at
-                                least the largest unit's shard (rounded
-                                up to 4 KiB); 0 (default): exactly that */
+  size_t param_buffer_count; /* 1..4096; default 5 (DeepSpeed's) */
+  size_t param_buffer_elements; /* ELEMENTS per buffer (DeepSpeed's
+                                offload_param.buffer_size), at least the
+                                largest unit's shard; a buffer holds that
+                                many of the widest parameter dtype,
+                                rounded up to 4 KiB; 0 (default): the
+                                largest shard */
 } zs_nvme_config;
 
 typedef struct zs_config {
@@ -369,8 +372,9 @@ zs_status zs_config_validate(const zs_config* config);
  * "collective_timeout" (seconds); NVMe offload's
  * "zero_optimization.offload_optimizer.{nvme_path, buffer_count,
  * buffer_size}", "zero_optimization.offload_param.{device, nvme_path,
- * buffer_count, buffer_size}" (nvme.param_buffer_*; one nvme_path for
- * both sections), "zero_optimization.sub_group_size" and "aio.{block_size,
+ * buffer_count, buffer_size}" (nvme.param_buffer_count and
+ * param_buffer_elements: buffer_size counts elements, as DeepSpeed's; one
+ * nvme_path for both sections), "zero_optimization.sub_group_size" and "aio.{block_size,
  * queue_depth, backend}" (the nvme_path string is kept by the library for
  * the life of the process). */
 zs_status zs_config_from_json(const char* text, zs_config* config);
@@ -1096,14 +1100,17 @@ typedef struct zs_estimate_config {
   size_t nvme_buffer_size;    /* as zs_config.nvme.buffer_size (bytes) */
   size_t nvme_sub_group_size; /* as zs_config.nvme.sub_group_size */
   size_t nvme_buffer_count;   /* as zs_config.nvme.buffer_count */
-  size_t nvme_param_buffer_count; /* as zs_config.nvme.param_buffer_count */
-  size_t nvme_param_buffer_size;  /* as zs_config.nvme.param_buffer_size
-                                     (bytes; 0: the largest shard) */
+  size_t nvme_param_buffer_count;    /* as zs_config.nvme.param_buffer_count */
+  size_t nvme_param_buffer_elements; /* as zs_config.nvme.param_buffer_elements
+                                        (0: the largest shard) */
+  size_t largest_unit_elements; /* with a parameter count: the largest
+                                   unit's elements (sizes the NVMe parameter
+                                   buffers); 0: the count is one unit */
 } zs_estimate_config;
 
 #define ZS_ESTIMATE_CONFIG_INIT                                          \
   { 1, 1, 0, ZS_DTYPE_COUNT, -1, ZS_OPTIM_ADAMW, 0, 2, 0, 1, 0, 0,       \
-    (size_t)16 << 20, 0, 9, 5, 0 }
+    (size_t)16 << 20, 0, 9, 5, 0, 0 }
 
 typedef struct zs_memory_estimate {
   size_t bytes[ZS_MEM_CATEGORY_COUNT]; /* per rank, peak per category

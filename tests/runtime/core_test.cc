@@ -635,17 +635,18 @@ TEST(ConfigJson, NvmeOffloadKeys) {
   EXPECT_EQ(c.nvme.queue_depth, 32);
   EXPECT_EQ(c.nvme.aio, 2);
   // offload_param: DeepSpeed's device, nvme_path, buffer_count and
-  // buffer_size (bytes here); one swap directory for both sections
+  // buffer_size (elements, as DeepSpeed's); one swap directory for both
+  // sections
   zs_config d = ZS_CONFIG_INIT;
   ASSERT_EQ(zs_config_from_json(R"({"zero_optimization": {"stage": 3,
       "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "nvme",
-      "nvme_path": "/local_nvme", "buffer_count": 7, "buffer_size": 1048576}}})",
+      "nvme_path": "/local_nvme", "buffer_count": 7, "buffer_size": 100000000}}})",
                                 &d), ZS_OK) << zs_last_error();
   EXPECT_EQ(d.offload_param, 2);
   EXPECT_EQ(d.offload_optimizer.device, 1);
   EXPECT_STREQ(d.nvme.path, "/local_nvme");
   EXPECT_EQ(d.nvme.param_buffer_count, 7u);
-  EXPECT_EQ(d.nvme.param_buffer_size, 1048576u);
+  EXPECT_EQ(d.nvme.param_buffer_elements, 100000000u);  // elements, as DeepSpeed's
   d = ZS_CONFIG_INIT;
   EXPECT_EQ(zs_config_from_json(R"({"zero_optimization": {"stage": 3,
       "offload_optimizer": {"device": "nvme", "nvme_path": "/a"},

@@ -153,8 +153,9 @@ TEST(Estimate, NvmeMovesStatesToDiskThroughThePinnedPool) {
 // Stage-3 parameter shards on NVMe too: the 2 Psi / N bf16 shard goes to
 // disk with the states (14 Psi / N), nothing of the model states but the
 // gradients stays on the device, and the pinned pool gains
-// nvme_param_buffer_count buffers of the shard rounded up to 4 KiB (or of
-// nvme_param_buffer_size).
+// nvme_param_buffer_count buffers of the largest unit's shard rounded up to
+// 4 KiB (the whole count is one unit unless largest_unit_elements says
+// otherwise), or of nvme_param_buffer_elements elements.
 TEST(Estimate, NvmeParamsMoveShardsToDiskThroughAPool) {
   zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
   c.ranks = 8;
@@ -170,10 +171,13 @@ TEST(Estimate, NvmeParamsMoveShardsToDiskThroughAPool) {
   EXPECT_EQ(e.model_state_bytes, 2ull * 1000000000ull);  // the gradient shard
   const size_t shard = (2000000000ull + 4095) / 4096 * 4096;
   EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], 3u * 3u * 4096u + 5u * shard);
-  c.nvme_param_buffer_count = 2;
-  c.nvme_param_buffer_size = (size_t)4 << 30;
+  c.largest_unit_elements = 400000000;  // 50M per rank: 100 MB of bf16
   ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
-  EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], 3u * 3u * 4096u + 2u * ((size_t)4 << 30));
+  EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], 3u * 3u * 4096u + 5u * ((100000000u + 4095) / 4096 * 4096));
+  c.nvme_param_buffer_count = 2;
+  c.nvme_param_buffer_elements = (size_t)1 << 30;  // elements: 2 GiB of bf16
+  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
+  EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], 3u * 3u * 4096u + 2u * ((size_t)2 << 30));
   c.offload_optimizer = 1;  // states in host memory, shards on disk
   ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
   EXPECT_EQ(e.nvme_bytes, 2ull * 1000000000ull);

@@ -114,6 +114,9 @@ TEST_F(NvmeParamTest, ParameterShardsOnNvmeTrainBitwiseAsNoOffload) {
               ", " + std::to_string(buffers) + " parameter buffers";
           cfg.offload = opt;
           cfg.nvme.param_buffer_count = buffers;
+          // 64 buffers: sized in elements (DeepSpeed's buffer_size) well
+          // above the largest shard; otherwise exactly the largest shard
+          cfg.nvme.param_buffer_elements = buffers == 64 ? 100000 : 0;
           cfg.nvme.sub_group_size = 7;  // sub-group boundaries inside tensors
           cfg.nvme.aio = buffers == 2 ? 2 : 0;  // the thread pool too
           auto m2 = Make(model);
@@ -370,11 +373,10 @@ TEST_F(NvmeParamTest, BadConfigurationsAreRefusedNamingTheField) {
   c.nvme.param_buffer_count = 0;
   EXPECT_EQ(zs_config_validate(&c), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(zs_last_error()).find("param_buffer_count"), std::string::npos);
-  c.nvme.param_buffer_count = 5;
-  c.nvme.param_buffer_size = 1000;
+  c.nvme.param_buffer_count = 5000;
   EXPECT_EQ(zs_config_validate(&c), ZS_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(zs_last_error()).find("param_buffer_size"), std::string::npos);
-  c.nvme.param_buffer_size = 0;
+  EXPECT_NE(std::string(zs_last_error()).find("param_buffer_count"), std::string::npos);
+  c.nvme.param_buffer_count = 5;
   c.stage = 2;  // parameter shards exist at stage 3 only
   EXPECT_EQ(zs_config_validate(&c), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(zs_last_error()).find("offload_param"), std::string::npos);
@@ -386,13 +388,13 @@ TEST_F(NvmeParamTest, BadConfigurationsAreRefusedNamingTheField) {
   // A buffer smaller than a unit's shard fails finalize on every rank,
   // naming the unit, and leaves nothing behind.
   c.device = ZS_DEVICE_HOST;
-  c.nvme.param_buffer_size = 4096;
+  c.nvme.param_buffer_elements = 1024;  // elements, as DeepSpeed's buffer_size
   zs_context* ctx = nullptr;
   ASSERT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), ZS_OK) << zs_last_error();
   zs_model* m = nullptr;
   ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
   int u = -1, t = -1;
-  int64_t n = 4096 * world_ + 1;  // a shard of more than 4 KiB
+  int64_t n = 1024 * world_ + 1;  // a shard of 1025 elements
   ASSERT_EQ(zs_model_add_unit(m, "big", &u), ZS_OK);
   ASSERT_EQ(zs_model_add_tensor(m, u, "w", 1, &n, ZS_FLOAT32, 0, &t), ZS_OK);
   EXPECT_NE(zs_model_finalize(m), ZS_OK);
@@ -400,7 +402,9 @@ TEST_F(NvmeParamTest, BadConfigurationsAreRefusedNamingTheField) {
       << zs_last_error();
   zs_model_destroy(m);
   zs_context_destroy(ctx);
-  ExpectNothingLeft(dir, "param_buffer_size too small");
+  EXPECT_NE(std::string(zs_last_error()).find("param_buffer_elements"), std::string::npos)
+      << zs_last_error();
+  ExpectNothingLeft(dir, "param_buffer_elements too small");
 }
 
 }  // namespace
