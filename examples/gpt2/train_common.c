@@ -450,6 +450,11 @@ gpt2_report* gpt2_report_create(const gpt2_args* a, const char* trainer,
                                          : a->offload ? "cpu" : "none");
   cJSON_AddStringToObject(c, "offload_param", a->offload_param == 2 ? "nvme"
                                                : a->offload_param ? "cpu" : "none");
+  if (a->nvme_path != NULL) {
+    cJSON_AddStringToObject(c, "nvme_path", a->nvme_path);
+    cJSON_AddNumberToObject(c, "nvme_sub_group", (double)a->nvme_sub_group);
+    cJSON_AddNumberToObject(c, "nvme_param_buffers", a->nvme_param_buffers);
+  }
   cJSON_AddStringToObject(c, "device", a->device ? "cuda" : "cpu");
   cJSON_AddNumberToObject(c, "steps", a->steps);
   cJSON_AddNumberToObject(c, "seed", (double)a->seed);
@@ -506,6 +511,15 @@ void gpt2_report_rank(gpt2_report* r, int rank, const zs_memory_stats* m) {
   cJSON_AddNumberToObject(s, "resident_bytes", (double)m->resident_bytes);
   cJSON_AddNumberToObject(s, "comm_bucket_peak_bytes", (double)m->comm_bucket_peak);
   cJSON_AddItemToArray(r->ranks, s);
+}
+
+void gpt2_report_nvme(gpt2_report* r, int rank, const uint64_t counts[3]) {
+  cJSON* row = cJSON_GetArrayItem(r->ranks, rank);
+  if (row == NULL) return;
+  cJSON* n = cJSON_AddObjectToObject(row, "nvme");
+  cJSON_AddNumberToObject(n, "file_bytes", (double)counts[0]);
+  cJSON_AddNumberToObject(n, "param_reads", (double)counts[1]);
+  cJSON_AddNumberToObject(n, "param_reads_ahead", (double)counts[2]);
 }
 
 void gpt2_report_timing(gpt2_report* r, double tokens_per_s, double wall_s) {

@@ -90,6 +90,10 @@ void gpt2_report_val(gpt2_report* r, int step, double loss);
 /* One row per rank: its accounting snapshot (peaks over the run). */
 void gpt2_report_rank(gpt2_report* r, int rank, const zs_memory_stats* m);
 void gpt2_report_timing(gpt2_report* r, double tokens_per_s, double wall_s);
+/* NVMe offload of one rank (after gpt2_report_rank for every rank): its
+ * zs_offload_info's bytes on disk and parameter shards read (of which
+ * ahead), as "nvme" in its row. */
+void gpt2_report_nvme(gpt2_report* r, int rank, const uint64_t counts[3]);
 /* Activation memory of rank 0: the measured peak, and the peak the same
  * run would have without checkpointing (the driver's buffers swapped). */
 void gpt2_report_activations(gpt2_report* r, int checkpointing,

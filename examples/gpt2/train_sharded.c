@@ -673,10 +673,18 @@ int main(int argc, char** argv) {
   CHECK(zs_memory_stats_get(m.ctx, &mine));
   MPI_Gather(&mine, (int)sizeof mine, MPI_BYTE, rows, (int)sizeof mine, MPI_BYTE,
              0, MPI_COMM_WORLD);
+  /* ... and NVMe offload's counters */
+  zs_offload_info oi;
+  CHECK(zs_offload_info_get(m.ctx, &oi));
+  uint64_t nv_mine[3] = {oi.nvme_file_bytes, oi.nvme_param_reads,
+                         oi.nvme_param_reads_ahead};
+  uint64_t* nv = (uint64_t*)calloc((size_t)world * 3, sizeof *nv);
+  MPI_Gather(nv_mine, 3, MPI_UINT64_T, nv, 3, MPI_UINT64_T, 0, MPI_COMM_WORLD);
   char* text = args.sample_bytes > 0 ? model_sample(&m, &args, args.sample_bytes) : NULL;
   rc = 0;
   if (rank == 0) {
     for (int r = 0; r < world; r++) gpt2_report_rank(report, r, &rows[r]);
+    for (int r = 0; r < world && oi.nvme; r++) gpt2_report_nvme(report, r, nv + 3 * r);
     gpt2_report_timing(report, t_train > 0 ? args.steps * (double)args.batch * T / t_train : 0, wall);
     zs_comm_counters cc;
     CHECK(zs_comm_counters_get(m.ctx, &cc));
@@ -705,6 +713,7 @@ int main(int argc, char** argv) {
   gpt2_report_free(report);
   free(text);
   free(rows);
+  free(nv);
   model_free(&m);
   if (args.device) gpt2_cuda_shutdown();
   gpt2_data_free(&data);

@@ -172,6 +172,8 @@ TEST(Gpt2Memory, Stage3AtFourRanksHoldsAQuarterOfStage0) {
 struct FullReport {
   std::vector<double> losses;
   double act_peak = 0, act_unchecked = 0;
+  // per rank, with NVMe offload: {file_bytes, param_reads, param_reads_ahead}
+  std::vector<std::vector<double>> nvme;
 };
 
 FullReport RunVariant(const std::string& flags, int ranks, const std::string& tag) {
@@ -192,6 +194,13 @@ FullReport RunVariant(const std::string& flags, int ranks, const std::string& ta
   if (act != nullptr) {
     out.act_peak = cJSON_GetObjectItem(act, "peak_bytes")->valuedouble;
     out.act_unchecked = cJSON_GetObjectItem(act, "unchecked_bytes")->valuedouble;
+  }
+  cJSON_ArrayForEach(it, cJSON_GetObjectItem(root, "ranks")) {
+    const cJSON* n = cJSON_GetObjectItem(it, "nvme");
+    if (n == nullptr) continue;
+    out.nvme.push_back({cJSON_GetObjectItem(n, "file_bytes")->valuedouble,
+                        cJSON_GetObjectItem(n, "param_reads")->valuedouble,
+                        cJSON_GetObjectItem(n, "param_reads_ahead")->valuedouble});
   }
   cJSON_Delete(root);
   return out;
@@ -321,6 +330,17 @@ TEST(Gpt2Offload, NvmeIsBitwiseCpuOffloadAndNoOffload) {
     ASSERT_EQ(params.losses.size(), 20u) << v;
     for (size_t k = 0; k < plain.losses.size(); k++)
       EXPECT_EQ(params.losses[k], plain.losses[k]) << v << " +params step " << k + 1;
+    // the report shows the files and the reads per rank: with two buffers
+    // for the demo's units every shard is read again, and some ahead
+    ASSERT_EQ(params.nvme.size(), 3u) << v;
+    for (const auto& r : params.nvme) {
+      EXPECT_GT(r[0], 0) << v;
+      EXPECT_GT(r[1], 0) << v;
+      EXPECT_GT(r[2], 0) << v;
+      EXPECT_LE(r[2], r[1]) << v;
+    }
+    EXPECT_TRUE(nvme.nvme.size() == 3u && nvme.nvme[0][1] == 0)
+        << v << ": optimizer states only: no parameter reads";
     EXPECT_EQ(Shell("ls -A " + dir).output, "") << v;
   }
 }
