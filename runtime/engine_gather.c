@@ -168,9 +168,6 @@ static zs_status zs__prefetch_one(zs_model* m, int unit) {
   return st;
 }
 
-/* Issues all-gathers for the next units of the trace that are not
- * gathered, while fewer than prefetch_depth prefetches are unused and the
- * live-elements limit allows. */
 /* Parameter shards on NVMe: reads the shards of the next units of the
  * trace that are not gathered into free buffers, ahead of their
  * all-gathers (ZeRO-Infinity's read-ahead). Each buffer a read-ahead takes
@@ -185,6 +182,9 @@ static void zs__param_trace_read_ahead(zs_model* m) {
   }
 }
 
+/* Issues all-gathers for the next units of the trace that are not
+ * gathered, while fewer than prefetch_depth prefetches are unused and the
+ * live-elements limit allows; then reads ahead (above). */
 static zs_status zs__prefetch_issue(zs_model* m) {
   const int depth = m->ctx->config.prefetch_depth;
   if (m->ctx->config.stage != 3 || !m->trace_valid || !m->trace_ok)
