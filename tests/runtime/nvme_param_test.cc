@@ -10,8 +10,6 @@
 #include <gtest/gtest.h>
 #include <zs_mpi.h>
 
-#include <dirent.h>
-#include <sys/stat.h>
 
 #include <cerrno>
 #include <cstdlib>
@@ -29,30 +27,7 @@ namespace {
 
 class NvmeParamTest : public ZsMpiTest {};
 
-std::string NvmeDir() {
-  const char* t = std::getenv("TEST_TMPDIR");
-  std::string d = std::string(t != nullptr ? t : "/tmp") + "/nvme-param";
-  mkdir(d.c_str(), 0700);
-  return d;
-}
-
-size_t Entries(const std::string& dir) {
-  DIR* d = opendir(dir.c_str());
-  if (d == nullptr) return 0;
-  size_t n = 0;
-  while (struct dirent* e = readdir(d))
-    if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) n++;
-  closedir(d);
-  return n;
-}
-
-// The swap files and directories are removed by every rank before this
-// returns (each rank removes its own).
-void ExpectNothingLeft(const std::string& dir, const std::string& what) {
-  MPI_Barrier(MPI_COMM_WORLD);
-  EXPECT_EQ(Entries(dir), 0u) << what << ": swap files left in " << dir;
-  MPI_Barrier(MPI_COMM_WORLD);
-}
+std::string NvmeDir() { return TestDir("nvme-param"); }
 
 // Two units "a" and "b" of one fp32 tensor each (odd sizes), stage 3, the
 // optimizer on the CPU, the parameter shards on NVMe through one buffer
@@ -140,7 +115,7 @@ TEST_F(NvmeParamTest, ParameterShardsOnNvmeTrainBitwiseAsNoOffload) {
           if (buffers == 2 && model == 0) {
             EXPECT_GT(nvme.offload.nvme_param_reads_ahead, 0u) << where;
           }
-          ExpectNothingLeft(dir, where);
+          ExpectEmptyDir(dir, where);
         }
     }
 }
@@ -165,7 +140,7 @@ TEST_F(NvmeParamTest, PrefetchOffAndKeptGathersAreBitwise) {
     const std::string where = variant == 0 ? "prefetch off" : "kept gathers";
     ASSERT_EQ(nvme.status, ZS_OK) << where << ": " << nvme.error;
     ExpectSameTraining(plain, nvme, *m1, where);
-    ExpectNothingLeft(dir, where);
+    ExpectEmptyDir(dir, where);
   }
 }
 
@@ -182,17 +157,10 @@ TEST_F(NvmeParamTest, CheckpointsResumeBitwise) {
     cfg.nvme.param_buffer_count = 1;
     auto run = [&](int first, int steps, const std::string& load,
                    const std::string& save, int offload) {
-      cfg.first_step = first;
-      cfg.steps = steps;
-      cfg.load = load;
-      cfg.save = save;
-      cfg.save_name = "";
       cfg.offload = offload;
       cfg.offload_param = offload ? 2 : 0;
       auto m = MakeTransformer();
-      TrainResult r = TrainSharded(*m, cfg);
-      EXPECT_EQ(r.status, ZS_OK) << what << ": " << r.error;
-      return r;
+      return TrainSlice(*m, cfg, first, steps, load, save, what);
     };
     const std::string root = ck + what;
     TrainResult straight = run(0, 6, "", "", 2);
@@ -206,7 +174,7 @@ TEST_F(NvmeParamTest, CheckpointsResumeBitwise) {
     ExpectSameTensors(straight, plain, *m, what + " resumed without offload");
     for (int s = 0; s < 3; s++)
       EXPECT_EQ(straight.losses[3 + s], resumed.losses[s]) << what << " step " << s;
-    ExpectNothingLeft(dir, what);
+    ExpectEmptyDir(dir, what);
   }
 }
 
@@ -282,7 +250,7 @@ TEST_F(NvmeParamTest, DiskErrorsFailEveryRankNamingFileAndOffset) {
     }
     zs_model_destroy(m);
     zs_context_destroy(ctx);
-    ExpectNothingLeft(dir, what);
+    ExpectEmptyDir(dir, what);
   }
 }
 
@@ -356,7 +324,7 @@ TEST_F(NvmeParamTest, AFailureReportedToAnotherWaiterIsStillCaught) {
   zs__aio_fault_hook = nullptr;
   zs_model_destroy(m);
   zs_context_destroy(ctx);
-  ExpectNothingLeft(dir, "failures reported elsewhere");
+  ExpectEmptyDir(dir, "failures reported elsewhere");
 }
 
 TEST_F(NvmeParamTest, BadConfigurationsAreRefusedNamingTheField) {
@@ -404,7 +372,7 @@ TEST_F(NvmeParamTest, BadConfigurationsAreRefusedNamingTheField) {
   zs_context_destroy(ctx);
   EXPECT_NE(std::string(zs_last_error()).find("param_buffer_elements"), std::string::npos)
       << zs_last_error();
-  ExpectNothingLeft(dir, "param_buffer_elements too small");
+  ExpectEmptyDir(dir, "param_buffer_elements too small");
 }
 
 }  // namespace

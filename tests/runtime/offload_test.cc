@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 #include <zs_mpi.h>
 
-#include <dirent.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -38,13 +37,8 @@ TrainConfig Config(int stage, zs_dtype dtype, int steps) {
   return cfg;
 }
 
-// A directory for NVMe swap files under the test's temporary directory.
-std::string NvmeDir() {
-  const char* t = std::getenv("TEST_TMPDIR");
-  std::string d = std::string(t != nullptr ? t : "/tmp") + "/nvme";
-  mkdir(d.c_str(), 0700);
-  return d;
-}
+// NVMe swap files go under the test's temporary directory.
+std::string NvmeDir() { return TestDir("nvme"); }
 
 // model 0: the transformer (tied head, frozen tensor), 1: the degenerate
 // model (odd, tiny and empty tensors).
@@ -142,16 +136,6 @@ TEST_F(OffloadTest, StagedPathForGpusIsBitwise) {
   zs__offload_force_staging = 0;
 }
 
-size_t Entries(const std::string& dir) {
-  DIR* d = opendir(dir.c_str());
-  if (d == nullptr) return 0;
-  size_t n = 0;
-  while (struct dirent* e = readdir(d))
-    if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) n++;
-  closedir(d);
-  return n;
-}
-
 // NVMe offload (engine_nvme.c): the optimizer states in a swap file,
 // stepped sub-group by sub-group through the pinned slots, train bitwise as
 // CPU offload and as no offload (parameters, master weights and moments
@@ -196,9 +180,7 @@ TEST_F(OffloadTest, NvmeIsBitwiseCpuOffloadAndNoOffload) {
           EXPECT_GT(nvme.offload.nvme_file_bytes, 0u) << where;
           // the workers ran one step per sub-group, at least one per unit
           EXPECT_GE(nvme.offload.steps_on_workers, cpu.offload.steps_on_workers) << where;
-          MPI_Barrier(MPI_COMM_WORLD);  // every rank has removed its own
-          EXPECT_EQ(Entries(dir), 0u) << where << ": swap files left in " << dir;
-          MPI_Barrier(MPI_COMM_WORLD);
+          ExpectEmptyDir(dir, where);
         }
       }
 }
@@ -223,16 +205,9 @@ TEST_F(OffloadTest, NvmeCheckpointsResumeBitwise) {
     cfg.nvme.sub_group_size = 7;
     auto run = [&](int first, int steps, const std::string& load,
                    const std::string& save, int offload) {
-      cfg.first_step = first;
-      cfg.steps = steps;
-      cfg.load = load;
-      cfg.save = save;
-      cfg.save_name = "";
       cfg.offload = offload;
       auto m = MakeTransformer();
-      TrainResult r = TrainSharded(*m, cfg);
-      EXPECT_EQ(r.status, ZS_OK) << what << ": " << r.error;
-      return r;
+      return TrainSlice(*m, cfg, first, steps, load, save, what);
     };
     const std::string ck = root + std::to_string(stage);
     TrainResult straight = run(0, 6, "", "", 2);
@@ -249,9 +224,7 @@ TEST_F(OffloadTest, NvmeCheckpointsResumeBitwise) {
     ExpectSameTensors(straight, from_init, *m, what + " from a checkpoint of step 0");
     for (int s = 0; s < 3; s++)
       EXPECT_EQ(straight.losses[3 + s], resumed.losses[s]) << what << " step " << s;
-    MPI_Barrier(MPI_COMM_WORLD);
-    EXPECT_EQ(Entries(dir), 0u) << what;
-    MPI_Barrier(MPI_COMM_WORLD);
+    ExpectEmptyDir(dir, what);
   }
 }
 
@@ -282,9 +255,7 @@ TEST_F(OffloadTest, NvmeReadErrorNamesFileAndOffsetAndFailsEveryRank) {
     EXPECT_EQ(r.status, ZS_ERR_REMOTE) << r.error;
   }
   // (the model refuses further steps after such a failure: the next test)
-  MPI_Barrier(MPI_COMM_WORLD);
-  EXPECT_EQ(Entries(dir), 0u);
-  MPI_Barrier(MPI_COMM_WORLD);
+  ExpectEmptyDir(dir, "read error");
 }
 
 long g_fault_kind = 0;  // 1: a write fails, 2: a read comes back short
@@ -323,9 +294,7 @@ TEST_F(OffloadTest, NvmeWriteErrorAndShortReadFailEveryRankNamingTheFile) {
     } else {
       EXPECT_EQ(r.status, ZS_ERR_REMOTE) << what << ": " << r.error;
     }
-    MPI_Barrier(MPI_COMM_WORLD);
-    EXPECT_EQ(Entries(dir), 0u) << what;
-    MPI_Barrier(MPI_COMM_WORLD);
+    ExpectEmptyDir(dir, what);
   }
 }
 
@@ -355,9 +324,7 @@ TEST_F(OffloadTest, NvmeDiskFullFailsAtFinalizeOnEveryRank) {
   int any = 0;
   MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   EXPECT_EQ(any, 1) << "no rank reported the full disk: " << r.error;
-  MPI_Barrier(MPI_COMM_WORLD);
-  EXPECT_EQ(Entries(dir), 0u);
-  MPI_Barrier(MPI_COMM_WORLD);
+  ExpectEmptyDir(dir, "disk full");
   if (rank_ == 0) {
     umount(dir.c_str());
     rmdir(dir.c_str());

@@ -4,7 +4,11 @@
 #include <mpi.h>
 #include <zs_mpi.h>
 
+#include <dirent.h>
+#include <sys/stat.h>
+
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -542,6 +546,42 @@ void ExpectSameTraining(const TrainResult& a, const TrainResult& b,
   ASSERT_EQ(a.losses.size(), b.losses.size()) << what;
   for (size_t s = 0; s < a.losses.size(); s++)
     EXPECT_EQ(a.losses[s], b.losses[s]) << what << " step " << s;
+}
+
+TrainResult TrainSlice(Model& model, TrainConfig cfg, int first, int steps,
+                       const std::string& load, const std::string& save,
+                       const std::string& what) {
+  cfg.first_step = first;
+  cfg.steps = steps;
+  cfg.load = load;
+  cfg.save = save;
+  cfg.save_name = "";
+  TrainResult r = TrainSharded(model, cfg);
+  EXPECT_EQ(r.status, ZS_OK) << what << ": " << r.error;
+  return r;
+}
+
+std::string TestDir(const std::string& name) {
+  const char* t = std::getenv("TEST_TMPDIR");
+  std::string d = std::string(t != nullptr ? t : "/tmp") + "/" + name;
+  mkdir(d.c_str(), 0700);
+  return d;
+}
+
+size_t DirEntries(const std::string& dir) {
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  size_t n = 0;
+  while (struct dirent* e = readdir(d))
+    if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) n++;
+  closedir(d);
+  return n;
+}
+
+void ExpectEmptyDir(const std::string& dir, const std::string& what) {
+  MPI_Barrier(MPI_COMM_WORLD);  // every rank has removed its own
+  EXPECT_EQ(DirEntries(dir), 0u) << what << ": files left in " << dir;
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 }  // namespace zstest

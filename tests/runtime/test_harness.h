@@ -92,6 +92,23 @@ TrainResult TrainReference(Model& model, const TrainConfig& cfg);
 // Sharded over MPI_COMM_WORLD (collective).
 TrainResult TrainSharded(Model& model, const TrainConfig& cfg);
 
+// One slice of a checkpointed run: `cfg` for steps [first, first+steps) of
+// its data stream, loading the checkpoint `load` first and saving into the
+// root `save` (the default name) at the end ("": neither); expects the run
+// to succeed (what: prefix of the failure message).
+TrainResult TrainSlice(Model& model, TrainConfig cfg, int first, int steps,
+                       const std::string& load, const std::string& save,
+                       const std::string& what);
+
+// A directory `name` under the test's temporary directory ($TEST_TMPDIR,
+// else /tmp), made if missing.
+std::string TestDir(const std::string& name);
+// Entries of `dir` other than . and .. (0 if it cannot be read).
+size_t DirEntries(const std::string& dir);
+// Collective: once every rank is done with `dir` (each removes its own swap
+// files), it is empty.
+void ExpectEmptyDir(const std::string& dir, const std::string& what);
+
 // Registers `model` on a finalized zs_model (helper for other tests).
 zs_status RegisterModel(Model& model, zs_model* zm);
 
