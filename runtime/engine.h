@@ -293,6 +293,12 @@ zs_status zs__param_flush(zs_model* m);
 zs_status zs__param_abort(zs_model* m, zs_status st);
 int zs__param_read_ahead(zs_model* m, int unit);
 zs_status zs__param_gather_source(zs_model* m, zs__unit* u);
+/* Around one unit's optimizer step (both step paths): begin acquires its
+ * shard and reads the unit `next` ahead (-1: none); end writes the shard
+ * back if st is OK and releases it, returning the first failure. Both are
+ * no-ops (end returns st) without parameter shards on NVMe. */
+zs_status zs__param_step_begin(zs_model* m, zs__unit* u, int next);
+zs_status zs__param_step_end(zs_model* m, zs__unit* u, zs_status st);
 void zs__param_gather_done(zs_model* m, zs__unit* u);
 
 /* The staging of the offloaded step on a GPU (engine_step.c), freed with

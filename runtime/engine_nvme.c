@@ -222,14 +222,11 @@ static zs_status zs__nvme_step_group(void* arg, int k, void* const* bufs) {
   /* Parameter shards on NVMe: the unit's shard is acquired at its first
    * sub-group (the next unit's is read ahead meanwhile) and written back
    * after its last. */
-  if (lo == 0 && m->nvme_params != NULL) {
-    zs_status st = zs__param_acquire(m, u);
+  if (lo == 0) {
+    int next = k + 1;
+    while (next < nm->ngroups && nm->unit[next] == nm->unit[k]) next++;
+    zs_status st = zs__param_step_begin(m, u, next < nm->ngroups ? nm->unit[next] : -1);
     if (st != ZS_OK) return st;
-    for (int j = k + 1; j < nm->ngroups; j++)
-      if (nm->unit[j] != nm->unit[k]) {
-        zs__param_read_ahead(m, nm->unit[j]);
-        break;
-      }
   }
   const size_t span = zs__optimize_span(m, u, &p, &g);
   /* Parameters and gradients in device memory (CUDA): the unit's span
@@ -258,10 +255,7 @@ static zs_status zs__nvme_step_group(void* arg, int k, void* const* bufs) {
                     u->nstates > 1 ? (float*)bufs[s + 1] : NULL, lo, hi};
   zs_status st = zs__optimize_view(m, u, a->coef, &v);
   if (st == ZS_OK && staged && hi == span) st = zs__staging_unit_out(m, u);
-  if (hi == span && m->nvme_params != NULL) {
-    if (st == ZS_OK) st = zs__param_write_back(m, u);
-    zs__param_release(m, u);
-  }
+  if (hi == span) st = zs__param_step_end(m, u, st);
   return st;
 }
 

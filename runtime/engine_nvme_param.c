@@ -394,6 +394,22 @@ int zs__param_read_ahead(zs_model* m, int unit) {
   return 1;
 }
 
+/* ==== Around a unit's optimizer step ========================================= */
+
+zs_status zs__param_step_begin(zs_model* m, zs__unit* u, int next) {
+  if (m->nvme_params == NULL) return ZS_OK;
+  zs_status st = zs__param_acquire(m, u);
+  if (st == ZS_OK && next >= 0) zs__param_read_ahead(m, next);
+  return st;
+}
+
+zs_status zs__param_step_end(zs_model* m, zs__unit* u, zs_status st) {
+  if (m->nvme_params == NULL) return st;
+  if (st == ZS_OK) st = zs__param_write_back(m, u);
+  zs__param_release(m, u);
+  return st;
+}
+
 /* ==== The all-gather's source ================================================ */
 
 zs_status zs__param_gather_source(zs_model* m, zs__unit* u) {

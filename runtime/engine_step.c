@@ -154,16 +154,11 @@ static zs_status zs__optimize_units(zs_model* m, float coef) {
     zs__unit* u = &m->units[i];
     if (!u->trainable) continue;
     const double t0 = m->ctx->prof != NULL ? zs__now() : 0.0;
-    st = zs__param_acquire(m, u);
+    int next = i + 1;
+    while (next < m->nunits && !m->units[next].trainable) next++;
+    st = zs__param_step_begin(m, u, next < m->nunits ? next : -1);
     if (st != ZS_OK) break;
-    for (int j = i + 1; j < m->nunits; j++)
-      if (m->units[j].trainable) {
-        zs__param_read_ahead(m, j);
-        break;
-      }
-    st = zs__optimize_unit(m, u, coef);
-    if (st == ZS_OK) st = zs__param_write_back(m, u);
-    zs__param_release(m, u);
+    st = zs__param_step_end(m, u, zs__optimize_unit(m, u, coef));
     if (m->ctx->prof != NULL)
       zs__profiler_span(m->ctx->prof, 0, "optimizer", "optimizer", t0,
                         zs__now(), u->name, 0, 0, 0);
