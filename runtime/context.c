@@ -219,8 +219,7 @@ zs_status zs_offload_info_get(const zs_context* ctx, zs_offload_info* out) {
   if (ctx->nvme != NULL) {
     out->nvme = 1;
     out->nvme_aio = zs__nvme_aio_name(ctx->nvme);
-    for (const zs_model* m = ctx->models; m != NULL; m = m->next)
-    {
+    for (const zs_model* m = ctx->models; m != NULL; m = m->next) {
       out->nvme_file_bytes += zs__nvme_file_bytes(m) + zs__nvme_param_file_bytes(m);
       zs__nvme_param_counts(m, &out->nvme_param_reads,
                             &out->nvme_param_reads_ahead);
