@@ -15,6 +15,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
+enum { ZS__HUGE_PAGE = 2 << 20 }; /* bytes: x86-64 and arm64 (4 KiB base pages) */
+
 int (*zs__offload_mlock_hook)(const void* addr, size_t len) = NULL;
 
 /* ==== Placement ============================================================ */
@@ -307,6 +309,16 @@ zs_status zs__offload_alloc_as(zs__offload* o, size_t bytes, const char* label,
     return zs__error(ZS_ERR_OUT_OF_MEMORY,
                      "offload: %zu bytes of host memory for %s", bytes,
                      label != NULL ? label : "offload");
+  /* Transparent huge pages where the kernel gives them on request (THP
+   * "madvise" mode, the common default): a 1 MiB direct I/O transfer then
+   * pins and maps one page instead of 256. Measured on this project's VM
+   * (virtio disk, 16 MiB requests of 1 MiB transfers, queue depth 16, the
+   * two kinds of buffer alternating in one run): reads and writes through
+   * 4 KiB-page buffers ran at 0.5-0.7 of the speed through huge-page ones.
+   * Best effort: a kernel without THP refuses, and the memory stays in
+   * small pages. Before the first touch, so that the touch faults in huge
+   * pages. */
+  if (bytes >= ZS__HUGE_PAGE) (void)madvise(p, bytes, MADV_HUGEPAGE);
   memset(p, 0, bytes); /* first touch, under the node's policy */
   if (o->pin) {
     int rc = zs__offload_mlock_hook != NULL ? zs__offload_mlock_hook(p, bytes)

@@ -5,8 +5,8 @@
  *            liburing alone (fio's method: block-size requests, queue-depth
  *            in flight), the device's bandwidth here;
  *   swap     our swap-out and swap-in of the same bytes (offload/aio
- *            through the engine's ring of pinned slots, sub-group by sub-group, as
- *            the optimizer step moves them);
+ *            through the engine's ring of pinned slots, sub-group by
+ *            sub-group, as the optimizer step moves them);
  *   step     zs_step of an AdamW model with NVMe offload (fp32: two states
  *            per parameter on disk) against its disk-bound lower bound:
  *            the states must be read and written once, so the step takes
@@ -15,10 +15,13 @@
  *            block size and queue depth); the ideal overlap (the slower
  *            direction alone) and the serial bound (their sum) are
  *            printed too.
- * Medians of --reps; ends with one JSON line (ratio_to_raw_read,
+ * --reps repetitions (default 7), each running the raw passes and ours
+ * back to back in alternating order; the ratios are medians of the
+ * per-repetition ratios. Ends with one JSON line (ratio_to_raw_read,
  * ratio_to_raw_write: goal >= 0.85; step_vs_bound: goal <= 1.2). Numbers
  * are this machine's: shared machines are noisy, only ratios within one
- * run mean something.
+ * run mean something. Buffers on both sides are in transparent huge pages
+ * where the kernel gives them (the engine's allocator asks for them).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -27,11 +30,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 #include <zeroshard.h>
 
 #include "offload/aio.h"
+#include "offload/offload.h"
 #include "offload/swap.h"
 #include "runtime/layout.h"
 
@@ -49,6 +54,14 @@ static int cmp(const void* a, const void* b) {
 static double median(double* v, int n) {
   qsort(v, (size_t)n, sizeof *v, cmp);
   return v[n / 2];
+}
+
+/* The median of v[0..n) and its range (sorts v). */
+static double median_range(double* v, int n, double* lo, double* hi) {
+  const double m = median(v, n);
+  *lo = v[0];
+  *hi = v[n - 1];
+  return m;
 }
 
 static void die(const char* what) {
@@ -73,11 +86,16 @@ static double raw_pass(int fd, int mode, char* buf, size_t bytes,
   const size_t n = bytes / block, total = mode == RAW_MIXED ? 2 * n : n;
   size_t next = 0;
   int inflight = 0;
+  /* each transfer in flight has its own buffer, as in fio (one per I/O
+   * unit): transfers sharing one would find it in the CPU's cache and
+   * flatter the baseline */
+  int free_bufs[256], nfree = qd;
+  for (int i = 0; i < qd; i++) free_bufs[i] = i;
   while (next < total || inflight > 0) {
     while (inflight < qd && next < total) {
       struct io_uring_sqe* sqe = io_uring_get_sqe(&ring);
-      /* any of the qd buffers: the contents do not matter here */
-      char* b = buf + (size_t)inflight * block;
+      const int bi = free_bufs[--nfree];
+      char* b = buf + (size_t)bi * block;
       int write = mode == RAW_WRITE;
       size_t at = next;
       if (mode == RAW_MIXED) {
@@ -86,6 +104,7 @@ static double raw_pass(int fd, int mode, char* buf, size_t bytes,
       }
       if (write) io_uring_prep_write(sqe, fd, b, (unsigned)block, at * block);
       else io_uring_prep_read(sqe, fd, b, (unsigned)block, at * block);
+      io_uring_sqe_set_data64(sqe, (uint64_t)bi);
       next++;
       inflight++;
     }
@@ -95,6 +114,7 @@ static double raw_pass(int fd, int mode, char* buf, size_t bytes,
       io_uring_queue_exit(&ring);
       return -1;
     }
+    free_bufs[nfree++] = (int)io_uring_cqe_get_data64(cqe);
     io_uring_cqe_seen(&ring, cqe);
     inflight--;
   }
@@ -136,10 +156,25 @@ static zs_status fill(void* user, int tensor, const zs_tensor_desc* d,
   return ZS_OK;
 }
 
+/* One zs_step of the bench model (a gradient of 1e-3 everywhere, written
+ * outside the timed region); seconds. */
+static double step_time(zs_model* m, int u, int t, size_t params) {
+  float* g = NULL;
+  if (zs_unit_gather(m, u) != ZS_OK || zs_unit_grad_acquire(m, u) != ZS_OK ||
+      zs_tensor_grad(m, t, (void**)&g) != ZS_OK)
+    die(zs_last_error());
+  for (size_t i = 0; i < params; i++) g[i] = 1e-3f;
+  if (zs_unit_grad_release(m, u) != ZS_OK || zs_unit_release(m, u) != ZS_OK)
+    die(zs_last_error());
+  const double t0 = now();
+  if (zs_step(m, NULL) != ZS_OK) die(zs_last_error());
+  return now() - t0;
+}
+
 int main(int argc, char** argv) {
   const char* path = getenv("TMPDIR") != NULL ? getenv("TMPDIR") : "/tmp";
   size_t params = (size_t)32 << 20, block = (size_t)1 << 20;
-  int qd = 16, reps = 3;
+  int qd = 16, reps = 7;
   for (int i = 1; i < argc; i++) {
     const char* v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(argv[i], "--path") && v) path = argv[++i];
@@ -181,14 +216,20 @@ int main(int argc, char** argv) {
     unlink(file);
     die("cannot reserve the raw file (disk full?)");
   }
-  char* buf = NULL;
-  if (posix_memalign((void**)&buf, 4096, (size_t)qd * block) != 0) die("memory");
-  memset(buf, 0x5a, (size_t)qd * block);
-  double rw[16], rr[16], sw[16], sr[16], st[16], rm[16];
-  if (reps > 16) reps = 16;
+  /* The raw passes' buffers in huge pages, as the engine's pool is (see
+   * below), where the kernel gives them: the device's bandwidth at its
+   * best, not a baseline slowed by 4 KiB-page pinning. */
+  const size_t rawbytes = (size_t)qd * block;
+  char* buf = (char*)mmap(NULL, rawbytes, PROT_READ | PROT_WRITE,
+                          MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (buf == MAP_FAILED) die("memory");
+  (void)madvise(buf, rawbytes, MADV_HUGEPAGE);
+  memset(buf, 0x5a, rawbytes);
+  double rw[32], rr[32], sw[32], sr[32], st[32], rm[32];
+  double ratio_w[32], ratio_r[32], ratio_step[32];
+  if (reps > 32) reps = 32;
 
-  /* ---- our swap path, interleaved with the raw passes (the device's
-   * speed drifts on a shared machine: each ratio compares neighbours) ---- */
+  /* ---- our swap path ---- */
   zs__aio* a = NULL;
   zs__aio_file* f = NULL;
   char swapfile[4096];
@@ -197,30 +238,22 @@ int main(int argc, char** argv) {
   if (zs__aio_create(qd, block, ZS__AIO_AUTO, &a) != ZS_OK ||
       zs__aio_file_create(a, swapfile, bytes, &f) != ZS_OK)
     die(zs_last_error());
-  /* the engine's ring for the default pool (zs_config.nvme.buffer_count) */
+  /* the engine's ring for the default pool (zs_config.nvme.buffer_count),
+   * from the engine's allocator (NUMA-placed, huge pages, pinned if it
+   * can) */
   const zs_config defaults = ZS_CONFIG_INIT;
   const int nslots = zs__layout_nvme_slots(defaults.nvme.buffer_count, fields);
+  zs__accounting* acct = NULL;
+  zs__offload* pool = NULL;
+  if (zs__accounting_create(&acct) != ZS_OK ||
+      zs__offload_create(&defaults, 0, NULL, acct, &pool) != ZS_OK)
+    die(zs_last_error());
   void* slots[ZS__SWAP_MAX_SLOTS][4] = {{0}};
   for (int s = 0; s < nslots; s++)
     for (int i = 0; i < fields; i++)
-      if (posix_memalign(&slots[s][i], 4096, group) != 0) die("memory");
-  for (int r = 0; r < reps; r++) {
-    rw[r] = raw_pass(fd, RAW_WRITE, buf, bytes, block, qd);
-    sw[r] = swap_pass(a, f, 1, slots, nslots, bytes, group, fields);
-    rr[r] = raw_pass(fd, RAW_READ, buf, bytes, block, qd);
-    sr[r] = swap_pass(a, f, 0, slots, nslots, bytes, group, fields);
-    rm[r] = raw_pass(fd, RAW_MIXED, buf, bytes, block, qd);
-    if (rw[r] < 0 || rr[r] < 0 || rm[r] < 0) die("raw I/O failed");
-    if (sw[r] < 0 || sr[r] < 0) die(zs_last_error());
-  }
-  const char* aio = zs__aio_backend_name(a);
-  zs__aio_file_close(f, 1);
-  zs__aio_destroy(a);
-  close(fd);
-  unlink(file);
-  free(buf);
-  for (int s = 0; s < nslots; s++)
-    for (int i = 0; i < fields; i++) free(slots[s][i]);
+      if (zs__offload_alloc_as(pool, group, "bench slot", ZS_MEM_NVME_STAGING,
+                               &slots[s][i]) != ZS_OK)
+        die(zs_last_error());
 
   /* ---- the optimizer step with NVMe offload ---- */
   zs_config cfg = ZS_CONFIG_INIT;
@@ -239,22 +272,52 @@ int main(int argc, char** argv) {
       zs_model_add_tensor(m, u, "w", 1, &n, ZS_FLOAT32, 0, &t) != ZS_OK ||
       zs_model_finalize(m) != ZS_OK || zs_model_init(m, fill, NULL) != ZS_OK)
     die(zs_last_error());
-  for (int r = -1; r < reps; r++) { /* one warm-up step */
-    float* g = NULL;
-    if (zs_unit_gather(m, u) != ZS_OK || zs_unit_grad_acquire(m, u) != ZS_OK ||
-        zs_tensor_grad(m, t, (void**)&g) != ZS_OK)
-      die(zs_last_error());
-    for (size_t i = 0; i < params; i++) g[i] = 1e-3f;
-    if (zs_unit_grad_release(m, u) != ZS_OK || zs_unit_release(m, u) != ZS_OK)
-      die(zs_last_error());
-    const double t0 = now();
-    if (zs_step(m, NULL) != ZS_OK) die(zs_last_error());
-    if (r >= 0) st[r] = now() - t0;
+  (void)step_time(m, u, t, params); /* warm-up */
+
+  /* Each ratio compares neighbours of one repetition, in alternating order
+   * (raw first in even repetitions, ours first in odd ones), so that the
+   * device's drift on a shared machine (measured here: passes of the same
+   * code vary by up to 2x within a minute) and any cost of following the
+   * other pass fall on both sides equally; the reported ratios are the
+   * medians of the per-repetition ratios. */
+  for (int r = 0; r < reps; r++) {
+    const int raw_first = r % 2 == 0;
+    for (int pass = 0; pass < 2; pass++) {
+      if ((pass == 0) == raw_first) {
+        rw[r] = raw_pass(fd, RAW_WRITE, buf, bytes, block, qd);
+        rr[r] = raw_pass(fd, RAW_READ, buf, bytes, block, qd);
+        rm[r] = raw_pass(fd, RAW_MIXED, buf, bytes, block, qd);
+        if (rw[r] < 0 || rr[r] < 0 || rm[r] < 0) die("raw I/O failed");
+      } else {
+        sw[r] = swap_pass(a, f, 1, slots, nslots, bytes, group, fields);
+        sr[r] = swap_pass(a, f, 0, slots, nslots, bytes, group, fields);
+        if (sw[r] < 0 || sr[r] < 0) die(zs_last_error());
+        st[r] = step_time(m, u, t, params);
+      }
+    }
+    ratio_w[r] = rw[r] / sw[r];
+    ratio_r[r] = rr[r] / sr[r];
+    ratio_step[r] = st[r] / rm[r];
   }
+  const char* aio = zs__aio_backend_name(a);
+  zs__aio_file_close(f, 1);
+  zs__aio_destroy(a);
+  close(fd);
+  unlink(file);
+  munmap(buf, rawbytes);
+  for (int s = 0; s < nslots; s++)
+    for (int i = 0; i < fields; i++) zs__offload_free(pool, slots[s][i]);
+  zs__offload_destroy(pool);
+  zs__accounting_destroy(acct);
   zs_model_destroy(m);
   zs_context_destroy(ctx);
 
   const double GB = 1e9;
+  /* the ratios first: median() sorts its array */
+  double lo_w, hi_w, lo_r, hi_r, lo_s, hi_s;
+  const double q_w = median_range(ratio_w, reps, &lo_w, &hi_w);
+  const double q_r = median_range(ratio_r, reps, &lo_r, &hi_r);
+  const double q_s = median_range(ratio_step, reps, &lo_s, &hi_s);
   const double raw_w = bytes / median(rw, reps) / GB, raw_r = bytes / median(rr, reps) / GB;
   const double swp_w = bytes / median(sw, reps) / GB, swp_r = bytes / median(sr, reps) / GB;
   const double step = median(st, reps);
@@ -268,28 +331,33 @@ int main(int argc, char** argv) {
   const double mixed = median(rm, reps);
   const double ideal = tr > tw ? tr : tw, serial = tr + tw;
   printf("path %s, %zu parameters (AdamW fp32: %zu bytes of states), "
-         "%zu-byte blocks, queue depth %d, %s I/O, median of %d\n",
+         "%zu-byte blocks, queue depth %d, %s I/O, %d repetitions "
+         "(medians; ratios: the median of each repetition's ratio, its "
+         "range in brackets)\n",
          path, params, bytes, block, qd, aio, reps);
   printf("raw O_DIRECT (liburing): write %.3f GB/s, read %.3f GB/s; both "
          "at once %.3f s for the step's bytes (%.3f GB/s each way)\n",
          raw_w, raw_r, mixed, bytes / mixed / GB);
-  printf("our swap-out %.3f GB/s (%.2f of raw), swap-in %.3f GB/s (%.2f of raw)\n",
-         swp_w, swp_w / raw_w, swp_r, swp_r / raw_r);
+  printf("our swap-out %.3f GB/s (%.2f of raw [%.2f..%.2f]), swap-in %.3f "
+         "GB/s (%.2f of raw [%.2f..%.2f])\n",
+         swp_w, q_w, lo_w, hi_w, swp_r, q_r, lo_r, hi_r);
   printf("optimizer step with NVMe offload %.3f s; disk-bound lower bound "
          "%.3f s (the device reading and writing the states at once, "
-         "measured): %.2fx; %.2fx the ideal overlap %.3f s, %.2fx the "
-         "serial bound %.3f s\n",
-         step, mixed, step / mixed, step / ideal, ideal, step / serial, serial);
+         "measured): %.2fx [%.2f..%.2f]; %.2fx the ideal overlap %.3f s, "
+         "%.2fx the serial bound %.3f s\n",
+         step, mixed, q_s, lo_s, hi_s, step / ideal, ideal, step / serial,
+         serial);
   printf("{\"bench\": \"nvme\", \"path\": \"%s\", \"params\": %zu, \"bytes\": %zu, "
          "\"block_size\": %zu, \"queue_depth\": %d, \"aio\": \"%s\", "
+         "\"reps\": %d, "
          "\"raw_write_GBps\": %.4f, \"raw_read_GBps\": %.4f, "
          "\"raw_mixed_s\": %.4f, "
          "\"swap_out_GBps\": %.4f, \"swap_in_GBps\": %.4f, "
          "\"ratio_to_raw_write\": %.4f, \"ratio_to_raw_read\": %.4f, "
          "\"step_s\": %.4f, \"step_bound_s\": %.4f, \"step_vs_bound\": %.4f, "
          "\"step_vs_ideal_overlap\": %.4f, \"step_vs_serial_bound\": %.4f}\n",
-         path, params, bytes, block, qd, aio, raw_w, raw_r, mixed, swp_w, swp_r,
-         swp_w / raw_w, swp_r / raw_r, step, mixed, step / mixed, step / ideal,
+         path, params, bytes, block, qd, aio, reps, raw_w, raw_r, mixed,
+         swp_w, swp_r, q_w, q_r, step, mixed, q_s, step / ideal,
          step / serial);
   return 0;
 }

@@ -1,0 +1,80 @@
+// bench_nvme_test.cc — tools/zs bench nvme runs end to end on a small
+// model: it prints its three passes and ends with one JSON line holding
+// every figure the docs name (positive, finite; no goal is asserted: the
+// figures are the machine's), removes its files, and refuses bad flags.
+// The figures themselves: docs/performance.md.
+#include <dirent.h>
+#include <gtest/gtest.h>
+
+#include <cjson/cJSON.h>
+
+#include <cmath>
+#include <string>
+
+#include "tests/examples/process_util.h"
+
+namespace {
+
+using zstest::RunResult;
+using zstest::Shell;
+
+std::string g_bench;
+
+int CountEntries(const std::string& dir) {
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return -1;
+  int n = 0;
+  while (dirent* e = readdir(d))
+    if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") n++;
+  closedir(d);
+  return n;
+}
+
+TEST(BenchNvme, EndsWithOneJsonLineOfEveryFigureAndLeavesNothing) {
+  const std::string dir = zstest::TmpDir() + "/bench-nvme";
+  ASSERT_EQ(Shell("rm -rf " + dir + " && mkdir -p " + dir).exit_code, 0);
+  // 4M parameters: one 16 MiB sub-group per state
+  const RunResult r =
+      Shell("timeout 300 " + g_bench + " --path " + dir + " --params 4194304 --reps 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const size_t nl = r.output.find_last_of('\n', r.output.size() - 2);
+  const std::string last = r.output.substr(nl == std::string::npos ? 0 : nl + 1);
+  cJSON* j = cJSON_Parse(last.c_str());
+  ASSERT_NE(j, nullptr) << r.output;
+  for (const char* k :
+       {"raw_write_GBps", "raw_read_GBps", "raw_mixed_s", "swap_out_GBps",
+        "swap_in_GBps", "ratio_to_raw_write", "ratio_to_raw_read", "step_s",
+        "step_bound_s", "step_vs_bound", "step_vs_ideal_overlap",
+        "step_vs_serial_bound"}) {
+    const cJSON* v = cJSON_GetObjectItem(j, k);
+    ASSERT_TRUE(cJSON_IsNumber(v)) << k << " in " << last;
+    EXPECT_TRUE(std::isfinite(v->valuedouble) && v->valuedouble > 0) << k << " in " << last;
+  }
+  EXPECT_EQ(cJSON_GetObjectItem(j, "params")->valuedouble, 4194304.0);
+  EXPECT_EQ(cJSON_GetObjectItem(j, "reps")->valuedouble, 2.0);
+  EXPECT_NE(r.output.find("our swap-out"), std::string::npos) << r.output;
+  cJSON_Delete(j);
+  EXPECT_EQ(CountEntries(dir), 0) << "files left in " << dir;
+}
+
+TEST(BenchNvme, RefusesBadFlags) {
+  RunResult r = Shell(g_bench + " --block-size 1000");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--block-size must be a multiple of 4096"), std::string::npos)
+      << r.output;
+  r = Shell(g_bench + " --path /nonexistent-dir-zs");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("/nonexistent-dir-zs"), std::string::npos) << r.output;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s BENCH_NVME\n", argv[0]);
+    return 2;
+  }
+  g_bench = argv[1];
+  return RUN_ALL_TESTS();
+}
