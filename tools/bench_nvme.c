@@ -27,6 +27,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <liburing.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,9 +65,41 @@ static double median_range(double* v, int n, double* lo, double* hi) {
   return m;
 }
 
+/* What the bench has made, so that every exit (an error, or Ctrl-C and
+ * SIGTERM, taken between passes) removes it: the raw file, our swap file
+ * (through its queue) and the model's context (its swap directory). */
+static struct {
+  char raw[4096];
+  int fd;
+  zs__aio* aio;
+  zs__aio_file* swap;
+  zs_context* ctx;
+  zs_model* model;
+} g = {"", -1, NULL, NULL, NULL, NULL};
+static volatile sig_atomic_t g_stop = 0;
+
+static void on_signal(int sig) { g_stop = sig; }
+
+static void cleanup(void) {
+  zs_model_destroy(g.model);
+  zs_context_destroy(g.ctx);
+  zs__aio_destroy(g.aio); /* waits for what is in flight */
+  zs__aio_file_close(g.swap, 1);
+  if (g.fd >= 0) close(g.fd);
+  if (g.raw[0] != '\0') unlink(g.raw);
+  memset(&g, 0, sizeof g);
+  g.fd = -1;
+}
+
 static void die(const char* what) {
   fprintf(stderr, "zs bench nvme: %s\n", what);
+  cleanup();
   exit(1);
+}
+
+/* Between passes: a signal received meanwhile ends the bench cleanly. */
+static void check_stop(void) {
+  if (g_stop) die(g_stop == SIGINT ? "interrupted (SIGINT)" : "terminated");
 }
 
 enum { RAW_READ = 0, RAW_WRITE = 1, RAW_MIXED = 2 };
@@ -89,7 +122,12 @@ static double raw_pass(int fd, int mode, char* buf, size_t bytes,
   /* each transfer in flight has its own buffer, as in fio (one per I/O
    * unit): transfers sharing one would find it in the CPU's cache and
    * flatter the baseline */
-  int free_bufs[256], nfree = qd;
+  int* free_bufs = (int*)malloc((size_t)qd * sizeof *free_bufs);
+  if (free_bufs == NULL) {
+    io_uring_queue_exit(&ring);
+    return -1;
+  }
+  int nfree = qd;
   for (int i = 0; i < qd; i++) free_bufs[i] = i;
   while (next < total || inflight > 0) {
     while (inflight < qd && next < total) {
@@ -110,7 +148,11 @@ static double raw_pass(int fd, int mode, char* buf, size_t bytes,
     }
     io_uring_submit(&ring);
     struct io_uring_cqe* cqe;
-    if (io_uring_wait_cqe(&ring, &cqe) != 0 || cqe->res != (int)block) {
+    int rc;
+    do rc = io_uring_wait_cqe(&ring, &cqe);
+    while (rc == -EINTR);
+    if (rc != 0 || cqe->res != (int)block) {
+      free(free_bufs);
       io_uring_queue_exit(&ring);
       return -1;
     }
@@ -119,6 +161,7 @@ static double raw_pass(int fd, int mode, char* buf, size_t bytes,
     inflight--;
   }
   const double t = now() - t0;
+  free(free_bufs);
   io_uring_queue_exit(&ring);
   return t;
 }
@@ -190,10 +233,23 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (block < 4096 || block % 4096 || qd < 1 || qd > 256 || reps < 1 ||
-      params < block / 4)
-    die("--block-size must be a multiple of 4096, --queue-depth 1..256, "
-        "--reps >= 1, --params at least a block's worth");
+  char why[4096 + 256] = "";
+  if (block < 4096 || block % 4096)
+    snprintf(why, sizeof why, "--block-size must be a multiple of 4096 bytes, got %zu", block);
+  else if (qd < 1 || qd > 4096)
+    snprintf(why, sizeof why, "--queue-depth must be 1..4096, got %d", qd);
+  else if (reps < 1 || reps > 32)
+    snprintf(why, sizeof why, "--reps must be 1..32, got %d", reps);
+  else if (params < block / 4)
+    snprintf(why, sizeof why, "--params must be at least a block's worth "
+             "(%zu parameters for --block-size %zu), got %zu", block / 4,
+             block, params);
+  if (why[0] != '\0') die(why);
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
   const size_t group = (size_t)16 << 20; /* the engine's default sub-group
                                             (nvme.buffer_size) */
   if (params < group / 4) params = group / 4;
@@ -207,14 +263,16 @@ int main(int argc, char** argv) {
   /* ---- raw ---- */
   int fd = open(file, O_RDWR | O_CREAT | O_EXCL | O_DIRECT, 0600);
   if (fd < 0) {
-    fprintf(stderr, "zs bench nvme: cannot create %s with O_DIRECT: %s\n", file,
-            strerror(errno));
-    return 1;
+    snprintf(why, sizeof why, "cannot create %s with O_DIRECT: %s", file,
+             strerror(errno));
+    die(why);
   }
+  g.fd = fd;
+  snprintf(g.raw, sizeof g.raw, "%s", file);
   if (fallocate(fd, 0, 0, (off_t)bytes) != 0) {
-    close(fd);
-    unlink(file);
-    die("cannot reserve the raw file (disk full?)");
+    snprintf(why, sizeof why, "cannot reserve %zu bytes for %s: %s", bytes,
+             file, strerror(errno));
+    die(why);
   }
   /* The raw passes' buffers in huge pages, as the engine's pool is (see
    * below), where the kernel gives them: the device's bandwidth at its
@@ -227,17 +285,16 @@ int main(int argc, char** argv) {
   memset(buf, 0x5a, rawbytes);
   double rw[32], rr[32], sw[32], sr[32], st[32], rm[32];
   double ratio_w[32], ratio_r[32], ratio_step[32];
-  if (reps > 32) reps = 32;
 
   /* ---- our swap path ---- */
-  zs__aio* a = NULL;
-  zs__aio_file* f = NULL;
   char swapfile[4096];
   snprintf(swapfile, sizeof swapfile, "%s/zs-bench-nvme-%d.swap", path,
            (int)getpid());
-  if (zs__aio_create(qd, block, ZS__AIO_AUTO, &a) != ZS_OK ||
-      zs__aio_file_create(a, swapfile, bytes, &f) != ZS_OK)
+  if (zs__aio_create(qd, block, ZS__AIO_AUTO, &g.aio) != ZS_OK ||
+      zs__aio_file_create(g.aio, swapfile, bytes, &g.swap) != ZS_OK)
     die(zs_last_error());
+  zs__aio* a = g.aio;
+  zs__aio_file* f = g.swap;
   /* the engine's ring for the default pool (zs_config.nvme.buffer_count),
    * from the engine's allocator (NUMA-placed, huge pages, pinned if it
    * can) */
@@ -262,17 +319,18 @@ int main(int argc, char** argv) {
   cfg.nvme.block_size = block;
   cfg.nvme.queue_depth = qd;
   cfg.log_level = 0;
-  zs_context* ctx = NULL;
-  zs_model* m = NULL;
   int u = -1, t = -1;
   int64_t n = (int64_t)params;
-  if (zs_context_create_local(&cfg, &ctx) != ZS_OK ||
-      zs_model_create(ctx, &m) != ZS_OK ||
-      zs_model_add_unit(m, "u", &u) != ZS_OK ||
+  if (zs_context_create_local(&cfg, &g.ctx) != ZS_OK ||
+      zs_model_create(g.ctx, &g.model) != ZS_OK)
+    die(zs_last_error());
+  zs_model* m = g.model;
+  if (zs_model_add_unit(m, "u", &u) != ZS_OK ||
       zs_model_add_tensor(m, u, "w", 1, &n, ZS_FLOAT32, 0, &t) != ZS_OK ||
       zs_model_finalize(m) != ZS_OK || zs_model_init(m, fill, NULL) != ZS_OK)
     die(zs_last_error());
   (void)step_time(m, u, t, params); /* warm-up */
+  check_stop();
 
   /* Each ratio compares neighbours of one repetition, in alternating order
    * (raw first in even repetitions, ours first in odd ones), so that the
@@ -288,11 +346,13 @@ int main(int argc, char** argv) {
         rr[r] = raw_pass(fd, RAW_READ, buf, bytes, block, qd);
         rm[r] = raw_pass(fd, RAW_MIXED, buf, bytes, block, qd);
         if (rw[r] < 0 || rr[r] < 0 || rm[r] < 0) die("raw I/O failed");
+        check_stop();
       } else {
         sw[r] = swap_pass(a, f, 1, slots, nslots, bytes, group, fields);
         sr[r] = swap_pass(a, f, 0, slots, nslots, bytes, group, fields);
         if (sw[r] < 0 || sr[r] < 0) die(zs_last_error());
         st[r] = step_time(m, u, t, params);
+        check_stop();
       }
     }
     ratio_w[r] = rw[r] / sw[r];
@@ -300,17 +360,12 @@ int main(int argc, char** argv) {
     ratio_step[r] = st[r] / rm[r];
   }
   const char* aio = zs__aio_backend_name(a);
-  zs__aio_file_close(f, 1);
-  zs__aio_destroy(a);
-  close(fd);
-  unlink(file);
+  cleanup();
   munmap(buf, rawbytes);
   for (int s = 0; s < nslots; s++)
     for (int i = 0; i < fields; i++) zs__offload_free(pool, slots[s][i]);
   zs__offload_destroy(pool);
   zs__accounting_destroy(acct);
-  zs_model_destroy(m);
-  zs_context_destroy(ctx);
 
   const double GB = 1e9;
   /* the ratios first: median() sorts its array */
