@@ -149,6 +149,10 @@ void zs_context_destroy(zs_context* ctx) {
   free(ctx);
 }
 
+void zs_context_remove_files(zs_context* ctx) {
+  if (ctx != NULL) zs__nvme_remove_files(ctx->nvme);
+}
+
 int zs_context_rank(const zs_context* ctx) { return ctx ? ctx->rank : 0; }
 int zs_context_world_size(const zs_context* ctx) {
   return ctx ? ctx->world : 0;

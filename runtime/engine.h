@@ -253,6 +253,9 @@ const char* zs__nvme_aio_name(const zs__nvme* n);
 struct zs__aio* zs__nvme_aio(const zs__nvme* n);
 const char* zs__nvme_dir(const zs__nvme* n);
 int zs__nvme_next_file(zs__nvme* n);
+/* Unlinks every swap file the context made and its swap directory, with
+ * unlink/rmdir alone (async-signal-safe): zs_context_remove_files. */
+void zs__nvme_remove_files(zs__nvme* n);
 
 /* Stage-3 parameter shards on NVMe (engine_nvme_param.c; offload_param =
  * 2). Without it (m->nvme_params NULL) every call below does nothing and

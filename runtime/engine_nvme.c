@@ -89,9 +89,12 @@ zs_status zs__nvme_create(zs_context* ctx, zs__nvme** out) {
 void zs__nvme_destroy(zs__nvme* n) {
   if (n == NULL) return;
   zs__aio_destroy(n->aio);
-  if (n->made_dir && rmdir(n->dir) != 0)
-    zs__log(ZS_LOG_WARN, "NVMe offload: cannot remove %s: %s (files the "
-            "runtime did not make are left alone)", n->dir, strerror(errno));
+  if (n->made_dir && rmdir(n->dir) != 0 && errno != ENOENT)
+    zs__log(ZS_LOG_WARN, "NVMe offload: cannot remove %s: %s%s", n->dir,
+            strerror(errno), errno == ENOTEMPTY || errno == EEXIST
+                                 ? " (files the runtime did not make are "
+                                   "left alone)"
+                                 : "");
   free(n);
 }
 
@@ -187,6 +190,34 @@ zs_status zs__nvme_model_init(zs_model* m) {
 cleanup:
   if (st != ZS_OK) zs__nvme_model_free(m);
   return st;
+}
+
+/* dst (cap bytes) = a + b + the decimal k + c, with nothing but stores:
+ * callable from a signal handler. Returns 0 if it did not fit. */
+static int zs__path_join(char* dst, size_t cap, const char* a, const char* b,
+                         int k, const char* c) {
+  char num[16];
+  int d = 0;
+  do num[d++] = (char)('0' + k % 10);
+  while ((k /= 10) > 0 && d < (int)sizeof num);
+  size_t len = 0;
+  for (const char* p = a; *p != '\0'; p++) if (len + 1 < cap) dst[len++] = *p; else return 0;
+  for (const char* p = b; *p != '\0'; p++) if (len + 1 < cap) dst[len++] = *p; else return 0;
+  while (d > 0) if (len + 1 < cap) dst[len++] = num[--d]; else return 0;
+  for (const char* p = c; *p != '\0'; p++) if (len + 1 < cap) dst[len++] = *p; else return 0;
+  dst[len] = '\0';
+  return 1;
+}
+
+void zs__nvme_remove_files(zs__nvme* n) {
+  if (n == NULL) return;
+  char path[sizeof n->dir + 64];
+  /* each number names one file, of either kind (engine_nvme_param.c) */
+  for (int k = 0; k < n->models; k++) {
+    if (zs__path_join(path, sizeof path, n->dir, "/model-", k, ".swap")) unlink(path);
+    if (zs__path_join(path, sizeof path, n->dir, "/params-", k, ".swap")) unlink(path);
+  }
+  if (n->made_dir && rmdir(n->dir) == 0) n->made_dir = 0;
 }
 
 zs__aio* zs__nvme_aio(const zs__nvme* n) { return n->aio; }

@@ -11,6 +11,7 @@
  *   mpirun -np 4 bazel-bin/examples/gpt2/train_sharded --stage 3
  */
 #include <math.h>
+#include <signal.h>
 #include <mpi.h>
 #include <omp.h>
 #include <stdint.h>
@@ -26,6 +27,17 @@
 #include "optim/optim_cuda.h"
 #include "examples/gpt2/train_common.h"
 
+/* The context, for the abnormal ends below: MPI_Abort and SIGTERM/SIGINT
+ * (mpirun forwards Ctrl-C as SIGTERM) skip zs_context_destroy, so they
+ * remove this rank's NVMe swap files first. */
+static zs_context* g_ctx = NULL;
+
+static void on_signal(int sig) {
+  zs_context_remove_files(g_ctx); /* async-signal-safe */
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
 /* A failed ZeroShard call ends the program with the library's message. */
 #define CHECK(call)                                                     \
   do {                                                                  \
@@ -33,6 +45,7 @@
     if (st_ != ZS_OK) {                                                 \
       fprintf(stderr, "train_sharded: %s: %s\n  %s\n", #call,           \
               zs_status_string(st_), zs_last_error());                  \
+      zs_context_remove_files(g_ctx);                                   \
       MPI_Abort(MPI_COMM_WORLD, 1);                                     \
     }                                                                   \
   } while (0)
@@ -41,6 +54,7 @@
 #define DIE(what)                                                       \
   do {                                                                  \
     fprintf(stderr, "train_sharded: out of memory (%s)\n", what);       \
+    zs_context_remove_files(g_ctx);                                     \
     MPI_Abort(MPI_COMM_WORLD, 1);                                       \
   } while (0)
 
@@ -321,6 +335,7 @@ static void model_free(model* m) {
   m->ops->free(m->pcopy);
   m->ops->free(m->targets_dev);
   zs_model_destroy(m->zm);
+  g_ctx = NULL;
   zs_context_destroy(m->ctx);
   free(m->first);
 }
@@ -546,8 +561,12 @@ int main(int argc, char** argv) {
     m.ops = &gpt2_cuda_ops;
   }
   CHECK(zs_context_create_mpi(&zcfg, MPI_COMM_WORLD, &m.ctx));
+  g_ctx = m.ctx;
+  signal(SIGTERM, on_signal);
+  signal(SIGINT, on_signal);
   if (args.device &&
       agree(gpt2_cuda_init(err, sizeof err) != 0, err, rank, world)) {
+    g_ctx = NULL;
     zs_context_destroy(m.ctx);
     gpt2_data_free(&data);
     MPI_Finalize();

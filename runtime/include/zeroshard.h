@@ -419,6 +419,19 @@ zs_status zs_context_create_local(const zs_config* config, zs_context** out);
  * the duplicated MPI communicator, and may finalize MPI). */
 void zs_context_destroy(zs_context* ctx);
 
+/* For a program about to end abnormally (before MPI_Abort, exit after an
+ * error, or in a SIGTERM/SIGINT handler): removes the names of what this
+ * rank's context keeps on disk, its NVMe swap files and swap directory
+ * (docs/offload.md), which zs_context_destroy would remove but an abort
+ * skips. The files stay open, so their data remains reachable by this
+ * process until it ends or destroys the context (POSIX unlink): the
+ * context and its models keep working, and a later destroy is still
+ * correct. Files the runtime did not make are left alone. Local (no
+ * communication, no waiting for I/O), async-signal-safe (unlink and rmdir
+ * only), never fails; NULL, or a context without NVMe offload: nothing.
+ * The analogue of ncclCommAbort for what a context has on disk. */
+void zs_context_remove_files(zs_context* ctx);
+
 /* This process's rank in the context's communicator (0 for NULL). */
 int zs_context_rank(const zs_context* ctx);
 /* Number of ranks in the context's communicator (0 for NULL). */

@@ -6,8 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <cjson/cJSON.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <algorithm>
 #include <cmath>
@@ -343,6 +347,37 @@ TEST(Gpt2Offload, NvmeIsBitwiseCpuOffloadAndNoOffload) {
         << v << ": optimizer states only: no parameter reads";
     EXPECT_EQ(Shell("ls -A " + dir).output, "") << v;
   }
+}
+
+// Abnormal ends with NVMe offload leave no swap files: a disk too small
+// for them (every rank fails at finalize, and MPI_Abort skips the
+// context's destroy: the trainer removes its files first), and a Ctrl-C
+// of mpirun in the middle of training (mpirun sends SIGTERM to the ranks,
+// whose handler removes them). The full disk needs mount(2) (root, or
+// CAP_SYS_ADMIN) and is skipped with the reason otherwise.
+TEST(Gpt2Offload, NvmeAbnormalEndsLeaveNoSwapFiles) {
+  const std::string dir = TmpDir() + "/nvme-abort";
+  Shell("rm -rf " + dir + " && mkdir -p " + dir);
+  const std::string nvme = " --offload nvme --offload-param nvme --nvme-path " + dir;
+  // Ctrl-C (one SIGINT to mpirun) once the swap files exist
+  RunResult r = Shell("(" + Mpirun(2) + g_sharded + " --steps 100000 --batch 12 "
+                      "--eval-every 0 --sample-bytes 0 --quiet --data " + g_data + nvme +
+                      " & m=$!; for i in $(seq 1200); do ls " + dir +
+                      "/zs-*-rank-00001/params-*.swap >/dev/null 2>&1 && break; "
+                      "sleep 0.1; done; ls " + dir + "/zs-*-rank-00001/params-*.swap "
+                      ">/dev/null 2>&1 && echo SWAP-FILES-MADE; kill -INT $m; wait $m)");
+  ASSERT_NE(r.output.find("SWAP-FILES-MADE"), std::string::npos) << r.output;
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_EQ(Shell("ls -A " + dir).output, "") << "after Ctrl-C: " << r.output;
+  if (mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=1m") != 0)
+    GTEST_SKIP() << "cannot mount a small tmpfs here (" << strerror(errno)
+                 << "): the full-disk case needs mount(2)";
+  r = Shell(Mpirun(2) + g_sharded + kFlags + " --data " + g_data + nvme);
+  const std::string left = Shell("ls -A " + dir).output;
+  umount(dir.c_str());
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("no space left"), std::string::npos) << r.output;
+  EXPECT_EQ(left, "") << "after a full disk: " << r.output;
 }
 
 // ---- Bad input: a clear message, non-zero exit, nothing written -----------

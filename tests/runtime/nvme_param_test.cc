@@ -254,6 +254,65 @@ TEST_F(NvmeParamTest, DiskErrorsFailEveryRankNamingFileAndOffset) {
   }
 }
 
+// zs_context_remove_files (for abnormal ends) unlinks the context's swap
+// file and swap directory at once, and only its own; the file stays open,
+// so the model trains on (the same values as an untouched twin) and the
+// destroy after it is clean; a context without NVMe and NULL are no-ops.
+TEST_F(NvmeParamTest, RemoveFilesUnlinksEverythingAndTrainingGoesOn) {
+  const std::string dir = NvmeDir();
+  zs_context* ctx[2] = {nullptr, nullptr};
+  zs_model* m[2] = {nullptr, nullptr};
+  int u[2][2];
+  auto init = [](void*, int, const zs_tensor_desc* d, void* data) {
+    for (size_t k = 0; k < d->numel; k++) static_cast<float*>(data)[k] = 0.25f + 1e-3f * k;
+    return ZS_OK;
+  };
+  for (int i = 0; i < 2; i++) {
+    ASSERT_NO_FATAL_FAILURE(TwoUnits(dir, &ctx[i], &m[i], u[i]));
+    ASSERT_EQ(zs_model_init(m[i], init, nullptr), ZS_OK) << zs_last_error();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_EQ(DirEntries(dir), 2u * world_) << "two contexts' swap directories per rank";
+  MPI_Barrier(MPI_COMM_WORLD);
+  zs_context_remove_files(ctx[0]);
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_EQ(DirEntries(dir), 1u * world_) << "only the untouched context's";
+  // train both two steps; the one without names equals its twin
+  for (int i = 0; i < 2; i++)
+    for (int step = 0; step < 2; step++) {
+      for (int k = 1; k >= 0; k--) {
+        float* g = nullptr;
+        ASSERT_EQ(zs_unit_gather(m[i], u[i][k]), ZS_OK) << zs_last_error();
+        ASSERT_EQ(zs_unit_grad_acquire(m[i], u[i][k]), ZS_OK) << zs_last_error();
+        zs_tensor_desc d;
+        ASSERT_EQ(zs_model_tensor_desc(m[i], k, &d), ZS_OK);
+        ASSERT_EQ(zs_tensor_grad(m[i], k, (void**)&g), ZS_OK) << zs_last_error();
+        for (size_t e = 0; e < d.numel; e++) g[e] = 1e-2f * (float)((e + step) % 7);
+        ASSERT_EQ(zs_unit_grad_release(m[i], u[i][k]), ZS_OK) << zs_last_error();
+        ASSERT_EQ(zs_unit_release(m[i], u[i][k]), ZS_OK) << zs_last_error();
+      }
+      ASSERT_EQ(zs_step(m[i], nullptr), ZS_OK) << zs_last_error();
+    }
+  const size_t n = TwoUnitsNumel(world_);
+  for (int k = 0; k < 2; k++) {
+    std::vector<float> a(n), b(n);
+    ASSERT_EQ(zs_tensor_get(m[0], k, ZS_FIELD_PARAM, a.data()), ZS_OK) << zs_last_error();
+    ASSERT_EQ(zs_tensor_get(m[1], k, ZS_FIELD_PARAM, b.data()), ZS_OK) << zs_last_error();
+    EXPECT_EQ(0, memcmp(a.data(), b.data(), n * sizeof(float))) << "tensor " << k;
+  }
+  for (int i = 0; i < 2; i++) {
+    zs_model_destroy(m[i]);
+    zs_context_destroy(ctx[i]);
+  }
+  ExpectEmptyDir(dir, "after remove_files and destroy");
+  zs_context_remove_files(nullptr);
+  zs_config c = ZS_CONFIG_INIT;
+  zs_context* plain = nullptr;
+  ASSERT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, &plain), ZS_OK);
+  zs_context_remove_files(plain);
+  zs_context_destroy(plain);
+}
+
 // The queue returns each failure to one wait, which may be another
 // caller's. A shard whose read or write failed while someone else
 // consumed the error is still never trusted: the buffer pool notices the
