@@ -88,27 +88,43 @@ static zs_status zs__estimate_check(const zs_estimate_config* c) {
  * offload (ZeRO-Infinity's CPU tier) the parameter shards too. The fields
  * mean what zs_memory_stats means: model_state_bytes counts the four
  * model-state categories (not offload_host), total every category. */
-static void zs__estimate_total(zs_memory_estimate* out,
-                               const zs_estimate_config* c,
-                               size_t largest_span,
-                               size_t largest_param_shard_bytes,
-                               size_t widest_elem) {
+/* What the NVMe terms need of the units (engine_nvme.c and
+ * engine_nvme_param.c lay their files out from the same quantities). */
+typedef struct zs__est_nvme {
+  size_t largest_span;              /* elements: the largest trainable
+                                       optimizer span */
+  size_t state_field_bytes;         /* one field of every trainable span
+                                       in the swap file, rounded per
+                                       sub-group (zs__layout_nvme_span_bytes) */
+  size_t largest_param_shard_bytes; /* the largest parameter shard */
+  size_t param_file_bytes;          /* the shards, each rounded to 4 KiB */
+  size_t widest_elem;               /* the widest parameter dtype, bytes */
+} zs__est_nvme;
+
+static zs_status zs__estimate_total(zs_memory_estimate* out,
+                                    const zs_estimate_config* c,
+                                    const zs__est_nvme* nv) {
   if (c->offload_optimizer == 2) {
-    /* NVMe: the swap file holds them; each slot of the pinned pool's ring
-     * holds a sub-group's fields (engine_nvme.c) */
+    /* NVMe: the swap file holds them, each field's span in sub-groups
+     * rounded up to 4 KiB; each slot of the pinned pool's ring holds a
+     * sub-group's fields (engine_nvme.c) */
     const size_t master = out->bytes[ZS_MEM_MASTER_WEIGHTS];
     const size_t fields = (master > 0) + (size_t)zs__estimate_nstates(c);
-    out->nvme_bytes = master + out->bytes[ZS_MEM_OPTIMIZER_STATES];
-    size_t sg = c->nvme_buffer_size / 4;
-    if (c->nvme_sub_group_size > 0 && c->nvme_sub_group_size < sg)
-      sg = c->nvme_sub_group_size;
-    if (largest_span < sg) sg = largest_span;
+    ZS_REQUIRE(fields == 0 || c->nvme_buffer_count >= 3 * fields,
+               "zs_estimate: nvme_buffer_count %zu is below the %zu buffers "
+               "NVMe offload needs here (3 sub-groups in flight at least, x "
+               "%zu fields: %soptimizer states), which the engine refuses",
+               c->nvme_buffer_count, 3 * fields, fields,
+               master > 0 ? "master weights and " : "");
+    const size_t exact = master + out->bytes[ZS_MEM_OPTIMIZER_STATES];
+    out->nvme_bytes = exact > 0 ? fields * nv->state_field_bytes : 0;
+    size_t sg = zs__layout_nvme_sub_group(c->nvme_buffer_size,
+                                          c->nvme_sub_group_size);
+    if (nv->largest_span < sg) sg = nv->largest_span;
     const size_t slot = (sg * 4 + 4095) / 4096 * 4096;
-    /* the ring of the pool (zs__layout_nvme_slots; the engine refuses a pool
-     * below three slots, counted here as three) */
-    int ring = fields > 0 ? zs__layout_nvme_slots(c->nvme_buffer_count, (int)fields) : 0;
-    if (ring < 3) ring = 3;
-    if (out->nvme_bytes > 0)
+    /* the ring of the pool (zs__layout_nvme_slots) */
+    const int ring = fields > 0 ? zs__layout_nvme_slots(c->nvme_buffer_count, (int)fields) : 0;
+    if (exact > 0)
       out->bytes[ZS_MEM_NVME_STAGING] += (size_t)ring * fields * slot;
     out->bytes[ZS_MEM_MASTER_WEIGHTS] = out->bytes[ZS_MEM_OPTIMIZER_STATES] = 0;
   } else if (c->offload_optimizer) {
@@ -120,11 +136,11 @@ static void zs__estimate_total(zs_memory_estimate* out,
     /* NVMe: the shards in the parameter swap file; a pool of pinned
      * buffers, each the largest shard rounded up to 4 KiB unless set
      * (engine_nvme_param.c) */
-    out->nvme_bytes += out->bytes[ZS_MEM_PARAMS];
-    size_t buf = (largest_param_shard_bytes + 4095) / 4096 * 4096;
+    out->nvme_bytes += nv->param_file_bytes;
+    size_t buf = (nv->largest_param_shard_bytes + 4095) / 4096 * 4096;
     if (buf < 4096) buf = 4096;
     if (c->nvme_param_buffer_elements > 0)
-      buf = (c->nvme_param_buffer_elements * widest_elem + 4095) / 4096 * 4096;
+      buf = (c->nvme_param_buffer_elements * nv->widest_elem + 4095) / 4096 * 4096;
     out->bytes[ZS_MEM_NVME_STAGING] += c->nvme_param_buffer_count * buf;
     out->bytes[ZS_MEM_PARAMS] = 0;
   } else if (c->offload_params) {
@@ -136,6 +152,7 @@ static void zs__estimate_total(zs_memory_estimate* out,
   out->model_state_bytes =
       out->bytes[ZS_MEM_PARAMS] + out->bytes[ZS_MEM_GRADS] +
       out->bytes[ZS_MEM_MASTER_WEIGHTS] + out->bytes[ZS_MEM_OPTIMIZER_STATES];
+  return ZS_OK;
 }
 
 zs_status zs_estimate_params(double params, const zs_estimate_config* c,
@@ -161,9 +178,16 @@ zs_status zs_estimate_params(double params, const zs_estimate_config* c,
    * unless the largest unit is given */
   const size_t lu = c->largest_unit_elements > 0 && c->largest_unit_elements < n
                         ? c->largest_unit_elements : n;
-  zs__estimate_total(out, c, c->stage == 0 ? l.padded : l.shard,
-                     (lu + W - 1) / W * zs_dtype_size(dt), zs_dtype_size(dt));
-  return ZS_OK;
+  /* one span: the rounding of each unit's last sub-group and shard (under
+   * 4 KiB per unit and field) is not known without the units */
+  const size_t span = c->stage == 0 ? l.padded : l.shard;
+  const size_t sg = zs__layout_nvme_sub_group(c->nvme_buffer_size,
+                                              c->nvme_sub_group_size);
+  const zs__est_nvme nv = {
+      span, span > 0 && sg > 0 ? zs__layout_nvme_span_bytes(span, sg) : 0,
+      (lu + W - 1) / W * zs_dtype_size(dt),
+      (l.shard * zs_dtype_size(dt) + 4095) / 4096 * 4096, zs_dtype_size(dt)};
+  return zs__estimate_total(out, c, &nv);
 }
 
 /* ---- A model description ---------------------------------------------- */
@@ -222,9 +246,9 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
   size_t* offsets = NULL;
   int* alias = NULL;
   int nunits = 0;
-  size_t span_max = 0; /* the largest trainable optimizer span (NVMe) */
-  size_t shard_bytes_max = 0; /* the largest parameter shard (NVMe) */
-  size_t widest_elem = 1;     /* ... and the widest parameter dtype */
+  zs__est_nvme nv = {0, 0, 0, 0, 1};
+  const size_t sg = zs__layout_nvme_sub_group(c->nvme_buffer_size,
+                                              c->nvme_sub_group_size);
   char** tnames = NULL; /* tensor name -> unit, for ties */
   int* tunit = NULL;
   int ntn = 0;
@@ -368,12 +392,15 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
     u->shard = l.shard;
     if (u->trainable) {
       const size_t sp = c->stage == 0 ? l.padded : l.shard;
-      if (sp > span_max) span_max = sp;
+      if (sp > nv.largest_span) nv.largest_span = sp;
+      if (sp > 0 && sg > 0) nv.state_field_bytes += zs__layout_nvme_span_bytes(sp, sg);
     }
     if (l.padded > out->largest_unit_elements)
       out->largest_unit_elements = l.padded;
-    if (l.shard * u->elem > shard_bytes_max) shard_bytes_max = l.shard * u->elem;
-    if (u->elem > widest_elem) widest_elem = u->elem;
+    if (l.shard * u->elem > nv.largest_param_shard_bytes)
+      nv.largest_param_shard_bytes = l.shard * u->elem;
+    nv.param_file_bytes += (l.shard * u->elem + 4095) / 4096 * 4096;
+    if (u->elem > nv.widest_elem) nv.widest_elem = u->elem;
     zs__estimate_states(c, &l, u->elem, u->gelem, u->lowp, u->trainable,
                         zs__estimate_nstates(c), out);
     ui++;
@@ -436,7 +463,7 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
     out->bytes[ZS_MEM_ACTIVATIONS] =
         fixed + (size_t)llround((double)(bytes - fixed) * scale);
   }
-  zs__estimate_total(out, c, span_max, shard_bytes_max, widest_elem);
+  ZS_CHECK(zs__estimate_total(out, c, &nv));
 cleanup:
   for (int i = 0; units != NULL && i < nunits; i++) free(units[i].owners);
   free(units);

@@ -55,6 +55,27 @@ static inline int zs__layout_nvme_slots(size_t buffer_count, int nfields) {
   return n > ZS__NVME_MAX_SLOTS ? ZS__NVME_MAX_SLOTS : (int)n;
 }
 
+/* NVMe offload's sub-group, in ELEMENTS: as many fp32 elements as a pool
+ * buffer of buffer_size BYTES holds, lowered to sub_group_size when that
+ * is set (nonzero) and smaller (DeepSpeed's sub_group_size). */
+static inline size_t zs__layout_nvme_sub_group(size_t buffer_size,
+                                               size_t sub_group_size) {
+  const size_t sg = buffer_size / 4;
+  return sub_group_size > 0 && sub_group_size < sg ? sub_group_size : sg;
+}
+
+/* BYTES one field (master weights, or one optimizer state) of an
+ * optimizer span of `span` elements takes in the swap file: its
+ * sub-groups of `sg` elements (sg >= 1), each region rounded up to 4 KiB
+ * for direct I/O (engine_nvme.c lays the file out so; the estimator adds
+ * it up). */
+static inline size_t zs__layout_nvme_span_bytes(size_t span, size_t sg) {
+  const size_t whole = span / sg, rest = span % sg;
+  const size_t round = 4096;
+  return whole * ((sg * 4 + round - 1) / round * round) +
+         (rest * 4 + round - 1) / round * round;
+}
+
 /* Lays out n tensors of a unit. numels[i]: elements of tensor i. alias[i]:
  * nonzero for a tied tensor, which takes no storage (offsets[i] is set to
  * (size_t)-1). align >= 1, world >= 1. offsets: n entries, written.

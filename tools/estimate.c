@@ -236,6 +236,12 @@ int main(int argc, char** argv) {
     return fail("give exactly one of --params N and --model FILE", NULL);
   if (c.ranks < 1) return fail("--ranks W is required (W >= 1)", NULL);
   if (c.ranks % c.nodes != 0) return fail("--nodes must divide --ranks", NULL);
+  if (c.offload_params && !c.offload_optimizer)
+    return fail("--offload-param needs --offload-optimizer cpu or nvme (the "
+                "optimizer steps the shards on the host)", NULL);
+  if (c.offload_params && !all && c.stage != 3)
+    return fail("--offload-param needs --stage 3, where parameters are "
+                "sharded (or --stages: its stage-3 row has it)", NULL);
   char* text = NULL;
   if (model != NULL && (text = read_file(model)) == NULL)
     return fail("cannot read the model description", model);
@@ -257,7 +263,29 @@ int main(int argc, char** argv) {
     zs_status st = model != NULL ? zs_estimate_model(text, &c, &e)
                                  : zs_estimate_params(params, &c, &e);
     if (st != ZS_OK) {
-      fprintf(stderr, "zs_estimate: %s\n", zs_last_error());
+      /* the library's messages name their function, zs_estimate: already
+       * this tool's prefix */
+      const char* msg = zs_last_error();
+      if (strncmp(msg, "zs_estimate: ", 13) == 0) msg += 13;
+      /* and the settings they name are this tool's flags */
+      static const char* const kFlagOf[][2] = {
+          {"nvme_param_buffer_count", "--nvme-param-buffers"},
+          {"nvme_buffer_count", "--nvme-buffer-count"},
+          {"nvme_buffer_size", "--nvme-buffer-size"}};
+      fprintf(stderr, "zs_estimate: ");
+      for (const char* p = msg; *p != '\0';) {
+        size_t k = 0;
+        while (k < sizeof kFlagOf / sizeof kFlagOf[0] &&
+               strncmp(p, kFlagOf[k][0], strlen(kFlagOf[k][0])) != 0)
+          k++;
+        if (k < sizeof kFlagOf / sizeof kFlagOf[0]) {
+          fputs(kFlagOf[k][1], stderr);
+          p += strlen(kFlagOf[k][0]);
+        } else {
+          fputc(*p++, stderr);
+        }
+      }
+      fputc('\n', stderr);
       rc = 2;
       break;
     }

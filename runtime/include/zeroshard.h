@@ -245,7 +245,11 @@ typedef struct zs_nvme_config {
                             16 MiB */
   size_t sub_group_size; /* elements per sub-group (DeepSpeed's
                             sub_group_size), 0 (default): as many as a
-                            buffer holds; larger is lowered to that */
+                            buffer holds; larger is lowered to that. Each
+                            sub-group's regions in the swap file are
+                            rounded up to 4 KiB (direct I/O), so below
+                            1024 elements the file grows (logged past
+                            2x); tools/zs estimate counts it */
   int queue_depth;       /* I/O requests in flight, 1..4096; default 16 */
   int aio;               /* 0 auto (io_uring, else threads; default),
                             1 io_uring only, 2 the thread-pool fallback */

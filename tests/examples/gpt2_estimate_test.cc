@@ -117,7 +117,8 @@ TEST(Gpt2Estimate, Bf16ModelStatesExact) {
 // The estimate of the 2-rank demo (--describe with `describe`, then the
 // estimator with `estimate`) and the report of a run with `train`, compared
 // rank by rank: model states, and the peak of `category` (non-zero), to
-// the byte; master_weights must be empty on the device.
+// the byte; master_weights must be empty on the device; with NVMe the
+// bytes of the swap files too.
 void ExpectSplitExact(const std::string& tag, const std::string& describe,
                       const std::string& estimate, const std::string& train,
                       const char* category) {
@@ -144,6 +145,13 @@ void ExpectSplitExact(const std::string& tag, const std::string& describe,
               Num(peak, category)) << tag;
     EXPECT_GT(Num(peak, category), 0) << tag;
     EXPECT_EQ(Num(peak, "master_weights"), 0) << tag;
+    // NVMe: the swap files' bytes on disk, with each sub-group's and
+    // shard's rounding to 4 KiB
+    const cJSON* nvme = cJSON_GetObjectItem(row, "nvme");
+    if (nvme != nullptr) {
+      EXPECT_GT(Num(nvme, "file_bytes"), 0) << tag;
+      EXPECT_EQ(Num(est, "nvme_bytes"), Num(nvme, "file_bytes")) << tag;
+    }
   }
   cJSON_Delete(rep);
   cJSON_Delete(est);
@@ -158,9 +166,9 @@ TEST(Gpt2Estimate, OffloadSplitIsExact) {
 }
 
 // With NVMe offload: model states on the device as with CPU offload, the
-// master weights and optimizer states in the swap file (nvme_bytes), and
-// the pinned staging (three slots of a sub-group's fields) to the byte;
-// bf16 so the master weights are a field too.
+// master weights and optimizer states in the swap file (nvme_bytes, its
+// size on disk), and the pinned staging (three slots of a sub-group's
+// fields) to the byte; bf16 so the master weights are a field too.
 TEST(Gpt2Estimate, NvmeSplitIsExact) {
   const std::string dir = TmpDir() + "/est_nvme";
   Shell("rm -rf " + dir + " && mkdir -p " + dir);
@@ -170,9 +178,9 @@ TEST(Gpt2Estimate, NvmeSplitIsExact) {
                    "nvme_staging");
 }
 
-// With the parameter shards on NVMe too: no parameters on the device, and
-// the pinned staging (the optimizer's slots plus two buffers of the
-// largest shard) to the byte.
+// With the parameter shards on NVMe too: no parameters on the device, the
+// swap files (states and shards) and the pinned staging (the optimizer's
+// slots plus two buffers of the largest shard) to the byte.
 TEST(Gpt2Estimate, NvmeParamSplitIsExact) {
   const std::string dir = TmpDir() + "/est_nvme_param";
   Shell("rm -rf " + dir + " && mkdir -p " + dir);
@@ -220,6 +228,7 @@ TEST_P(EstimateBadInput, ClearMessageNonZeroExit) {
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find(c.expect), std::string::npos)
       << "expected '" << c.expect << "' in:\n" << r.output;
+  EXPECT_EQ(r.output.find("zs_estimate: zs_estimate:"), std::string::npos) << r.output;
 }
 
 const BadCase kBad[] = {
@@ -236,6 +245,16 @@ const BadCase kBad[] = {
                     "--offload-param nvme --nvme-param-buffers 0", "--nvme-param-buffers"},
     {"nvme_buffer", "--params 1e9 --ranks 8 --offload-optimizer nvme "
                     "--nvme-buffer-size 1000", "--nvme-buffer-size"},
+    // fp32 AdamW on NVMe needs 2 fields x 3 sub-groups = 6 buffers, as the
+    // engine says at finalize
+    {"nvme_buffer_count_for_fields", "--params 1e9 --ranks 8 --stage 3 "
+                    "--offload-optimizer nvme --nvme-buffer-count 5",
+                    "--nvme-buffer-count 5 is below the 6 buffers"},
+    {"offload_param_below_stage_3", "--params 1e9 --ranks 8 --stage 2 "
+                    "--offload-optimizer nvme --offload-param nvme",
+                    "--offload-param needs --stage 3"},
+    {"offload_param_without_optimizer", "--params 1e9 --ranks 8 --stage 3 "
+                    "--offload-param nvme", "--offload-param needs --offload-optimizer"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Cases, EstimateBadInput, ::testing::ValuesIn(kBad),

@@ -115,11 +115,21 @@ TEST(Estimate, OffloadMovesStatesToTheHost) {
   EXPECT_LAST_ERROR_HAS("offload_params");
 }
 
+// Bytes of one field of a span of n elements in the swap file: sub-groups
+// of sg elements, each region rounded up to 4 KiB (written out here, not
+// taken from the library).
+uint64_t SwapField(uint64_t n, uint64_t sg) {
+  auto up = [](uint64_t b) { return (b + 4095) / 4096 * 4096; };
+  return n / sg * up(sg * 4) + up(n % sg * 4);
+}
+
 // NVMe offload (ZeRO-Infinity): the master weights and optimizer states
-// go to disk (12 Psi / N for bf16 AdamW), the device keeps the rest, and
-// host memory holds the pinned staging: a ring of buffer_count / fields
-// slots (three for bf16's three fields with the default 9 buffers) of a
-// sub-group's fields, a sub-group being at most a buffer (or the shard).
+// go to disk (12 Psi / N for bf16 AdamW, plus each sub-group's rounding to
+// 4 KiB), the device keeps the rest, and host memory holds the pinned
+// staging: a ring of buffer_count / fields slots (three for bf16's three
+// fields with the default 9 buffers) of a sub-group's fields, a sub-group
+// being at most a buffer (or the shard). Too few buffers for the fields
+// are refused, as the engine refuses them.
 TEST(Estimate, NvmeMovesStatesToDiskThroughThePinnedPool) {
   zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
   c.ranks = 8;
@@ -128,7 +138,10 @@ TEST(Estimate, NvmeMovesStatesToDiskThroughThePinnedPool) {
   c.offload_optimizer = 2;
   zs_memory_estimate e;
   ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK) << zs_last_error();
-  EXPECT_EQ(e.nvme_bytes, 12ull * 1000000000ull);
+  // 1e9 elements per rank: 238 whole sub-groups of 4 Mi elements and a
+  // last one whose region is rounded up
+  EXPECT_EQ(e.nvme_bytes, 3 * SwapField(1000000000, 4194304));
+  EXPECT_EQ(e.nvme_bytes, 12000006144ull);
   EXPECT_EQ(e.bytes[ZS_MEM_MASTER_WEIGHTS] + e.bytes[ZS_MEM_OPTIMIZER_STATES] +
                 e.bytes[ZS_MEM_OFFLOAD_HOST], 0u);
   EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], 3u * 3u * (16u << 20));
@@ -139,8 +152,17 @@ TEST(Estimate, NvmeMovesStatesToDiskThroughThePinnedPool) {
   c.dtype = ZS_FLOAT32;  // fp32: no master weights, two fields: a ring of
                          // 9 / 2 = 4 slots
   ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
-  EXPECT_EQ(e.nvme_bytes, 8ull * 1000000000ull);
+  // sub-groups of 1000 elements: 4000 bytes each in 4096 on disk
+  EXPECT_EQ(e.nvme_bytes, 2 * SwapField(1000000000, 1000));
+  EXPECT_EQ(e.nvme_bytes, 8192000000ull);
   EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], 4u * 2u * 4096u);
+  c.nvme_sub_group_size = 1;  // 4096 bytes for every 4: said, not hidden
+  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
+  EXPECT_EQ(e.nvme_bytes, 2ull * 1000000000ull * 4096ull);
+  c.nvme_sub_group_size = 1000;
+  c.nvme_buffer_count = 5;  // fp32 AdamW: 2 fields x 3 sub-groups = 6
+  EXPECT_EQ(zs_estimate_params(8e9, &c, &e), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_LAST_ERROR_HAS("nvme_buffer_count 5 is below the 6 buffers");
   c.nvme_buffer_count = 40;  // the ring stops at 16 slots
   ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], 16u * 2u * 4096u);
@@ -166,7 +188,10 @@ TEST(Estimate, NvmeParamsMoveShardsToDiskThroughAPool) {
   c.offload_params = 2;
   zs_memory_estimate e;
   ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK) << zs_last_error();
-  EXPECT_EQ(e.nvme_bytes, 14ull * 1000000000ull);
+  // the states in sub-groups of 1000 (4096 bytes each on disk), the shard
+  // rounded up to 4 KiB
+  const uint64_t shard_file = (2000000000ull + 4095) / 4096 * 4096;
+  EXPECT_EQ(e.nvme_bytes, 3 * SwapField(1000000000, 1000) + shard_file);
   EXPECT_EQ(e.bytes[ZS_MEM_PARAMS], 0u);
   EXPECT_EQ(e.model_state_bytes, 2ull * 1000000000ull);  // the gradient shard
   const size_t shard = (2000000000ull + 4095) / 4096 * 4096;
@@ -180,7 +205,7 @@ TEST(Estimate, NvmeParamsMoveShardsToDiskThroughAPool) {
   EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], 3u * 3u * 4096u + 2u * ((size_t)2 << 30));
   c.offload_optimizer = 1;  // states in host memory, shards on disk
   ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
-  EXPECT_EQ(e.nvme_bytes, 2ull * 1000000000ull);
+  EXPECT_EQ(e.nvme_bytes, shard_file);
   EXPECT_EQ(e.bytes[ZS_MEM_OFFLOAD_HOST], 12ull * 1000000000ull);
   c.nvme_param_buffer_count = 0;
   EXPECT_EQ(zs_estimate_params(8e9, &c, &e), ZS_ERR_INVALID_ARGUMENT);
