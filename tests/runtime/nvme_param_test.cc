@@ -313,6 +313,46 @@ TEST_F(NvmeParamTest, RemoveFilesUnlinksEverythingAndTrainingGoesOn) {
   zs_context_destroy(plain);
 }
 
+// Tiny sub-groups: each one's regions are rounded up to 4 KiB in the swap
+// file (1 element: 4096 bytes per field), which the engine says once with
+// the sizes; a sub-group of 1024 fp32 elements has no rounding to say.
+TEST_F(NvmeParamTest, TinySubGroupsInflatingTheFileAreWarned) {
+  if (rank_ != 0) GTEST_SKIP() << "a local context, on rank 0";
+  const std::string dir = NvmeDir();
+  for (size_t sub : {(size_t)1, (size_t)1024}) {
+    zs_config c = ZS_CONFIG_INIT;
+    c.offload_optimizer.device = 2;
+    c.nvme.path = dir.c_str();
+    c.nvme.sub_group_size = sub;
+    c.log_level = 1;
+    zs_context* ctx = nullptr;
+    zs_model* m = nullptr;
+    ASSERT_EQ(zs_context_create_local(&c, &ctx), ZS_OK) << zs_last_error();
+    ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+    int u = -1, t = -1;
+    int64_t n = 2048;
+    ASSERT_EQ(zs_model_add_unit(m, "u", &u), ZS_OK);
+    ASSERT_EQ(zs_model_add_tensor(m, u, "w", 1, &n, ZS_FLOAT32, 0, &t), ZS_OK);
+    ::testing::internal::CaptureStderr();
+    const zs_status st = zs_model_finalize(m);
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    ASSERT_EQ(st, ZS_OK) << zs_last_error();
+    zs_offload_info oi;
+    ASSERT_EQ(zs_offload_info_get(ctx, &oi), ZS_OK);
+    // AdamW on fp32: two fields of 2048 elements
+    EXPECT_EQ(oi.nvme_file_bytes, sub == 1 ? 2u * 2048u * 4096u : 2u * 2048u * 4u) << sub;
+    if (std::getenv("ZS_LOG_LEVEL") == nullptr) {
+      if (sub == 1)
+        EXPECT_NE(err.find("sub_group_size 1: the swap file takes 16777216 bytes for "
+                           "16384 bytes of states"), std::string::npos) << err;
+      else
+        EXPECT_EQ(err.find("sub_group_size"), std::string::npos) << err;
+    }
+    zs_model_destroy(m);
+    zs_context_destroy(ctx);
+  }
+}
+
 // The queue returns each failure to one wait, which may be another
 // caller's. A shard whose read or write failed while someone else
 // consumed the error is still never trusted: the buffer pool notices the
