@@ -786,6 +786,23 @@ TEST(ConfigJson, UnknownKeysNameTheFullPath) {
   ExpectJsonError(R"({"Device": "host"})", {"\"Device\""});
 }
 
+// DeepSpeed keys without a counterpart here (docs/config.md lists them)
+// are unknown keys, never silently ignored.
+TEST(ConfigJson, DeepSpeedKeysWithoutACounterpartAreRefused) {
+  for (const char* key : {"thread_count", "single_submit", "overlap_events"})
+    ExpectJsonError((std::string(R"({"aio": {")") + key + R"(": 1}})").c_str(),
+                    {"unknown key", std::string("\"aio.") + key + "\""});
+  for (const char* key : {"pipeline_read", "pipeline_write", "fast_init", "ratio"})
+    ExpectJsonError((std::string(R"({"zero_optimization": {"offload_optimizer": )"
+                                 R"({"device": "nvme", "nvme_path": "/x", ")") +
+                     key + R"(": 1}}})").c_str(),
+                    {"unknown key",
+                     std::string("\"zero_optimization.offload_optimizer.") + key + "\""});
+  ExpectJsonError(R"({"zero_optimization": {"stage": 3, "offload_param": )"
+                  R"({"device": "cpu", "max_in_cpu": 1}}})",
+                  {"\"zero_optimization.offload_param.max_in_cpu\""});
+}
+
 TEST(ConfigJson, WrongTypesNameTheKey) {
   ExpectJsonError(R"({"zero_optimization": 3})", {"zero_optimization"});
   ExpectJsonError(R"({"zero_optimization": {"stage": "3"}})",
