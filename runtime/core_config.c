@@ -290,8 +290,8 @@ static zs_status zs__json_size(const cJSON* obj, const char* key,
       v->valuedouble > 9007199254740992.0 ||
       v->valuedouble != floor(v->valuedouble))
     return zs__error(ZS_ERR_INVALID_ARGUMENT,
-                     "config JSON: %s.%s: expected a non-negative integer",
-                     path, key);
+                     "config JSON: %s.%s: expected a non-negative integer "
+                     "up to 2^53", path, key);
   *out = (size_t)v->valuedouble;
   return ZS_OK;
 }
@@ -410,7 +410,8 @@ static zs_status zs__json_nvme_path(const cJSON* o, const char* p,
   if (np == NULL) return ZS_OK;
   if (!cJSON_IsString(np) || np->valuestring[0] == '\0')
     return zs__error(ZS_ERR_INVALID_ARGUMENT,
-                     "config JSON: %s.nvme_path: expected a directory", p);
+                     "config JSON: %s.nvme_path: expected a directory's path "
+                     "(a non-empty string)", p);
   if (*path != NULL && strcmp(*path, np->valuestring) != 0)
     return zs__error(ZS_ERR_INVALID_ARGUMENT,
                      "config JSON: %s.nvme_path '%s' differs from the other "
