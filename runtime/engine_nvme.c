@@ -89,12 +89,14 @@ zs_status zs__nvme_create(zs_context* ctx, zs__nvme** out) {
 void zs__nvme_destroy(zs__nvme* n) {
   if (n == NULL) return;
   zs__aio_destroy(n->aio);
-  if (n->made_dir && rmdir(n->dir) != 0 && errno != ENOENT)
+  const int e = n->made_dir && rmdir(n->dir) != 0 ? errno : 0;
+  /* gone already (zs_context_remove_files, or the user): nothing to say */
+  if (e != 0 && e != ENOENT)
     zs__log(ZS_LOG_WARN, "NVMe offload: cannot remove %s: %s%s", n->dir,
-            strerror(errno), errno == ENOTEMPTY || errno == EEXIST
-                                 ? " (files the runtime did not make are "
-                                   "left alone)"
-                                 : "");
+            strerror(e), e == ENOTEMPTY || e == EEXIST
+                             ? " (files the runtime did not make are left "
+                               "alone)"
+                             : "");
   free(n);
 }
 
@@ -211,11 +213,18 @@ static int zs__path_join(char* dst, size_t cap, const char* a, const char* b,
   int d = 0;
   do num[d++] = (char)('0' + k % 10);
   while ((k /= 10) > 0 && d < (int)sizeof num);
+  const char* parts[3] = {a, b, c};
   size_t len = 0;
-  for (const char* p = a; *p != '\0'; p++) if (len + 1 < cap) dst[len++] = *p; else return 0;
-  for (const char* p = b; *p != '\0'; p++) if (len + 1 < cap) dst[len++] = *p; else return 0;
-  while (d > 0) if (len + 1 < cap) dst[len++] = num[--d]; else return 0;
-  for (const char* p = c; *p != '\0'; p++) if (len + 1 < cap) dst[len++] = *p; else return 0;
+  for (int i = 0; i < 3; i++) {
+    for (const char* p = parts[i]; *p != '\0'; p++) {
+      if (len + 1 >= cap) return 0;
+      dst[len++] = *p;
+    }
+    while (i == 1 && d > 0) { /* the number goes between b and c */
+      if (len + 1 >= cap) return 0;
+      dst[len++] = num[--d];
+    }
+  }
   dst[len] = '\0';
   return 1;
 }
@@ -225,8 +234,10 @@ void zs__nvme_remove_files(zs__nvme* n) {
   char path[sizeof n->dir + 64];
   /* each number names one file, of either kind (engine_nvme_param.c) */
   for (int k = 0; k < n->models; k++) {
-    if (zs__path_join(path, sizeof path, n->dir, "/model-", k, ".swap")) unlink(path);
-    if (zs__path_join(path, sizeof path, n->dir, "/params-", k, ".swap")) unlink(path);
+    if (zs__path_join(path, sizeof path, n->dir, "/model-", k, ".swap"))
+      unlink(path);
+    if (zs__path_join(path, sizeof path, n->dir, "/params-", k, ".swap"))
+      unlink(path);
   }
   if (n->made_dir && rmdir(n->dir) == 0) n->made_dir = 0;
 }

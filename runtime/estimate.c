@@ -83,11 +83,6 @@ static zs_status zs__estimate_check(const zs_estimate_config* c) {
   return ZS_OK;
 }
 
-/* ZeRO-Offload (Ren et al., arXiv:2101.06840): master weights and
- * optimizer states move to host memory (offload_host); with parameter
- * offload (ZeRO-Infinity's CPU tier) the parameter shards too. The fields
- * mean what zs_memory_stats means: model_state_bytes counts the four
- * model-state categories (not offload_host), total every category. */
 /* What the NVMe terms need of the units (engine_nvme.c and
  * engine_nvme_param.c lay their files out from the same quantities). */
 typedef struct zs__est_nvme {
@@ -101,6 +96,14 @@ typedef struct zs__est_nvme {
   size_t widest_elem;               /* the widest parameter dtype, bytes */
 } zs__est_nvme;
 
+/* ZeRO-Offload (Ren et al., arXiv:2101.06840): master weights and
+ * optimizer states move to host memory (offload_host); with parameter
+ * offload (ZeRO-Infinity's CPU tier) the parameter shards too; NVMe
+ * offload (ZeRO-Infinity, SC'21) moves them to the swap files (nvme_bytes,
+ * their size on disk) through pinned staging. The fields mean what
+ * zs_memory_stats means: model_state_bytes counts the four model-state
+ * categories (not offload_host), total every category. Errors:
+ * INVALID_ARGUMENT (too few NVMe buffers for the fields). */
 static zs_status zs__estimate_total(zs_memory_estimate* out,
                                     const zs_estimate_config* c,
                                     const zs__est_nvme* nv) {

@@ -359,13 +359,16 @@ TEST(Gpt2Offload, NvmeAbnormalEndsLeaveNoSwapFiles) {
   const std::string dir = TmpDir() + "/nvme-abort";
   Shell("rm -rf " + dir + " && mkdir -p " + dir);
   const std::string nvme = " --offload nvme --offload-param nvme --nvme-path " + dir;
-  // Ctrl-C (one SIGINT to mpirun) once the swap files exist
+  // Ctrl-C (one SIGINT to mpirun, the child of timeout: a SIGINT to
+  // timeout reaches mpirun twice, through its process group too, and a
+  // second SIGINT makes mpirun SIGKILL the ranks) once the swap files exist
   RunResult r = Shell("(" + Mpirun(2) + g_sharded + " --steps 100000 --batch 12 "
                       "--eval-every 0 --sample-bytes 0 --quiet --data " + g_data + nvme +
                       " & m=$!; for i in $(seq 1200); do ls " + dir +
                       "/zs-*-rank-00001/params-*.swap >/dev/null 2>&1 && break; "
                       "sleep 0.1; done; ls " + dir + "/zs-*-rank-00001/params-*.swap "
-                      ">/dev/null 2>&1 && echo SWAP-FILES-MADE; kill -INT $m; wait $m)");
+                      ">/dev/null 2>&1 && echo SWAP-FILES-MADE; kill -INT $(pgrep -P $m); "
+                      "wait $m)");
   ASSERT_NE(r.output.find("SWAP-FILES-MADE"), std::string::npos) << r.output;
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_EQ(Shell("ls -A " + dir).output, "") << "after Ctrl-C: " << r.output;
