@@ -71,6 +71,10 @@ typedef struct zs__unit {
    *   state[k]     optimizer states: full at stage 0, shard at 1-3 */
   void* params_full;
   void* params_shard;
+  void* gather_src; /* stage 3, parameter shards in host memory with a
+                       device that is not the host: the shard's device
+                       copy its all-gather reads, until the gather is
+                       done (zs__coll_source) */
   void* grads_full;
   void* grads_shard;
   void* grad_accum;
@@ -312,6 +316,15 @@ extern int zs__offload_force_staging;
 /* Whether the offloaded step goes through the staging (parameters and
  * gradients in device memory, or the test hook). */
 int zs__offload_staged(const zs_model* m);
+/* A collective's source in host memory (offloaded parameter shards,
+ * master weights, optimizer states): with a device that is not the host
+ * (NCCL reads device memory), or the staging test hook, *use is a device
+ * copy of its `bytes` BYTES, made synchronously, which *staged also
+ * holds for the caller to free with zs__dev_free once the collective is
+ * done; otherwise *use is src and *staged NULL. Errors: OUT_OF_MEMORY
+ * (device), DEVICE. */
+zs_status zs__coll_source(zs_model* m, const void* src, size_t bytes,
+                          const char* label, void** staged, const void** use);
 zs_status zs__staging_init(zs_model* m);
 /* One unit at a time, synchronously (NVMe offload's step): its gradient
  * span and parameters into staging slot 0 (staging_g[0], staging_p[0]),

@@ -29,6 +29,15 @@ static zs_status zs__check_unit(const zs_model* m, int unit, const char* fn) {
 
 /* ==== Progress ================================================================ */
 
+/* A unit's all-gather is over (waited for, or never started): the NVMe
+ * pool's pin on its shard and the shard's device copy go. */
+static void zs__gather_done(zs_model* m, zs__unit* u) {
+  zs__param_gather_done(m, u);
+  zs__dev_free(m->ctx->device, u->gather_src);
+  u->gather_src = NULL;
+}
+
+
 void zs__progress(zs_model* m) {
   zs__comm* c = m->ctx->comm;
   if (c->in_flight == 0 || c->failed) return;
@@ -51,7 +60,7 @@ zs_status zs__quiesce(zs_model* m) {
   for (int i = 0; i < m->nunits; i++) {
     zs__unit* u = &m->units[i];
     zs_status s2 = zs__inflight_wait(c, &u->gather_ops);
-    zs__param_gather_done(m, u);
+    zs__gather_done(m, u);
     if (st == ZS_OK) st = s2;
     if (u->grad_state == ZS__GRAD_REDUCING) s2 = zs__grad_reduce_finish(m, u);
     if (st == ZS_OK) st = s2;
@@ -73,18 +82,25 @@ static zs_status zs__hold(zs_model* m, int unit) {
     /* parameter shards on NVMe: the shard comes into a buffer first */
     zs_status st = zs__param_gather_source(m, u);
     if (st != ZS_OK) return zs__error_prefix(st, "gather of unit '%s': ", u->name);
-    st = zs__dev_alloc(dev, ZS_MEM_PARAMS_GATHERED, u->layout.padded * u->elem,
-                       0, u->name, &u->params_full);
+    /* parameter shards in host memory with a GPU: NCCL reads a device
+     * copy */
+    const void* src = u->params_shard;
+    if (m->ctx->config.offload_param)
+      st = zs__coll_source(m, u->params_shard, u->layout.shard * u->elem,
+                           u->name, &u->gather_src, &src);
+    if (st == ZS_OK)
+      st = zs__dev_alloc(dev, ZS_MEM_PARAMS_GATHERED, u->layout.padded * u->elem,
+                         0, u->name, &u->params_full);
     if (st == ZS_OK)
       st = zs__comm_iall_gather(m->ctx->comm, zs__tag(ZS__P_GATHER, unit, u->name),
-                                u->params_shard, u->params_full,
-                                u->layout.shard, u->dtype, &op);
+                                src, u->params_full, u->layout.shard, u->dtype,
+                                &op);
     if (st == ZS_OK) st = zs__inflight_push(&u->gather_ops, op);
     if (st != ZS_OK) {
       if (op == NULL) {
         zs__dev_free(dev, u->params_full);
         u->params_full = NULL;
-        zs__param_gather_done(m, u);
+        zs__gather_done(m, u);
       }
       return zs__error_prefix(st, "gather of unit '%s': ", u->name);
     }
@@ -101,7 +117,7 @@ static void zs__drop(zs_model* m, int unit) {
   if (--u->gather_refs > 0 || m->ctx->config.stage != 3) return;
   if (zs__inflight_wait(m->ctx->comm, &u->gather_ops) != ZS_OK)
     zs__log(ZS_LOG_ERROR, "%s", zs_last_error());
-  zs__param_gather_done(m, u);
+  zs__gather_done(m, u);
   zs__dev_free(m->ctx->device, u->params_full);
   u->params_full = NULL;
   m->live_elems -= u->layout.padded;
@@ -122,7 +138,7 @@ static zs_status zs__hold_for_use(zs_model* m, int unit) {
 /* Waits until a held unit's full parameters are complete. */
 static zs_status zs__ready(zs_model* m, zs__unit* u) {
   zs_status st = zs__inflight_wait(m->ctx->comm, &u->gather_ops);
-  zs__param_gather_done(m, u);
+  zs__gather_done(m, u);
   if (st == ZS_OK) st = zs__inflight_wait(m->ctx->comm, &u->shard_ops);
   return st;
 }

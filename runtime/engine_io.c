@@ -297,11 +297,24 @@ zs_status zs_tensor_get(zs_model* m, int tensor, zs_field field, void* out) {
   }
   zs__device* dev = m->ctx->device;
   char* full = NULL;
+  void* staged = NULL; /* the shard's device copy, when it is in host memory */
   if (local == ZS_OK) {
     zs__unit* u = &m->units[zs__storage_unit(m, tensor)];
-    local = zs__dev_alloc(dev, ZS_MEM_OTHER,
-                          u->layout.padded * zs_dtype_size(dtype), 0,
-                          "tensor_get buffer", (void**)&full);
+    /* host memory: offloaded parameter shards, master weights and states
+     * (NVMe's read back into a malloc'ed copy); NCCL reads device memory */
+    const int on_host =
+        nvme_tmp != NULL ||
+        (field == ZS_FIELD_PARAM ? m->ctx->config.offload_param != 0
+                                 : field != ZS_FIELD_GRAD && m->ctx->offload != NULL);
+    const void* use = shard;
+    if (on_host)
+      local = zs__coll_source(m, shard, u->layout.shard * zs_dtype_size(dtype),
+                              "tensor_get shard", &staged, &use);
+    shard = (void*)use;
+    if (local == ZS_OK)
+      local = zs__dev_alloc(dev, ZS_MEM_OTHER,
+                            u->layout.padded * zs_dtype_size(dtype), 0,
+                            "tensor_get buffer", (void**)&full);
   }
   ZS_CHECK(zs__comm_agree(m->ctx->comm, local, "zs_tensor_get"));
   const zs__tensor* t = &m->tensors[tensor];
@@ -314,6 +327,7 @@ zs_status zs_tensor_get(zs_model* m, int tensor, zs_field field, void* out) {
                           t->numel * elem, NULL));
 cleanup:
   zs__dev_free(dev, full);
+  zs__dev_free(dev, staged);
   free(nvme_tmp);
   return st;
 }

@@ -147,8 +147,10 @@ static void zs__unit_free_storage(zs_model* m, zs__unit* u) {
   else if (off != NULL && offload_param) zs__offload_host_free(m, u->params_shard);
   else zs__dev_free(dev, u->params_shard);
   zs__dev_free(dev, u->params_full);
+  zs__dev_free(dev, u->gather_src);
   u->state[0] = u->state[1] = u->master = NULL;
   u->grads_shard = u->grads_full = u->params_shard = u->params_full = NULL;
+  u->gather_src = NULL;
 }
 
 void zs__model_detach(zs_model* m) {

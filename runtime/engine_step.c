@@ -231,6 +231,23 @@ int zs__offload_staged(const zs_model* m) {
          (m->ctx->device != m->ctx->host || zs__offload_force_staging);
 }
 
+zs_status zs__coll_source(zs_model* m, const void* src, size_t bytes,
+                          const char* label, void** staged, const void** use) {
+  *staged = NULL;
+  *use = src;
+  zs__device* dev = m->ctx->device;
+  if (dev == m->ctx->host && !zs__offload_force_staging) return ZS_OK;
+  zs_status st = zs__dev_alloc(dev, ZS_MEM_COMM_BUFFERS, bytes, 0, label, staged);
+  if (st == ZS_OK) st = dev->ops->copy(dev, *staged, src, bytes, NULL);
+  if (st != ZS_OK) {
+    zs__dev_free(dev, *staged);
+    *staged = NULL;
+    return st;
+  }
+  *use = *staged;
+  return ZS_OK;
+}
+
 zs_status zs__staging_unit_in(zs_model* m, zs__unit* u) {
   zs_status st = zs__staging_init(m);
   if (st == ZS_OK) st = zs__staging_in(m, u, 0);

@@ -344,25 +344,28 @@ TEST(Config, PrecisionDefaultsAndRanges) {
   EXPECT_LAST_ERROR_HAS("communication_data_type");
 }
 
-// Parameter offload with the CUDA backend is not built: refused by the
-// config check itself, before any device exists (so the same with or
-// without a GPU), naming the setting.
-TEST(Config, OffloadParamWithCudaIsUnsupportedNamingIt) {
+// Parameter shards on NVMe with the CUDA backend are not built: refused by
+// the config check itself, before any device exists (so the same with or
+// without a GPU), naming the setting and what works instead. In host
+// memory (offload_param cpu) they are accepted.
+TEST(Config, OffloadParamNvmeWithCudaIsUnsupportedNamingIt) {
   zs_config c = ZS_CONFIG_INIT;
   c.device = ZS_DEVICE_CUDA;
   c.stage = 3;
   c.offload_optimizer.device = 1;
-  c.offload_param = 1;
-  EXPECT_EQ(zs_config_validate(&c), ZS_ERR_UNSUPPORTED);
-  EXPECT_NE(std::string(zs_last_error()).find("offload_param"), std::string::npos)
-      << zs_last_error();
+  c.offload_param = 1;  // shards in host memory: accepted
+  EXPECT_EQ(zs_config_validate(&c), ZS_OK) << zs_last_error();
   c.offload_param = 0;  // the optimizer's offload alone is fine
   EXPECT_EQ(zs_config_validate(&c), ZS_OK) << zs_last_error();
   c.offload_optimizer.device = 2;  // also on NVMe (staged through the host)
   c.nvme.path = "/tmp";
   EXPECT_EQ(zs_config_validate(&c), ZS_OK) << zs_last_error();
-  c.offload_param = 2;  // but not the parameter shards
+  c.offload_param = 2;  // but not the parameter shards on NVMe
   EXPECT_EQ(zs_config_validate(&c), ZS_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(zs_last_error()).find("offload_param = 2 (nvme)"),
+            std::string::npos) << zs_last_error();
+  EXPECT_NE(std::string(zs_last_error()).find("offload_param = 1 (cpu) with CUDA"),
+            std::string::npos) << zs_last_error();
 }
 
 TEST(Config, InitEqualsInitializerMacro) {

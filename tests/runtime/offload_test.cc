@@ -96,7 +96,9 @@ TEST_F(OffloadTest, OffloadIsBitwiseAndTheAccountingProvesIt) {
 // on the host device, where its copies are memcpy: bitwise the training
 // without offload, including the frozen tensor, the tied head and the
 // padding the staging carries back untouched (odd ranks and the degenerate
-// model's odd sizes), and the staging is counted as offload host memory.
+// model's odd sizes), and the staging is counted as offload host memory;
+// at stage 3 with the parameter shards in host memory too, each all-gather
+// reads a device copy of the shard (NCCL's need), bitwise the same.
 TEST_F(OffloadTest, StagedPathForGpusIsBitwise) {
   zs__offload_force_staging = 1;
   for (int model = 0; model < 2; model++)
@@ -120,6 +122,23 @@ TEST_F(OffloadTest, StagedPathForGpusIsBitwise) {
             << where << ": the staging is offload host memory";
         EXPECT_EQ(off.offload.steps_on_workers,
                   (uint64_t)cfg.steps * m1->units.size()) << where;
+        if (stage == 3) {
+          // the parameter shards in host memory too: every all-gather (and
+          // zs_tensor_get of a host field) reads a device copy of the
+          // shard, as NCCL needs
+          cfg.offload_param = 1;
+          auto m4 = Make(model);
+          TrainResult offp = TrainSharded(*m4, cfg);
+          ASSERT_EQ(offp.status, ZS_OK) << where << " +params: " << offp.error;
+          ExpectSameTraining(plain, offp, *m1, where + " +params");
+          EXPECT_EQ(offp.memory.current[ZS_MEM_PARAMS], 0u) << where;
+          // the forward reduces nothing: its comm buffers are the copies
+          EXPECT_EQ(off.memory.phase_peak[ZS_PHASE_FORWARD][ZS_MEM_COMM_BUFFERS], 0u)
+              << where;
+          EXPECT_GT(offp.memory.phase_peak[ZS_PHASE_FORWARD][ZS_MEM_COMM_BUFFERS], 0u)
+              << where << ": the shards' device copies are comm buffers";
+          cfg.offload_param = 0;
+        }
         // NVMe offload with CUDA takes the staging too (a unit's span to
         // the host, its sub-groups stepped, its parameters back)
         const std::string dir = NvmeDir();
