@@ -155,15 +155,6 @@ zs_status zs_config_validate(const zs_config* c) {
              "stage 3 and offload_optimizer.device cpu or nvme (got %d at "
              "stage %d, offload_optimizer.device %d)", c->offload_param,
              c->stage, of->device);
-  /* checked here, before any device exists, so it is reported the same
-   * with or without a GPU */
-  if (c->offload_param == 2 && c->device == ZS_DEVICE_CUDA)
-    return zs__error(ZS_ERR_UNSUPPORTED,
-                     "config.offload_param = 2 (nvme) with the CUDA device "
-                     "backend is not built yet (the staged optimizer step "
-                     "does not take shards from the NVMe buffer pool): use "
-                     "offload_param = 1 (cpu) with CUDA, or run "
-                     "offload_param = 2 on the host device");
   const zs_loss_scaler_config* ls = &c->loss_scaler;
   ZS_REQUIRE(ls->mode == ZS_LOSS_SCALE_NONE || ls->mode == ZS_LOSS_SCALE_STATIC ||
                  ls->mode == ZS_LOSS_SCALE_DYNAMIC,

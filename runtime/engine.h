@@ -200,6 +200,10 @@ zs_status zs__master_refresh(zs_model* m, zs__unit* u);
  * kernels reach it), and its release. Errors: OUT_OF_MEMORY, DEVICE. */
 zs_status zs__offload_host_alloc(zs_model* m, size_t bytes, const char* label,
                                  void** out);
+/* The same, accounted under `category` (the NVMe parameter pool:
+ * ZS_MEM_NVME_STAGING). */
+zs_status zs__offload_host_alloc_as(zs_model* m, size_t bytes, const char* label,
+                                    zs_mem_category category, void** out);
 void zs__offload_host_free(zs_model* m, void* p);
 /* Where the optimizer reads and writes: the span's parameters and
  * gradients (p, g: element 0 of the span), and the fp32 master weights and
@@ -313,8 +317,10 @@ void zs__param_gather_done(zs_model* m, zs__unit* u);
  * host device too (its copies are memcpy), so CPU tests cover it. */
 void zs__staging_free(zs_model* m);
 extern int zs__offload_force_staging;
-/* Whether the offloaded step goes through the staging (parameters and
- * gradients in device memory, or the test hook). */
+/* Whether the offloaded step goes through the staging (gradients in
+ * device memory, or the test hook). With parameter shards on NVMe it is
+ * done unit by unit, synchronously, inside each unit's acquire/write-back
+ * of its shard. */
 int zs__offload_staged(const zs_model* m);
 /* A collective's source in host memory (offloaded parameter shards,
  * master weights, optimizer states): with a device that is not the host

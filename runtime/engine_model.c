@@ -109,8 +109,13 @@ zs_status zs_model_create(zs_context* ctx, zs_model** out) {
 
 zs_status zs__offload_host_alloc(zs_model* m, size_t bytes, const char* label,
                                  void** out) {
+  return zs__offload_host_alloc_as(m, bytes, label, ZS_MEM_OFFLOAD_HOST, out);
+}
+
+zs_status zs__offload_host_alloc_as(zs_model* m, size_t bytes, const char* label,
+                                    zs_mem_category category, void** out) {
   zs__device* dev = m->ctx->device;
-  zs_status st = zs__offload_alloc(m->ctx->offload, bytes, label, out);
+  zs_status st = zs__offload_alloc_as(m->ctx->offload, bytes, label, category, out);
   if (st == ZS_OK && dev != m->ctx->host) {
     st = dev->ops->host_register(dev, *out, bytes);
     if (st != ZS_OK) {

@@ -69,7 +69,7 @@ void zs__nvme_param_free(zs_model* m) {
   if (np == NULL) return;
   (void)zs__aio_wait(zs__param_aio(m)); /* nothing may still use a buffer */
   for (int s = 0; np->slots != NULL && s < np->nslots; s++)
-    zs__offload_free(m->ctx->offload, np->slots[s].buf);
+    zs__offload_host_free(m, np->slots[s].buf);
   for (int i = 0; i < m->nunits; i++) m->units[i].params_shard = NULL;
   zs__aio_file_close(np->file, 1);
   free(np->slots);
@@ -120,8 +120,9 @@ zs_status zs__nvme_param_init(zs_model* m) {
                                &np->file));
   for (int s = 0; s < np->nslots; s++) {
     np->slots[s].unit = -1;
-    ZS_CHECK(zs__offload_alloc_as(m->ctx->offload, most, "NVMe parameters",
-                                  ZS_MEM_NVME_STAGING, &np->slots[s].buf));
+    /* registered with a GPU: copies and kernels reach it */
+    ZS_CHECK(zs__offload_host_alloc_as(m, most, "NVMe parameters",
+                                       ZS_MEM_NVME_STAGING, &np->slots[s].buf));
   }
   zs__log(ZS_LOG_INFO, "NVMe offload: %s: parameter shards of %d units, %llu "
           "bytes; %d buffers of %zu bytes", path, m->nunits,

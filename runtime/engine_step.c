@@ -133,13 +133,26 @@ static zs_status zs__optimize_unit(zs_model* m, zs__unit* u, float coef) {
   if (st != ZS_OK) return st;
   char *p, *g;
   (void)zs__optimize_span(m, u, &p, &g);
+  /* CPU offload with a GPU and the parameter shards on NVMe (the shard is
+   * in a pool buffer now): the gradients come to the host staging, and so
+   * do the parameters, which go back to the buffer after the step
+   * (synchronous, one unit at a time; the refresh's kernel wrote host
+   * memory, so the stream is synchronized first) */
+  const int staged = m->ctx->offload != NULL && zs__offload_staged(m);
+  if (staged) {
+    st = m->ctx->device->ops->stream_sync(m->ctx->device, NULL);
+    if (st == ZS_OK) st = zs__staging_unit_in(m, u);
+    if (st != ZS_OK) return st;
+    p = (char*)m->staging_p[0];
+    g = (char*)m->staging_g[0];
+  }
   const zs__opt_view v = zs__unit_view(u, p, g);
   if (m->ctx->offload != NULL) {
     zs__opt_job job = {m, u, coef, v};
     st = zs__offload_run(m->ctx->offload, zs__optimize_worker, &job);
     if (st != ZS_OK)
       return zs__error_prefix(st, "optimizer on unit '%s': ", u->name);
-    return ZS_OK;
+    return staged ? zs__staging_unit_out(m, u) : ZS_OK;
   }
   return zs__optimize_share(m, u, coef, 0, 1, 0, m->ctx->device, &v);
 }
@@ -227,7 +240,7 @@ static zs_status zs__staging_in(zs_model* m, zs__unit* u, int k) {
 }
 
 int zs__offload_staged(const zs_model* m) {
-  return m->ctx->offload != NULL && m->nvme_params == NULL &&
+  return m->ctx->offload != NULL &&
          (m->ctx->device != m->ctx->host || zs__offload_force_staging);
 }
 
@@ -543,7 +556,7 @@ static zs_status zs__step_apply(zs_model* m, zs_step_info* info,
       snprintf(m->broken_msg, sizeof m->broken_msg, "%s", zs__error_body());
       goto cleanup;
     }
-  } else if (staged) {
+  } else if (staged && m->nvme_params == NULL) {
     ZS_CHECK(zs__optimize_staged(m, (float)coef));
   } else {
     st = zs__optimize_units(m, (float)coef);

@@ -8,7 +8,7 @@
 // CUDA run must be BITWISE the host run at every stage, for fp32 and bf16
 // parameters (no clipping: the norm is the one value summed in another
 // order), with and without CPU or NVMe offload of the optimizer (and at
-// stage 3 with the parameter shards in host memory too).
+// stage 3 with the parameter shards in host memory or on NVMe too).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -63,19 +63,20 @@ TEST_F(EngineCudaTest, EveryStageTrainsBitwiseAsOnTheHost) {
       // weights and states in page-locked host memory, the step on the
       // CPU workers, staged copies of gradients and parameters)
       // (2: NVMe offload, the states in a swap file under TEST_TMPDIR,
-      // each unit's span staged through the host; 3: at stage 3, CPU
-      // offload with the parameter shards in page-locked host memory too,
-      // each all-gather reading a device copy of the shard)
+      // each unit's span staged through the host; at stage 3, CPU offload
+      // with the parameter shards 3: in page-locked host memory too, 4: on
+      // NVMe, each all-gather reading a device copy of the shard)
       const char* t = std::getenv("TEST_TMPDIR");
       const std::string dir = std::string(t != nullptr ? t : "/tmp");
-      for (int offload = 0; offload <= 3; offload++) {
-        if (offload == 3 && stage != 3) continue;
-        const std::string w = what + (offload == 3   ? " +CPU offload of parameters"
+      for (int offload = 0; offload <= 4; offload++) {
+        if (offload >= 3 && stage != 3) continue;
+        const std::string w = what + (offload == 4   ? " +parameters on NVMe"
+                                      : offload == 3 ? " +CPU offload of parameters"
                                       : offload == 2 ? " +NVMe offload"
                                       : offload == 1 ? " +CPU offload"
                                                      : "");
-        cfg.offload = offload == 3 ? 1 : offload;
-        cfg.offload_param = offload == 3 ? 1 : 0;
+        cfg.offload = offload >= 3 ? 1 : offload;
+        cfg.offload_param = offload >= 3 ? offload - 2 : 0;
         cfg.nvme.path = dir.c_str();
         cfg.nvme.sub_group_size = 1000;
         auto gm = c.make();

@@ -137,7 +137,28 @@ TEST_F(OffloadTest, StagedPathForGpusIsBitwise) {
               << where;
           EXPECT_GT(offp.memory.phase_peak[ZS_PHASE_FORWARD][ZS_MEM_COMM_BUFFERS], 0u)
               << where << ": the shards' device copies are comm buffers";
+          // and on NVMe, the optimizer on the CPU or on NVMe: each unit's
+          // shard is acquired into a pool buffer, staged with its
+          // gradients unit by unit, and written back
+          const std::string pdir = NvmeDir();
+          cfg.offload_param = 2;
+          cfg.nvme.path = pdir.c_str();
+          cfg.nvme.param_buffer_count = 2;
+          for (int opt : {1, 2}) {
+            cfg.offload = opt;
+            auto m5 = Make(model);
+            TrainResult nvp = TrainSharded(*m5, cfg);
+            const std::string w = where + " +params on NVMe, optimizer " +
+                                  (opt == 2 ? "on NVMe" : "on the CPU");
+            ASSERT_EQ(nvp.status, ZS_OK) << w << ": " << nvp.error;
+            ExpectSameTraining(plain, nvp, *m1, w);
+            EXPECT_GT(nvp.memory.phase_peak[ZS_PHASE_FORWARD][ZS_MEM_COMM_BUFFERS], 0u)
+                << w << ": the shards' device copies";
+            ExpectEmptyDir(pdir, w);
+          }
+          cfg.offload = 1;
           cfg.offload_param = 0;
+          cfg.nvme.param_buffer_count = 5;
         }
         // NVMe offload with CUDA takes the staging too (a unit's span to
         // the host, its sub-groups stepped, its parameters back)
