@@ -121,7 +121,7 @@ zs_status zs__offload_host_alloc_as(zs_model* m, size_t bytes, const char* label
     if (st != ZS_OK) {
       zs__offload_free(m->ctx->offload, *out);
       *out = NULL;
-      return zs__error_prefix(st, "CPU offload of '%s': ", label);
+      return zs__error_prefix(st, "host memory for '%s': ", label);
     }
   }
   return st;

@@ -7,7 +7,9 @@
  *
  *   on disk --read (demand, or ahead along the prefetch trace)--> buffer
  *   buffer --all-gather--> params_full (the buffer is pinned until the
- *                                       all-gather is waited for)
+ *                                       all-gather is waited for; with a
+ *                                       GPU the all-gather reads a device
+ *                                       copy of it: zs__coll_source)
  *   buffer --optimizer step, init, tensor_set, checkpoint load--> written
  *            back to the file (asynchronously; the buffer is reused only
  *            after its write completed)

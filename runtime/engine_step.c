@@ -136,12 +136,11 @@ static zs_status zs__optimize_unit(zs_model* m, zs__unit* u, float coef) {
   /* CPU offload with a GPU and the parameter shards on NVMe (the shard is
    * in a pool buffer now): the gradients come to the host staging, and so
    * do the parameters, which go back to the buffer after the step
-   * (synchronous, one unit at a time; the refresh's kernel wrote host
-   * memory, so the stream is synchronized first) */
-  const int staged = m->ctx->offload != NULL && zs__offload_staged(m);
+   * (synchronous, one unit at a time; the refresh above completed on
+   * return, as every device op on the default stream does) */
+  const int staged = zs__offload_staged(m);
   if (staged) {
-    st = m->ctx->device->ops->stream_sync(m->ctx->device, NULL);
-    if (st == ZS_OK) st = zs__staging_unit_in(m, u);
+    st = zs__staging_unit_in(m, u);
     if (st != ZS_OK) return st;
     p = (char*)m->staging_p[0];
     g = (char*)m->staging_g[0];

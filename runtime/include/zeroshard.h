@@ -335,12 +335,13 @@ typedef struct zs_config {
   /* ---- Offload (docs/offload.md) ---- */
   zs_offload_config offload_optimizer;
   int offload_param; /* stage 3 with offload_optimizer: 1 (cpu) keeps
-                    parameter shards in the same NUMA-placed host memory
-                    (they move to the device before the gather); 2 (nvme,
-                    host device only for now) keeps them in a swap file
-                    under nvme.path, read into a pinned buffer pool ahead
-                    of their all-gather (zs_nvme_config.param_*); default
-                    0 */
+                    parameter shards in the same NUMA-placed host memory;
+                    2 (nvme) keeps them in a swap file under nvme.path,
+                    read into a pinned buffer pool ahead of their
+                    all-gather (zs_nvme_config.param_*). With CUDA each
+                    all-gather reads a transient device copy of the
+                    shard (built, not yet run on a GPU: docs/cuda.md).
+                    Default 0 */
   zs_nvme_config nvme; /* with offload_optimizer.device = 2 or
                           offload_param = 2 */
 } zs_config;
