@@ -30,6 +30,8 @@
 
 _Static_assert(ZS__NVME_MAX_SLOTS == ZS__SWAP_MAX_SLOTS,
                "the estimator's ring is the pipeline's");
+_Static_assert(ZS__NVME_ALIGN == ZS__AIO_ALIGN,
+               "the layout's rounding is direct I/O's");
 
 struct zs__nvme {
   zs__aio* aio;
@@ -103,7 +105,6 @@ void zs__nvme_destroy(zs__nvme* n) {
 /* ==== Model ================================================================== */
 
 
-static size_t zs__round4k(size_t b) { return (b + 4095) / 4096 * 4096; }
 
 void zs__nvme_model_free(zs_model* m) {
   zs__nvme_model* nm = m->nvme;
@@ -168,7 +169,7 @@ zs_status zs__nvme_model_init(zs_model* m) {
     for (size_t lo = 0; lo < span; lo += sg, k++) {
       const size_t hi = span - lo < sg ? span : lo + sg;
       zs__swap_group* g = &nm->groups[k];
-      g->bytes = zs__round4k((hi - lo) * sizeof(float));
+      g->bytes = zs__layout_nvme_round((hi - lo) * sizeof(float));
       for (int f = 0; f < nfields; f++) {
         g->offset[f] = off;
         off += g->bytes;

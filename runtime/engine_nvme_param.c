@@ -58,7 +58,6 @@ struct zs__nvme_params {
   uint64_t ahead;   /* ... of which read ahead */
 };
 
-static size_t zs__round4k(size_t b) { return (b + 4095) / 4096 * 4096; }
 
 static zs__aio* zs__param_aio(const zs_model* m) {
   return zs__nvme_aio(m->ctx->nvme);
@@ -97,10 +96,10 @@ zs_status zs__nvme_param_init(zs_model* m) {
   np->slots = (zs__pslot*)calloc((size_t)np->nslots, sizeof *np->slots);
   if (!np->offset || !np->bytes || !np->slot || !np->slots)
     ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "NVMe parameters: %d units", m->nunits);
-  size_t most = 4096, widest = 1;
+  size_t most = ZS__NVME_ALIGN, widest = 1;
   for (int i = 0; i < m->nunits; i++) {
     const zs__unit* u = &m->units[i];
-    np->bytes[i] = zs__round4k(u->layout.shard * u->elem);
+    np->bytes[i] = zs__layout_nvme_round(u->layout.shard * u->elem);
     np->offset[i] = np->file_bytes;
     np->file_bytes += np->bytes[i];
     np->slot[i] = -1;
@@ -113,12 +112,12 @@ zs_status zs__nvme_param_init(zs_model* m) {
               "shard", c->param_buffer_elements, u->name, u->layout.shard);
   }
   if (c->param_buffer_elements != 0)
-    most = zs__round4k(c->param_buffer_elements * widest);
+    most = zs__layout_nvme_round(c->param_buffer_elements * widest);
   char path[4096 + 64];
   snprintf(path, sizeof path, "%s/params-%d.swap", zs__nvme_dir(m->ctx->nvme),
            zs__nvme_next_file(m->ctx->nvme));
   ZS_CHECK(zs__aio_file_create(zs__param_aio(m), path,
-                               np->file_bytes > 0 ? np->file_bytes : 4096,
+                               np->file_bytes > 0 ? np->file_bytes : ZS__NVME_ALIGN,
                                &np->file));
   for (int s = 0; s < np->nslots; s++) {
     np->slots[s].unit = -1;

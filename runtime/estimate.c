@@ -124,7 +124,7 @@ static zs_status zs__estimate_total(zs_memory_estimate* out,
     size_t sg = zs__layout_nvme_sub_group(c->nvme_buffer_size,
                                           c->nvme_sub_group_size);
     if (nv->largest_span < sg) sg = nv->largest_span;
-    const size_t slot = (sg * 4 + 4095) / 4096 * 4096;
+    const size_t slot = zs__layout_nvme_round(sg * 4);
     /* the ring of the pool (zs__layout_nvme_slots) */
     const int ring = fields > 0 ? zs__layout_nvme_slots(c->nvme_buffer_count, (int)fields) : 0;
     if (exact > 0)
@@ -140,10 +140,10 @@ static zs_status zs__estimate_total(zs_memory_estimate* out,
      * buffers, each the largest shard rounded up to 4 KiB unless set
      * (engine_nvme_param.c) */
     out->nvme_bytes += nv->param_file_bytes;
-    size_t buf = (nv->largest_param_shard_bytes + 4095) / 4096 * 4096;
-    if (buf < 4096) buf = 4096;
+    size_t buf = zs__layout_nvme_round(nv->largest_param_shard_bytes);
+    if (buf < ZS__NVME_ALIGN) buf = ZS__NVME_ALIGN;
     if (c->nvme_param_buffer_elements > 0)
-      buf = (c->nvme_param_buffer_elements * nv->widest_elem + 4095) / 4096 * 4096;
+      buf = zs__layout_nvme_round(c->nvme_param_buffer_elements * nv->widest_elem);
     out->bytes[ZS_MEM_NVME_STAGING] += c->nvme_param_buffer_count * buf;
     out->bytes[ZS_MEM_PARAMS] = 0;
   } else if (c->offload_params) {
@@ -189,7 +189,7 @@ zs_status zs_estimate_params(double params, const zs_estimate_config* c,
   const zs__est_nvme nv = {
       span, span > 0 && sg > 0 ? zs__layout_nvme_span_bytes(span, sg) : 0,
       (lu + W - 1) / W * zs_dtype_size(dt),
-      (l.shard * zs_dtype_size(dt) + 4095) / 4096 * 4096, zs_dtype_size(dt)};
+      zs__layout_nvme_round(l.shard * zs_dtype_size(dt)), zs_dtype_size(dt)};
   return zs__estimate_total(out, c, &nv);
 }
 
@@ -402,7 +402,7 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
       out->largest_unit_elements = l.padded;
     if (l.shard * u->elem > nv.largest_param_shard_bytes)
       nv.largest_param_shard_bytes = l.shard * u->elem;
-    nv.param_file_bytes += (l.shard * u->elem + 4095) / 4096 * 4096;
+    nv.param_file_bytes += zs__layout_nvme_round(l.shard * u->elem);
     if (u->elem > nv.widest_elem) nv.widest_elem = u->elem;
     zs__estimate_states(c, &l, u->elem, u->gelem, u->lowp, u->trainable,
                         zs__estimate_nstates(c), out);

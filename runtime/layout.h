@@ -55,6 +55,14 @@ static inline int zs__layout_nvme_slots(size_t buffer_count, int nfields) {
   return n > ZS__NVME_MAX_SLOTS ? ZS__NVME_MAX_SLOTS : (int)n;
 }
 
+/* NVMe offload's unit of direct I/O, in BYTES (offload/aio.h's
+ * ZS__AIO_ALIGN): every region of a swap file and every pinned buffer is
+ * a multiple of it. zs__layout_nvme_round: `bytes` rounded up to it. */
+#define ZS__NVME_ALIGN 4096
+static inline size_t zs__layout_nvme_round(size_t bytes) {
+  return (bytes + ZS__NVME_ALIGN - 1) / ZS__NVME_ALIGN * ZS__NVME_ALIGN;
+}
+
 /* NVMe offload's sub-group, in ELEMENTS: as many fp32 elements as a pool
  * buffer of buffer_size BYTES holds, lowered to sub_group_size when that
  * is set (nonzero) and smaller (DeepSpeed's sub_group_size). */
@@ -70,10 +78,8 @@ static inline size_t zs__layout_nvme_sub_group(size_t buffer_size,
  * for direct I/O (engine_nvme.c lays the file out so; the estimator adds
  * it up). */
 static inline size_t zs__layout_nvme_span_bytes(size_t span, size_t sg) {
-  const size_t whole = span / sg, rest = span % sg;
-  const size_t round = 4096;
-  return whole * ((sg * 4 + round - 1) / round * round) +
-         (rest * 4 + round - 1) / round * round;
+  return span / sg * zs__layout_nvme_round(sg * 4) +
+         zs__layout_nvme_round(span % sg * 4);
 }
 
 /* Lays out n tensors of a unit. numels[i]: elements of tensor i. alias[i]:
