@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 long (*zs__aio_fault_hook)(const char* path, uint64_t offset, int write,
@@ -144,15 +143,6 @@ static void zs__uring_reap_one(zs__aio* a) {
 }
 
 /* ==== Thread pool =========================================================== */
-
-/* pthread_cond_wait for at most `seconds`: 0, or ETIMEDOUT. */
-static int zs__aio_timedwait(pthread_cond_t* c, pthread_mutex_t* mu,
-                             int seconds) {
-  struct timespec t;
-  clock_gettime(CLOCK_REALTIME, &t);
-  t.tv_sec += seconds;
-  return pthread_cond_timedwait(c, mu, &t);
-}
 
 /* The whole transfer, retrying partial ones; -errno, or fewer bytes at end
  * of file. */
@@ -381,7 +371,7 @@ static zs_status zs__aio_wait_upto(zs__aio* a, uint64_t upto) {
     pthread_mutex_lock(&a->mu);
     int waited = 0;
     while (upto == UINT64_MAX ? a->inflight > 0 : zs__aio_pending_upto(a, upto))
-      if (zs__aio_timedwait(&a->done, &a->mu, ZS__AIO_WARN_S) == ETIMEDOUT) {
+      if (zs__cond_wait_s(&a->done, &a->mu, ZS__AIO_WARN_S) == ETIMEDOUT) {
         waited += ZS__AIO_WARN_S;
         zs__aio_warn_waiting(a, waited);
       }

@@ -9,7 +9,6 @@
 #include <errno.h>
 #include <numa.h>
 #include <pthread.h>
-#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,10 +165,7 @@ zs_status zs__offload_run(zs__offload* o, zs_status (*fn)(void*, int, int),
   /* a warning every minute, so that a stuck worker is never a silent hang */
   int waited = 0;
   while (o->pending > 0) {
-    struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
-    t.tv_sec += 60;
-    if (pthread_cond_timedwait(&o->done, &o->lock, &t) == ETIMEDOUT) {
+    if (zs__cond_wait_s(&o->done, &o->lock, 60) == ETIMEDOUT) {
       waited += 60;
       zs__log(ZS_LOG_WARN, "offload: %d of %d worker threads still running "
               "after %d s", o->pending, o->nworkers, waited);

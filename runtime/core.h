@@ -6,6 +6,7 @@
 #ifndef ZS_RUNTIME_CORE_H_
 #define ZS_RUNTIME_CORE_H_
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -152,6 +153,12 @@ uint64_t zs__hash_bytes(uint64_t seed, const void* data, size_t n);
 
 /* Monotonic wall clock in seconds. */
 double zs__now(void);
+
+/* pthread_cond_timedwait on c (default clock: CLOCK_REALTIME) for at most
+ * `seconds` from now; the caller holds mu. Returns its result: 0, or
+ * ETIMEDOUT. For waits that warn every so often instead of hanging
+ * silently. */
+int zs__cond_wait_s(pthread_cond_t* c, pthread_mutex_t* mu, int seconds);
 
 static inline size_t zs__round_up(size_t x, size_t m) {
   return m == 0 ? x : (x + m - 1) / m * m;

@@ -182,6 +182,13 @@ uint64_t zs__hash_bytes(uint64_t seed, const void* data, size_t n) {
   return h;
 }
 
+int zs__cond_wait_s(pthread_cond_t* c, pthread_mutex_t* mu, int seconds) {
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  t.tv_sec += seconds;
+  return pthread_cond_timedwait(c, mu, &t);
+}
+
 double zs__now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
