@@ -37,7 +37,6 @@ static void zs__gather_done(zs_model* m, zs__unit* u) {
   u->gather_src = NULL;
 }
 
-
 void zs__progress(zs_model* m) {
   zs__comm* c = m->ctx->comm;
   if (c->in_flight == 0 || c->failed) return;
