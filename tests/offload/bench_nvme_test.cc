@@ -4,7 +4,6 @@
 // figures are the machine's), removes its files, also when the disk is
 // full or it is interrupted, and refuses bad flags naming the flag. The
 // figures themselves: docs/performance.md.
-#include <dirent.h>
 #include <gtest/gtest.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -19,6 +18,7 @@
 #include <string>
 
 #include "tests/examples/process_util.h"
+#include "tests/testing/dirs.h"
 
 namespace {
 
@@ -26,16 +26,6 @@ using zstest::RunResult;
 using zstest::Shell;
 
 std::string g_bench;
-
-int CountEntries(const std::string& dir) {
-  DIR* d = opendir(dir.c_str());
-  if (d == nullptr) return -1;
-  int n = 0;
-  while (dirent* e = readdir(d))
-    if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") n++;
-  closedir(d);
-  return n;
-}
 
 TEST(BenchNvme, EndsWithOneJsonLineOfEveryFigureAndLeavesNothing) {
   const std::string dir = zstest::TmpDir() + "/bench-nvme";
@@ -61,7 +51,7 @@ TEST(BenchNvme, EndsWithOneJsonLineOfEveryFigureAndLeavesNothing) {
   EXPECT_EQ(cJSON_GetObjectItem(j, "reps")->valuedouble, 2.0);
   EXPECT_NE(r.output.find("our swap-out"), std::string::npos) << r.output;
   cJSON_Delete(j);
-  EXPECT_EQ(CountEntries(dir), 0) << "files left in " << dir;
+  EXPECT_EQ(zstest::DirEntries(dir), 0u) << "files left in " << dir;
 }
 
 // A 48 MiB tmpfs holds the 32 MiB raw file but not our 32 MiB swap file
@@ -78,7 +68,7 @@ TEST(BenchNvme, AFullDiskFailsClearlyLeavingNothing) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("no space left"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(dir + "/zs-bench-nvme-"), std::string::npos) << r.output;
-  EXPECT_EQ(CountEntries(dir), 0) << "files left in " << dir;
+  EXPECT_EQ(zstest::DirEntries(dir), 0u) << "files left in " << dir;
   umount(dir.c_str());
 }
 
@@ -98,7 +88,7 @@ TEST(BenchNvme, AnInterruptedRunLeavesNothing) {
     EXPECT_EQ(r.exit_code, 1) << sig << ": " << r.output;
     EXPECT_NE(r.output.find(std::string(sig) == "INT" ? "interrupted" : "terminated"),
               std::string::npos) << r.output;
-    EXPECT_EQ(CountEntries(dir), 0) << "files left in " << dir << " after SIG" << sig;
+    EXPECT_EQ(zstest::DirEntries(dir), 0u) << "files left in " << dir << " after SIG" << sig;
   }
 }
 

@@ -4,7 +4,6 @@
 #include <mpi.h>
 #include <zs_mpi.h>
 
-#include <dirent.h>
 #include <sys/stat.h>
 
 #include <cmath>
@@ -566,16 +565,6 @@ std::string TestDir(const std::string& name) {
   std::string d = std::string(t != nullptr ? t : "/tmp") + "/" + name;
   mkdir(d.c_str(), 0700);
   return d;
-}
-
-size_t DirEntries(const std::string& dir) {
-  DIR* d = opendir(dir.c_str());
-  if (d == nullptr) return 0;
-  size_t n = 0;
-  while (struct dirent* e = readdir(d))
-    if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) n++;
-  closedir(d);
-  return n;
 }
 
 void ExpectEmptyDir(const std::string& dir, const std::string& what) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tests/runtime/test_models.h"
+#include "tests/testing/dirs.h"
 
 namespace zstest {
 
@@ -103,8 +104,7 @@ TrainResult TrainSlice(Model& model, TrainConfig cfg, int first, int steps,
 // A directory `name` under the test's temporary directory ($TEST_TMPDIR,
 // else /tmp), made if missing.
 std::string TestDir(const std::string& name);
-// Entries of `dir` other than . and .. (0 if it cannot be read).
-size_t DirEntries(const std::string& dir);
+// DirEntries(dir): tests/testing/dirs.h.
 // Collective: once every rank is done with `dir` (each removes its own swap
 // files), it is empty.
 void ExpectEmptyDir(const std::string& dir, const std::string& what);
