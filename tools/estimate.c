@@ -45,6 +45,31 @@ static const char kUsage[] =
     "Stages 2 and 3 also print DeepSpeed's estimate_zero2/zero3_model_states_\n"
     "mem_needs (offload none, per GPU) for comparison.\n";
 
+/* A zs_estimate error on stderr in this tool's terms: without the
+ * library's own "zs_estimate: " prefix (the tool prints one), and the
+ * settings it names spelled as this tool's flags. */
+static void print_library_error(const char* msg) {
+  static const char* const kFlagOf[][2] = {
+      {"nvme_param_buffer_count", "--nvme-param-buffers"},
+      {"nvme_buffer_count", "--nvme-buffer-count"},
+      {"nvme_buffer_size", "--nvme-buffer-size"}};
+  const size_t nflags = sizeof kFlagOf / sizeof kFlagOf[0];
+  if (strncmp(msg, "zs_estimate: ", 13) == 0) msg += 13;
+  fputs("zs_estimate: ", stderr);
+  while (*msg != '\0') {
+    size_t k = 0;
+    while (k < nflags && strncmp(msg, kFlagOf[k][0], strlen(kFlagOf[k][0])) != 0)
+      k++;
+    if (k < nflags) {
+      fputs(kFlagOf[k][1], stderr);
+      msg += strlen(kFlagOf[k][0]);
+    } else {
+      fputc(*msg++, stderr);
+    }
+  }
+  fputc('\n', stderr);
+}
+
 static int fail(const char* msg, const char* arg) {
   fprintf(stderr, "zs_estimate: %s%s%s\n", msg, arg ? ": " : "", arg ? arg : "");
   return 2;
@@ -263,29 +288,7 @@ int main(int argc, char** argv) {
     zs_status st = model != NULL ? zs_estimate_model(text, &c, &e)
                                  : zs_estimate_params(params, &c, &e);
     if (st != ZS_OK) {
-      /* the library's messages name their function, zs_estimate: already
-       * this tool's prefix */
-      const char* msg = zs_last_error();
-      if (strncmp(msg, "zs_estimate: ", 13) == 0) msg += 13;
-      /* and the settings they name are this tool's flags */
-      static const char* const kFlagOf[][2] = {
-          {"nvme_param_buffer_count", "--nvme-param-buffers"},
-          {"nvme_buffer_count", "--nvme-buffer-count"},
-          {"nvme_buffer_size", "--nvme-buffer-size"}};
-      fprintf(stderr, "zs_estimate: ");
-      for (const char* p = msg; *p != '\0';) {
-        size_t k = 0;
-        while (k < sizeof kFlagOf / sizeof kFlagOf[0] &&
-               strncmp(p, kFlagOf[k][0], strlen(kFlagOf[k][0])) != 0)
-          k++;
-        if (k < sizeof kFlagOf / sizeof kFlagOf[0]) {
-          fputs(kFlagOf[k][1], stderr);
-          p += strlen(kFlagOf[k][0]);
-        } else {
-          fputc(*p++, stderr);
-        }
-      }
-      fputc('\n', stderr);
+      print_library_error(zs_last_error());
       rc = 2;
       break;
     }
