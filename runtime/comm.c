@@ -69,12 +69,39 @@ static void zs__comm_note(zs__comm* c, zs__coll* op, int root) {
     c->max_in_flight_gathers = c->gathers_in_flight;
 }
 
-/* After a timeout nothing new may start on the communicator. */
+/* After a failure nothing new may start on the communicator. */
 static zs_status zs__comm_usable(const zs__comm* c) {
   if (!c->failed) return ZS_OK;
-  return zs__error(ZS_ERR_TIMEOUT,
-                   "an earlier collective timed out on this rank; the "
-                   "context cannot be used any more (end the job)");
+  return zs__error(c->failed_status,
+                   "the context cannot be used any more (end the job): %s",
+                   c->failed_why);
+}
+
+/* Marks c failed (keeping the first status and reason), gives up what is in flight on
+ * the device, and with notify tells the other ranks once. */
+static void zs__comm_fail(zs__comm* c, zs_status st, const char* why,
+                          int notify) {
+  if (!c->failed) {
+    c->failed = 1;
+    c->failed_status = st;
+    snprintf(c->failed_why, sizeof c->failed_why, "%s", why);
+  }
+  if (notify && c->ops->notify_failure != NULL) {
+    char msg[ZS__NOTICE_BYTES];
+    snprintf(msg, sizeof msg, "%s", why);
+    c->ops->notify_failure(c, msg);
+  }
+  if (c->ops->abort != NULL) c->ops->abort(c);
+}
+
+zs_status zs__comm_abandon(zs__comm* c, zs_status st) {
+  if (st == ZS_OK || c->world == 1 || c->failed) return st;
+  char body[ZS__NOTICE_BYTES];
+  snprintf(body, sizeof body, "%s", zs__error_body());
+  zs__comm_fail(c, st, body, 1);
+  return zs__error(st, "%s (this rank skips collectives the others issue: "
+                   "they were told and fail now; the context cannot be "
+                   "used any more)", body);
 }
 
 void zs__comm_free(const zs__comm* c, void* p) {
@@ -182,21 +209,44 @@ zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
     if ((spins & 63) != 0) continue;
     double now = zs__now();
     const char* name = op->tag.name != NULL ? op->tag.name : "-";
-    if (c->timeout_s > 0 && now - t0 > c->timeout_s) {
-      c->failed = 1; /* the request stays pending: keep every buffer */
-      char report[600], devname[96];
+    /* Another rank failed and will not join: give up now. The request
+     * stays pending, so every buffer is kept (c->failed). */
+    int from = -1;
+    char notice[ZS__NOTICE_BYTES];
+    if (c->ops->poll_failure != NULL &&
+        c->ops->poll_failure(c, &from, notice, sizeof notice)) {
+      char report[600], devname[96], why[160];
       zs__accounting_report(c->dev->acct, report, sizeof report);
       zs__dev_name(c->dev, devname, sizeof devname);
-      return zs__error(ZS_ERR_TIMEOUT,
-                       "%s of %zu %s elements for unit %s (purpose %d) on "
-                       "%s did not complete within %.0f s: "
-                       "another rank is probably waiting in a different "
-                       "collective (it skipped or added a gather, release "
-                       "or step, or failed); the context cannot be used any "
-                       "more (%s)",
+      snprintf(why, sizeof why, "rank %d failed (%.100s)", from, notice);
+      zs__comm_fail(c, ZS_ERR_REMOTE, why, 0);
+      return zs__error(ZS_ERR_REMOTE,
+                       "%s of %zu %s elements for unit %s (%s) on %s cannot "
+                       "complete: rank %d failed and will not join it: %s; "
+                       "the context cannot be used any more (%s)",
                        zs_coll_op_name(op->op), op->count,
-                       zs_dtype_name(op->dtype), name, (int)op->tag.purpose,
-                       devname, c->timeout_s, report);
+                       zs_dtype_name(op->dtype), name,
+                       zs__purpose_name(op->tag.purpose), devname, from,
+                       notice, report);
+    }
+    if (c->timeout_s > 0 && now - t0 > c->timeout_s) {
+      char report[600], devname[96], body[ZS__NOTICE_BYTES];
+      zs__accounting_report(c->dev->acct, report, sizeof report);
+      zs__dev_name(c->dev, devname, sizeof devname);
+      zs__error(ZS_ERR_TIMEOUT,
+                "%s of %zu %s elements for unit %s (%s) on %s did not "
+                "complete within %.0f s: another rank is probably waiting in "
+                "a different collective (it skipped or added a gather, "
+                "release or step, or failed); the context cannot be used any "
+                "more (%s)",
+                zs_coll_op_name(op->op), op->count, zs_dtype_name(op->dtype),
+                name, zs__purpose_name(op->tag.purpose), devname,
+                c->timeout_s, report);
+      /* The others may be waiting in that different collective: they
+       * hear of it now instead of at their own timeout. */
+      snprintf(body, sizeof body, "%s", zs__error_body());
+      zs__comm_fail(c, ZS_ERR_TIMEOUT, body, 1);
+      return zs__error(ZS_ERR_TIMEOUT, "%s", body);
     }
     if (now > warn_at) {
       zs__log(ZS_LOG_WARN,
@@ -323,6 +373,7 @@ uint64_t zs__comm_agree_code(const zs__comm* c, zs_status local) {
 zs_status zs__comm_agree_finish(zs__comm* c, zs_status local,
                                 uint64_t worst_code, const char* what) {
   if (worst_code == 0) return ZS_OK;
+  c->agreed_failures++;
   const int failing = c->world - (int)worst_code;
   enum { CAP = 1024 };
   char saved[CAP];

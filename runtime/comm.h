@@ -66,7 +66,21 @@ typedef struct zs__comm_ops {
    * Returns UNSUPPORTED (with the reason) when the backend cannot. */
   zs_status (*start_progress)(zs__comm* c);
   void (*destroy)(zs__comm* c);
+  /* Failure notices between ranks (NULL where there is no other rank).
+   * notify_failure sends msg (NUL-terminated, cut to ZS__NOTICE_BYTES - 1
+   * bytes) to every other rank and returns at once: it never waits for
+   * them, and sends at most once per communicator. poll_failure never
+   * blocks: it returns 1 and sets *rank and msg (cap bytes) once a notice
+   * from another rank has arrived (the first one, from then on), else 0. */
+  void (*notify_failure)(zs__comm* c, const char* msg);
+  int (*poll_failure)(zs__comm* c, int* rank, char* msg, size_t cap);
+  /* Gives up the collectives in flight after a failure, so none keeps the
+   * device busy (NCCL: ncclCommAbort); NULL where nothing is needed. */
+  void (*abort)(zs__comm* c);
 } zs__comm_ops;
+
+/* Bytes of one failure notice (the failing rank's error message). */
+#define ZS__NOTICE_BYTES 1536
 
 /* One collective in the communication log: what, for whom, how big, when
  * it was issued and when this rank saw it complete (zs__now seconds). */
@@ -105,8 +119,14 @@ struct zs__comm {
   uint64_t seq_hash;  /* every collective since creation, in order */
   uint64_t seq_count;
   double timeout_s;   /* 0: wait forever */
-  int failed;         /* a collective timed out: MPI may still write into
-                         its buffers, so nothing may be freed or issued */
+  int failed;         /* a collective timed out, another rank failed, or
+                         this rank gave up (zs__comm_abandon): MPI may
+                         still write into buffers of collectives in flight,
+                         so nothing may be freed or issued */
+  char failed_why[512]; /* why, for the errors of later calls */
+  zs_status failed_status; /* and their status */
+  uint64_t agreed_failures; /* agreements that ended in a failure: every
+                         rank knows of those (zs__comm_agree_finish) */
   size_t max_count;   /* most elements per rank one collective can move */
 };
 
@@ -146,7 +166,9 @@ static inline zs__coll_tag zs__tag(zs__purpose p, int unit, const char* name) {
 /* Each wrapper starts the collective, then waits for it while polling, so
  * that a collective another rank never joins becomes ZS_ERR_TIMEOUT naming
  * the collective and the unit (after c->timeout_s; a warning is logged every
- * minute before that) instead of a silent hang. A timed-out collective
+ * minute before that) instead of a silent hang, and ZS_ERR_REMOTE at once
+ * when another rank has sent a failure notice (zs__comm_abandon, or its own
+ * timeout, which notifies the others too). A collective given up this way
  * cannot be cancelled: the context is unusable afterwards. Every call is
  * counted and folded into c->seq_hash, which is cumulative since the
  * communicator was created. */
@@ -234,6 +256,19 @@ zs_status zs__comm_agree_finish(zs__comm* c, zs_status local,
  * agree, plus two broadcasts when they do not. */
 zs_status zs__comm_check_same(zs__comm* c, const char* what, const char* desc,
                               size_t len);
+
+/* This rank failed in a way that makes it skip collectives the other
+ * ranks will issue (out of memory for a unit's all-gather buffer, a device
+ * error in the step): with more than one rank, marks the communicator
+ * failed (as a timeout does: nothing new starts, no buffer of a collective
+ * in flight is freed) and sends this rank's error message to every other
+ * rank without waiting. A rank waiting in a collective then fails at once
+ * with ZS_ERR_REMOTE naming this rank and its message, instead of waiting
+ * collective_timeout_s (torch.distributed's watchdog and NCCL's
+ * ncclCommAbort play this role in PyTorch). Returns st, with the message
+ * extended by what happened; with one rank, or st == ZS_OK, returns st
+ * untouched. Local, never blocks. */
+zs_status zs__comm_abandon(zs__comm* c, zs_status st);
 
 /* free() for host blocks that a collective used: after a timeout the block
  * is kept (leaked), because the abandoned collective may still write it. */

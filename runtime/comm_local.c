@@ -120,6 +120,9 @@ static const zs__comm_ops zs__local_ops = {
     zs__local_test,
     NULL, /* nothing to progress */
     zs__local_destroy,
+    NULL, /* no other rank to tell of a failure */
+    NULL,
+    NULL,
 };
 
 zs_status zs__comm_local_create(zs__comm** out) {

@@ -2,13 +2,16 @@
  * comm_mpi.c — the MPI communicator backend over host memory: blocking and
  * non-blocking (MPI-3 I*) all-gather, reduce-scatter (Reduce_scatter_block),
  * all-reduce and broadcast on a duplicate of the caller's communicator with
- * MPI_ERRORS_RETURN, so an MPI failure is a zs_status, not an abort.
+ * MPI_ERRORS_RETURN, so an MPI failure is a zs_status, not an abort; and
+ * the failure notices (comm.h) that let a rank which gives up tell the
+ * others at once.
  */
 #define _GNU_SOURCE
 #include "runtime/comm_mpi.h"
 
 #include <limits.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -23,6 +26,16 @@ typedef struct zs__mpi_impl {
   int probe_live;      /* probe_comm exists */
   unsigned p2p_seq; /* tag of the next exchange: the same on every rank */
   int tag_ub;
+  /* Failure notices: a receive from any rank, posted at creation with this
+   * context's own tag on the notice communicator of the caller's
+   * communicator (zs__notice_home), and the sends of this rank's notice,
+   * never waited for. */
+  MPI_Comm notice_comm;      /* not owned; MPI_COMM_NULL: none */
+  int notice_tag;
+  MPI_Request notice_recv;   /* MPI_REQUEST_NULL once completed */
+  int notice_from;           /* the sender, once received; else -1 */
+  char notice_in[ZS__NOTICE_BYTES], notice_out[ZS__NOTICE_BYTES];
+  MPI_Request* notice_sends; /* world entries once sent, else NULL */
 } zs__mpi_impl;
 
 /* Contexts alive over an MPI that ZeroShard initialized; the last one
@@ -414,12 +427,132 @@ static zs_status zs__mpi_start_progress(zs__comm* c) {
   return ZS_OK;
 }
 
+/* ---- Failure notices (comm.h: notify_failure, poll_failure) -------------
+ * Eager-sized point-to-point messages: the sender never waits (its
+ * requests are freed at destroy; MPI delivers them), and a receiver tests
+ * its one posted receive while it waits in a collective.
+ *
+ * A notice nobody receives (several ranks failed; each takes only the
+ * first) must not sit on a communicator that is then freed: Open MPI
+ * replays such a message into the next communicator that gets the same
+ * context id, where it takes the place of a real message and hangs that
+ * communicator's creation (seen here: MPI_Comm_dup never returned after a
+ * context whose every rank had failed). So the notice communicator is not
+ * per context: each caller communicator gets one (a duplicate, cached in
+ * an attribute, made by its first context) that lives until MPI_Finalize,
+ * and each context on it uses its own tag, so a stale notice stays
+ * unmatched there, harmless. Contexts on a communicator are created in the
+ * same order on every rank (creation is collective), so a counter gives
+ * every rank the same tag (after tag_ub contexts on one communicator,
+ * tags repeat). */
+
+typedef struct zs__notice_home {
+  MPI_Comm comm;
+  unsigned contexts; /* made on it so far: the next context's tag */
+} zs__notice_home;
+
+static pthread_mutex_t zs__notice_lock = PTHREAD_MUTEX_INITIALIZER;
+static int zs__notice_keyval = MPI_KEYVAL_INVALID;
+
+/* The caller's communicator is freed (or MPI finalizes): the notice
+ * communicator is deliberately not freed, so its context id is never
+ * reused while a stale notice may sit on it (see above); one small
+ * communicator per caller communicator, left to MPI_Finalize. */
+static int zs__notice_home_delete(MPI_Comm comm, int keyval, void* value,
+                                  void* extra) {
+  (void)comm;
+  (void)keyval;
+  (void)extra;
+  free(value);
+  return MPI_SUCCESS;
+}
+
+/* This context's notice communicator and tag (collective over `comm`). */
+static int zs__notice_join(MPI_Comm comm, int tag_ub, MPI_Comm* out,
+                           int* tag) {
+  int rc = MPI_SUCCESS;
+  pthread_mutex_lock(&zs__notice_lock);
+  if (zs__notice_keyval == MPI_KEYVAL_INVALID)
+    rc = MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, zs__notice_home_delete,
+                                &zs__notice_keyval, NULL);
+  pthread_mutex_unlock(&zs__notice_lock);
+  if (rc != MPI_SUCCESS) return rc;
+  zs__notice_home* home = NULL;
+  int found = 0;
+  rc = MPI_Comm_get_attr(comm, zs__notice_keyval, &home, &found);
+  if (rc != MPI_SUCCESS) return rc;
+  if (!found) {
+    home = (zs__notice_home*)calloc(1, sizeof *home);
+    if (home == NULL) return MPI_ERR_NO_MEM;
+    rc = MPI_Comm_dup(comm, &home->comm);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_set_attr(comm, zs__notice_keyval, home);
+    if (rc != MPI_SUCCESS) {
+      if (home->comm != MPI_COMM_NULL) MPI_Comm_free(&home->comm);
+      free(home);
+      return rc;
+    }
+    MPI_Comm_set_errhandler(home->comm, MPI_ERRORS_RETURN);
+  }
+  *out = home->comm;
+  *tag = 1 + (int)(home->contexts++ % (unsigned)(tag_ub - 1));
+  return MPI_SUCCESS;
+}
+
+static void zs__mpi_notify_failure(zs__comm* c, const char* msg) {
+  zs__mpi_impl* impl = (zs__mpi_impl*)c->impl;
+  if (impl->notice_comm == MPI_COMM_NULL || impl->notice_sends != NULL)
+    return;
+  impl->notice_sends = (MPI_Request*)malloc((size_t)c->world *
+                                            sizeof(MPI_Request));
+  if (impl->notice_sends == NULL) return; /* best effort: the timeout stays */
+  snprintf(impl->notice_out, sizeof impl->notice_out, "%s", msg);
+  for (int p = 0; p < c->world; p++) {
+    impl->notice_sends[p] = MPI_REQUEST_NULL;
+    if (p != c->rank)
+      MPI_Isend(impl->notice_out, (int)sizeof impl->notice_out, MPI_CHAR, p,
+                impl->notice_tag, impl->notice_comm, &impl->notice_sends[p]);
+  }
+}
+
+static int zs__mpi_poll_failure(zs__comm* c, int* rank, char* msg,
+                                size_t cap) {
+  zs__mpi_impl* impl = (zs__mpi_impl*)c->impl;
+  if (impl->notice_from < 0 && impl->notice_recv != MPI_REQUEST_NULL) {
+    int flag = 0;
+    MPI_Status status;
+    if (MPI_Test(&impl->notice_recv, &flag, &status) == MPI_SUCCESS && flag) {
+      impl->notice_from = status.MPI_SOURCE;
+      impl->notice_in[sizeof impl->notice_in - 1] = '\0';
+    }
+  }
+  if (impl->notice_from < 0) return 0;
+  *rank = impl->notice_from;
+  snprintf(msg, cap, "%s", impl->notice_in);
+  return 1;
+}
+
+/* The receive is withdrawn (or completes, if a notice matched it) and the
+ * sends are left to MPI; the notice communicator stays. */
+static void zs__mpi_notice_end(zs__mpi_impl* impl, int world) {
+  if (impl->notice_recv != MPI_REQUEST_NULL) {
+    MPI_Cancel(&impl->notice_recv);
+    MPI_Wait(&impl->notice_recv, MPI_STATUS_IGNORE);
+  }
+  for (int p = 0; impl->notice_sends != NULL && p < world; p++)
+    if (impl->notice_sends[p] != MPI_REQUEST_NULL)
+      MPI_Request_free(&impl->notice_sends[p]);
+  free(impl->notice_sends);
+  impl->notice_sends = NULL;
+  impl->notice_comm = MPI_COMM_NULL;
+}
+
 static void zs__mpi_destroy(zs__comm* c) {
   zs__mpi_impl* impl = (zs__mpi_impl*)c->impl;
   zs__mpi_progress_stop(impl);
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) {
+    zs__mpi_notice_end(impl, c->world);
     if (impl->probe_live) MPI_Comm_free(&impl->probe_comm);
     MPI_Comm_free(&impl->comm);
     if (impl->owns_mpi && --zs__mpi_owners == 0) MPI_Finalize();
@@ -448,6 +581,9 @@ static const zs__comm_ops zs__mpi_ops = {
     zs__mpi_test,
     zs__mpi_start_progress,
     zs__mpi_destroy,
+    zs__mpi_notify_failure,
+    zs__mpi_poll_failure,
+    NULL, /* MPI requests need no abort: their buffers are kept */
 };
 
 zs_status zs__comm_mpi_create(MPI_Comm comm, zs__comm** out) {
@@ -481,6 +617,25 @@ zs_status zs__comm_mpi_create(MPI_Comm comm, zs__comm** out) {
     MPI_Comm_rank(node, &c->local_rank);
     MPI_Comm_size(node, &c->local_size);
     MPI_Comm_free(&node);
+  }
+  impl->notice_from = -1;
+  impl->notice_recv = MPI_REQUEST_NULL;
+  impl->notice_comm = MPI_COMM_NULL;
+  if (c->world > 1) {
+    rc = zs__notice_join(comm, impl->tag_ub, &impl->notice_comm,
+                         &impl->notice_tag);
+    if (rc == MPI_SUCCESS)
+      rc = MPI_Irecv(impl->notice_in, (int)sizeof impl->notice_in, MPI_CHAR,
+                     MPI_ANY_SOURCE, impl->notice_tag, impl->notice_comm,
+                     &impl->notice_recv);
+    if (rc != MPI_SUCCESS) {
+      zs_status st = zs__mpi_fail(rc, "failure-notice setup");
+      zs__mpi_notice_end(impl, c->world);
+      MPI_Comm_free(&impl->comm);
+      free(c);
+      free(impl);
+      return st;
+    }
   }
   c->ops = &zs__mpi_ops;
   c->impl = impl;

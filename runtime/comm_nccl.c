@@ -15,8 +15,10 @@
  * event recorded after the call, completed by cudaEventQuery. While a
  * request is pending, ncclCommGetAsyncError is checked, and a NCCL error
  * becomes ZS_ERR_COMM naming it (comm.c adds the collective and unit, and
- * turns a wait past collective_timeout_s into ZS_ERR_TIMEOUT; the
- * communicator is then aborted so no kernel keeps waiting).
+ * turns a wait past collective_timeout_s into ZS_ERR_TIMEOUT, or another
+ * rank's failure notice, sent through the MPI communicator, into
+ * ZS_ERR_REMOTE; the communicator is then aborted so no kernel keeps
+ * waiting).
  */
 #include "runtime/comm_nccl.h"
 
@@ -371,6 +373,30 @@ static zs_status zs__nccl_wait(zs__comm* c, zs__comm_req* req) {
   }
 }
 
+/* Failure notices go through the MPI communicator of the same ranks. */
+static void zs__nccl_notify_failure(zs__comm* c, const char* msg) {
+  zs__comm* h = zs__nimpl(c)->host;
+  if (h->ops->notify_failure != NULL) h->ops->notify_failure(h, msg);
+}
+
+static int zs__nccl_poll_failure(zs__comm* c, int* rank, char* msg,
+                                 size_t cap) {
+  zs__comm* h = zs__nimpl(c)->host;
+  return h->ops->poll_failure != NULL &&
+         h->ops->poll_failure(h, rank, msg, cap);
+}
+
+/* After a timeout or another rank's failure: NCCL kernels waiting for a
+ * peer that will not come would keep the communication stream busy for
+ * ever (and the stream synchronize at destroy with it); ncclCommAbort ends
+ * them (NCCL's documented way out). */
+static void zs__nccl_abort(zs__comm* c) {
+  zs__nccl_impl* n = zs__nimpl(c);
+  if (n->local || n->comm == NULL) return;
+  zs__nccl_fn.CommAbort(n->comm);
+  n->comm = NULL;
+}
+
 static void zs__nccl_destroy(zs__comm* c) {
   zs__nccl_impl* n = zs__nimpl(c);
   if (n != NULL) {
@@ -398,6 +424,9 @@ static const zs__comm_ops zs__nccl_ops = {
     zs__nccl_test,
     NULL, /* NCCL progresses on its own */
     zs__nccl_destroy,
+    zs__nccl_notify_failure,
+    zs__nccl_poll_failure,
+    zs__nccl_abort,
 };
 
 zs_status zs__comm_nccl_create(zs__comm* host, zs__comm** out) {

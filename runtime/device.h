@@ -142,6 +142,13 @@ zs_status zs__dev_alloc(zs__device* dev, zs_mem_category category,
 /* Frees and uncounts; NULL is ignored. */
 void zs__dev_free(zs__device* dev, void* ptr);
 
+/* Test hook (NULL in programs): called by every zs__dev_alloc before the
+ * backend; a status other than ZS_OK (with its message set) fails that
+ * allocation exactly as a backend out of memory does, so tests can run one
+ * rank out of device memory at a chosen buffer. */
+extern zs_status (*zs__dev_alloc_fault)(zs_mem_category category,
+                                        size_t bytes, const char* label);
+
 #ifdef __cplusplus
 }
 #endif

@@ -289,11 +289,16 @@ void zs__device_destroy(zs__device* dev) {
 
 /* ==== Accounted allocation =============================================== */
 
+zs_status (*zs__dev_alloc_fault)(zs_mem_category, size_t, const char*);
+
 zs_status zs__dev_alloc(zs__device* dev, zs_mem_category category,
                         size_t bytes, int zero, const char* label,
                         void** out) {
   void* p = NULL;
-  zs_status st = dev->ops->alloc(dev, bytes, &p);
+  zs_status st = zs__dev_alloc_fault != NULL
+                     ? zs__dev_alloc_fault(category, bytes, label)
+                     : ZS_OK;
+  if (st == ZS_OK) st = dev->ops->alloc(dev, bytes, &p);
   if (st != ZS_OK) {
     /* What this rank holds at this moment, by category, so the error says
      * where the memory went (the backend's own reason first). */

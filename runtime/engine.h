@@ -342,6 +342,24 @@ zs_status zs__staging_unit_out(zs_model* m, zs__unit* u);
 zs_status zs__master_refresh_range(zs_model* m, zs__unit* u, size_t begin,
                                    size_t n);
 zs_status zs__check_finalized(const zs_model* m, const char* fn);
+
+/* The calls whose collectives no agreement guards (zs_unit_gather,
+ * zs_unit_prefetch, zs_unit_grad_acquire and _release, zs_step's work after
+ * its consistency check, zs_model_init's store of a unit before the next
+ * unit's agreement) go on alone on each rank. When one of them fails
+ * on this rank for a reason of its own (out of memory, a device, disk or
+ * MPI error: codes OUT_OF_MEMORY, DEVICE, IO, COMM, CORRUPT, INTERNAL) and
+ * no agreement in the call already told every rank, this rank will skip
+ * collectives the others issue: zs__call_end abandons the communicator
+ * (zs__comm_abandon), so the others fail at once naming this rank instead
+ * of waiting collective_timeout_s. Misuse (INVALID_*, identical on every
+ * rank in SPMD code, and the model stays usable), agreed failures and an
+ * already failed communicator pass through. `begin` is zs__call_begin's
+ * value at the start of the call; returns st (with the note). */
+static inline uint64_t zs__call_begin(const zs_model* m) {
+  return m->ctx->comm->agreed_failures;
+}
+zs_status zs__call_end(zs_model* m, uint64_t begin, zs_status st);
 /* The pieces of a unit's storage-owning tensors (frozen ones skipped when
  * skip_frozen) in [begin, end) of its flat buffer, after finalize:
  * malloc'd into *out (free it), *count of them. Errors: OUT_OF_MEMORY. */
@@ -385,7 +403,9 @@ void zs__grad_drop(zs_model* m, zs__unit* u);
 zs_status zs__grad_prepare(zs_model* m, zs__unit* u);
 
 /* ---- in-flight lists ---- */
-zs_status zs__inflight_push(zs__inflight* f, zs__coll* op);
+/* Appends op to f; when the list cannot grow (OUT_OF_MEMORY) op is waited
+ * for and completed first, so it never runs untracked. */
+zs_status zs__inflight_push(zs__comm* c, zs__inflight* f, zs__coll* op);
 /* Waits for every op in order; the list ends empty (also on error). */
 zs_status zs__inflight_wait(zs__comm* c, zs__inflight* f);
 /* Completes the finished ops at the front of the list; *all_done = 1 when

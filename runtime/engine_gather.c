@@ -94,13 +94,12 @@ static zs_status zs__hold(zs_model* m, int unit) {
       st = zs__comm_iall_gather(m->ctx->comm, zs__tag(ZS__P_GATHER, unit, u->name),
                                 src, u->params_full, u->layout.shard, u->dtype,
                                 &op);
-    if (st == ZS_OK) st = zs__inflight_push(&u->gather_ops, op);
+    if (st == ZS_OK) st = zs__inflight_push(m->ctx->comm, &u->gather_ops, op);
     if (st != ZS_OK) {
-      if (op == NULL) {
-        zs__dev_free(dev, u->params_full);
-        u->params_full = NULL;
-        zs__gather_done(m, u);
-      }
+      /* not started, or completed by zs__inflight_push */
+      zs__dev_free(dev, u->params_full);
+      u->params_full = NULL;
+      zs__gather_done(m, u);
       return zs__error_prefix(st, "gather of unit '%s': ", u->name);
     }
     m->live_elems += u->layout.padded;
@@ -290,9 +289,8 @@ static zs_status zs__trace_follow(zs_model* m, int unit) {
 
 /* ==== The public calls ======================================================= */
 
-zs_status zs_unit_gather(zs_model* m, int unit) {
-  zs_status st = zs__check_unit(m, unit, "zs_unit_gather");
-  if (st != ZS_OK) return st;
+static zs_status zs__unit_gather(zs_model* m, int unit) {
+  zs_status st = ZS_OK;
   const double t0 = m->ctx->prof != NULL ? zs__now() : 0.0;
   zs__unit* u = &m->units[unit];
   if (u->user_gathered)
@@ -325,6 +323,13 @@ zs_status zs_unit_gather(zs_model* m, int unit) {
     zs__profiler_span(m->ctx->prof, 0, "gather", "gather", t0, zs__now(),
                       u->name, 0, 0, 0);
   return ZS_OK;
+}
+
+zs_status zs_unit_gather(zs_model* m, int unit) {
+  zs_status st = zs__check_unit(m, unit, "zs_unit_gather");
+  if (st != ZS_OK) return st;
+  const uint64_t begin = zs__call_begin(m);
+  return zs__call_end(m, begin, zs__unit_gather(m, unit));
 }
 
 zs_status zs_unit_release(zs_model* m, int unit) {
@@ -387,9 +392,7 @@ zs_status zs_model_set_eval(zs_model* m, int eval) {
   return st;
 }
 
-zs_status zs_unit_prefetch(zs_model* m, int unit) {
-  zs_status st = zs__check_unit(m, unit, "zs_unit_prefetch");
-  if (st != ZS_OK) return st;
+static zs_status zs__unit_prefetch(zs_model* m, int unit) {
   if (m->eval) return ZS_OK;
   if (m->ctx->config.stage != 3 || m->units[unit].gather_refs > 0) return ZS_OK;
   if (m->max_live_elems > 0 &&
@@ -398,6 +401,13 @@ zs_status zs_unit_prefetch(zs_model* m, int unit) {
   if (m->prefetches + zs__prefetch_count(m, unit) > m->ctx->config.prefetch_depth)
     return ZS_OK; /* ... and so does the depth */
   return zs__prefetch_one(m, unit);
+}
+
+zs_status zs_unit_prefetch(zs_model* m, int unit) {
+  zs_status st = zs__check_unit(m, unit, "zs_unit_prefetch");
+  if (st != ZS_OK) return st;
+  const uint64_t begin = zs__call_begin(m);
+  return zs__call_end(m, begin, zs__unit_prefetch(m, unit));
 }
 
 zs_status zs_tensor_data(zs_model* m, int tensor, void** data) {

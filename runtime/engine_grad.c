@@ -19,11 +19,17 @@
 
 /* ==== In-flight lists ======================================================== */
 
-zs_status zs__inflight_push(zs__inflight* f, zs__coll* op) {
+zs_status zs__inflight_push(zs__comm* c, zs__inflight* f, zs__coll* op) {
   if (f->n == f->cap) {
     int cap = f->cap == 0 ? 4 : 2 * f->cap;
     zs__coll** ops = (zs__coll**)realloc(f->ops, (size_t)cap * sizeof *ops);
-    if (ops == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "in-flight list");
+    if (ops == NULL) {
+      /* untracked, op would leak and its buffers could be freed while it
+       * runs: complete it now (every rank issued it) */
+      (void)zs__coll_wait(c, op);
+      return zs__error(ZS_ERR_OUT_OF_MEMORY, "in-flight list (%d entries)",
+                       cap);
+    }
     f->ops = ops;
     f->cap = cap;
   }
@@ -153,7 +159,7 @@ zs_status zs__grad_reduce_start(zs_model* m, zs__unit* u) {
                                       u->layout.shard, cnt,
                                       dst + off * u->gelem,
                                       zs__grad_divisor(m), u->gdtype, &op));
-    ZS_CHECK(zs__inflight_push(&u->red_ops, op));
+    ZS_CHECK(zs__inflight_push(comm, &u->red_ops, op));
   }
   u->grad_state = ZS__GRAD_REDUCING;
   /* Queue it; beyond ZS__MAX_REDUCING the oldest is finished now, which
@@ -232,7 +238,7 @@ zs_status zs__grad_gather_start(zs_model* m) {
       st = zs__comm_iall_gather_strided(
           comm, zs__tag(ZS__P_GRAD_GATHER, ui, u->name), u->grads_full, off,
           u->layout.shard, cnt, u->gdtype, &op);
-      if (st == ZS_OK) st = zs__inflight_push(&u->shard_ops, op);
+      if (st == ZS_OK) st = zs__inflight_push(comm, &u->shard_ops, op);
     }
   }
   return st;
@@ -278,9 +284,8 @@ static zs_status zs__check_unit(const zs_model* m, int unit, const char* fn) {
   return ZS_OK;
 }
 
-zs_status zs_unit_grad_acquire(zs_model* m, int unit) {
-  zs_status st = zs__check_unit(m, unit, "zs_unit_grad_acquire");
-  if (st != ZS_OK) return st;
+static zs_status zs__unit_grad_acquire(zs_model* m, int unit) {
+  zs_status st = ZS_OK;
   zs__progress(m);
   zs__unit* u = &m->units[unit];
   if (m->eval)
@@ -308,9 +313,15 @@ zs_status zs_unit_grad_acquire(zs_model* m, int unit) {
   return ZS_OK;
 }
 
-zs_status zs_unit_grad_release(zs_model* m, int unit) {
-  zs_status st = zs__check_unit(m, unit, "zs_unit_grad_release");
+zs_status zs_unit_grad_acquire(zs_model* m, int unit) {
+  zs_status st = zs__check_unit(m, unit, "zs_unit_grad_acquire");
   if (st != ZS_OK) return st;
+  const uint64_t begin = zs__call_begin(m);
+  return zs__call_end(m, begin, zs__unit_grad_acquire(m, unit));
+}
+
+static zs_status zs__unit_grad_release(zs_model* m, int unit) {
+  zs_status st = ZS_OK;
   zs__unit* u = &m->units[unit];
   if (!u->user_grad_open)
     return zs__error(ZS_ERR_INVALID_STATE,
@@ -326,6 +337,13 @@ zs_status zs_unit_grad_release(zs_model* m, int unit) {
   }
   zs__progress(m);
   return st;
+}
+
+zs_status zs_unit_grad_release(zs_model* m, int unit) {
+  zs_status st = zs__check_unit(m, unit, "zs_unit_grad_release");
+  if (st != ZS_OK) return st;
+  const uint64_t begin = zs__call_begin(m);
+  return zs__call_end(m, begin, zs__unit_grad_release(m, unit));
 }
 
 zs_status zs_tensor_grad(zs_model* m, int tensor, void** grad) {

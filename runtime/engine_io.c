@@ -63,9 +63,8 @@ static zs_status zs__agree_store(zs_model* m, zs_status local,
   return zs__comm_agree(m->ctx->comm, local, what);
 }
 
-zs_status zs_model_init(zs_model* m, zs_init_fn fn, void* user) {
-  zs_status st = zs__check_finalized(m, "zs_model_init");
-  if (st != ZS_OK) return st;
+static zs_status zs__model_init(zs_model* m, zs_init_fn fn, void* user) {
+  zs_status st = ZS_OK;
   zs__comm* comm = m->ctx->comm;
   /* Local checks are agreed on, so a rank that fails them fails everyone
    * instead of leaving the others in a broadcast. */
@@ -109,6 +108,15 @@ zs_status zs_model_init(zs_model* m, zs_init_fn fn, void* user) {
 cleanup:
   zs__dev_free(dev, tmp);
   return st;
+}
+
+/* A unit's store failing on one rank (a device copy) leaves the others in
+ * the next unit's agreement: zs__call_end tells them. */
+zs_status zs_model_init(zs_model* m, zs_init_fn fn, void* user) {
+  zs_status st = zs__check_finalized(m, "zs_model_init");
+  if (st != ZS_OK) return st;
+  const uint64_t begin = zs__call_begin(m);
+  return zs__call_end(m, begin, zs__model_init(m, fn, user));
 }
 
 zs_status zs_tensor_set(zs_model* m, int tensor, const void* data) {

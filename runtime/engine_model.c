@@ -47,6 +47,21 @@ zs_status zs__check_finalized(const zs_model* m, const char* fn) {
   return ZS_OK;
 }
 
+zs_status zs__call_end(zs_model* m, uint64_t begin, zs_status st) {
+  zs__comm* c = m->ctx->comm;
+  switch (st) {
+    case ZS_ERR_OUT_OF_MEMORY:
+    case ZS_ERR_DEVICE:
+    case ZS_ERR_IO:
+    case ZS_ERR_COMM:
+    case ZS_ERR_CORRUPT:
+    case ZS_ERR_INTERNAL:
+      return c->agreed_failures == begin ? zs__comm_abandon(c, st) : st;
+    default:
+      return st;
+  }
+}
+
 static zs_status zs__check_name(const zs_model* m, const char* name,
                                 const char* what, int is_unit) {
   ZS_REQUIRE(name != NULL && name[0] != '\0', "%s name is NULL or empty",

@@ -577,7 +577,7 @@ static zs_status zs__step_apply(zs_model* m, zs_step_info* info,
         ZS_CHECK(zs__comm_iall_gather_strided(
             m->ctx->comm, zs__tag(ZS__P_PARAM_GATHER, i, u->name),
             u->params_full, off, u->layout.shard, cnt, u->dtype, &op));
-        ZS_CHECK(zs__inflight_push(&u->shard_ops, op));
+        ZS_CHECK(zs__inflight_push(m->ctx->comm, &u->shard_ops, op));
       }
     }
   for (int i = 0; i < m->ntensors; i++) {
@@ -610,6 +610,7 @@ static zs_status zs__step_run(zs_model* m, zs_step_info* info, int discard) {
   if (info == NULL) info = &local_info;
   memset(info, 0, sizeof *info);
   info->grad_norm = -1.0;
+  const uint64_t begin = zs__call_begin(m);
   /* Misuse on any rank ends the step on every rank before anything moves;
    * nothing changes, so the caller can fix the order and call again. */
   st = zs__step_consistency(m, zs__step_check_closed(m), discard);
@@ -661,7 +662,7 @@ out:
   info->step = m->steps_applied;
   info->loss_scale = m->loss_scale;
   info->micro_batch = m->micro;
-  return st;
+  return zs__call_end(m, begin, st);
 }
 
 zs_status zs_step(zs_model* m, zs_step_info* info) {

@@ -24,7 +24,15 @@
  * Collectives never hang silently: one that the other ranks do not join
  * fails with ZS_ERR_TIMEOUT after zs_config.collective_timeout_s (warnings
  * every minute before that), naming the collective and the unit; the
- * context is unusable afterwards.
+ * context is unusable afterwards. A rank that fails on its own where the
+ * ranks go on without an agreement (out of memory, a device, disk or MPI
+ * error in zs_unit_gather, zs_unit_prefetch, zs_unit_grad_acquire,
+ * zs_unit_grad_release, zs_step's work or zs_model_init's store of a unit)
+ * tells the others at once (with
+ * more than one rank): its context becomes unusable, and the others fail
+ * in their next wait with ZS_ERR_REMOTE naming that rank and its error
+ * instead of waiting for the timeout. A rank that times out tells them the
+ * same way.
  *
  * Conventions used by every comment below:
  *  - "elements" and "bytes" are always said explicitly.
@@ -763,7 +771,9 @@ zs_status zs_tensor_get(zs_model* model, int tensor, zs_field field,
  * stops prefetching for the step and the order is recorded again.
  * Collective at stage 3, blocking.
  * Errors: INVALID_STATE if the unit is already gathered by the user (name
- * given), OUT_OF_MEMORY, COMM. */
+ * given), OUT_OF_MEMORY, COMM (both, with more than one rank, make the
+ * context unusable and fail the other ranks at once: see the top of this
+ * file), REMOTE (another rank failed), TIMEOUT. */
 zs_status zs_unit_gather(zs_model* model, int unit);
 
 /* A hint that `unit` will be gathered soon: at stage 3 its all-gather
@@ -774,7 +784,7 @@ zs_status zs_unit_gather(zs_model* model, int unit);
  * zs_step if unused. A no-op at stages 0-2. Collective at stage 3 (every
  * rank must give the same hints). Prefetch along the recorded order needs
  * no hints (zs_config.prefetch_depth). Errors: INVALID_ARGUMENT,
- * OUT_OF_MEMORY, COMM. */
+ * OUT_OF_MEMORY, COMM (as zs_unit_gather's), REMOTE, TIMEOUT. */
 zs_status zs_unit_prefetch(zs_model* model, int unit);
 
 /* Ends the use of a gathered unit: at stage 3 its transient buffer is freed
@@ -797,7 +807,9 @@ zs_status zs_tensor_data(zs_model* model, int tensor, void** data);
  * acquire of a step returns zeroed buffers; later acquires in the same step
  * return the same buffers to accumulate into. Also acquires the units owning
  * its tied tensors. Not collective. Errors: INVALID_STATE (already acquired
- * and not released), OUT_OF_MEMORY. */
+ * and not released), OUT_OF_MEMORY (with more than one rank, the context
+ * becomes unusable and the other ranks fail at once: the top of this
+ * file). */
 zs_status zs_unit_grad_acquire(zs_model* model, int unit);
 
 /* Pointer to a tensor's gradient buffer (numel elements of its dtype),
@@ -812,7 +824,8 @@ zs_status zs_tensor_grad(zs_model* model, int tensor, void** grad);
  * zs_config.bucket_elements, and runs while the caller goes on (completed
  * by later calls, at the latest in zs_step): collective, and every rank
  * must release in the same order. Otherwise not collective.
- * Errors: INVALID_STATE (not acquired), COMM, OUT_OF_MEMORY. */
+ * Errors: INVALID_STATE (not acquired), COMM, OUT_OF_MEMORY (both as
+ * zs_unit_grad_acquire's), REMOTE, TIMEOUT. */
 zs_status zs_unit_grad_release(zs_model* model, int unit);
 
 /* Eval mode (1) for forward-only passes between steps (validation,
@@ -859,8 +872,11 @@ typedef struct zs_step_info {
  * decays and moves it), runs the optimizer on this rank's part (the whole
  * buffer at stage 0, the shard at 1-3), and at stages 1-2 all-gathers the
  * updated parameters. Collective. info may be NULL. Errors: INVALID_STATE,
- * REMOTE, MISMATCH, COMM, TIMEOUT, OUT_OF_MEMORY; with NVMe offload IO (a
- * disk error on this rank; REMOTE on the others), after which the states
+ * REMOTE, MISMATCH, COMM, TIMEOUT, OUT_OF_MEMORY, DEVICE (these three
+ * after the consistency check, with more than one rank: the context
+ * becomes unusable and the other ranks fail at once, see the top of this
+ * file); with NVMe offload IO (a
+ * disk error on this rank, agreed: REMOTE on the others), after which the states
  * are partly updated and zs_step refuses (INVALID_STATE) until
  * zs_step_discard and a zs_checkpoint_load. Algorithm: ZeRO
  * (arXiv:1910.02054) section 5.

@@ -8,6 +8,9 @@
 #include <zs_mpi.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <unistd.h>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -656,7 +659,7 @@ TEST_F(EngineTest, MisuseOnOneRankFailsEveryRankAndCanBeFixed) {
 
 // A rank that skips zs_step leaves the others in a collective nobody joins:
 // after collective_timeout_s they get ZS_ERR_TIMEOUT naming the collective,
-// not a silent hang.
+// not a silent hang, and the rank that timed out tells the others.
 TEST_F(EngineTest, CollectiveNobodyJoinsTimesOutWithAClearError) {
   if (world_ != 2) GTEST_SKIP() << "written for exactly 2 ranks";
   zs_config c = ZS_CONFIG_INIT;
@@ -681,15 +684,125 @@ TEST_F(EngineTest, CollectiveNobodyJoinsTimesOutWithAClearError) {
                 Contains(zs_last_error(), "held now: params 128, grads 128, "
                          "optimizer_states 256,")) << zs_last_error();
   }
-  // Rank 0 now joins, completing rank 1's abandoned all-reduce; its own
-  // step then times out or fails (its partner has given up). Either way it
-  // returns.
+  // Rank 1's timeout told rank 0, whose step now fails at once with
+  // REMOTE naming rank 1 and its timeout (its own timeout would say
+  // TIMEOUT), whether or not its first all-reduce completes against rank
+  // 1's abandoned one.
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank_ == 0) {
-    EXPECT_NE(zs_step(m, nullptr), ZS_OK);
+    EXPECT_EQ(zs_step(m, nullptr), ZS_ERR_REMOTE) << zs_last_error();
+    EXPECT_TRUE(Contains(zs_last_error(), "rank 1 failed and will not join") &&
+                Contains(zs_last_error(), "did not complete within 1 s"))
+        << zs_last_error();
   }
+  // Both contexts are unusable now, and say why.
+  EXPECT_NE(zs_step(m, nullptr), ZS_OK);
+  EXPECT_TRUE(Contains(zs_last_error(), "cannot be used any more"))
+      << zs_last_error();
   zs_model_destroy(m);
   zs_context_destroy(ctx);
+}
+
+// One rank out of memory where the others go on alone (its unit's stage-3
+// all-gather buffer; its gradient buffer in the backward): the others do
+// not wait collective_timeout_s in collectives it will never join, they fail
+// at once naming it and its error (with the memory it holds by category),
+// and every rank can still destroy everything.
+zs_status FailGatherOfB(zs_mem_category category, size_t, const char* label) {
+  if (category == ZS_MEM_PARAMS_GATHERED && std::string(label) == "b")
+    return zs__error(ZS_ERR_OUT_OF_MEMORY, "test: no memory for '%s'", label);
+  return ZS_OK;
+}
+zs_status FailGradsOfB(zs_mem_category category, size_t, const char* label) {
+  if (category == ZS_MEM_COMM_BUFFERS && std::string(label) == "b")
+    return zs__error(ZS_ERR_OUT_OF_MEMORY, "test: no memory for '%s'", label);
+  return ZS_OK;
+}
+
+TEST_F(EngineTest, OutOfMemoryOnOneRankFailsTheOthersAtOnce) {
+  if (world_ < 2) GTEST_SKIP() << "needs at least 2 ranks";
+  // where 2: every rank fails; the notices each sent but nobody took stay
+  // unmatched, and "after", the next context must still be made and train
+  // (with notices per context, freed at destroy, its MPI_Comm_dup hung: MPI
+  // reuses communicator ids) and must not take them for its own
+  for (int where = 0; where < 4; where++) {
+    SCOPED_TRACE(where == 0 ? "stage-3 all-gather" : where == 1 ?
+                 "gradient buffer" : where == 2 ? "every rank" : "after");
+    const bool all_bad = where == 2;
+    const int bad = all_bad ? rank_ : where == 3 ? -1 : world_ - 1;
+    zs_config c = ZS_CONFIG_INIT;
+    c.stage = where == 1 ? 2 : 3;
+    c.collective_timeout_s = 30; /* broken, this test fails in a minute */
+    zs_context* ctx = nullptr;
+    ASSERT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), ZS_OK);
+    zs_model* m = nullptr;
+    ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+    int u[2], t[2];
+    int64_t n = 40;
+    for (int k = 0; k < 2; k++) {
+      ASSERT_EQ(zs_model_add_unit(m, k ? "b" : "a", &u[k]), ZS_OK);
+      ASSERT_EQ(zs_model_add_tensor(m, u[k], k ? "wb" : "wa", 1, &n,
+                                    ZS_FLOAT32, 0, &t[k]), ZS_OK);
+    }
+    ASSERT_EQ(zs_model_finalize(m), ZS_OK);
+    if (rank_ == bad) zs__dev_alloc_fault = where == 1 ? FailGradsOfB
+                                                       : FailGatherOfB;
+    // after: the others wait (and listen for notices) while rank 0 sleeps
+    if (where == 3 && rank_ == 0) usleep(200 * 1000);
+    const double t0 = MPI_Wtime();
+    zs_status st = ZS_OK;
+    std::string err;
+    for (int k = 0; k < 2 && st == ZS_OK; k++) {
+      st = zs_unit_gather(m, u[k]);
+      if (st == ZS_OK) st = zs_unit_grad_acquire(m, u[k]);
+      if (st == ZS_OK) st = zs_unit_grad_release(m, u[k]);
+      if (st == ZS_OK) st = zs_unit_release(m, u[k]);
+    }
+    if (st == ZS_OK) st = zs_step(m, nullptr);
+    err = zs_last_error();
+    zs__dev_alloc_fault = nullptr;
+    EXPECT_LT(MPI_Wtime() - t0, 15.0) << "not at collective_timeout_s";
+    if (getenv("ZS_TEST_PRINT") != nullptr) printf("%s\n", err.c_str());
+    if (where == 3) {
+      EXPECT_EQ(st, ZS_OK) << err;
+      zs_model_destroy(m);
+      zs_context_destroy(ctx);
+      continue;
+    }
+    if (rank_ == bad) {
+      EXPECT_EQ(st, ZS_ERR_OUT_OF_MEMORY) << err;
+      EXPECT_TRUE(Contains(err, "test: no memory for 'b'") &&
+                  Contains(err, "they were told")) << err;
+    } else {
+      EXPECT_EQ(st, ZS_ERR_REMOTE) << err;
+      EXPECT_TRUE(Contains(err, "rank " + std::to_string(bad) +
+                                    " failed and will not join it") &&
+                  Contains(err, "test: no memory for 'b'") &&
+                  Contains(err, "held now:")) << err;
+    }
+    // No rank can go on, and each says why.
+    EXPECT_NE(zs_step(m, nullptr), ZS_OK);
+    EXPECT_TRUE(Contains(zs_last_error(), "cannot be used any more"))
+        << zs_last_error();
+    zs_model_destroy(m);
+    zs_context_destroy(ctx);
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
+// The same out-of-memory with one rank: nothing to tell, and the model
+// stays usable (the caller may free memory and retry).
+TEST_F(EngineTest, OutOfMemoryAtOneRankWorldLeavesTheModelUsable) {
+  if (world_ != 1) GTEST_SKIP() << "one rank";
+  OneUnit o = MakeOneUnit(3, "b", 40);
+  ASSERT_NE(o.m, nullptr);
+  zs__dev_alloc_fault = FailGatherOfB;
+  EXPECT_EQ(zs_unit_gather(o.m, o.u), ZS_ERR_OUT_OF_MEMORY);
+  EXPECT_FALSE(Contains(zs_last_error(), "they were told")) << zs_last_error();
+  zs__dev_alloc_fault = nullptr;
+  EXPECT_EQ(zs_unit_gather(o.m, o.u), ZS_OK) << zs_last_error();
+  EXPECT_EQ(zs_unit_release(o.m, o.u), ZS_OK);
+  Destroy(o);
 }
 
 TEST_F(EngineTest, DifferentLearningRatesAreAMismatch) {
