@@ -157,12 +157,25 @@ static zs_status zs__coll_finish(zs__comm* c, zs__coll* op) {
 /* "the host device" or "the cuda device at PCI 0000:3b:00.0": which
  * device a collective's error is about. */
 static void zs__dev_name(zs__device* dev, char* buf, size_t cap) {
+  if (dev == NULL) { /* a communicator still being set up */
+    snprintf(buf, cap, "no device yet");
+    return;
+  }
   char busid[32];
   dev->ops->pci_busid(dev, busid, sizeof busid);
   if (busid[0] != '\0')
     snprintf(buf, cap, "the %s device at PCI %s", dev->ops->name, busid);
   else
     snprintf(buf, cap, "the %s device", dev->ops->name);
+}
+
+/* What this rank holds by category, for error messages (a placeholder
+ * while the context is set up, before its device exists). */
+static void zs__comm_report(const zs__comm* c, char* buf, size_t cap) {
+  if (c->dev == NULL)
+    snprintf(buf, cap, "no device memory yet");
+  else
+    zs__accounting_report(c->dev->acct, buf, cap);
 }
 
 zs_status zs__coll_test(zs__comm* c, zs__coll* op, int* done) {
@@ -173,7 +186,7 @@ zs_status zs__coll_test(zs__comm* c, zs__coll* op, int* done) {
      * temporaries are kept if the communicator failed). */
     char saved[1024], report[600], devname[96];
     snprintf(saved, sizeof saved, "%s", zs__error_body());
-    zs__accounting_report(c->dev->acct, report, sizeof report);
+    zs__comm_report(c, report, sizeof report);
     zs__dev_name(c->dev, devname, sizeof devname);
     const zs_coll_op kind = op->op;
     const size_t count = op->count;
@@ -216,7 +229,7 @@ zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
     if (c->ops->poll_failure != NULL &&
         c->ops->poll_failure(c, &from, notice, sizeof notice)) {
       char report[600], devname[96], why[160];
-      zs__accounting_report(c->dev->acct, report, sizeof report);
+      zs__comm_report(c, report, sizeof report);
       zs__dev_name(c->dev, devname, sizeof devname);
       snprintf(why, sizeof why, "rank %d failed (%.100s)", from, notice);
       zs__comm_fail(c, ZS_ERR_REMOTE, why, 0);
@@ -231,7 +244,7 @@ zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
     }
     if (c->timeout_s > 0 && now - t0 > c->timeout_s) {
       char report[600], devname[96], body[ZS__NOTICE_BYTES];
-      zs__accounting_report(c->dev->acct, report, sizeof report);
+      zs__comm_report(c, report, sizeof report);
       zs__dev_name(c->dev, devname, sizeof devname);
       zs__error(ZS_ERR_TIMEOUT,
                 "%s of %zu %s elements for unit %s (%s) on %s did not "

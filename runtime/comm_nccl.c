@@ -20,6 +20,7 @@
  * ZS_ERR_REMOTE; the communicator is then aborted so no kernel keeps
  * waiting).
  */
+#define _GNU_SOURCE
 #include "runtime/comm_nccl.h"
 
 #include <cuda_runtime.h>
@@ -29,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* NCCL is loaded at run time (dlopen of libnccl.so.2), so programs do not
  * depend on it: a single GPU needs no NCCL (the local mode below), and a
@@ -176,9 +178,11 @@ static zs_status zs__local_copy(zs__comm* c, void* dst, const void* src,
   if (bytes > 0 && dst != src) {
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
                                     zs__nimpl(c)->stream);
-    if (e != cudaSuccess)
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError(); /* reported here, not by the next launch */
       return zs__error(ZS_ERR_DEVICE, "%s (one rank): copy: %s", what,
                        cudaGetErrorString(e));
+    }
   }
   return zs__nccl_end(c, ncclSuccess, what, req);
 }
@@ -349,6 +353,11 @@ static zs_status zs__nccl_test(zs__comm* c, zs__comm_req* req, int* done) {
     *done = 1;
     return ZS_OK;
   }
+  /* The runtime keeps even cudaErrorNotReady as the thread's last error:
+   * cleared, or the next launch's cudaGetLastError (ours, or the model
+   * code's) would report "device not ready" (PyTorch clears it the same
+   * way after its event queries). */
+  (void)cudaGetLastError();
   if (e != cudaErrorNotReady)
     return zs__error(ZS_ERR_DEVICE, "NCCL collective: CUDA error %s",
                      cudaGetErrorString(e));
@@ -429,6 +438,37 @@ static const zs__comm_ops zs__nccl_ops = {
     zs__nccl_abort,
 };
 
+/* One GPU per rank, as NCCL requires: every rank's host name and its GPU's
+ * PCI bus id, gathered; two ranks on one GPU fail every rank, naming both
+ * (more ranks on a node than it has GPUs lands here too). Collective. */
+static zs_status zs__nccl_check_gpus(zs__comm* host, int device, int count) {
+  enum { REC = 128 };
+  char* all = (char*)calloc((size_t)host->world + 1, REC);
+  if (all == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "NCCL: GPU check");
+  char* mine = all + (size_t)host->world * REC;
+  char name[64] = "?", bus[32] = "?";
+  gethostname(name, sizeof name - 1);
+  if (cudaDeviceGetPCIBusId(bus, (int)sizeof bus, device) != cudaSuccess)
+    (void)cudaGetLastError();
+  snprintf(mine, REC, "%s %s", name, bus);
+  zs_status st = zs__comm_all_gather(host, zs__tag(ZS__P_CHECK, -1, "gpus"),
+                                     mine, all, REC, ZS_UINT8);
+  for (int a = 0; st == ZS_OK && a < host->world; a++)
+    for (int b = a + 1; b < host->world; b++)
+      if (strncmp(all + (size_t)a * REC, all + (size_t)b * REC, REC) == 0) {
+        st = zs__error(ZS_ERR_INVALID_ARGUMENT,
+                       "ranks %d and %d share one GPU (host and PCI bus id "
+                       "'%.100s'; this node shows rank %d %d CUDA "
+                       "device(s) for %d ranks): NCCL needs one GPU per "
+                       "rank; start at most one rank per GPU on each node",
+                       a, b, all + (size_t)a * REC, host->rank, count,
+                       host->local_size);
+        break;
+      }
+  zs__comm_free(host, all);
+  return st;
+}
+
 zs_status zs__comm_nccl_create(zs__comm* host, zs__comm** out) {
   zs__comm* c = (zs__comm*)calloc(1, sizeof *c);
   zs__nccl_impl* n = (zs__nccl_impl*)calloc(1, sizeof *n);
@@ -442,21 +482,16 @@ zs_status zs__comm_nccl_create(zs__comm* host, zs__comm** out) {
   c->ops = &zs__nccl_ops;
   c->impl = n;
   n->host = host;
-  n->device = host->local_rank;
   zs_status local = ZS_OK;
   int count = 0;
   cudaError_t ce = cudaGetDeviceCount(&count);
+  n->device = zs__cuda_device_index(host->local_rank, host->local_size, count);
   if (ce != cudaSuccess || count == 0) {
     cudaGetLastError();
     local = zs__error(ZS_ERR_UNSUPPORTED, "device CUDA: no usable CUDA device "
                       "on this node (rank %d; cudaGetDeviceCount: %s)",
                       host->rank,
                       ce != cudaSuccess ? cudaGetErrorString(ce) : "0 devices");
-  } else if (host->local_size > count) {
-    local = zs__error(ZS_ERR_INVALID_ARGUMENT,
-                      "%d ranks on this node but %d CUDA device(s): NCCL "
-                      "needs one GPU per rank (rank %d, local rank %d)",
-                      host->local_size, count, host->rank, host->local_rank);
   } else if (cudaSetDevice(n->device) != cudaSuccess ||
              cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking) !=
                  cudaSuccess) {
@@ -474,6 +509,8 @@ zs_status zs__comm_nccl_create(zs__comm* host, zs__comm** out) {
                         host->world, zs__nccl_why, host->rank);
   }
   zs_status st = zs__comm_agree(host, local, "NCCL setup");
+  if (st == ZS_OK && !n->local)
+    st = zs__nccl_check_gpus(host, n->device, count);
   if (st == ZS_OK && n->local) {
     c->seq_hash = host->seq_hash;
     *out = c;

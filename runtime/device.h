@@ -123,10 +123,19 @@ zs_status zs__device_host_create(zs__accounting* acct, zs__device** out);
 /* Creates the backend for `kind`; local_rank/local_size: this rank among
  * the ranks of its node (the CUDA backend uses GPU local_rank). Errors:
  * UNSUPPORTED for a backend that is not linked in (CUDA: link
- * //runtime:device_cuda) or has no device; INVALID_ARGUMENT for more ranks
- * on a node than GPUs. */
+ * //runtime:device_cuda) or has no device. */
 zs_status zs__device_create(zs_device_kind kind, zs__accounting* acct,
                             int local_rank, int local_size, zs__device** out);
+
+/* The GPU (index among the visible ones) a rank uses: its local rank when
+ * the node shows at least local_size GPUs; when it shows fewer (a launcher
+ * that gives each rank its own GPU through CUDA_VISIBLE_DEVICES shows
+ * one), local_rank % count. Ranks that thereby share a physical GPU are
+ * refused by the NCCL communicator, which compares PCI bus ids. */
+static inline int zs__cuda_device_index(int local_rank, int local_size,
+                                        int count) {
+  return count >= local_size || count <= 0 ? local_rank : local_rank % count;
+}
 
 /* The CUDA backend (device_cuda.c, //runtime:device_cuda), when linked in. */
 zs_status zs__device_cuda_create(zs__accounting* acct, int local_rank,

@@ -53,6 +53,9 @@ static zs__cuda_impl* zs__impl(zs__device* dev) {
 
 static zs_status zs__cuda_fail(zs__device* dev, cudaError_t e,
                                const char* what) {
+  /* reported here: cleared, so a later launch's check does not report it
+   * again (a sticky error stays whatever is done) */
+  (void)cudaGetLastError();
   return zs__error(ZS_ERR_DEVICE, "CUDA device %d: %s failed: %s (%s)",
                    zs__impl(dev)->device, what, cudaGetErrorString(e),
                    cudaGetErrorName(e));
@@ -349,15 +352,13 @@ zs_status zs__device_cuda_create(zs__accounting* acct, int local_rank,
                      local_rank, e != cudaSuccess ? cudaGetErrorString(e)
                                                   : "0 devices");
   }
-  if (local_size > count)
-    return zs__error(ZS_ERR_INVALID_ARGUMENT,
-                     "%d ranks on this node but %d CUDA device(s): one rank "
-                     "per GPU (local rank %d has none); start at most %d "
-                     "ranks per node", local_size, count, local_rank, count);
-  e = cudaSetDevice(local_rank);
+  /* fewer visible GPUs than ranks here: shared GPUs were refused by the
+   * NCCL communicator's bus-id check before this runs */
+  const int gpu = zs__cuda_device_index(local_rank, local_size, count);
+  e = cudaSetDevice(gpu);
   if (e != cudaSuccess)
     return zs__error(ZS_ERR_DEVICE, "cudaSetDevice(%d) (local rank %d): %s",
-                     local_rank, local_rank, cudaGetErrorString(e));
+                     gpu, local_rank, cudaGetErrorString(e));
   zs__device* dev = (zs__device*)calloc(1, sizeof *dev);
   zs__cuda_impl* c = (zs__cuda_impl*)calloc(1, sizeof *c);
   if (dev == NULL || c == NULL) {
@@ -365,7 +366,7 @@ zs_status zs__device_cuda_create(zs__accounting* acct, int local_rank,
     free(c);
     return zs__error(ZS_ERR_OUT_OF_MEMORY, "CUDA device record");
   }
-  c->device = local_rank;
+  c->device = gpu;
   dev->ops = &zs__cuda_ops;
   dev->kind = ZS_DEVICE_CUDA;
   dev->acct = acct;

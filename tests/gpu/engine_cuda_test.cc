@@ -15,6 +15,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "runtime/comm.h"
+#include "runtime/context.h"
 #include "tests/gpu/gpu_available.h"
 #include "tests/runtime/test_harness.h"
 #include "tests/testing/mpi_test.h"
@@ -36,6 +38,44 @@ class EngineCudaTest : public ZsMpiTest {
     if (!why.empty()) GTEST_SKIP() << why;
   }
 };
+
+// A collective's completion is polled with cudaEventQuery, which leaves
+// cudaErrorNotReady as the thread's last CUDA error while it is not done.
+// That must not reach the next launch: the engine's kernels and the model
+// code check cudaGetLastError after every launch, and read it as "device
+// not ready" (every reduce-scatter's sum and the first GPT-2 kernel after
+// a gather would fail).
+TEST_F(EngineCudaTest, WaitingForACollectiveLeavesNoCudaError) {
+  zs_config cfg = ZS_CONFIG_INIT;
+  cfg.device = ZS_DEVICE_CUDA;
+  zs_context* ctx = nullptr;
+  ASSERT_EQ(zs_context_create_local(&cfg, &ctx), ZS_OK) << zs_last_error();
+  zs__device* dev = ctx->device;
+  const size_t n = (size_t)64 << 20; /* 256 MiB of fp32 */
+  void *a = nullptr, *b = nullptr, *big = nullptr;
+  ASSERT_EQ(dev->ops->alloc(dev, n * 4, &a), ZS_OK);
+  ASSERT_EQ(dev->ops->alloc(dev, n * 4, &b), ZS_OK);
+  ASSERT_EQ(cudaMalloc(&big, (size_t)1 << 30), cudaSuccess);
+  for (int round = 0; round < 3; round++) {
+    // work on the legacy stream first: the collective waits for it, so
+    // the first polls see it not ready
+    ASSERT_EQ(cudaMemsetAsync(big, round, (size_t)1 << 30, 0), cudaSuccess);
+    zs__coll* op = nullptr;
+    ASSERT_EQ(zs__comm_iall_gather(ctx->comm, zs__tag(ZS__P_CHECK, -1, "t"), a,
+                                   b, n, ZS_FLOAT32, &op), ZS_OK)
+        << zs_last_error();
+    ASSERT_EQ(zs__coll_wait(ctx->comm, op), ZS_OK) << zs_last_error();
+    EXPECT_EQ(cudaPeekAtLastError(), cudaSuccess)
+        << cudaGetErrorString(cudaPeekAtLastError());
+    // the engine's next kernel, as after a reduce-scatter
+    EXPECT_EQ(dev->ops->convert(dev, b, ZS_BFLOAT16, a, ZS_FLOAT32, n, nullptr),
+              ZS_OK) << zs_last_error();
+  }
+  cudaFree(big);
+  dev->ops->free(dev, a);
+  dev->ops->free(dev, b);
+  zs_context_destroy(ctx);
+}
 
 TEST_F(EngineCudaTest, EveryStageTrainsBitwiseAsOnTheHost) {
   struct Case {

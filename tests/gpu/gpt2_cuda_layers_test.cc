@@ -210,7 +210,11 @@ TEST_F(Gpt2CudaLayers, TranscendentalKernelsMatchWithinUlps) {
   float* gacc = Dev(acc);
   kCpu.gelu_backward(acc.data(), x.data(), d.data(), n);
   kGpu.gelu_backward(gacc, gx, Dev(d), n);
-  ExpectNear(acc, Host(gacc, n), 2e-6, 1e-7, "gelu backward");
+  // a tanhf 1-2 ulps apart (CUDA's is documented at 2 ulps) moves the
+  // gradient by up to ~0.5 * ulp * |x| * 2 * du/dx * |dout| (~2e-6 at
+  // |x| ~ 3, |dout| ~ 4), which can exceed 1e-7 of the largest value where
+  // the result is near 0: 1e-6 of it (a wrong formula is off by O(1))
+  ExpectNear(acc, Host(gacc, n), 2e-6, 1e-6, "gelu backward");
 
   auto logits = Random((size_t)N * V, 43, 3.0f);
   auto tg = Tokens(N, V, 44);

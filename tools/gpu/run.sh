@@ -2,8 +2,9 @@
 # run.sh [tests] [bench] [offload] — the GPU checks, run on a bare GPU
 # machine from the bundle that tools/gpu/bundle.sh made (this file is
 # copied into it). Writes logs, the tests' XML and a summary under $OUT (or
-# the bundle's out/). Phases (default: tests bench, under 9 minutes, one
-# device call; offload in a second call):
+# the bundle's out/). Phases (default: all three, in one device call of at
+# most BUDGET_S seconds, default 570: each phase's time limit is cut to
+# what is left, and offload, last, runs only with 120 s or more left):
 #   tests    the GPU tests (kernels, the engine on CUDA with and without
 #            CPU offload, the GPT-2 layers, 20-step CPU-vs-GPU parity);
 #   bench    GPT-2 at 124M size (L=12, C=768, H=12, T=1024; byte
@@ -12,11 +13,17 @@
 #            machine (GPU and host memory), 3 steps, predicted vs measured.
 # Every binary runs under the bundle's own dynamic loader and glibc.
 set -u
+T0=$(date +%s)
+BUDGET_S=${BUDGET_S:-570}
 B=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-$B/out}
 mkdir -p "$OUT"
 log() { echo "$*" | tee -a "$OUT/summary.txt"; }
-phases=${*:-tests bench}
+# left: seconds of the budget left; limit N: N, or less when less is left
+left() { echo $(( BUDGET_S - ($(date +%s) - T0) )); }
+limit() { local l; l=$(( $(left) - 10 )); [ "$l" -gt "$1" ] && l=$1; [ "$l" -lt 1 ] && l=1; echo "$l"; }
+have_py=0; command -v python3 >/dev/null 2>&1 && have_py=1
+phases=${*:-tests bench offload}
 want() { case " $phases " in *" $1 "*) return 0 ;; esac; return 1; }
 log "phases: $phases"
 log "date: $(date -u +%FT%TZ)"
@@ -47,7 +54,18 @@ for m in ("nvidia.cublas", "nvidia.nccl", "nvidia.cu13", "nvidia.cuda_runtime"):
 print(":".join(dirs))
 EOF
 )
-LIBS="$B/lib:$pylibs:/usr/local/nvidia/lib64:/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+# ... and wherever else the machine keeps libcublas.so.13 and libnccl.so.2
+# (a CUDA toolkit, the dynamic linker's cache), if the wheels lack them.
+syslibs=""
+for lib in libcublas.so.13 libnccl.so.2; do
+  in_wheels=$(IFS=:; for d in $pylibs; do [ -e "$d/$lib" ] && echo y; done)
+  [ -n "$in_wheels" ] && continue
+  found=$( { ldconfig -p 2>/dev/null | awk -v l="$lib" '$1 == l {print $NF; exit}';
+             ls -d /usr/local/cuda*/lib64/"$lib" /usr/local/cuda*/targets/*/lib/"$lib" 2>/dev/null;
+             find /usr /opt /root -maxdepth 8 -name "$lib" 2>/dev/null; } | head -1)
+  [ -n "$found" ] && syslibs="$syslibs:$(dirname "$found")"
+done
+LIBS="$B/lib:$pylibs$syslibs:/usr/local/nvidia/lib64:/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 LOADER="$B/lib/ld-linux-x86-64.so.2"
 run() { "$LOADER" --library-path "$LIBS" "$@"; }
 # The parity test starts the trainer itself: through this wrapper.
@@ -59,14 +77,16 @@ chmod +x "$B/bin/train_sharded.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_ess_singleton_isolated=1 NVIDIA_TF32_OVERRIDE=0
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
-log "cuBLAS/NCCL from: ${pylibs:-none found}"
+log "cuBLAS/NCCL from: wheels ${pylibs:-none}; elsewhere ${syslibs:-none}"
+[ "$have_py" = 1 ] || log "python3 not found: figures are logged as raw JSON"
 
 # ---- 1. GPU tests --------------------------------------------------------
 fails=0
 t() {
-  local name=$1 limit=$2 rc
+  local name=$1 lim rc
+  lim=$(limit "$2")
   shift 2
-  timeout "$limit" "$LOADER" --library-path "$LIBS" "$B/bin/$name" "$@" \
+  timeout "$lim" "$LOADER" --library-path "$LIBS" "$B/bin/$name" "$@" \
     --gtest_output="xml:$OUT/$name.xml" >"$OUT/$name.log" 2>&1
   rc=$?
   local ok skip
@@ -80,21 +100,25 @@ t() {
   fi
 }
 if want tests; then
-  t cuda_test 60
-  t gpt2_cuda_layers_test 60
+  t cuda_test 45
+  t gpt2_cuda_layers_test 45
   t engine_cuda_test_bin 90
-  t gpt2_parity_test 180 "$B/bin/train_sharded.sh" "$B/data/tinyshakespeare.txt"
+  t gpt2_parity_test 150 "$B/bin/train_sharded.sh" "$B/data/tinyshakespeare.txt"
 fi
+# a report's figures: python3 when the machine has it, else the raw JSON
+figures() {
+  if [ "$have_py" = 1 ]; then python3 -c "$2" "$1" 2>&1; else tr -d '\n' <"$1" | head -c 800; fi
+}
 
 # ---- 2. GPT-2 124M-size tokens/s ------------------------------------------
 common="--device cuda --data $B/data/tinyshakespeare.txt --eval-every 0 --val-batches 1 --sample-bytes 0 --quiet"
 for stage in 0 3; do
   want bench || break
   r="$OUT/bench_stage$stage.json"
-  if timeout 75 "$B/bin/train_sharded.sh" $common --layers 12 --channels 768 \
+  if timeout "$(limit 75)" "$B/bin/train_sharded.sh" $common --layers 12 --channels 768 \
       --heads 12 --seq 1024 --batch 8 --steps 8 --stage $stage --report "$r" \
       >"$OUT/bench_stage$stage.log" 2>&1; then
-    log "bench gpt2-124M-size stage $stage: $(python3 -c "import json,sys; r=json.load(open('$r')); print('%.0f tokens/s, loss %.4f -> %.4f' % (r['tokens_per_s'], r['steps'][0]['loss'], r['steps'][-1]['loss']))")"
+    log "bench gpt2-124M-size stage $stage: $(figures "$r" "import json,sys; r=json.load(open(sys.argv[1])); print('%.0f tokens/s, loss %.4f -> %.4f' % (r['tokens_per_s'], r['steps'][0]['loss'], r['steps'][-1]['loss']))")"
   else
     log "bench stage $stage: FAILED: $(grep -m3 -A1 'train_sharded' "$OUT/bench_stage$stage.log" | tr '\n' ' ')"
   fi
@@ -102,6 +126,16 @@ done
 
 # ---- 3. CPU offload: the estimator's largest model, 3 steps ---------------
 if ! want offload; then
+  log "failed: $fails"
+  exit $fails
+fi
+if [ "$(left)" -lt 120 ]; then
+  log "offload: skipped, $(left) s of the ${BUDGET_S} s budget left (run again: run.sh offload)"
+  log "failed: $fails"
+  exit $fails
+fi
+if [ "$have_py" = 0 ]; then
+  log "offload: skipped, python3 is needed to size the model"
   log "failed: $fails"
   exit $fails
 fi
@@ -132,16 +166,22 @@ N = L * block + embed
 print(C, H, L, N, int(N * dev_pp), int(N * host_pp))
 EOF
 )
+if [ -z "$fit" ]; then
+  log "offload: the estimator gave nothing usable: $(head -c 400 "$OUT/estimate_1e9.json")"
+  log "failed: $fails"
+  exit $fails
+fi
 set -- $fit
 C=$1 H=$2 L=$3 N=$4 dev=$5 host=$6
 log "offload: estimator at 1e9 parameters: $(tr -d '\n ' <"$OUT/estimate_1e9.json")"
 log "offload: GPU $gpu_b B, host $host_b B -> largest model L=$L C=$C ($N parameters): predicted $dev B on the GPU, $host B in host memory"
 r="$OUT/offload.json"
-if timeout 540 "$B/bin/train_sharded.sh" $common --layers "$L" --channels "$C" \
+log "offload: $(left) s left for it"
+if timeout "$(limit 540)" "$B/bin/train_sharded.sh" $common --layers "$L" --channels "$C" \
     --heads "$H" --seq 128 --batch 1 --steps 3 --stage 3 --dtype bf16 \
     --offload cpu --report "$r" >"$OUT/offload.log" 2>&1; then
-  log "offload 3 steps: $(python3 -c "
-import json; r=json.load(open('$r')); k=r['ranks'][0]
+  log "offload 3 steps: $(figures "$r" "
+import json, sys; r=json.load(open(sys.argv[1])); k=r['ranks'][0]
 print('ok; losses', [round(s['loss'],4) for s in r['steps']], '; measured', json.dumps(k)[:600])")"
 else
   log "offload 3 steps: FAILED: $(grep -m3 -A1 'train_sharded' "$OUT/offload.log" | tr '\n' ' ')"
