@@ -438,16 +438,22 @@ static const zs__comm_ops zs__nccl_ops = {
     zs__nccl_abort,
 };
 
-/* One GPU per rank, as NCCL requires: every rank's host name and its GPU's
- * PCI bus id, gathered; two ranks on one GPU fail every rank, naming both
- * (more ranks on a node than it has GPUs lands here too). Collective. */
+/* One GPU per rank, as NCCL requires: every rank's machine (the kernel's
+ * boot id, which containers on one machine share and two machines never
+ * do; the host name where it cannot be read) and its GPU's PCI bus id,
+ * gathered; two ranks on one GPU fail every rank, naming both (more ranks
+ * on a node than it has GPUs lands here too). Collective. */
 static zs_status zs__nccl_check_gpus(zs__comm* host, int device, int count) {
   enum { REC = 128 };
   char* all = (char*)calloc((size_t)host->world + 1, REC);
   if (all == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "NCCL: GPU check");
   char* mine = all + (size_t)host->world * REC;
-  char name[64] = "?", bus[32] = "?";
-  gethostname(name, sizeof name - 1);
+  char name[64] = "", bus[32] = "?";
+  FILE* f = fopen("/proc/sys/kernel/random/boot_id", "r");
+  if (f == NULL || fgets(name, sizeof name, f) == NULL) name[0] = '\0';
+  if (f != NULL) fclose(f);
+  name[strcspn(name, "\n")] = '\0';
+  if (name[0] == '\0') gethostname(name, sizeof name - 1);
   if (cudaDeviceGetPCIBusId(bus, (int)sizeof bus, device) != cudaSuccess)
     (void)cudaGetLastError();
   snprintf(mine, REC, "%s %s", name, bus);
@@ -457,8 +463,8 @@ static zs_status zs__nccl_check_gpus(zs__comm* host, int device, int count) {
     for (int b = a + 1; b < host->world; b++)
       if (strncmp(all + (size_t)a * REC, all + (size_t)b * REC, REC) == 0) {
         st = zs__error(ZS_ERR_INVALID_ARGUMENT,
-                       "ranks %d and %d share one GPU (host and PCI bus id "
-                       "'%.100s'; this node shows rank %d %d CUDA "
+                       "ranks %d and %d share one GPU (machine and PCI bus "
+                       "id '%.100s'; this node shows rank %d %d CUDA "
                        "device(s) for %d ranks): NCCL needs one GPU per "
                        "rank; start at most one rank per GPU on each node",
                        a, b, all + (size_t)a * REC, host->rank, count,
