@@ -77,10 +77,12 @@ static zs_status zs__comm_usable(const zs__comm* c) {
                    c->failed_why);
 }
 
-/* Marks c failed (keeping the first status and reason), gives up what is in flight on
- * the device, and with notify tells the other ranks once. */
+/* Marks c failed (keeping the first status and reason), gives up what is
+ * in flight on the device, and with notify tells the other ranks once that
+ * this rank will complete no collective from its `from_seq`-th on. The
+ * notice's text is "<from_seq> <why>". */
 static void zs__comm_fail(zs__comm* c, zs_status st, const char* why,
-                          int notify) {
+                          int notify, uint64_t from_seq) {
   if (!c->failed) {
     c->failed = 1;
     c->failed_status = st;
@@ -88,17 +90,35 @@ static void zs__comm_fail(zs__comm* c, zs_status st, const char* why,
   }
   if (notify && c->ops->notify_failure != NULL) {
     char msg[ZS__NOTICE_BYTES];
-    snprintf(msg, sizeof msg, "%s", why);
+    snprintf(msg, sizeof msg, "%llu %s", (unsigned long long)from_seq, why);
     c->ops->notify_failure(c, msg);
   }
   if (c->ops->abort != NULL) c->ops->abort(c);
 }
 
+/* Another rank's notice, if one came: its rank, the first collective (in
+ * the common sequence) it will not complete, and its message. */
+static int zs__comm_notice(zs__comm* c, int* from, uint64_t* from_seq,
+                           char* msg, size_t cap) {
+  char text[ZS__NOTICE_BYTES];
+  if (c->ops->poll_failure == NULL ||
+      !c->ops->poll_failure(c, from, text, sizeof text))
+    return 0;
+  char* rest = NULL;
+  *from_seq = strtoull(text, &rest, 10);
+  if (rest == NULL || rest == text) rest = text; /* no number: from 0 */
+  if (*rest == ' ') rest++;
+  snprintf(msg, cap, "%s", rest);
+  return 1;
+}
+
 zs_status zs__comm_abandon(zs__comm* c, zs_status st) {
   if (st == ZS_OK || c->world == 1 || c->failed) return st;
-  char body[ZS__NOTICE_BYTES];
+  char body[ZS__NOTICE_BYTES - 32];
   snprintf(body, sizeof body, "%s", zs__error_body());
-  zs__comm_fail(c, st, body, 1);
+  /* later calls: INVALID_STATE, not st (a caller retrying on
+   * OUT_OF_MEMORY would loop) */
+  zs__comm_fail(c, ZS_ERR_INVALID_STATE, body, 1, c->seq_count);
   return zs__error(st, "%s (this rank skips collectives the others issue: "
                    "they were told and fail now; the context cannot be "
                    "used any more)", body);
@@ -207,6 +227,9 @@ zs_status zs__coll_test(zs__comm* c, zs__coll* op, int* done) {
 /* Waits for a started collective, polling (and yielding the core after a
  * short spin, which matters when ranks oversubscribe the cores). */
 zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
+  /* A failed communicator completes nothing more: waiting could only end
+   * at the timeout (op stays pending, its buffers kept) */
+  if (c->failed) return zs__comm_usable(c);
   const double t0 = zs__now();
   const zs_coll_op kind = op->op;
   double warn_at = t0 + 60.0;
@@ -222,17 +245,19 @@ zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
     if ((spins & 63) != 0) continue;
     double now = zs__now();
     const char* name = op->tag.name != NULL ? op->tag.name : "-";
-    /* Another rank failed and will not join: give up now. The request
-     * stays pending, so every buffer is kept (c->failed). */
+    /* Another rank failed and will not join this collective (one it
+     * issued before failing still completes: wait for that): give up
+     * now. The request stays pending, so every buffer is kept. */
     int from = -1;
+    uint64_t from_seq = 0;
     char notice[ZS__NOTICE_BYTES];
-    if (c->ops->poll_failure != NULL &&
-        c->ops->poll_failure(c, &from, notice, sizeof notice)) {
+    if (zs__comm_notice(c, &from, &from_seq, notice, sizeof notice) &&
+        op->seq >= from_seq) {
       char report[600], devname[96], why[160];
       zs__comm_report(c, report, sizeof report);
       zs__dev_name(c->dev, devname, sizeof devname);
       snprintf(why, sizeof why, "rank %d failed (%.100s)", from, notice);
-      zs__comm_fail(c, ZS_ERR_REMOTE, why, 0);
+      zs__comm_fail(c, ZS_ERR_REMOTE, why, 0, 0);
       return zs__error(ZS_ERR_REMOTE,
                        "%s of %zu %s elements for unit %s (%s) on %s cannot "
                        "complete: rank %d failed and will not join it: %s; "
@@ -243,7 +268,7 @@ zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
                        notice, report);
     }
     if (c->timeout_s > 0 && now - t0 > c->timeout_s) {
-      char report[600], devname[96], body[ZS__NOTICE_BYTES];
+      char report[600], devname[96], body[ZS__NOTICE_BYTES - 32];
       zs__comm_report(c, report, sizeof report);
       zs__dev_name(c->dev, devname, sizeof devname);
       zs__error(ZS_ERR_TIMEOUT,
@@ -258,7 +283,7 @@ zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
       /* The others may be waiting in that different collective: they
        * hear of it now instead of at their own timeout. */
       snprintf(body, sizeof body, "%s", zs__error_body());
-      zs__comm_fail(c, ZS_ERR_TIMEOUT, body, 1);
+      zs__comm_fail(c, ZS_ERR_TIMEOUT, body, 1, op->seq);
       return zs__error(ZS_ERR_TIMEOUT, "%s", body);
     }
     if (now > warn_at) {
@@ -386,7 +411,6 @@ uint64_t zs__comm_agree_code(const zs__comm* c, zs_status local) {
 zs_status zs__comm_agree_finish(zs__comm* c, zs_status local,
                                 uint64_t worst_code, const char* what) {
   if (worst_code == 0) return ZS_OK;
-  c->agreed_failures++;
   const int failing = c->world - (int)worst_code;
   enum { CAP = 1024 };
   char saved[CAP];
@@ -397,6 +421,8 @@ zs_status zs__comm_agree_finish(zs__comm* c, zs_status local,
   zs_status st = zs__comm_broadcast(c, zs__tag(ZS__P_AGREE, -1, NULL), msg,
                                     CAP, ZS_UINT8, failing);
   if (st == ZS_OK) {
+    /* every rank has the failure now (zs__call_end sends no notice) */
+    c->agreed_failures++;
     msg[CAP - 1] = '\0';
     if (local != ZS_OK)
       st = zs__error(local, "%s", saved);

@@ -34,7 +34,7 @@ typedef struct zs__mpi_impl {
   int notice_tag;
   MPI_Request notice_recv;   /* MPI_REQUEST_NULL once completed */
   int notice_from;           /* the sender, once received; else -1 */
-  char notice_in[ZS__NOTICE_BYTES], notice_out[ZS__NOTICE_BYTES];
+  char notice_in[ZS__NOTICE_BYTES];
   MPI_Request* notice_sends; /* world entries once sent, else NULL */
 } zs__mpi_impl;
 
@@ -482,12 +482,17 @@ static int zs__notice_join(MPI_Comm comm, int tag_ub, MPI_Comm* out,
   rc = MPI_Comm_get_attr(comm, zs__notice_keyval, &home, &found);
   if (rc != MPI_SUCCESS) return rc;
   if (!found) {
+    /* the collective first, so a local failure after it leaves no rank
+     * inside it */
+    MPI_Comm dup = MPI_COMM_NULL;
+    rc = MPI_Comm_dup(comm, &dup);
+    if (rc != MPI_SUCCESS) return rc;
     home = (zs__notice_home*)calloc(1, sizeof *home);
-    if (home == NULL) return MPI_ERR_NO_MEM;
-    rc = MPI_Comm_dup(comm, &home->comm);
-    if (rc == MPI_SUCCESS) rc = MPI_Comm_set_attr(comm, zs__notice_keyval, home);
+    if (home != NULL) home->comm = dup;
+    rc = home == NULL ? MPI_ERR_NO_MEM
+                      : MPI_Comm_set_attr(comm, zs__notice_keyval, home);
     if (rc != MPI_SUCCESS) {
-      if (home->comm != MPI_COMM_NULL) MPI_Comm_free(&home->comm);
+      MPI_Comm_free(&dup);
       free(home);
       return rc;
     }
@@ -502,15 +507,23 @@ static void zs__mpi_notify_failure(zs__comm* c, const char* msg) {
   zs__mpi_impl* impl = (zs__mpi_impl*)c->impl;
   if (impl->notice_comm == MPI_COMM_NULL || impl->notice_sends != NULL)
     return;
+  /* the sends are never waited for, so their buffer is never freed (one
+   * per failed context) */
+  char* out = (char*)calloc(1, ZS__NOTICE_BYTES);
   impl->notice_sends = (MPI_Request*)malloc((size_t)c->world *
                                             sizeof(MPI_Request));
-  if (impl->notice_sends == NULL) return; /* best effort: the timeout stays */
-  snprintf(impl->notice_out, sizeof impl->notice_out, "%s", msg);
+  if (out == NULL || impl->notice_sends == NULL) { /* the timeout stays */
+    free(out);
+    free(impl->notice_sends);
+    impl->notice_sends = NULL;
+    return;
+  }
+  snprintf(out, ZS__NOTICE_BYTES, "%s", msg);
   for (int p = 0; p < c->world; p++) {
     impl->notice_sends[p] = MPI_REQUEST_NULL;
     if (p != c->rank)
-      MPI_Isend(impl->notice_out, (int)sizeof impl->notice_out, MPI_CHAR, p,
-                impl->notice_tag, impl->notice_comm, &impl->notice_sends[p]);
+      MPI_Isend(out, ZS__NOTICE_BYTES, MPI_CHAR, p, impl->notice_tag,
+                impl->notice_comm, &impl->notice_sends[p]);
   }
 }
 
@@ -554,7 +567,11 @@ static void zs__mpi_destroy(zs__comm* c) {
   if (!finalized) {
     zs__mpi_notice_end(impl, c->world);
     if (impl->probe_live) MPI_Comm_free(&impl->probe_comm);
-    MPI_Comm_free(&impl->comm);
+    /* After a failure another rank's messages for a collective this rank
+     * never joined may still arrive: freed, the communicator's context id
+     * could go to a later one, where Open MPI would deliver them (see the
+     * failure notices above). It is left to MPI_Finalize. */
+    if (!c->failed) MPI_Comm_free(&impl->comm);
     if (impl->owns_mpi && --zs__mpi_owners == 0) MPI_Finalize();
   }
   free(impl);

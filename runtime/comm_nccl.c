@@ -415,7 +415,10 @@ static void zs__nccl_destroy(zs__comm* c) {
     }
     cudaStreamDestroy(n->stream);
     if (n->order != NULL) cudaEventDestroy(n->order);
-    if (n->host != NULL) n->host->ops->destroy(n->host);
+    if (n->host != NULL) {
+      n->host->failed |= c->failed; /* its MPI communicator is kept then */
+      n->host->ops->destroy(n->host);
+    }
     free(n);
   }
   free(c);

@@ -263,10 +263,13 @@ static int zs__expected_uses(const zs__unit* u) {
                                              : u->uses_recorded;
 }
 
-static zs_status zs__grad_close(zs_model* m, int unit) {
+/* reduce 0: only the counts (after a failure no reduction may start: the
+ * other ranks' collectives would no longer match this rank's) */
+static zs_status zs__grad_close(zs_model* m, int unit, int reduce) {
   zs__unit* u = &m->units[unit];
   u->grad_refs--;
   u->releases++;
+  if (!reduce) return ZS_OK;
   int expected = zs__expected_uses(u);
   /* Local accumulation reduces at the K-th micro-batch only. */
   if (m->ctx->config.grad_accum_local && !zs__accum_boundary(m)) return ZS_OK;
@@ -330,9 +333,9 @@ static zs_status zs__unit_grad_release(zs_model* m, int unit) {
   u->user_grad_open = 0;
   zs__forward_hold_end(m, unit);
   /* Close everything even if a reduction fails, so refcounts stay exact. */
-  st = zs__grad_close(m, unit);
+  st = zs__grad_close(m, unit, 1);
   for (int k = 0; k < u->nowners; k++) {
-    zs_status s2 = zs__grad_close(m, u->owners[k]);
+    zs_status s2 = zs__grad_close(m, u->owners[k], st == ZS_OK);
     if (st == ZS_OK) st = s2;
   }
   zs__progress(m);

@@ -56,7 +56,18 @@ zs_status zs__call_end(zs_model* m, uint64_t begin, zs_status st) {
     case ZS_ERR_COMM:
     case ZS_ERR_CORRUPT:
     case ZS_ERR_INTERNAL:
-      return c->agreed_failures == begin ? zs__comm_abandon(c, st) : st;
+      if (c->agreed_failures != begin || c->failed || c->world == 1)
+        return st;
+      /* First finish what every rank issued, so the others complete it
+       * too (a notice ends their waits only for collectives from this
+       * rank's next one on); a failure here is theirs, reported already */
+      {
+        char saved[ZS__NOTICE_BYTES];
+        snprintf(saved, sizeof saved, "%s", zs__error_body());
+        (void)zs__quiesce(m);
+        zs__error(st, "%s", saved);
+      }
+      return zs__comm_abandon(c, st);
     default:
       return st;
   }
