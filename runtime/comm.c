@@ -88,7 +88,8 @@ static void zs__comm_fail(zs__comm* c, zs_status st, const char* why,
     c->failed_status = st;
     snprintf(c->failed_why, sizeof c->failed_why, "%s", why);
   }
-  if (notify && c->ops->notify_failure != NULL) {
+  if (notify && !c->notified && c->ops->notify_failure != NULL) {
+    c->notified = 1;
     char msg[ZS__NOTICE_BYTES];
     snprintf(msg, sizeof msg, "%llu %s", (unsigned long long)from_seq, why);
     c->ops->notify_failure(c, msg);
@@ -96,24 +97,31 @@ static void zs__comm_fail(zs__comm* c, zs_status st, const char* why,
   if (c->ops->abort != NULL) c->ops->abort(c);
 }
 
-/* Another rank's notice, if one came: its rank, the first collective (in
- * the common sequence) it will not complete, and its message. */
-static int zs__comm_notice(zs__comm* c, int* from, uint64_t* from_seq,
-                           char* msg, size_t cap) {
+/* Takes in the notices that have arrived and keeps the one naming the
+ * earliest collective (several ranks may fail at different points). 1 when
+ * any notice came: c->notice_from, notice_seq, notice_msg. */
+static int zs__comm_notices(zs__comm* c) {
   char text[ZS__NOTICE_BYTES];
-  if (c->ops->poll_failure == NULL ||
-      !c->ops->poll_failure(c, from, text, sizeof text))
-    return 0;
-  char* rest = NULL;
-  *from_seq = strtoull(text, &rest, 10);
-  if (rest == NULL || rest == text) rest = text; /* no number: from 0 */
-  if (*rest == ' ') rest++;
-  snprintf(msg, cap, "%s", rest);
-  return 1;
+  int from = -1;
+  while (c->ops->poll_failure != NULL &&
+         c->ops->poll_failure(c, &from, text, sizeof text)) {
+    char* rest = NULL;
+    uint64_t seq = strtoull(text, &rest, 10);
+    if (rest == NULL || rest == text) rest = text; /* no number: from 0 */
+    if (*rest == ' ') rest++;
+    if (c->notice_from < 0 || seq < c->notice_seq) {
+      c->notice_from = from;
+      c->notice_seq = seq;
+      snprintf(c->notice_msg, sizeof c->notice_msg, "%s", rest);
+    }
+  }
+  return c->notice_from >= 0;
 }
 
 zs_status zs__comm_abandon(zs__comm* c, zs_status st) {
-  if (st == ZS_OK || c->world == 1 || c->failed) return st;
+  /* (failed already on another rank's notice: this rank's own failure may
+   * be at an earlier collective, so it is sent too) */
+  if (st == ZS_OK || c->world == 1 || c->notified) return st;
   char body[ZS__NOTICE_BYTES - 32];
   snprintf(body, sizeof body, "%s", zs__error_body());
   /* later calls: INVALID_STATE, not st (a caller retrying on
@@ -248,11 +256,9 @@ zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
     /* Another rank failed and will not join this collective (one it
      * issued before failing still completes: wait for that): give up
      * now. The request stays pending, so every buffer is kept. */
-    int from = -1;
-    uint64_t from_seq = 0;
-    char notice[ZS__NOTICE_BYTES];
-    if (zs__comm_notice(c, &from, &from_seq, notice, sizeof notice) &&
-        op->seq >= from_seq) {
+    if (zs__comm_notices(c) && op->seq >= c->notice_seq) {
+      const int from = c->notice_from;
+      const char* notice = c->notice_msg;
       char report[600], devname[96], why[160];
       zs__comm_report(c, report, sizeof report);
       zs__dev_name(c->dev, devname, sizeof devname);

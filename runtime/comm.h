@@ -70,8 +70,8 @@ typedef struct zs__comm_ops {
    * notify_failure sends msg (NUL-terminated, cut to ZS__NOTICE_BYTES - 1
    * bytes) to every other rank and returns at once: it never waits for
    * them, and sends at most once per communicator. poll_failure never
-   * blocks: it returns 1 and sets *rank and msg (cap bytes) once a notice
-   * from another rank has arrived (the first one, from then on), else 0. */
+   * blocks: it returns 1 and sets *rank and msg (cap bytes) for each notice
+   * from another rank, once, in arrival order; 0 when none is waiting. */
   void (*notify_failure)(zs__comm* c, const char* msg);
   int (*poll_failure)(zs__comm* c, int* rank, char* msg, size_t cap);
   /* Gives up the collectives in flight after a failure, so none keeps the
@@ -125,6 +125,11 @@ struct zs__comm {
                          so nothing may be freed or issued */
   char failed_why[512]; /* why, for the errors of later calls */
   zs_status failed_status; /* and their status */
+  int notified;       /* this rank sent its failure notice */
+  int notice_from;    /* -1, or the rank whose notice names the earliest
+                         collective of the notices received so far */
+  uint64_t notice_seq; /* that collective's position in the sequence */
+  char notice_msg[ZS__NOTICE_BYTES];
   uint64_t agreed_failures; /* agreements that ended in a failure: every
                          rank knows of those (zs__comm_agree_finish) */
   size_t max_count;   /* most elements per rank one collective can move */
@@ -261,13 +266,18 @@ zs_status zs__comm_check_same(zs__comm* c, const char* what, const char* desc,
  * ranks will issue (out of memory for a unit's all-gather buffer, a device
  * error in the step): with more than one rank, marks the communicator
  * failed (as a timeout does: nothing new starts, no buffer of a collective
- * in flight is freed) and sends this rank's error message to every other
- * rank without waiting. A rank waiting in a collective then fails at once
- * with ZS_ERR_REMOTE naming this rank and its message, instead of waiting
- * collective_timeout_s (torch.distributed's watchdog and NCCL's
- * ncclCommAbort play this role in PyTorch). Returns st, with the message
- * extended by what happened; with one rank, or st == ZS_OK, returns st
- * untouched. Local, never blocks. */
+ * in flight is freed; later calls return INVALID_STATE) and sends every
+ * other rank, without waiting, this rank's error message and its
+ * seq_count: the first collective of the common sequence it will not
+ * join. A rank waiting in that collective or a later one then fails at
+ * once with ZS_ERR_REMOTE naming this rank and its message, instead of
+ * waiting collective_timeout_s (torch.distributed's watchdog and NCCL's
+ * ncclCommAbort play this role in PyTorch); one waiting in an earlier
+ * collective goes on waiting, so the caller should first complete what it
+ * issued (zs__call_end does). Sent once per communicator, also when it
+ * already failed on another rank's notice. Returns st, with the message
+ * extended by what happened; with one rank, st == ZS_OK or a notice sent
+ * already, returns st untouched. Local, never blocks. */
 zs_status zs__comm_abandon(zs__comm* c, zs_status st);
 
 /* free() for host blocks that a collective used: after a timeout the block

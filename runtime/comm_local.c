@@ -134,6 +134,7 @@ zs_status zs__comm_local_create(zs__comm** out) {
   c->local_rank = 0;
   c->local_size = 1;
   c->seq_hash = ZS__FNV_SEED;
+  c->notice_from = -1;
   c->max_count = SIZE_MAX;
   *out = c;
   return ZS_OK;

@@ -33,7 +33,6 @@ typedef struct zs__mpi_impl {
   MPI_Comm notice_comm;      /* not owned; MPI_COMM_NULL: none */
   int notice_tag;
   MPI_Request notice_recv;   /* MPI_REQUEST_NULL once completed */
-  int notice_from;           /* the sender, once received; else -1 */
   char notice_in[ZS__NOTICE_BYTES];
   MPI_Request* notice_sends; /* world entries once sent, else NULL */
 } zs__mpi_impl;
@@ -432,8 +431,9 @@ static zs_status zs__mpi_start_progress(zs__comm* c) {
  * requests are freed at destroy; MPI delivers them), and a receiver tests
  * its one posted receive while it waits in a collective.
  *
- * A notice nobody receives (several ranks failed; each takes only the
- * first) must not sit on a communicator that is then freed: Open MPI
+ * A notice nobody receives (a rank stops listening at destroy; several
+ * ranks failed and sent theirs) must not sit on a communicator that is
+ * then freed: Open MPI
  * replays such a message into the next communicator that gets the same
  * context id, where it takes the place of a real message and hangs that
  * communicator's creation (seen here: MPI_Comm_dup never returned after a
@@ -530,17 +530,19 @@ static void zs__mpi_notify_failure(zs__comm* c, const char* msg) {
 static int zs__mpi_poll_failure(zs__comm* c, int* rank, char* msg,
                                 size_t cap) {
   zs__mpi_impl* impl = (zs__mpi_impl*)c->impl;
-  if (impl->notice_from < 0 && impl->notice_recv != MPI_REQUEST_NULL) {
-    int flag = 0;
-    MPI_Status status;
-    if (MPI_Test(&impl->notice_recv, &flag, &status) == MPI_SUCCESS && flag) {
-      impl->notice_from = status.MPI_SOURCE;
-      impl->notice_in[sizeof impl->notice_in - 1] = '\0';
-    }
-  }
-  if (impl->notice_from < 0) return 0;
-  *rank = impl->notice_from;
+  if (impl->notice_recv == MPI_REQUEST_NULL) return 0;
+  int flag = 0;
+  MPI_Status status;
+  if (MPI_Test(&impl->notice_recv, &flag, &status) != MPI_SUCCESS || !flag)
+    return 0;
+  impl->notice_in[sizeof impl->notice_in - 1] = '\0';
+  *rank = status.MPI_SOURCE;
   snprintf(msg, cap, "%s", impl->notice_in);
+  /* listen for the next one (another rank may fail at an earlier point) */
+  if (MPI_Irecv(impl->notice_in, (int)sizeof impl->notice_in, MPI_CHAR,
+                MPI_ANY_SOURCE, impl->notice_tag, impl->notice_comm,
+                &impl->notice_recv) != MPI_SUCCESS)
+    impl->notice_recv = MPI_REQUEST_NULL;
   return 1;
 }
 
@@ -635,7 +637,6 @@ zs_status zs__comm_mpi_create(MPI_Comm comm, zs__comm** out) {
     MPI_Comm_size(node, &c->local_size);
     MPI_Comm_free(&node);
   }
-  impl->notice_from = -1;
   impl->notice_recv = MPI_REQUEST_NULL;
   impl->notice_comm = MPI_COMM_NULL;
   if (c->world > 1) {
@@ -657,6 +658,7 @@ zs_status zs__comm_mpi_create(MPI_Comm comm, zs__comm** out) {
   c->ops = &zs__mpi_ops;
   c->impl = impl;
   c->seq_hash = ZS__FNV_SEED;
+  c->notice_from = -1;
   c->max_count = (size_t)INT_MAX; /* MPI counts are ints */
   *out = c;
   return ZS_OK;

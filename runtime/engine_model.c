@@ -56,12 +56,11 @@ zs_status zs__call_end(zs_model* m, uint64_t begin, zs_status st) {
     case ZS_ERR_COMM:
     case ZS_ERR_CORRUPT:
     case ZS_ERR_INTERNAL:
-      if (c->agreed_failures != begin || c->failed || c->world == 1)
-        return st;
+      if (c->agreed_failures != begin || c->world == 1) return st;
       /* First finish what every rank issued, so the others complete it
        * too (a notice ends their waits only for collectives from this
        * rank's next one on); a failure here is theirs, reported already */
-      {
+      if (!c->failed) {
         char saved[ZS__NOTICE_BYTES];
         snprintf(saved, sizeof saved, "%s", zs__error_body());
         (void)zs__quiesce(m);
