@@ -200,11 +200,16 @@ static zs_status zs__cuda_sumsq(zs__device* dev, const void* src,
   if (n == 0) return ZS_OK;
   const size_t need = zs_cuda_sumsq_scratch(n) + 1;
   if (need > c->sumsq_cap) {
-    if (c->sumsq_scratch != NULL) cudaFree(c->sumsq_scratch);
+    /* through the cache: its out-of-memory retry releases cached blocks */
+    if (c->sumsq_scratch != NULL) zs__cuda_free(dev, c->sumsq_scratch);
     c->sumsq_scratch = NULL;
     c->sumsq_cap = 0;
-    cudaError_t e = cudaMalloc((void**)&c->sumsq_scratch, need * sizeof(double));
-    if (e != cudaSuccess) return zs__cuda_fail(dev, e, "cudaMalloc (norm scratch)");
+    void* p = NULL;
+    zs_status st = zs__cuda_alloc(dev, need * sizeof(double), &p);
+    if (st != ZS_OK)
+      return zs__error_prefix(st, "sum of squares scratch (%zu doubles): ",
+                              need);
+    c->sumsq_scratch = (double*)p;
     c->sumsq_cap = need;
   }
   double* out = c->sumsq_scratch + need - 1;
@@ -281,7 +286,7 @@ static void zs__cuda_destroy(zs__device* dev) {
       cudaFree(b->ptr);
       free(b);
     }
-    if (c->sumsq_scratch != NULL) cudaFree(c->sumsq_scratch);
+    /* the sum-of-squares scratch is one of the live blocks freed above */
     cudaStreamDestroy(c->compute);
     free(c);
   }
