@@ -287,10 +287,11 @@ zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
                 name, zs__purpose_name(op->tag.purpose), devname,
                 c->timeout_s, report);
       /* The others may be waiting in that different collective: they
-       * hear of it now instead of at their own timeout. */
+       * hear of it now instead of at their own timeout (the message set
+       * above stays this call's error) */
       snprintf(body, sizeof body, "%s", zs__error_body());
       zs__comm_fail(c, ZS_ERR_TIMEOUT, body, 1, op->seq);
-      return zs__error(ZS_ERR_TIMEOUT, "%s", body);
+      return ZS_ERR_TIMEOUT;
     }
     if (now > warn_at) {
       zs__log(ZS_LOG_WARN,

@@ -527,6 +527,13 @@ static void zs__mpi_notify_failure(zs__comm* c, const char* msg) {
   }
 }
 
+/* Posts the receive of the next notice from any rank. */
+static int zs__mpi_notice_listen(zs__mpi_impl* impl) {
+  return MPI_Irecv(impl->notice_in, (int)sizeof impl->notice_in, MPI_CHAR,
+                   MPI_ANY_SOURCE, impl->notice_tag, impl->notice_comm,
+                   &impl->notice_recv);
+}
+
 static int zs__mpi_poll_failure(zs__comm* c, int* rank, char* msg,
                                 size_t cap) {
   zs__mpi_impl* impl = (zs__mpi_impl*)c->impl;
@@ -539,9 +546,7 @@ static int zs__mpi_poll_failure(zs__comm* c, int* rank, char* msg,
   *rank = status.MPI_SOURCE;
   snprintf(msg, cap, "%s", impl->notice_in);
   /* listen for the next one (another rank may fail at an earlier point) */
-  if (MPI_Irecv(impl->notice_in, (int)sizeof impl->notice_in, MPI_CHAR,
-                MPI_ANY_SOURCE, impl->notice_tag, impl->notice_comm,
-                &impl->notice_recv) != MPI_SUCCESS)
+  if (zs__mpi_notice_listen(impl) != MPI_SUCCESS)
     impl->notice_recv = MPI_REQUEST_NULL;
   return 1;
 }
@@ -642,10 +647,7 @@ zs_status zs__comm_mpi_create(MPI_Comm comm, zs__comm** out) {
   if (c->world > 1) {
     rc = zs__notice_join(comm, impl->tag_ub, &impl->notice_comm,
                          &impl->notice_tag);
-    if (rc == MPI_SUCCESS)
-      rc = MPI_Irecv(impl->notice_in, (int)sizeof impl->notice_in, MPI_CHAR,
-                     MPI_ANY_SOURCE, impl->notice_tag, impl->notice_comm,
-                     &impl->notice_recv);
+    if (rc == MPI_SUCCESS) rc = zs__mpi_notice_listen(impl);
     if (rc != MPI_SUCCESS) {
       zs_status st = zs__mpi_fail(rc, "failure-notice setup");
       zs__mpi_notice_end(impl, c->world);

@@ -63,7 +63,9 @@ for lib in libcublas.so.13 libnccl.so.2; do
   found=$( { ldconfig -p 2>/dev/null | awk -v l="$lib" '$1 == l {print $NF; exit}';
              ls -d /usr/local/cuda*/lib64/"$lib" /usr/local/cuda*/targets/*/lib/"$lib" 2>/dev/null;
              find /usr /opt /root -maxdepth 8 -name "$lib" 2>/dev/null; } | head -1)
-  [ -n "$found" ] && syslibs="$syslibs:$(dirname "$found")"
+  [ -n "$found" ] || continue
+  case "$syslibs:" in *":$(dirname "$found"):"*) ;;
+    *) syslibs="$syslibs:$(dirname "$found")" ;; esac
 done
 LIBS="$B/lib:$pylibs$syslibs:/usr/local/nvidia/lib64:/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 LOADER="$B/lib/ld-linux-x86-64.so.2"
