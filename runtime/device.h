@@ -7,6 +7,18 @@
  * Streams and events order work on a device; on the host they are no-ops
  * (every operation completes before it returns), so host code paths and
  * device code paths are the same sequence of calls.
+ *
+ * The NULL stream is the backend's compute stream. An operation on it that
+ * reads or writes host memory is complete when it returns (its output may
+ * be read, its host input reused). An operation on device memory only may
+ * still run (CUDA: the host does not wait after each kernel); everything
+ * that can read or reuse its output is ordered after it on the device:
+ * later compute-stream operations, the user's kernels on the legacy
+ * default stream, collectives (NCCL waits for the legacy stream, which
+ * waits for the compute stream), a freed buffer's reuse (free waits for
+ * the compute stream) and sumsq (reads its value back). Work on another
+ * stream (stream_create) is not ordered with the compute stream: order it
+ * with stream_sync(dev, NULL) or an event first.
  */
 #ifndef ZS_RUNTIME_DEVICE_H_
 #define ZS_RUNTIME_DEVICE_H_

@@ -12,14 +12,23 @@
  * and the device's free/total memory.
  *
  * Ordering: an operation on stream NULL runs on the backend's compute
- * stream and is complete when the call returns (the engine's calls with a
- * NULL stream expect the host semantics: a copy into host memory may be
- * read right after). Operations on a given stream are asynchronous; the
- * engine orders them with events (event_record / stream_wait_event). The
- * compute stream and the streams stream_create makes are blocking streams:
- * ordered with the legacy default stream both ways, so the kernels a
- * user's layer code queues there (the GPT-2 example's, cuBLAS's) finish
- * before the engine reads or reuses what they wrote or read.
+ * stream. When it reads or writes host memory (pageable, registered or
+ * managed: cudaPointerGetAttributes) it is complete when the call returns,
+ * the host semantics the engine's host code relies on (a copy into host
+ * memory may be read, a host source reused, right after). An operation on
+ * device memory only is asynchronous: the host does not wait for it, and
+ * whatever reads or reuses its output is ordered after it on the GPU —
+ * later operations on the compute stream by stream order; the user's
+ * kernels on the legacy default stream and NCCL's collectives (whose
+ * stream waits for an event recorded on the legacy stream,
+ * comm_nccl.c) because the compute stream is a blocking stream, ordered
+ * with the legacy stream both ways; a freed block's reuse because free
+ * synchronizes the compute stream first; sum of squares because it reads
+ * its value back. So the host waits only where it reads, not after every
+ * kernel (an error of an asynchronous operation is reported by the next
+ * call that waits). Operations on a given stream are asynchronous; the
+ * engine orders them with events (event_record / stream_wait_event) or a
+ * stream_sync. Streams made by stream_create are blocking streams too.
  */
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -126,24 +135,46 @@ static void zs__cuda_free(zs__device* dev, void* ptr) {
     return;
   }
   *pp = b->next;
-  /* Work queued on the compute stream may still read it. */
-  cudaStreamSynchronize(c->compute);
+  /* Work queued on the compute stream may still use it (an error is the
+   * next waiting call's to report; cleared so no launch reports it) */
+  if (cudaStreamSynchronize(c->compute) != cudaSuccess) cudaGetLastError();
   b->next = c->free_list;
   c->free_list = b;
   c->cached_bytes += b->bytes;
 }
 
-/* The stream an operation runs on, and whether to wait for it. */
+/* The stream an operation runs on. */
 static cudaStream_t zs__on(zs__device* dev, zs__stream* s) {
   return s != NULL ? (cudaStream_t)s : zs__impl(dev)->compute;
 }
 
+/* Whether p is host memory (pageable, registered, managed: anything but
+ * device memory). NULL (an absent operand) is not. */
+static int zs__host_mem(const void* p) {
+  if (p == NULL) return 0;
+  struct cudaPointerAttributes a;
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError(); /* unknown to CUDA: treated as host memory */
+    return 1;
+  }
+  return a.type != cudaMemoryTypeDevice;
+}
+
+/* Ends an operation launched with status e on stream s: an operation on
+ * the compute stream (s NULL) that touches host memory (`host`: one of
+ * its operands is, zs__host_mem) is waited for; the rest stay
+ * asynchronous (the header comment says why that is safe). */
 static zs_status zs__finish(zs__device* dev, zs__stream* s, cudaError_t e,
-                            const char* what) {
+                            const char* what, int host) {
   if (e != cudaSuccess) return zs__cuda_fail(dev, e, what);
-  if (s == NULL) {
+  if (s == NULL && host) {
     e = cudaStreamSynchronize(zs__impl(dev)->compute);
-    if (e != cudaSuccess) return zs__cuda_fail(dev, e, what);
+    if (e != cudaSuccess) {
+      char w[128];
+      snprintf(w, sizeof w, "waiting for %s (or an earlier asynchronous "
+               "operation on the compute stream)", what);
+      return zs__cuda_fail(dev, e, w);
+    }
   }
   return ZS_OK;
 }
@@ -154,14 +185,16 @@ static zs_status zs__cuda_copy(zs__device* dev, void* dst, const void* src,
   return zs__finish(dev, s,
                     cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
                                     zs__on(dev, s)),
-                    "cudaMemcpyAsync");
+                    "cudaMemcpyAsync",
+                    zs__host_mem(dst) || zs__host_mem(src));
 }
 
 static zs_status zs__cuda_memset(zs__device* dev, void* dst, int value,
                                  size_t bytes, zs__stream* s) {
   if (bytes == 0) return ZS_OK;
   return zs__finish(dev, s, cudaMemsetAsync(dst, value, bytes, zs__on(dev, s)),
-                    "cudaMemsetAsync");
+                    "cudaMemsetAsync",
+                    zs__host_mem(dst));
 }
 
 static zs_status zs__cuda_div_add(zs__device* dev, void* dst, const void* base,
@@ -170,7 +203,9 @@ static zs_status zs__cuda_div_add(zs__device* dev, void* dst, const void* base,
   return zs__finish(dev, s,
                     (cudaError_t)zs_cuda_div_add(dst, base, src, divisor, n,
                                                  dtype, zs__on(dev, s)),
-                    "div_add kernel");
+                    "div_add kernel",
+                    zs__host_mem(dst) || zs__host_mem(base) ||
+                        zs__host_mem(src));
 }
 
 static zs_status zs__cuda_sum_chunks(zs__device* dev, void* dst,
@@ -181,7 +216,8 @@ static zs_status zs__cuda_sum_chunks(zs__device* dev, void* dst,
                     (cudaError_t)zs_cuda_sum_chunks(dst, src, nchunks, chunk,
                                                     divisor, dtype,
                                                     zs__on(dev, s)),
-                    "sum_chunks kernel");
+                    "sum_chunks kernel",
+                    zs__host_mem(dst) || zs__host_mem(src));
 }
 
 static zs_status zs__cuda_optimize(zs__device* dev, const zs__opt_args* a,
@@ -191,7 +227,10 @@ static zs_status zs__cuda_optimize(zs__device* dev, const zs__opt_args* a,
                         a->kind, &a->adam, &a->sgd, a->step, a->w, a->g,
                         a->gdtype, a->coef, a->s0, a->s1, a->p16, a->dtype,
                         a->n, zs__on(dev, s)),
-                    "optimizer kernel");
+                    "optimizer kernel",
+                    zs__host_mem(a->w) || zs__host_mem(a->g) ||
+                        zs__host_mem(a->s0) || zs__host_mem(a->s1) ||
+                        zs__host_mem(a->p16));
 }
 
 static zs_status zs__cuda_sumsq(zs__device* dev, const void* src,
@@ -231,7 +270,8 @@ static zs_status zs__cuda_convert(zs__device* dev, void* dst,
   return zs__finish(dev, s,
                     (cudaError_t)zs_cuda_convert(dst, dst_dtype, src,
                                                  src_dtype, n, zs__on(dev, s)),
-                    "convert kernel");
+                    "convert kernel",
+                    zs__host_mem(dst) || zs__host_mem(src));
 }
 
 static zs_status zs__cuda_stream_create(zs__device* dev, zs__stream** out) {
@@ -249,7 +289,11 @@ static void zs__cuda_stream_destroy(zs__device* dev, zs__stream* s) {
 }
 static zs_status zs__cuda_stream_sync(zs__device* dev, zs__stream* s) {
   cudaError_t e = cudaStreamSynchronize(zs__on(dev, s));
-  return e == cudaSuccess ? ZS_OK : zs__cuda_fail(dev, e, "cudaStreamSynchronize");
+  return e == cudaSuccess ? ZS_OK
+                          : zs__cuda_fail(dev, e,
+                                          "cudaStreamSynchronize (an "
+                                          "asynchronous operation on the "
+                                          "stream failed)");
 }
 static zs_status zs__cuda_event_create(zs__device* dev, zs__event** out) {
   cudaEvent_t ev;

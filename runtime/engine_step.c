@@ -136,8 +136,8 @@ static zs_status zs__optimize_unit(zs_model* m, zs__unit* u, float coef) {
   /* CPU offload with a GPU and the parameter shards on NVMe (the shard is
    * in a pool buffer now): the gradients come to the host staging, and so
    * do the parameters, which go back to the buffer after the step
-   * (synchronous, one unit at a time; the refresh above completed on
-   * return, as every device op on the default stream does) */
+   * (synchronous, one unit at a time; the refresh above wrote host memory,
+   * so it completed on return) */
   const int staged = zs__offload_staged(m);
   if (staged) {
     st = zs__staging_unit_in(m, u);
@@ -262,6 +262,9 @@ zs_status zs__coll_source(zs_model* m, const void* src, size_t bytes,
 
 zs_status zs__staging_unit_in(zs_model* m, zs__unit* u) {
   zs_status st = zs__staging_init(m);
+  /* the copy stream is not ordered with the compute stream, where the
+   * gradients' last reduction may still run (device.h) */
+  if (st == ZS_OK) st = m->ctx->device->ops->stream_sync(m->ctx->device, NULL);
   if (st == ZS_OK) st = zs__staging_in(m, u, 0);
   if (st == ZS_OK) st = m->ctx->device->ops->stream_sync(m->ctx->device, m->staging_stream);
   return st;
@@ -292,7 +295,9 @@ static zs_status zs__optimize_staged(zs_model* m, float coef) {
   ZS_CHECK(zs__staging_init(m));
   for (int i = 0; i < m->nunits; i++)
     if (m->units[i].trainable) ZS_CHECK(zs__master_refresh(m, &m->units[i]));
-  /* the refreshes' kernels wrote host memory: done before the CPU reads */
+  /* the refreshes' kernels wrote host memory, and the gradients' last
+   * reductions ran on the compute stream, which the copy stream is not
+   * ordered with: all done before the CPU reads and the copies start */
   ZS_CHECK(dev->ops->stream_sync(dev, NULL));
   int next = 0;
   while (next < m->nunits && !m->units[next].trainable) next++;

@@ -240,6 +240,48 @@ TEST_F(CudaTest, ReductionHelpersEqualTheHostBackendBitwise) {
   }
 }
 
+// The NULL stream's contract (device.h): operations on device memory only
+// are queued without the host waiting; one that reads or writes host
+// memory (pageable, or registered and written by a kernel through its
+// mapped pointer) is complete when it returns, after everything queued
+// before it.
+TEST_F(CudaTest, DeviceOnlyOperationsQueueAndHostOnesCompleteOnReturn) {
+  const size_t n = (size_t)64 << 20;  // 256 MB per fp32 buffer
+  std::vector<float> x = Random(4096, 11, 1.f);
+  x.resize(n, 0.5f);
+  float* dx = Up(x);
+  float* dy = Up(std::vector<float>(n, 0.f));
+  // 40 device-only kernels (about 30 GB of traffic, tens of milliseconds)
+  for (int i = 0; i < 40; i++)
+    ASSERT_EQ(gpu_->ops->div_add(gpu_, dy, dy, dx, 2.0f, n, ZS_FLOAT32,
+                                 nullptr), ZS_OK);
+  cudaEvent_t ev;
+  ASSERT_EQ(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
+  // recorded on the legacy stream: done once the compute stream's work is
+  ASSERT_EQ(cudaEventRecord(ev, cudaStreamLegacy), cudaSuccess);
+  const cudaError_t q = cudaEventQuery(ev);
+  (void)cudaGetLastError();
+  EXPECT_EQ(q, cudaErrorNotReady)
+      << "the host waited for device-only kernels on the NULL stream";
+  std::vector<float> want(n, 0.f);
+  for (int i = 0; i < 40; i++)
+    ASSERT_EQ(host_->ops->div_add(host_, want.data(), want.data(), x.data(),
+                                  2.0f, n, ZS_FLOAT32, nullptr), ZS_OK);
+  // into pageable memory, read at once: after the 40 kernels
+  EXPECT_TRUE(SameBits(Down(dy, n), want));
+  // a kernel writing registered host memory through its mapped pointer
+  std::vector<uint16_t> h16(n, 0), want16(n);
+  ASSERT_EQ(gpu_->ops->host_register(gpu_, h16.data(), n * 2), ZS_OK);
+  ASSERT_EQ(gpu_->ops->convert(gpu_, h16.data(), ZS_BFLOAT16, dy, ZS_FLOAT32,
+                               n, nullptr), ZS_OK);
+  zs_convert(want16.data(), ZS_BFLOAT16, want.data(), ZS_FLOAT32, n);
+  EXPECT_TRUE(SameBits(h16, want16));
+  gpu_->ops->host_unregister(gpu_, h16.data());
+  cudaEventDestroy(ev);
+  Free(dx);
+  Free(dy);
+}
+
 TEST_F(CudaTest, CachingAllocatorReusesBlocksAndReportsOutOfMemory) {
   void* a = nullptr;
   void* b = nullptr;
