@@ -221,7 +221,8 @@ zs_status zs__coll_test(zs__comm* c, zs__coll* op, int* done) {
     const zs_dtype dtype = op->dtype;
     char unit[64];
     snprintf(unit, sizeof unit, "%s", op->tag.name != NULL ? op->tag.name : "-");
-    op->dst = NULL;
+    op->dst = NULL; /* no sum or mean of a failed collective's output */
+    op->div_dst = NULL;
     (void)zs__coll_finish(c, op);
     *done = 1;
     return zs__error(st, "%s (in %s of %zu %s elements for unit %s on %s; "

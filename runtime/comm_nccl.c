@@ -143,9 +143,12 @@ static zs_status zs__nccl_begin(zs__comm* c, zs_dtype dtype, const char* what,
     e = cudaEventCreateWithFlags(&n->order, cudaEventDisableTiming);
   if (e == cudaSuccess) e = cudaEventRecord(n->order, cudaStreamLegacy);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(n->stream, n->order, 0);
-  if (e != cudaSuccess)
-    return zs__error(ZS_ERR_DEVICE, "NCCL backend: ordering event: %s",
-                     cudaGetErrorString(e));
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError(); /* reported here */
+    return zs__error(ZS_ERR_DEVICE, "NCCL %s: ordering event: %s (the "
+                     "failing operation may be an earlier asynchronous one "
+                     "on this device)", what, cudaGetErrorString(e));
+  }
   return ZS_OK;
 }
 
@@ -338,6 +341,8 @@ static zs_status zs__nccl_all_gather_strided(zs__comm* c, void* buf,
   return zs__nccl_end(c, r == ncclSuccess ? r2 : r, "strided all-gather", req);
 }
 
+static void zs__nccl_abort(zs__comm* c);
+
 static zs_status zs__nccl_test(zs__comm* c, zs__comm_req* req, int* done) {
   zs__nccl_impl* n = zs__nimpl(c);
   *done = 0;
@@ -358,13 +363,22 @@ static zs_status zs__nccl_test(zs__comm* c, zs__comm_req* req, int* done) {
    * code's) would report "device not ready" (PyTorch clears it the same
    * way after its event queries). */
   (void)cudaGetLastError();
-  if (e != cudaErrorNotReady)
-    return zs__error(ZS_ERR_DEVICE, "NCCL collective: CUDA error %s",
-                     cudaGetErrorString(e));
+  /* On an error the caller frees the collective's buffers: the
+   * communicator is aborted first, so no NCCL kernel still writes them. */
+  if (e != cudaErrorNotReady) {
+    zs__nccl_abort(c);
+    return zs__error(ZS_ERR_DEVICE, "NCCL collective: CUDA error %s (the "
+                     "failing operation may be an earlier asynchronous one "
+                     "on this device)", cudaGetErrorString(e));
+  }
   if (n->local) return ZS_OK;
   ncclResult_t async = ncclSuccess;
   ncclResult_t r = zs__nccl_fn.CommGetAsyncError(n->comm, &async);
-  if (r != ncclSuccess) return zs__nccl_fail(r, "ncclCommGetAsyncError");
+  if (r != ncclSuccess) {
+    zs__nccl_abort(c);
+    return zs__nccl_fail(r, "ncclCommGetAsyncError (the communicator was "
+                         "aborted)");
+  }
   if (async != ncclSuccess && async != ncclInProgress) {
     zs__nccl_fn.CommAbort(n->comm);
     n->comm = NULL;

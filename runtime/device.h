@@ -15,10 +15,12 @@
  * that can read or reuse its output is ordered after it on the device:
  * later compute-stream operations, the user's kernels on the legacy
  * default stream, collectives (NCCL waits for the legacy stream, which
- * waits for the compute stream), a freed buffer's reuse (free waits for
- * the compute stream) and sumsq (reads its value back). Work on another
- * stream (stream_create) is not ordered with the compute stream: order it
- * with stream_sync(dev, NULL) or an event first.
+ * waits for the compute stream) and sumsq (reads its value back); a freed
+ * buffer is reused by one of these, so free does not wait either. Work on
+ * another stream (stream_create) is not ordered with the compute stream:
+ * order it after the compute stream with stream_sync(dev, NULL) or an
+ * event first, also when it uses a buffer that was freed and allocated
+ * again.
  */
 #ifndef ZS_RUNTIME_DEVICE_H_
 #define ZS_RUNTIME_DEVICE_H_

@@ -22,13 +22,16 @@
  * kernels on the legacy default stream and NCCL's collectives (whose
  * stream waits for an event recorded on the legacy stream,
  * comm_nccl.c) because the compute stream is a blocking stream, ordered
- * with the legacy stream both ways; a freed block's reuse because free
- * synchronizes the compute stream first; sum of squares because it reads
- * its value back. So the host waits only where it reads, not after every
- * kernel (an error of an asynchronous operation is reported by the next
- * call that waits). Operations on a given stream are asynchronous; the
- * engine orders them with events (event_record / stream_wait_event) or a
- * stream_sync. Streams made by stream_create are blocking streams too.
+ * with the legacy stream both ways; sum of squares because it reads its
+ * value back. A freed block goes back to the cache at once: whatever
+ * reuses it is one of those, so it is ordered after the work queued
+ * before the free (the engine's copy stream is not, and starts only after
+ * a stream_sync of the compute stream: device.h). So the host waits only where it reads, not after
+ * every kernel; an error of an asynchronous operation is reported by the
+ * next call that waits, naming the last operation queued without a wait.
+ * Operations on a given stream are asynchronous; the engine orders them
+ * with events (event_record / stream_wait_event) or a stream_sync. Streams
+ * made by stream_create are blocking streams too.
  */
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -54,6 +57,7 @@ typedef struct zs__cuda_impl {
   size_t cached_bytes;
   double* sumsq_scratch;     /* device doubles for zs_cuda_sumsq */
   size_t sumsq_cap;
+  const char* last_async;    /* the last operation queued without a wait */
 } zs__cuda_impl;
 
 static zs__cuda_impl* zs__impl(zs__device* dev) {
@@ -68,6 +72,19 @@ static zs_status zs__cuda_fail(zs__device* dev, cudaError_t e,
   return zs__error(ZS_ERR_DEVICE, "CUDA device %d: %s failed: %s (%s)",
                    zs__impl(dev)->device, what, cudaGetErrorString(e),
                    cudaGetErrorName(e));
+}
+
+/* A wait (for `what`) that failed: an asynchronous operation queued
+ * before it may be the one that failed, which the message says. */
+static zs_status zs__cuda_wait_fail(zs__device* dev, cudaError_t e,
+                                    const char* what) {
+  const zs__cuda_impl* c = zs__impl(dev);
+  char w[256];
+  snprintf(w, sizeof w, "waiting for %s (the failing operation may be an "
+           "earlier asynchronous one; the last queued without a wait: %s; "
+           "CUDA_LAUNCH_BLOCKING=1 reports a kernel's error where it is "
+           "launched)", what, c->last_async != NULL ? c->last_async : "none");
+  return zs__cuda_fail(dev, e, w);
 }
 
 static size_t zs__round(size_t bytes) {
@@ -135,9 +152,10 @@ static void zs__cuda_free(zs__device* dev, void* ptr) {
     return;
   }
   *pp = b->next;
-  /* Work queued on the compute stream may still use it (an error is the
-   * next waiting call's to report; cleared so no launch reports it) */
-  if (cudaStreamSynchronize(c->compute) != cudaSuccess) cudaGetLastError();
+  /* Cached at once, though work queued on the compute stream may still use
+   * it: its next user is ordered after that work on the device (the
+   * header comment), as with PyTorch's caching allocator, which reuses a
+   * block on its stream without waiting. */
   b->next = c->free_list;
   c->free_list = b;
   c->cached_bytes += b->bytes;
@@ -169,12 +187,9 @@ static zs_status zs__finish(zs__device* dev, zs__stream* s, cudaError_t e,
   if (e != cudaSuccess) return zs__cuda_fail(dev, e, what);
   if (s == NULL && host) {
     e = cudaStreamSynchronize(zs__impl(dev)->compute);
-    if (e != cudaSuccess) {
-      char w[128];
-      snprintf(w, sizeof w, "waiting for %s (or an earlier asynchronous "
-               "operation on the compute stream)", what);
-      return zs__cuda_fail(dev, e, w);
-    }
+    if (e != cudaSuccess) return zs__cuda_wait_fail(dev, e, what);
+  } else {
+    zs__impl(dev)->last_async = what;
   }
   return ZS_OK;
 }
@@ -257,8 +272,9 @@ static zs_status zs__cuda_sumsq(zs__device* dev, const void* src,
   double v = 0;
   if (e == cudaSuccess)
     e = cudaMemcpyAsync(&v, out, sizeof v, cudaMemcpyDeviceToHost, c->compute);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(c->compute);
   if (e != cudaSuccess) return zs__cuda_fail(dev, e, "sum of squares kernel");
+  e = cudaStreamSynchronize(c->compute);
+  if (e != cudaSuccess) return zs__cuda_wait_fail(dev, e, "sum of squares");
   *acc += v;
   return ZS_OK;
 }
@@ -290,10 +306,7 @@ static void zs__cuda_stream_destroy(zs__device* dev, zs__stream* s) {
 static zs_status zs__cuda_stream_sync(zs__device* dev, zs__stream* s) {
   cudaError_t e = cudaStreamSynchronize(zs__on(dev, s));
   return e == cudaSuccess ? ZS_OK
-                          : zs__cuda_fail(dev, e,
-                                          "cudaStreamSynchronize (an "
-                                          "asynchronous operation on the "
-                                          "stream failed)");
+                          : zs__cuda_wait_fail(dev, e, "a stream");
 }
 static zs_status zs__cuda_event_create(zs__device* dev, zs__event** out) {
   cudaEvent_t ev;

@@ -42,6 +42,13 @@
  *    the same order (as with MPI); a collective call returns the same status
  *    on every rank unless the comment says otherwise.
  *  - Calls are blocking and synchronous on the host unless marked otherwise.
+ *    With ZS_DEVICE_CUDA, "synchronous" is stream order: GPU work a call
+ *    queued on device memory (the optimizer's kernels, a gradient buffer's
+ *    zeroing, a one-rank gather's copy) may still run when it returns, and
+ *    is ordered before everything queued afterwards on the legacy default
+ *    stream (stream 0). Launch model kernels there, or make your stream
+ *    wait for an event recorded on stream 0 after the call; data the call
+ *    returns in host memory is complete (docs/cuda.md).
  *  - The library never calls exit() or abort().
  */
 #ifndef ZEROSHARD_H_

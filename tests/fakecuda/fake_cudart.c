@@ -1,0 +1,686 @@
+/*
+ * fake_cudart.c — the CUDA runtime API functions ZeroShard's CUDA backend
+ * and its GPU tests call, implemented on the CPU (fakecuda.h), so the
+ * backend's C code runs in CI without a GPU. It is an ordering model, not
+ * an emulator: it is stricter than a GPU where the backend could be wrong
+ * and a GPU might still get it right by timing.
+ *
+ * - Device memory is not host memory. cudaMalloc returns pages mapped
+ *   PROT_NONE: host code that dereferences a device pointer crashes, as on
+ *   a GPU. The fake device reads and writes them through a second, readable
+ *   mapping of the same pages (a memfd). cudaMalloc fails with
+ *   cudaErrorMemoryAllocation past FAKECUDA_MEM_BYTES (default 8 GiB).
+ * - Streams are lazy: nothing queued runs until something waits for it
+ *   (cudaStreamSynchronize, cudaEventSynchronize, cudaDeviceSynchronize, a
+ *   copy with cudaMemcpy that touches host memory, cudaFree, destroying a
+ *   stream). Then it runs in an order CUDA allows: first in first out per
+ *   stream; an operation of a blocking stream after the legacy default
+ *   stream's earlier operations, and one of the legacy stream after every
+ *   blocking stream's earlier operations (CUDA's legacy default stream
+ *   semantics); non-blocking streams (cudaStreamNonBlocking) after neither;
+ *   a cudaStreamWaitEvent after the record it waits for. So reading a
+ *   copy's destination, or changing its source, before waiting for it sees
+ *   what a slow GPU would: the old data. cudaMemcpyAsync is lazy even with
+ *   pageable host memory (the CUDA documentation says only that it "might
+ *   be synchronous").
+ * - cudaEventQuery and cudaStreamQuery return cudaErrorNotReady while the
+ *   work is queued, leaving it as the thread's last error as the runtime
+ *   does; each such query runs one more operation, so polling finishes.
+ * - Kernels (fake_launchers.c, through fakecuda_launch) may read only
+ *   device memory and registered host memory; pageable host memory fails
+ *   the launch with a message.
+ * Not modelled: concurrent execution, sticky errors, several devices
+ * (FAKECUDA_DEVICES sets how many are reported; all share one memory),
+ * graphs, managed memory, timing. One mutex guards everything (the
+ * engine's progress thread may poll events).
+ */
+#define _GNU_SOURCE
+#include <cuda_runtime_api.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "tests/fakecuda/fakecuda.h"
+
+/* ---- state --------------------------------------------------------------- */
+
+typedef struct fk_stream fk_stream;
+
+typedef struct fk_op {
+  struct fk_op* next;
+  uint64_t seq;
+  void (*run)(void* arg); /* NULL: an event record or a stream wait */
+  void* arg;
+  fk_stream* wait_s; /* a stream wait: the record it waits for */
+  uint64_t wait_seq;
+} fk_op;
+
+struct fk_stream {
+  int legacy, blocking;
+  fk_op *head, *tail;
+  fk_stream* next_all;
+};
+
+struct CUevent_st { /* cudaEvent_t is a pointer to this (opaque in CUDA) */
+  fk_stream* s;     /* the last record's stream, NULL before any */
+  uint64_t seq;
+};
+
+typedef struct fk_alloc {
+  char* dev;   /* PROT_NONE: what cudaMalloc returned */
+  char* alias; /* the same pages, readable and writable */
+  size_t bytes, mapped;
+  struct fk_alloc* next;
+} fk_alloc;
+
+typedef struct fk_reg {
+  char* p;
+  size_t bytes;
+  struct fk_reg* next;
+} fk_reg;
+
+static pthread_mutex_t fk_mu = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+static fk_stream fk_legacy = {1, 1, NULL, NULL, NULL};
+static fk_stream* fk_streams = &fk_legacy; /* every live stream */
+static fk_stream* fk_dead;                  /* destroyed ones */
+static uint64_t fk_seq;
+static fk_alloc* fk_allocs;
+static fk_reg* fk_regs;
+static size_t fk_used;
+static int fk_device;
+static __thread cudaError_t fk_last = cudaSuccess;
+
+static cudaError_t fk_err(cudaError_t e) {
+  if (e != cudaSuccess) fk_last = e;
+  return e;
+}
+
+static size_t fk_env(const char* name, size_t dflt) {
+  const char* v = getenv(name);
+  return v != NULL && *v != '\0' ? (size_t)strtoull(v, NULL, 0) : dflt;
+}
+
+static fk_stream* fk_of(cudaStream_t s) {
+  if (s == 0 || s == cudaStreamLegacy) return &fk_legacy;
+  if (s == cudaStreamPerThread) {
+    fprintf(stderr, "fake CUDA: cudaStreamPerThread is not modelled\n");
+    abort();
+  }
+  return (fk_stream*)s;
+}
+
+/* ---- running queued work -------------------------------------------------- */
+
+static int fk_pending_upto(const fk_stream* s, uint64_t seq) {
+  return s->head != NULL && s->head->seq <= seq;
+}
+
+static void fk_pop_run(fk_stream* s) {
+  fk_op* op = s->head;
+  s->head = op->next;
+  if (s->head == NULL) s->tail = NULL;
+  if (op->run != NULL) {
+    op->run(op->arg);
+    free(op->arg);
+  }
+  free(op);
+}
+
+static void fk_run_upto(fk_stream* s, uint64_t seq);
+
+/* Runs what the head of s waits for, then the head. Every dependency has a
+ * smaller sequence number, so this ends. */
+static void fk_run_head(fk_stream* s) {
+  fk_op* op = s->head;
+  if (!s->legacy && s->blocking) fk_run_upto(&fk_legacy, op->seq - 1);
+  if (s->legacy)
+    for (fk_stream* t = fk_streams; t != NULL; t = t->next_all)
+      if (t != s && t->blocking) fk_run_upto(t, op->seq - 1);
+  if (op->wait_s != NULL) fk_run_upto(op->wait_s, op->wait_seq);
+  fk_pop_run(s);
+}
+
+static void fk_run_upto(fk_stream* s, uint64_t seq) {
+  while (fk_pending_upto(s, seq)) fk_run_head(s);
+}
+
+/* Runs one operation on the way to (s, seq): the first one with nothing
+ * left to wait for. */
+static void fk_step(fk_stream* s, uint64_t seq) {
+  if (!fk_pending_upto(s, seq)) return;
+  const fk_op* op = s->head;
+  if (!s->legacy && s->blocking && fk_pending_upto(&fk_legacy, op->seq - 1)) {
+    fk_step(&fk_legacy, op->seq - 1);
+    return;
+  }
+  if (s->legacy)
+    for (fk_stream* t = fk_streams; t != NULL; t = t->next_all)
+      if (t != s && t->blocking && fk_pending_upto(t, op->seq - 1)) {
+        fk_step(t, op->seq - 1);
+        return;
+      }
+  if (op->wait_s != NULL && fk_pending_upto(op->wait_s, op->wait_seq)) {
+    fk_step(op->wait_s, op->wait_seq);
+    return;
+  }
+  fk_pop_run(s);
+}
+
+static void fk_run_all(void) {
+  for (fk_stream* t = fk_streams; t != NULL; t = t->next_all)
+    fk_run_upto(t, UINT64_MAX);
+}
+
+/* Queues an operation; returns its sequence number. */
+static uint64_t fk_push(fk_stream* s, void (*run)(void*), void* arg,
+                        fk_stream* wait_s, uint64_t wait_seq) {
+  fk_op* op = (fk_op*)calloc(1, sizeof *op);
+  if (op == NULL) {
+    fprintf(stderr, "fake CUDA: out of host memory\n");
+    abort();
+  }
+  op->seq = ++fk_seq;
+  op->run = run;
+  op->arg = arg;
+  op->wait_s = wait_s;
+  op->wait_seq = wait_seq;
+  if (s->tail != NULL) s->tail->next = op;
+  else s->head = op;
+  s->tail = op;
+  return op->seq;
+}
+
+size_t fakecuda_pending(void) {
+  pthread_mutex_lock(&fk_mu);
+  size_t n = 0;
+  for (fk_stream* t = fk_streams; t != NULL; t = t->next_all)
+    for (fk_op* op = t->head; op != NULL; op = op->next) n++;
+  pthread_mutex_unlock(&fk_mu);
+  return n;
+}
+
+/* ---- memory --------------------------------------------------------------- */
+
+static fk_alloc* fk_find(const void* p) {
+  for (fk_alloc* a = fk_allocs; a != NULL; a = a->next)
+    if ((const char*)p >= a->dev && (const char*)p < a->dev + a->mapped)
+      return a;
+  return NULL;
+}
+
+static fk_reg* fk_find_reg(const void* p) {
+  for (fk_reg* r = fk_regs; r != NULL; r = r->next)
+    if ((const char*)p >= r->p && (const char*)p < r->p + r->bytes) return r;
+  return NULL;
+}
+
+/* Where the fake device touches [p, p + bytes): device memory through its
+ * alias, anything else as it is. Device accesses past an allocation abort
+ * (a GPU would fault). */
+static char* fk_view(const void* p, size_t bytes) {
+  fk_alloc* a = fk_find(p);
+  if (a == NULL) return (char*)p;
+  const size_t off = (size_t)((const char*)p - a->dev);
+  if (off + bytes > a->bytes) {
+    fprintf(stderr, "fake CUDA: access of %zu bytes at offset %zu of a "
+            "%zu-byte allocation\n", bytes, off, a->bytes);
+    abort();
+  }
+  return a->alias + off;
+}
+
+cudaError_t cudaMalloc(void** ptr, size_t size) {
+  pthread_mutex_lock(&fk_mu);
+  cudaError_t e = cudaSuccess;
+  const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  const size_t mapped = ((size > 0 ? size : 1) + page - 1) / page * page;
+  fk_alloc* a = NULL;
+  int fd = -1;
+  if (ptr == NULL) {
+    e = cudaErrorInvalidValue;
+    goto out;
+  }
+  *ptr = NULL;
+  if (size > fk_env("FAKECUDA_MEM_BYTES", (size_t)8 << 30) - fk_used) {
+    e = cudaErrorMemoryAllocation;
+    goto out;
+  }
+  a = (fk_alloc*)calloc(1, sizeof *a);
+  fd = memfd_create("fakecuda", MFD_CLOEXEC);
+  if (a == NULL || fd < 0 || ftruncate(fd, (off_t)mapped) != 0) {
+    e = cudaErrorMemoryAllocation;
+    goto out;
+  }
+  a->dev = (char*)mmap(NULL, mapped, PROT_NONE, MAP_SHARED, fd, 0);
+  a->alias = (char*)mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_SHARED,
+                         fd, 0);
+  if (a->dev == MAP_FAILED || a->alias == MAP_FAILED) {
+    if (a->dev != MAP_FAILED) munmap(a->dev, mapped);
+    if (a->alias != MAP_FAILED) munmap(a->alias, mapped);
+    e = cudaErrorMemoryAllocation;
+    goto out;
+  }
+  /* like cudaMalloc, not zeroed: fill with a pattern so that reading
+   * memory nobody wrote shows */
+  memset(a->alias, 0xA5, mapped);
+  a->bytes = size;
+  a->mapped = mapped;
+  a->next = fk_allocs;
+  fk_allocs = a;
+  fk_used += size;
+  *ptr = a->dev;
+  a = NULL;
+out:
+  if (fd >= 0) close(fd);
+  free(a);
+  pthread_mutex_unlock(&fk_mu);
+  return fk_err(e);
+}
+
+cudaError_t cudaFree(void* ptr) {
+  if (ptr == NULL) return cudaSuccess;
+  pthread_mutex_lock(&fk_mu);
+  fk_run_all(); /* cudaFree synchronizes the device */
+  fk_alloc** pp = &fk_allocs;
+  while (*pp != NULL && (*pp)->dev != (char*)ptr) pp = &(*pp)->next;
+  cudaError_t e = cudaSuccess;
+  if (*pp == NULL) {
+    e = cudaErrorInvalidValue;
+  } else {
+    fk_alloc* a = *pp;
+    *pp = a->next;
+    munmap(a->dev, a->mapped);
+    munmap(a->alias, a->mapped);
+    fk_used -= a->bytes;
+    free(a);
+  }
+  pthread_mutex_unlock(&fk_mu);
+  return fk_err(e);
+}
+
+cudaError_t cudaMemGetInfo(size_t* fr, size_t* total) {
+  pthread_mutex_lock(&fk_mu);
+  const size_t t = fk_env("FAKECUDA_MEM_BYTES", (size_t)8 << 30);
+  if (fr != NULL) *fr = t - fk_used;
+  if (total != NULL) *total = t;
+  pthread_mutex_unlock(&fk_mu);
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int flags) {
+  (void)flags;
+  if (ptr == NULL || size == 0) return fk_err(cudaErrorInvalidValue);
+  pthread_mutex_lock(&fk_mu);
+  cudaError_t e = cudaSuccess;
+  if (fk_find_reg(ptr) != NULL || fk_find(ptr) != NULL) {
+    e = cudaErrorHostMemoryAlreadyRegistered;
+  } else {
+    fk_reg* r = (fk_reg*)calloc(1, sizeof *r);
+    if (r == NULL) {
+      e = cudaErrorMemoryAllocation;
+    } else {
+      r->p = (char*)ptr;
+      r->bytes = size;
+      r->next = fk_regs;
+      fk_regs = r;
+    }
+  }
+  pthread_mutex_unlock(&fk_mu);
+  return fk_err(e);
+}
+
+cudaError_t cudaHostUnregister(void* ptr) {
+  pthread_mutex_lock(&fk_mu);
+  fk_reg** pp = &fk_regs;
+  while (*pp != NULL && (*pp)->p != (char*)ptr) pp = &(*pp)->next;
+  cudaError_t e = cudaSuccess;
+  if (*pp == NULL) {
+    e = cudaErrorHostMemoryNotRegistered;
+  } else {
+    fk_reg* r = *pp;
+    *pp = r->next;
+    free(r);
+  }
+  pthread_mutex_unlock(&fk_mu);
+  return fk_err(e);
+}
+
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* attr,
+                                     const void* ptr) {
+  if (attr == NULL) return fk_err(cudaErrorInvalidValue);
+  pthread_mutex_lock(&fk_mu);
+  memset(attr, 0, sizeof *attr);
+  attr->device = fk_device;
+  if (fk_find(ptr) != NULL) {
+    attr->type = cudaMemoryTypeDevice;
+    attr->devicePointer = (void*)ptr;
+  } else if (fk_find_reg(ptr) != NULL) {
+    attr->type = cudaMemoryTypeHost;
+    attr->devicePointer = (void*)ptr;
+    attr->hostPointer = (void*)ptr;
+  } else {
+    attr->type = cudaMemoryTypeUnregistered;
+    attr->device = -2;
+  }
+  pthread_mutex_unlock(&fk_mu);
+  return cudaSuccess;
+}
+
+/* ---- copies and memsets ---------------------------------------------------- */
+
+typedef struct {
+  char* dst;
+  const char* src;
+  size_t bytes;
+} fk_copy_arg;
+
+static void fk_copy_run(void* p) {
+  fk_copy_arg* a = (fk_copy_arg*)p;
+  memmove(a->dst, a->src, a->bytes);
+}
+
+typedef struct {
+  char* dst;
+  int value;
+  size_t bytes;
+} fk_set_arg;
+
+static void fk_set_run(void* p) {
+  fk_set_arg* a = (fk_set_arg*)p;
+  memset(a->dst, a->value, a->bytes);
+}
+
+static void* fk_arg(size_t bytes) {
+  void* p = calloc(1, bytes);
+  if (p == NULL) {
+    fprintf(stderr, "fake CUDA: out of host memory\n");
+    abort();
+  }
+  return p;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count,
+                            enum cudaMemcpyKind kind, cudaStream_t stream) {
+  (void)kind;
+  if (count == 0) return cudaSuccess;
+  if (dst == NULL || src == NULL) return fk_err(cudaErrorInvalidValue);
+  pthread_mutex_lock(&fk_mu);
+  fk_copy_arg* a = (fk_copy_arg*)fk_arg(sizeof *a);
+  a->dst = fk_view(dst, count);
+  a->src = fk_view(src, count);
+  a->bytes = count;
+  fk_push(fk_of(stream), fk_copy_run, a, NULL, 0);
+  pthread_mutex_unlock(&fk_mu);
+  return cudaSuccess;
+}
+
+/* On the legacy stream; complete on return unless both sides are device
+ * memory (the CUDA documentation: no host synchronization then). */
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count,
+                       enum cudaMemcpyKind kind) {
+  cudaError_t e = cudaMemcpyAsync(dst, src, count, kind, 0);
+  if (e != cudaSuccess || count == 0) return e;
+  pthread_mutex_lock(&fk_mu);
+  if (fk_find(dst) == NULL || fk_find(src) == NULL)
+    fk_run_upto(&fk_legacy, fk_seq);
+  pthread_mutex_unlock(&fk_mu);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count,
+                            cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  pthread_mutex_lock(&fk_mu);
+  cudaError_t e = cudaSuccess;
+  if (fk_find(ptr) == NULL) {
+    fprintf(stderr, "fake CUDA: cudaMemsetAsync of %p: not device memory\n",
+            ptr);
+    e = cudaErrorInvalidValue;
+  } else {
+    fk_set_arg* a = (fk_set_arg*)fk_arg(sizeof *a);
+    a->dst = fk_view(ptr, count);
+    a->value = value;
+    a->bytes = count;
+    fk_push(fk_of(stream), fk_set_run, a, NULL, 0);
+  }
+  pthread_mutex_unlock(&fk_mu);
+  return fk_err(e);
+}
+
+cudaError_t cudaMemset(void* ptr, int value, size_t count) {
+  cudaError_t e = cudaMemsetAsync(ptr, value, count, 0);
+  return e;
+}
+
+/* ---- kernels ---------------------------------------------------------------- */
+
+cudaError_t fakecuda_launch(cudaStream_t stream, const char* name,
+                            void (*run)(void* arg), void* arg) {
+  (void)name;
+  pthread_mutex_lock(&fk_mu);
+  fk_push(fk_of(stream), run, arg, NULL, 0);
+  pthread_mutex_unlock(&fk_mu);
+  return cudaSuccess;
+}
+
+void* fakecuda_kernel_ptr(const void* p, size_t bytes, const char* name,
+                          int* ok) {
+  if (p == NULL) return NULL;
+  pthread_mutex_lock(&fk_mu);
+  void* v = NULL;
+  if (fk_find(p) != NULL) {
+    v = fk_view(p, bytes);
+  } else {
+    fk_reg* r = fk_find_reg(p);
+    if (r != NULL && (const char*)p + bytes <= r->p + r->bytes) {
+      v = (void*)p;
+    } else {
+      fprintf(stderr, "fake CUDA: kernel %s: operand %p (%zu bytes) is %s\n",
+              name, p, bytes,
+              r != NULL ? "past the end of its registered host memory"
+                        : "pageable host memory, which a GPU cannot read");
+      *ok = 0;
+    }
+  }
+  pthread_mutex_unlock(&fk_mu);
+  return v;
+}
+
+/* ---- streams and events ------------------------------------------------------ */
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* out, unsigned int flags) {
+  if (out == NULL) return fk_err(cudaErrorInvalidValue);
+  fk_stream* s = (fk_stream*)calloc(1, sizeof *s);
+  if (s == NULL) return fk_err(cudaErrorMemoryAllocation);
+  s->blocking = (flags & cudaStreamNonBlocking) == 0;
+  pthread_mutex_lock(&fk_mu);
+  s->next_all = fk_streams;
+  fk_streams = s;
+  pthread_mutex_unlock(&fk_mu);
+  *out = (cudaStream_t)s;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t* out) {
+  return cudaStreamCreateWithFlags(out, cudaStreamDefault);
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  fk_stream* s = fk_of(stream);
+  if (s == &fk_legacy) return fk_err(cudaErrorInvalidResourceHandle);
+  pthread_mutex_lock(&fk_mu);
+  /* CUDA lets the queued work finish first */
+  fk_run_upto(s, UINT64_MAX);
+  fk_stream** pp = &fk_streams;
+  while (*pp != NULL && *pp != s) pp = &(*pp)->next_all;
+  if (*pp != NULL) *pp = s->next_all;
+  /* not freed: events and queued stream waits may still name it (its
+   * queue is empty, so they are done); kept on a list, a few bytes each */
+  s->next_all = fk_dead;
+  fk_dead = s;
+  pthread_mutex_unlock(&fk_mu);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  pthread_mutex_lock(&fk_mu);
+  fk_run_upto(fk_of(stream), UINT64_MAX);
+  pthread_mutex_unlock(&fk_mu);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  pthread_mutex_lock(&fk_mu);
+  fk_stream* s = fk_of(stream);
+  const uint64_t last = s->tail != NULL ? s->tail->seq : 0;
+  fk_step(s, last);
+  const int busy = fk_pending_upto(s, last);
+  pthread_mutex_unlock(&fk_mu);
+  return busy ? fk_err(cudaErrorNotReady) : cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void) {
+  pthread_mutex_lock(&fk_mu);
+  fk_run_all();
+  pthread_mutex_unlock(&fk_mu);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* out, unsigned int flags) {
+  (void)flags;
+  if (out == NULL) return fk_err(cudaErrorInvalidValue);
+  struct CUevent_st* ev = (struct CUevent_st*)calloc(1, sizeof *ev);
+  if (ev == NULL) return fk_err(cudaErrorMemoryAllocation);
+  *out = ev;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* out) {
+  return cudaEventCreateWithFlags(out, cudaEventDefault);
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t ev) {
+  if (ev == NULL) return fk_err(cudaErrorInvalidResourceHandle);
+  free(ev);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t stream) {
+  if (ev == NULL) return fk_err(cudaErrorInvalidResourceHandle);
+  pthread_mutex_lock(&fk_mu);
+  fk_stream* s = fk_of(stream);
+  ev->s = s;
+  ev->seq = fk_push(s, NULL, NULL, NULL, 0);
+  pthread_mutex_unlock(&fk_mu);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t ev,
+                                unsigned int flags) {
+  (void)flags;
+  if (ev == NULL) return fk_err(cudaErrorInvalidResourceHandle);
+  pthread_mutex_lock(&fk_mu);
+  /* a record still queued: wait for it; none, or done: nothing to wait for */
+  if (ev->s != NULL && fk_pending_upto(ev->s, ev->seq))
+    fk_push(fk_of(stream), NULL, NULL, ev->s, ev->seq);
+  pthread_mutex_unlock(&fk_mu);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t ev) {
+  if (ev == NULL) return fk_err(cudaErrorInvalidResourceHandle);
+  pthread_mutex_lock(&fk_mu);
+  int busy = 0;
+  if (ev->s != NULL && fk_pending_upto(ev->s, ev->seq)) {
+    fk_step(ev->s, ev->seq);
+    busy = fk_pending_upto(ev->s, ev->seq);
+  }
+  pthread_mutex_unlock(&fk_mu);
+  return busy ? fk_err(cudaErrorNotReady) : cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
+  if (ev == NULL) return fk_err(cudaErrorInvalidResourceHandle);
+  pthread_mutex_lock(&fk_mu);
+  if (ev->s != NULL) fk_run_upto(ev->s, ev->seq);
+  pthread_mutex_unlock(&fk_mu);
+  return cudaSuccess;
+}
+
+/* ---- devices and errors --------------------------------------------------------- */
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  if (count == NULL) return fk_err(cudaErrorInvalidValue);
+  *count = (int)fk_env("FAKECUDA_DEVICES", 1);
+  return *count > 0 ? cudaSuccess : fk_err(cudaErrorNoDevice);
+}
+
+cudaError_t cudaSetDevice(int device) {
+  if (device < 0 || device >= (int)fk_env("FAKECUDA_DEVICES", 1))
+    return fk_err(cudaErrorInvalidDevice);
+  fk_device = device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int* device) {
+  if (device == NULL) return fk_err(cudaErrorInvalidValue);
+  *device = fk_device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetPCIBusId(char* buf, int len, int device) {
+  if (buf == NULL || len <= 0 || device < 0 ||
+      device >= (int)fk_env("FAKECUDA_DEVICES", 1))
+    return fk_err(cudaErrorInvalidValue);
+  /* a bus id no machine has: no hwloc locality */
+  snprintf(buf, (size_t)len, "0000:fe:%02x.0", device & 0x1f);
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetLastError(void) {
+  const cudaError_t e = fk_last;
+  fk_last = cudaSuccess;
+  return e;
+}
+
+cudaError_t cudaPeekAtLastError(void) { return fk_last; }
+
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorHostMemoryAlreadyRegistered:
+      return "cudaErrorHostMemoryAlreadyRegistered";
+    case cudaErrorHostMemoryNotRegistered:
+      return "cudaErrorHostMemoryNotRegistered";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    default: return "cudaErrorUnknown";
+  }
+}
+
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorHostMemoryAlreadyRegistered:
+      return "part or all of the requested memory range is already mapped";
+    case cudaErrorHostMemoryNotRegistered:
+      return "pointer does not correspond to a registered memory region";
+    case cudaErrorLaunchFailure: return "unspecified launch failure";
+    default: return "unknown error (fake CUDA)";
+  }
+}

@@ -1,0 +1,41 @@
+/*
+ * fakecuda.h — a CPU stand-in for the CUDA runtime (fake_cudart.c) and for
+ * the kernels behind optim/optim_cuda.h (fake_launchers.c), so that the
+ * CUDA backend's own C code (runtime/device_cuda.c, runtime/comm_nccl.c at
+ * one rank) and the engine's CUDA paths run in CI on machines without a
+ * GPU, under an ordering model stricter than a GPU's (fake_cudart.c says
+ * what is modelled). Test-only: //tests/fakecuda.
+ */
+#ifndef ZS_TESTS_FAKECUDA_FAKECUDA_H_
+#define ZS_TESTS_FAKECUDA_FAKECUDA_H_
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Queues run(arg) on `stream` as a kernel; run is called once, when some
+ * wait needs it, and free(arg) after. Returns cudaSuccess, or an error as
+ * a launch would (and sets the last error). `name` names the kernel in
+ * the fake's messages. */
+cudaError_t fakecuda_launch(cudaStream_t stream, const char* name,
+                            void (*run)(void* arg), void* arg);
+
+/* The address the fake's device reads `bytes` bytes of a kernel operand
+ * through: device memory's readable alias, or registered host memory
+ * itself. NULL stays NULL. Pageable host memory, or a range past its
+ * allocation, is what a GPU cannot read: *ok is set to 0 and the problem
+ * printed. */
+void* fakecuda_kernel_ptr(const void* p, size_t bytes, const char* name,
+                          int* ok);
+
+/* Operations queued and not yet run, on every stream. */
+size_t fakecuda_pending(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZS_TESTS_FAKECUDA_FAKECUDA_H_ */
