@@ -32,9 +32,10 @@
 #include <string.h>
 #include <unistd.h>
 
-/* NCCL is loaded at run time (dlopen of libnccl.so.2), so programs do not
- * depend on it: a single GPU needs no NCCL (the local mode below), and a
- * machine with only the CUDA driver runs them. */
+/* NCCL is loaded at run time (dlopen of libnccl.so.2, or of the file
+ * ZS_NCCL_LIBRARY names: another NCCL build, or the tests' stand-in), so
+ * programs do not depend on it: a single GPU needs no NCCL (the local
+ * mode below), and a machine with only the CUDA driver runs them. */
 static struct {
   __typeof__(&ncclAllGather) AllGather;
   __typeof__(&ncclAllReduce) AllReduce;
@@ -55,10 +56,18 @@ static pthread_once_t zs__nccl_once = PTHREAD_ONCE_INIT;
 static char zs__nccl_why[512];
 
 static void zs__nccl_load(void) {
-  void* h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
-  if (h == NULL) h = dlopen("libnccl.so", RTLD_NOW | RTLD_LOCAL);
+  const char* path = getenv("ZS_NCCL_LIBRARY");
+  void* h = NULL;
+  if (path != NULL && *path != '\0') {
+    h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  } else {
+    h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) h = dlopen("libnccl.so", RTLD_NOW | RTLD_LOCAL);
+  }
   if (h == NULL) {
-    snprintf(zs__nccl_why, sizeof zs__nccl_why, "%s", dlerror());
+    snprintf(zs__nccl_why, sizeof zs__nccl_why, "%s%s%s", dlerror(),
+             path != NULL && *path != '\0' ? "; from ZS_NCCL_LIBRARY=" : "",
+             path != NULL && *path != '\0' ? path : "");
     return;
   }
 #define ZS__SYM(name)                                                    \

@@ -1,9 +1,10 @@
 """zs_mpi_test: one GoogleTest binary run under mpirun at several world sizes."""
 
-def zs_mpi_test(name, srcs, deps = [], ranks = [1, 2, 3, 4], size = "medium", tags = [], **kwargs):
+def zs_mpi_test(name, srcs, deps = [], ranks = [1, 2, 3, 4], size = "medium", tags = [], env = {}, data = [], **kwargs):
     """Builds NAME_bin and one sh_test NAME_npN per world size N.
 
-    Each NAME_npN runs `mpirun -np N NAME_bin` (tests/testing/run_mpi.sh).
+    Each NAME_npN runs `mpirun -np N NAME_bin` (tests/testing/run_mpi.sh)
+    with `env` set and `data` (also the binary's) in its runfiles.
     They are tagged "exclusive" so that Bazel never runs two multi-rank tests
     at once on a small machine, and "mpi" for filtering.
     """
@@ -12,6 +13,7 @@ def zs_mpi_test(name, srcs, deps = [], ranks = [1, 2, 3, 4], size = "medium", ta
         testonly = True,
         srcs = srcs,
         deps = deps + ["//tests/testing:mpi_main"],
+        data = data,
         **kwargs
     )
     tests = []
@@ -22,8 +24,9 @@ def zs_mpi_test(name, srcs, deps = [], ranks = [1, 2, 3, 4], size = "medium", ta
             size = size,
             srcs = ["//tests/testing:run_mpi.sh"],
             args = [str(n), "$(location :%s_bin)" % name],
-            data = [":" + name + "_bin"],
+            data = [":" + name + "_bin"] + data,
             tags = tags + ["mpi", "exclusive"],
+            env = env,
         )
         tests.append(":" + test_name)
     native.test_suite(name = name, tests = tests, tags = tags)
