@@ -11,6 +11,7 @@
 #include <iostream>
 #include <string>
 
+#include "runtime/device.h"
 #include "tests/testing/mpi_test.h"
 
 namespace {
@@ -88,6 +89,126 @@ TEST_F(CudaErrorsFakeTest, DeviceOutOfMemoryNamesTheDeviceAndWhatIsHeld) {
   }
   zs_context_destroy(ctx);
   unsetenv("FAKECUDA_MEM_BYTES");
+}
+
+// One rank out of device memory where the others go on alone (its stage-3
+// all-gather buffer; its gradient buffer): the others, whose NCCL
+// collectives stay in flight, fail at once naming it (its failure notice
+// travels over MPI), the NCCL communicator is aborted, and every rank
+// destroys everything (no wait for collective_timeout_s, no hang).
+zs_status FailGatherOfB(zs_mem_category category, size_t, const char* label) {
+  if (category == ZS_MEM_PARAMS_GATHERED && std::string(label) == "b")
+    return zs__error(ZS_ERR_OUT_OF_MEMORY, "test: no memory for '%s'", label);
+  return ZS_OK;
+}
+zs_status FailGradsOfB(zs_mem_category category, size_t, const char* label) {
+  if (category == ZS_MEM_COMM_BUFFERS && std::string(label) == "b")
+    return zs__error(ZS_ERR_OUT_OF_MEMORY, "test: no memory for '%s'", label);
+  return ZS_OK;
+}
+
+TEST_F(CudaErrorsFakeTest, OutOfMemoryOnOneRankFailsTheOthersAtOnce) {
+  if (world_ < 2) GTEST_SKIP() << "needs at least 2 ranks";
+  setenv("FAKECUDA_DEVICES", "8", 1);
+  for (int where = 0; where < 2; where++) {
+    SCOPED_TRACE(where == 0 ? "stage-3 all-gather" : "gradient buffer");
+    const int bad = world_ - 1;
+    zs_config c = ZS_CONFIG_INIT;
+    c.device = ZS_DEVICE_CUDA;
+    c.stage = where == 1 ? 2 : 3;
+    c.collective_timeout_s = 30;
+    zs_context* ctx = nullptr;
+    ASSERT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), ZS_OK)
+        << zs_last_error();
+    zs_model* m = nullptr;
+    ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+    int u[2], t[2];
+    int64_t n = 40;
+    for (int k = 0; k < 2; k++) {
+      ASSERT_EQ(zs_model_add_unit(m, k ? "b" : "a", &u[k]), ZS_OK);
+      ASSERT_EQ(zs_model_add_tensor(m, u[k], k ? "wb" : "wa", 1, &n,
+                                    ZS_FLOAT32, 0, &t[k]), ZS_OK);
+    }
+    ASSERT_EQ(zs_model_finalize(m), ZS_OK) << zs_last_error();
+    if (rank_ == bad) zs__dev_alloc_fault = where == 1 ? FailGradsOfB
+                                                       : FailGatherOfB;
+    const double t0 = MPI_Wtime();
+    zs_status st = ZS_OK;
+    for (int k = 0; k < 2 && st == ZS_OK; k++) {
+      st = zs_unit_gather(m, u[k]);
+      if (st == ZS_OK) st = zs_unit_grad_acquire(m, u[k]);
+      if (st == ZS_OK) st = zs_unit_grad_release(m, u[k]);
+      if (st == ZS_OK) st = zs_unit_release(m, u[k]);
+    }
+    if (st == ZS_OK) st = zs_step(m, nullptr);
+    const std::string err = zs_last_error();
+    zs__dev_alloc_fault = nullptr;
+    EXPECT_LT(MPI_Wtime() - t0, 15.0) << "not at collective_timeout_s";
+    if (rank_ == bad) {
+      EXPECT_EQ(st, ZS_ERR_OUT_OF_MEMORY) << err;
+      EXPECT_TRUE(Contains(err, "they were told")) << err;
+    } else {
+      EXPECT_EQ(st, ZS_ERR_REMOTE) << err;
+      EXPECT_TRUE(Contains(err, "rank " + std::to_string(bad) +
+                                    " failed and will not join it") &&
+                  Contains(err, "test: no memory for 'b'") &&
+                  Contains(err, "on cuda")) << err;
+      if (rank_ == 0) std::cout << "the error: " << err << "\n";
+    }
+    EXPECT_NE(zs_step(m, nullptr), ZS_OK);
+    zs_model_destroy(m);
+    zs_context_destroy(ctx);
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
+// A NCCL collective only one rank issues: that rank times out after
+// collective_timeout_s naming the collective, the unit, the GPU and what it
+// holds, aborts its NCCL communicator and tells the other, whose next
+// collective fails at once; both destroy everything (the abandoned
+// collective does not hang the stream's destruction). (The other's next
+// call is a step, not the same gather: the stand-in's abandoned
+// all-gather would still match that one, where NCCL's abort ends it.)
+TEST_F(CudaErrorsFakeTest, NcclCollectiveNobodyJoinsTimesOut) {
+  if (world_ != 2) GTEST_SKIP() << "written for exactly 2 ranks";
+  setenv("FAKECUDA_DEVICES", "8", 1);
+  zs_config c = ZS_CONFIG_INIT;
+  c.device = ZS_DEVICE_CUDA;
+  c.stage = 3;
+  c.collective_timeout_s = 1.0;
+  zs_context* ctx = nullptr;
+  ASSERT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), ZS_OK)
+      << zs_last_error();
+  zs_model* m = nullptr;
+  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+  int u = -1, t = -1;
+  int64_t n = 64;
+  ASSERT_EQ(zs_model_add_unit(m, "u", &u), ZS_OK);
+  ASSERT_EQ(zs_model_add_tensor(m, u, "w", 1, &n, ZS_FLOAT32, 0, &t), ZS_OK);
+  ASSERT_EQ(zs_model_finalize(m), ZS_OK) << zs_last_error();
+  if (rank_ == 1) {
+    const double t0 = MPI_Wtime();
+    EXPECT_EQ(zs_unit_gather(m, u), ZS_ERR_TIMEOUT);
+    const std::string err = zs_last_error();
+    std::cout << "the error: " << err << "\n";
+    EXPECT_LT(MPI_Wtime() - t0, 30.0);
+    EXPECT_TRUE(Contains(err, "all_gather") && Contains(err, "unit u") &&
+                Contains(err, "within 1 s") &&
+                Contains(err, "cuda device at PCI 0000:fe:01.0") &&
+                Contains(err, "held now: params")) << err;
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank_ == 0) {
+    EXPECT_EQ(zs_step(m, nullptr), ZS_ERR_REMOTE) << zs_last_error();
+    EXPECT_TRUE(Contains(zs_last_error(), "rank 1 failed and will not join") &&
+                Contains(zs_last_error(), "did not complete within 1 s"))
+        << zs_last_error();
+  }
+  EXPECT_NE(zs_step(m, nullptr), ZS_OK);
+  EXPECT_TRUE(Contains(zs_last_error(), "cannot be used any more"))
+      << zs_last_error();
+  zs_model_destroy(m);
+  zs_context_destroy(ctx);
 }
 
 }  // namespace

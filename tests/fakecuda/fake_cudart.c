@@ -37,6 +37,7 @@
 #define _GNU_SOURCE
 #include <cuda_runtime_api.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,6 +55,7 @@ typedef struct fk_op {
   struct fk_op* next;
   uint64_t seq;
   void (*run)(void* arg); /* NULL: an event record or a stream wait */
+  int (*poll)(void* arg); /* or: runs until it returns nonzero */
   void* arg;
   fk_stream* wait_s; /* a stream wait: the record it waits for */
   uint64_t wait_seq;
@@ -91,6 +93,7 @@ static uint64_t fk_seq;
 static fk_alloc* fk_allocs;
 static fk_reg* fk_regs;
 static size_t fk_used;
+static int fk_keep; /* fakecuda_keep_memory was called */
 static int fk_device;
 static __thread cudaError_t fk_last = cudaSuccess;
 
@@ -119,15 +122,22 @@ static int fk_pending_upto(const fk_stream* s, uint64_t seq) {
   return s->head != NULL && s->head->seq <= seq;
 }
 
-static void fk_pop_run(fk_stream* s) {
+static void fk_pop(fk_stream* s) {
   fk_op* op = s->head;
   s->head = op->next;
   if (s->head == NULL) s->tail = NULL;
-  if (op->run != NULL) {
-    op->run(op->arg);
-    free(op->arg);
-  }
+  free(op->arg);
   free(op);
+}
+
+/* Runs the head of s (its dependencies done): a pollable operation (an
+ * NCCL collective) is polled until it finishes. */
+static void fk_pop_run(fk_stream* s) {
+  fk_op* op = s->head;
+  if (op->run != NULL) op->run(op->arg);
+  if (op->poll != NULL)
+    while (!op->poll(op->arg)) sched_yield();
+  fk_pop(s);
 }
 
 static void fk_run_upto(fk_stream* s, uint64_t seq);
@@ -167,6 +177,10 @@ static void fk_step(fk_stream* s, uint64_t seq) {
     fk_step(op->wait_s, op->wait_seq);
     return;
   }
+  if (op->poll != NULL) {
+    if (op->poll(op->arg)) fk_pop(s); /* polled once: maybe not done */
+    return;
+  }
   fk_pop_run(s);
 }
 
@@ -176,6 +190,38 @@ static void fk_run_all(void) {
 }
 
 /* Queues an operation; returns its sequence number. */
+static uint64_t fk_push(fk_stream* s, void (*run)(void*), void* arg,
+                        fk_stream* wait_s, uint64_t wait_seq);
+
+cudaError_t fakecuda_enqueue_poll(cudaStream_t stream, const char* name,
+                                  int (*poll)(void* arg), void* arg) {
+  (void)name;
+  pthread_mutex_lock(&fk_mu);
+  fk_stream* s = fk_of(stream);
+  fk_push(s, NULL, arg, NULL, 0);
+  s->tail->poll = poll;
+  pthread_mutex_unlock(&fk_mu);
+  return cudaSuccess;
+}
+
+void fakecuda_stream_inputs(cudaStream_t stream) {
+  pthread_mutex_lock(&fk_mu);
+  fk_stream* s = fk_of(stream);
+  for (fk_op* op = s->head; op != NULL; op = op->next) {
+    if (!s->legacy && s->blocking) fk_run_upto(&fk_legacy, op->seq - 1);
+    if (s->legacy)
+      for (fk_stream* t = fk_streams; t != NULL; t = t->next_all)
+        if (t != s && t->blocking) fk_run_upto(t, op->seq - 1);
+    if (op->wait_s != NULL) fk_run_upto(op->wait_s, op->wait_seq);
+  }
+  /* and what the next operation queued there will wait for */
+  if (!s->legacy && s->blocking) fk_run_upto(&fk_legacy, fk_seq);
+  if (s->legacy)
+    for (fk_stream* t = fk_streams; t != NULL; t = t->next_all)
+      if (t != s && t->blocking) fk_run_upto(t, fk_seq);
+  pthread_mutex_unlock(&fk_mu);
+}
+
 static uint64_t fk_push(fk_stream* s, void (*run)(void*), void* arg,
                         fk_stream* wait_s, uint64_t wait_seq) {
   fk_op* op = (fk_op*)calloc(1, sizeof *op);
@@ -192,6 +238,12 @@ static uint64_t fk_push(fk_stream* s, void (*run)(void*), void* arg,
   else s->head = op;
   s->tail = op;
   return op->seq;
+}
+
+void fakecuda_keep_memory(void) {
+  pthread_mutex_lock(&fk_mu);
+  fk_keep = 1;
+  pthread_mutex_unlock(&fk_mu);
 }
 
 size_t fakecuda_pending(void) {
@@ -294,7 +346,8 @@ cudaError_t cudaFree(void* ptr) {
     fk_alloc* a = *pp;
     *pp = a->next;
     munmap(a->dev, a->mapped);
-    munmap(a->alias, a->mapped);
+    /* after an abort, abandoned MPI requests may still write the alias */
+    if (!fk_keep) munmap(a->alias, a->mapped);
     fk_used -= a->bytes;
     free(a);
   }

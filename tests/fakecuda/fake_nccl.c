@@ -4,16 +4,20 @@
  * implemented with MPI on the fake CUDA runtime's memory (fakecuda.h), so
  * the NCCL communicator's multi-rank code runs in CI without GPUs.
  *
- * A collective first waits for its stream (cudaStreamSynchronize), which
- * runs what the stream waits for (comm_nccl.c's event on the legacy
- * stream, and with it every earlier operation of the blocking streams:
- * if that ordering were missing, the inputs would be stale and the
- * results wrong), then runs at once on the host with blocking MPI; so it
- * is complete when the call returns (a real one may still run; the event
- * comm_nccl.c records after it is still waited for). Sums are in rank
- * order, in fp32, rounded once to the dtype. Grouped calls
- * (ncclGroupStart/End) may be Send, Recv and Broadcast, posted together
- * at ncclGroupEnd. A communicator must span MPI_COMM_WORLD (the unique id
+ * A collective first runs what its stream waits for (comm_nccl.c's
+ * event on the legacy stream, and with it every earlier operation of the
+ * blocking streams: if that ordering were missing, the inputs would be
+ * stale and the results wrong), then posts nonblocking MPI calls and
+ * queues on its stream an operation that is done when they complete (and
+ * a reduction summed): the collective is in flight until a wait or a
+ * query polls it, and a rank that never joins leaves the others'
+ * collectives in flight, as with NCCL. ncclCommAbort abandons them (unlike
+ * NCCL's, their MPI requests stay posted and may still match another
+ * rank's later collective on that communicator). Sums
+ * are in rank order, in fp32, rounded once to the dtype. Grouped calls
+ * (ncclGroupStart/End) may be Send, Recv and Broadcast on one stream,
+ * posted together at ncclGroupEnd. A communicator must span
+ * MPI_COMM_WORLD (the unique id
  * cannot name an MPI communicator). Operands must be device or registered
  * host memory, as NCCL needs. Unresolved symbols (MPI, the fake runtime,
  * zs_convert) come from the test binary, linked with -rdynamic.
@@ -32,6 +36,7 @@
 struct ncclComm {
   MPI_Comm mpi;
   int rank, nranks;
+  int aborted; /* ncclCommAbort: collectives in flight are abandoned */
 };
 
 typedef struct {
@@ -48,6 +53,18 @@ static __thread int fk_depth;
 static __thread fk_nop* fk_ops;
 static __thread size_t fk_nops, fk_cap;
 
+/* A collective in flight: its MPI requests, and for a reduction the
+ * gathered blocks to sum into `out` when they are all here. */
+typedef struct {
+  ncclComm_t comm;
+  MPI_Request* reqs;
+  int nreqs;
+  char* all; /* reductions: nranks blocks of n elements */
+  void* out;
+  size_t n;
+  ncclDataType_t t;
+} fk_flight;
+
 static size_t fk_size(ncclDataType_t t) {
   switch (t) {
     case ncclInt8: case ncclUint8: return 1;
@@ -63,15 +80,60 @@ static ncclResult_t fk_bad(const char* what) {
   return ncclInvalidUsage;
 }
 
-/* The stream's earlier work (and what it waits for) done; the fake
- * device's view of an operand. */
-static ncclResult_t fk_prepare(cudaStream_t s) {
-  return cudaStreamSynchronize(s) == cudaSuccess ? ncclSuccess
-                                                 : ncclUnhandledCudaError;
-}
+/* What the stream waits for before this collective (comm_nccl.c's event on
+ * the legacy stream) done, so its inputs are what a GPU would read; not
+ * the stream's earlier collectives, which may still be in flight. */
+static void fk_prepare(cudaStream_t s) { fakecuda_stream_inputs(s); }
 
 static void* fk_ptr(const void* p, size_t bytes, int* ok) {
   return fakecuda_kernel_ptr(p, bytes, "NCCL", ok);
+}
+
+static ncclResult_t fk_sum(void* out, const char* in, int nranks, size_t n,
+                           ncclDataType_t t);
+
+/* Done when every request completed (then a reduction sums its blocks), or
+ * at once when the communicator was aborted (the requests are abandoned,
+ * with their buffers). */
+static int fk_poll(void* arg) {
+  fk_flight* f = (fk_flight*)arg;
+  if (f->comm->aborted) return 1;
+  int done = 0;
+  MPI_Testall(f->nreqs, f->reqs, &done, MPI_STATUSES_IGNORE);
+  if (!done) return 0;
+  if (f->all != NULL && fk_sum(f->out, f->all, f->comm->nranks, f->n, f->t) !=
+                            ncclSuccess)
+    abort(); /* the dtype was checked at issue */
+  free(f->all);
+  free(f->reqs);
+  f->all = NULL;
+  f->reqs = NULL;
+  return 1;
+}
+
+/* Queues the collective whose requests are f's on stream s. */
+static ncclResult_t fk_fly(fk_flight* f, cudaStream_t s) {
+  return fakecuda_enqueue_poll(s, "NCCL", fk_poll, f) == cudaSuccess
+             ? ncclSuccess : ncclUnhandledCudaError;
+}
+
+static fk_flight* fk_flight_new(ncclComm_t c, int nreqs) {
+  fk_flight* f = (fk_flight*)calloc(1, sizeof *f);
+  if (f == NULL) return NULL;
+  f->comm = c;
+  f->reqs = (MPI_Request*)calloc((size_t)nreqs + 1, sizeof(MPI_Request));
+  if (f->reqs == NULL) {
+    free(f);
+    return NULL;
+  }
+  return f;
+}
+
+static void fk_flight_free(fk_flight* f) {
+  if (f == NULL) return;
+  free(f->all);
+  free(f->reqs);
+  free(f);
 }
 
 const char* ncclGetErrorString(ncclResult_t r) {
@@ -123,9 +185,12 @@ ncclResult_t ncclCommDestroy(ncclComm_t c) {
 }
 
 /* The other ranks may never come to a collective MPI_Comm_free: the MPI
- * communicator is left (a test process ends soon after). */
+ * communicator and the record are left (a test process ends soon after),
+ * and collectives in flight are abandoned (fk_poll). */
 ncclResult_t ncclCommAbort(ncclComm_t c) {
-  free(c);
+  if (c == NULL) return ncclInvalidArgument;
+  c->aborted = 1; /* kept: collectives in flight still name it */
+  fakecuda_keep_memory();
   return ncclSuccess;
 }
 
@@ -140,16 +205,21 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t count,
   const size_t b = count * fk_size(t);
   if (fk_depth > 0) return fk_bad("ncclAllGather in a group");
   if (c == NULL || fk_size(t) == 0 || b > INT32_MAX) return ncclInvalidArgument;
-  ncclResult_t r = fk_prepare(s);
-  if (r != ncclSuccess) return r;
+  fk_prepare(s);
   int ok = 1;
   const int in_place = (const char*)send == (const char*)recv + b * (size_t)c->rank;
   const void* sv = in_place ? NULL : fk_ptr(send, b, &ok);
   void* rv = fk_ptr(recv, b * (size_t)c->nranks, &ok);
   if (!ok) return ncclInvalidArgument;
-  return MPI_Allgather(in_place ? MPI_IN_PLACE : sv, (int)b, MPI_BYTE, rv,
-                       (int)b, MPI_BYTE, c->mpi) == MPI_SUCCESS
-             ? ncclSuccess : ncclSystemError;
+  fk_flight* f = fk_flight_new(c, 1);
+  if (f == NULL) return ncclSystemError;
+  f->nreqs = 1;
+  if (MPI_Iallgather(in_place ? MPI_IN_PLACE : sv, (int)b, MPI_BYTE, rv,
+                     (int)b, MPI_BYTE, c->mpi, &f->reqs[0]) != MPI_SUCCESS) {
+    fk_flight_free(f);
+    return ncclSystemError;
+  }
+  return fk_fly(f, s);
 }
 
 /* out[i] = sum over ranks r of in[r][i], in rank order in fp32; in holds
@@ -182,27 +252,39 @@ static ncclResult_t fk_reduce(const void* send, void* recv, size_t count,
   const size_t e = fk_size(t);
   if (fk_depth > 0) return fk_bad("a reduction in a group");
   if (op != ncclSum) return fk_bad("reductions other than ncclSum");
-  if (c == NULL || e == 0 || count * e * (size_t)c->nranks > INT32_MAX)
+  if (t != ncclFloat32 && t != ncclBfloat16 && t != ncclFloat16)
+    return fk_bad("sums of this dtype");
+  if (c == NULL || count * e * (size_t)c->nranks > INT32_MAX)
     return ncclInvalidArgument;
-  ncclResult_t r = fk_prepare(s);
-  if (r != ncclSuccess) return r;
+  fk_prepare(s);
   int ok = 1;
   const size_t in_bytes = count * e * (scatter ? (size_t)c->nranks : 1);
   const void* sv = fk_ptr(send, in_bytes, &ok);
   void* rv = fk_ptr(recv, count * e, &ok);
   if (!ok) return ncclInvalidArgument;
-  char* all = (char*)malloc(count * e * (size_t)c->nranks + 1);
-  if (all == NULL) return ncclSystemError;
+  fk_flight* f = fk_flight_new(c, 1);
+  if (f == NULL) return ncclSystemError;
+  f->all = (char*)malloc(count * e * (size_t)c->nranks + 1);
+  if (f->all == NULL) {
+    fk_flight_free(f);
+    return ncclSystemError;
+  }
+  f->nreqs = 1;
+  f->out = rv;
+  f->n = count;
+  f->t = t;
   /* every rank's block for this rank (reduce-scatter), or every rank's
-   * whole buffer (all-reduce) */
+   * whole buffer (all-reduce); summed when they are here */
   const int rc = scatter
-      ? MPI_Alltoall(sv, (int)(count * e), MPI_BYTE, all, (int)(count * e),
-                     MPI_BYTE, c->mpi)
-      : MPI_Allgather(sv, (int)(count * e), MPI_BYTE, all, (int)(count * e),
-                      MPI_BYTE, c->mpi);
-  r = rc == MPI_SUCCESS ? fk_sum(rv, all, c->nranks, count, t) : ncclSystemError;
-  free(all);
-  return r;
+      ? MPI_Ialltoall(sv, (int)(count * e), MPI_BYTE, f->all,
+                      (int)(count * e), MPI_BYTE, c->mpi, &f->reqs[0])
+      : MPI_Iallgather(sv, (int)(count * e), MPI_BYTE, f->all,
+                       (int)(count * e), MPI_BYTE, c->mpi, &f->reqs[0]);
+  if (rc != MPI_SUCCESS) {
+    fk_flight_free(f);
+    return ncclSystemError;
+  }
+  return fk_fly(f, s);
 }
 
 ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count,
@@ -242,23 +324,27 @@ ncclResult_t ncclGroupStart(void) {
 ncclResult_t ncclGroupEnd(void) {
   if (fk_depth == 0) return fk_bad("ncclGroupEnd without ncclGroupStart");
   if (--fk_depth > 0) return ncclSuccess;
+  if (fk_nops == 0) return ncclSuccess;
   ncclResult_t r = ncclSuccess;
-  MPI_Request* reqs = (MPI_Request*)calloc(fk_nops + 1, sizeof *reqs);
-  if (reqs == NULL) r = ncclSystemError;
-  for (size_t i = 0; i < fk_nops && r == ncclSuccess; i++)
-    r = fk_prepare(fk_ops[i].stream);
-  size_t n = 0;
+  for (size_t i = 1; i < fk_nops && r == ncclSuccess; i++)
+    if (fk_ops[i].stream != fk_ops[0].stream || fk_ops[i].comm != fk_ops[0].comm)
+      r = fk_bad("a group over several streams or communicators");
+  fk_flight* f = r == ncclSuccess ? fk_flight_new(fk_ops[0].comm, (int)fk_nops)
+                                  : NULL;
+  if (r == ncclSuccess && f == NULL) r = ncclSystemError;
+  if (r == ncclSuccess) fk_prepare(fk_ops[0].stream);
   for (size_t i = 0; i < fk_nops && r == ncclSuccess; i++) {
     fk_nop* o = &fk_ops[i];
     int ok = 1, rc = MPI_SUCCESS;
+    MPI_Request* q = &f->reqs[f->nreqs];
     if (o->kind == 0) {
       const void* sv = fk_ptr(o->send, o->bytes, &ok);
       if (ok) rc = MPI_Isend(sv, (int)o->bytes, MPI_BYTE, o->peer, 0,
-                             o->comm->mpi, &reqs[n++]);
+                             o->comm->mpi, q);
     } else if (o->kind == 1) {
       void* rv = fk_ptr(o->recv, o->bytes, &ok);
       if (ok) rc = MPI_Irecv(rv, (int)o->bytes, MPI_BYTE, o->peer, 0,
-                             o->comm->mpi, &reqs[n++]);
+                             o->comm->mpi, q);
     } else {
       void* rv = fk_ptr(o->recv, o->bytes, &ok);
       if (ok && o->comm->rank == o->peer && o->send != o->recv) {
@@ -266,18 +352,22 @@ ncclResult_t ncclGroupEnd(void) {
         if (ok) memmove(rv, sv, o->bytes);
       }
       if (ok) rc = MPI_Ibcast(rv, (int)o->bytes, MPI_BYTE, o->peer,
-                              o->comm->mpi, &reqs[n++]);
+                              o->comm->mpi, q);
     }
+    if (ok && rc == MPI_SUCCESS) f->nreqs++;
     if (!ok) r = ncclInvalidArgument;
     else if (rc != MPI_SUCCESS) r = ncclSystemError;
   }
-  /* what was posted completes even after an error: no request is left */
-  if (n > 0 && MPI_Waitall((int)n, reqs, MPI_STATUSES_IGNORE) != MPI_SUCCESS &&
-      r == ncclSuccess)
-    r = ncclSystemError;
-  free(reqs);
+  const cudaStream_t s = fk_ops[0].stream;
   fk_nops = 0;
-  return r;
+  if (f == NULL) return r;
+  if (r != ncclSuccess) {
+    /* what was posted completes: no request is left behind */
+    MPI_Waitall(f->nreqs, f->reqs, MPI_STATUSES_IGNORE);
+    fk_flight_free(f);
+    return r;
+  }
+  return fk_fly(f, s);
 }
 
 ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t t,

@@ -31,6 +31,23 @@ cudaError_t fakecuda_launch(cudaStream_t stream, const char* name,
 void* fakecuda_kernel_ptr(const void* p, size_t bytes, const char* name,
                           int* ok);
 
+/* Queues on `stream` an operation that is done when poll(arg) returns
+ * nonzero (an NCCL collective in flight): a wait for it polls until then,
+ * a query polls once. free(arg) after. */
+cudaError_t fakecuda_enqueue_poll(cudaStream_t stream, const char* name,
+                                  int (*poll)(void* arg), void* arg);
+
+/* Runs what the operations queued on `stream` wait for on other streams
+ * (its event waits; for a blocking stream, the legacy stream's earlier
+ * work), but not the stream's own queue: the inputs of work about to be
+ * queued there are then ready, as a GPU would have them when it runs. */
+void fakecuda_stream_inputs(cudaStream_t stream);
+
+/* From now on cudaFree leaves the pages readable where the fake device
+ * writes them (NCCL's stand-in calls it at ncclCommAbort: its abandoned
+ * MPI requests may still complete into freed buffers). */
+void fakecuda_keep_memory(void);
+
 /* Operations queued and not yet run, on every stream. */
 size_t fakecuda_pending(void);
 
