@@ -360,6 +360,11 @@ static zs_status zs__nccl_test(zs__comm* c, zs__comm_req* req, int* done) {
     if (st == ZS_OK && *done) free(req);
     return st;
   }
+  /* Aborted (a timeout, another rank's failure): a collective's event
+   * completes, but its data never came. */
+  if (!n->local && n->comm == NULL)
+    return zs__error(ZS_ERR_COMM, "NCCL collective: the communicator was "
+                     "aborted before it completed");
   cudaError_t e = cudaEventQuery(req->done);
   if (e == cudaSuccess) {
     cudaEventDestroy(req->done);

@@ -20,7 +20,17 @@ bool Contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
 }
 
-class CudaErrorsFakeTest : public ZsMpiTest {};
+// The stand-in's settings are environment variables it reads at each
+// call: every test sets what it needs, and they are put back after it
+// (also when an ASSERT returns early).
+class CudaErrorsFakeTest : public ZsMpiTest {
+ protected:
+  void TearDown() override {
+    unsetenv("FAKECUDA_MEM_BYTES");
+    unsetenv("FAKECUDA_DEVICES");
+    ZsMpiTest::TearDown();
+  }
+};
 
 // One GPU for every rank of the node: each rank takes GPU 0 (local rank
 // modulo the GPUs it sees), and the NCCL communicator's check refuses it on
@@ -88,7 +98,6 @@ TEST_F(CudaErrorsFakeTest, DeviceOutOfMemoryNamesTheDeviceAndWhatIsHeld) {
     zs_model_destroy(m);
   }
   zs_context_destroy(ctx);
-  unsetenv("FAKECUDA_MEM_BYTES");
 }
 
 // One rank out of device memory where the others go on alone (its stage-3

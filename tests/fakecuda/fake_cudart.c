@@ -12,8 +12,9 @@
  *   cudaErrorMemoryAllocation past FAKECUDA_MEM_BYTES (default 8 GiB).
  * - Streams are lazy: nothing queued runs until something waits for it
  *   (cudaStreamSynchronize, cudaEventSynchronize, cudaDeviceSynchronize, a
- *   copy with cudaMemcpy that touches host memory, cudaFree, destroying a
- *   stream). Then it runs in an order CUDA allows: first in first out per
+ *   copy with cudaMemcpy into host memory or from registered memory,
+ *   cudaFree; and, at more than one rank, an NCCL call of the stand-in
+ *   fake_nccl.c, which runs what its stream waits for). Then it runs in an order CUDA allows: first in first out per
  *   stream; an operation of a blocking stream after the legacy default
  *   stream's earlier operations, and one of the legacy stream after every
  *   blocking stream's earlier operations (CUDA's legacy default stream
@@ -22,7 +23,8 @@
  *   copy's destination, or changing its source, before waiting for it sees
  *   what a slow GPU would: the old data. cudaMemcpyAsync is lazy even with
  *   pageable host memory (the CUDA documentation says only that it "might
- *   be synchronous").
+ *   be synchronous"); cudaStreamDestroy returns at once and using the
+ *   stream after aborts.
  * - cudaEventQuery and cudaStreamQuery return cudaErrorNotReady while the
  *   work is queued, leaving it as the thread's last error as the runtime
  *   does; each such query runs one more operation, so polling finishes.
@@ -62,7 +64,7 @@ typedef struct fk_op {
 } fk_op;
 
 struct fk_stream {
-  int legacy, blocking;
+  int legacy, blocking, dead;
   fk_op *head, *tail;
   fk_stream* next_all;
 };
@@ -86,9 +88,9 @@ typedef struct fk_reg {
 } fk_reg;
 
 static pthread_mutex_t fk_mu = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
-static fk_stream fk_legacy = {1, 1, NULL, NULL, NULL};
-static fk_stream* fk_streams = &fk_legacy; /* every live stream */
-static fk_stream* fk_dead;                  /* destroyed ones */
+static fk_stream fk_legacy = {1, 1, 0, NULL, NULL, NULL};
+/* every stream, destroyed ones too: their queued work still runs */
+static fk_stream* fk_streams = &fk_legacy;
 static uint64_t fk_seq;
 static fk_alloc* fk_allocs;
 static fk_reg* fk_regs;
@@ -111,6 +113,10 @@ static fk_stream* fk_of(cudaStream_t s) {
   if (s == 0 || s == cudaStreamLegacy) return &fk_legacy;
   if (s == cudaStreamPerThread) {
     fprintf(stderr, "fake CUDA: cudaStreamPerThread is not modelled\n");
+    abort();
+  }
+  if (((fk_stream*)s)->dead) {
+    fprintf(stderr, "fake CUDA: use of a destroyed stream\n");
     abort();
   }
   return (fk_stream*)s;
@@ -297,7 +303,8 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
     goto out;
   }
   *ptr = NULL;
-  if (size > fk_env("FAKECUDA_MEM_BYTES", (size_t)8 << 30) - fk_used) {
+  const size_t limit = fk_env("FAKECUDA_MEM_BYTES", (size_t)8 << 30);
+  if (fk_used > limit || size > limit - fk_used) {
     e = cudaErrorMemoryAllocation;
     goto out;
   }
@@ -358,7 +365,7 @@ cudaError_t cudaFree(void* ptr) {
 cudaError_t cudaMemGetInfo(size_t* fr, size_t* total) {
   pthread_mutex_lock(&fk_mu);
   const size_t t = fk_env("FAKECUDA_MEM_BYTES", (size_t)8 << 30);
-  if (fr != NULL) *fr = t - fk_used;
+  if (fr != NULL) *fr = fk_used < t ? t - fk_used : 0;
   if (total != NULL) *total = t;
   pthread_mutex_unlock(&fk_mu);
   return cudaSuccess;
@@ -471,17 +478,34 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count,
   return cudaSuccess;
 }
 
-/* On the legacy stream; complete on return unless both sides are device
- * memory (the CUDA documentation: no host synchronization then). */
+/* On the legacy stream, with the CUDA documentation's host behaviour:
+ * to device memory from pageable memory, the source is consumed (staged)
+ * before it returns but the destination is written later; from device to
+ * device, nothing is waited for; otherwise (into host memory, or from
+ * registered memory) it is complete when it returns. */
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count,
                        enum cudaMemcpyKind kind) {
-  cudaError_t e = cudaMemcpyAsync(dst, src, count, kind, 0);
-  if (e != cudaSuccess || count == 0) return e;
+  if (count == 0) return cudaSuccess;
+  if (dst == NULL || src == NULL) return fk_err(cudaErrorInvalidValue);
   pthread_mutex_lock(&fk_mu);
-  if (fk_find(dst) == NULL || fk_find(src) == NULL)
-    fk_run_upto(&fk_legacy, fk_seq);
+  const int dst_dev = fk_find(dst) != NULL, src_dev = fk_find(src) != NULL;
+  const int src_pageable = !src_dev && fk_find_reg(src) == NULL;
+  cudaError_t e = cudaSuccess;
+  if (dst_dev && src_pageable) {
+    /* the staged source travels with the queued copy (freed with it) */
+    fk_copy_arg* a = (fk_copy_arg*)fk_arg(sizeof *a + count);
+    memcpy(a + 1, src, count);
+    a->dst = fk_view(dst, count);
+    a->src = (const char*)(a + 1);
+    a->bytes = count;
+    fk_push(&fk_legacy, fk_copy_run, a, NULL, 0);
+  } else {
+    e = cudaMemcpyAsync(dst, src, count, kind, 0);
+    if (e == cudaSuccess && !(dst_dev && src_dev))
+      fk_run_upto(&fk_legacy, fk_seq);
+  }
   pthread_mutex_unlock(&fk_mu);
-  return cudaSuccess;
+  return fk_err(e);
 }
 
 cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count,
@@ -562,21 +586,16 @@ cudaError_t cudaStreamCreate(cudaStream_t* out) {
   return cudaStreamCreateWithFlags(out, cudaStreamDefault);
 }
 
+/* As CUDA: returns at once; the queued work runs when something waits
+ * for it. The record stays (events and stream waits may name it); using
+ * the handle again aborts. */
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-  fk_stream* s = fk_of(stream);
-  if (s == &fk_legacy) return fk_err(cudaErrorInvalidResourceHandle);
   pthread_mutex_lock(&fk_mu);
-  /* CUDA lets the queued work finish first */
-  fk_run_upto(s, UINT64_MAX);
-  fk_stream** pp = &fk_streams;
-  while (*pp != NULL && *pp != s) pp = &(*pp)->next_all;
-  if (*pp != NULL) *pp = s->next_all;
-  /* not freed: events and queued stream waits may still name it (its
-   * queue is empty, so they are done); kept on a list, a few bytes each */
-  s->next_all = fk_dead;
-  fk_dead = s;
+  fk_stream* s = fk_of(stream);
+  if (s != &fk_legacy) s->dead = 1;
   pthread_mutex_unlock(&fk_mu);
-  return cudaSuccess;
+  return s == &fk_legacy ? fk_err(cudaErrorInvalidResourceHandle)
+                         : cudaSuccess;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {

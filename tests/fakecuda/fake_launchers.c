@@ -72,7 +72,10 @@ int zs_cuda_optimize(int kind, const zs_adam_hparams* adam,
   k->a.gdtype = gdtype;
   k->a.coef = coef;
   k->a.s0 = (float*)fakecuda_kernel_ptr(s0, n * 4, name, &ok);
-  k->a.s1 = (float*)fakecuda_kernel_ptr(s1, n * 4, name, &ok);
+  /* SGD never reads s1 */
+  k->a.s1 = kind == ZS_OPTIM_SGD
+                ? NULL
+                : (float*)fakecuda_kernel_ptr(s1, n * 4, name, &ok);
   k->a.p16 = fakecuda_kernel_ptr(p16, n * zs_dtype_size(dtype), name, &ok);
   k->a.dtype = dtype;
   k->a.n = n;
@@ -100,17 +103,22 @@ static void fk_sumsq_run(void* p) {
   memcpy(k->out, &acc, sizeof acc);
 }
 
-size_t zs_cuda_sumsq_scratch(size_t n) {
-  (void)n;
-  return 1;
+/* As optim_cuda.cu: one partial per block of 256 threads, at most 1024. */
+static size_t fk_blocks(size_t n) {
+  size_t b = (n + 255) / 256;
+  if (b < 1) b = 1;
+  return b > 1024 ? 1024 : b;
 }
+
+size_t zs_cuda_sumsq_scratch(size_t n) { return fk_blocks(n); }
 
 int zs_cuda_sumsq(const void* src, zs_dtype dtype, size_t n, double* partial,
                   double* out, void* stream) {
   int ok = 1;
   const char* name = "sumsq";
   fk_sumsq* k = (fk_sumsq*)fk_alloc_arg(sizeof *k);
-  (void)fakecuda_kernel_ptr(partial, sizeof(double), name, &ok);
+  (void)fakecuda_kernel_ptr(partial, fk_blocks(n) * sizeof(double), name,
+                           &ok);
   k->src = fakecuda_kernel_ptr(src, n * zs_dtype_size(dtype), name, &ok);
   k->dtype = dtype;
   k->n = n;
@@ -198,6 +206,7 @@ int zs_cuda_div_add(void* dst, const void* base, const void* src,
 int zs_cuda_sum_chunks(void* dst, const void* src, int nchunks, size_t chunk,
                        float divisor, zs_dtype dtype, void* stream) {
   int ok = 1;
+  if (nchunks < 1) return cudaErrorInvalidValue;
   const size_t bytes = chunk * zs_dtype_size(dtype);
   fk_elem* k = (fk_elem*)fk_alloc_arg(sizeof *k);
   k->op = 2;

@@ -7,11 +7,16 @@
  * A collective first runs what its stream waits for (comm_nccl.c's
  * event on the legacy stream, and with it every earlier operation of the
  * blocking streams: if that ordering were missing, the inputs would be
- * stale and the results wrong), then posts nonblocking MPI calls and
- * queues on its stream an operation that is done when they complete (and
- * a reduction summed): the collective is in flight until a wait or a
- * query polls it, and a rank that never joins leaves the others'
- * collectives in flight, as with NCCL. ncclCommAbort abandons them (unlike
+ * stale and the results wrong), then posts nonblocking MPI calls into
+ * landing buffers and queues on its stream an operation that is done when
+ * they complete, and then copies what they received to the destination
+ * (and sums a reduction): the collective is in flight until a wait or a
+ * query polls it, its output appears only then, and a rank that never
+ * joins leaves the others' collectives in flight, as with NCCL. More
+ * lenient than NCCL: running what the stream waits for at the call runs
+ * the earlier work of every blocking stream on the host there and then,
+ * and collectives queued on one stream are posted to MPI at once, not one
+ * after the other. ncclCommAbort abandons them (unlike
  * NCCL's, their MPI requests stay posted and may still match another
  * rank's later collective on that communicator). Sums
  * are in rank order, in fp32, rounded once to the dtype. Grouped calls
@@ -53,12 +58,24 @@ static __thread int fk_depth;
 static __thread fk_nop* fk_ops;
 static __thread size_t fk_nops, fk_cap;
 
-/* A collective in flight: its MPI requests, and for a reduction the
- * gathered blocks to sum into `out` when they are all here. */
+/* Data a collective received, copied to its destination only when the
+ * collective completes (so its output appears at its place in the stream
+ * order, not whenever MPI delivers it). */
+typedef struct {
+  void* dst;
+  char* tmp;
+  size_t bytes;
+} fk_landing;
+
+/* A collective in flight: its MPI requests, the data they receive, and for
+ * a reduction the gathered blocks to sum into `out` when they are all
+ * here. */
 typedef struct {
   ncclComm_t comm;
   MPI_Request* reqs;
   int nreqs;
+  fk_landing* land; /* one per request at most */
+  int nland;
   char* all; /* reductions: nranks blocks of n elements */
   void* out;
   size_t n;
@@ -104,11 +121,30 @@ static int fk_poll(void* arg) {
   if (f->all != NULL && fk_sum(f->out, f->all, f->comm->nranks, f->n, f->t) !=
                             ncclSuccess)
     abort(); /* the dtype was checked at issue */
+  for (int i = 0; i < f->nland; i++) {
+    memcpy(f->land[i].dst, f->land[i].tmp, f->land[i].bytes);
+    free(f->land[i].tmp);
+  }
+  free(f->land);
   free(f->all);
   free(f->reqs);
+  f->land = NULL;
+  f->nland = 0;
   f->all = NULL;
   f->reqs = NULL;
   return 1;
+}
+
+/* A landing buffer for `bytes` received into dst (the fake device's view),
+ * holding a copy of what dst holds now (an in-place send reads it); NULL
+ * when out of memory. */
+static char* fk_land(fk_flight* f, void* dst, size_t bytes) {
+  char* tmp = (char*)malloc(bytes > 0 ? bytes : 1);
+  if (tmp == NULL) return NULL;
+  memcpy(tmp, dst, bytes);
+  fk_landing l = {dst, tmp, bytes};
+  f->land[f->nland++] = l;
+  return tmp;
 }
 
 /* Queues the collective whose requests are f's on stream s. */
@@ -122,7 +158,10 @@ static fk_flight* fk_flight_new(ncclComm_t c, int nreqs) {
   if (f == NULL) return NULL;
   f->comm = c;
   f->reqs = (MPI_Request*)calloc((size_t)nreqs + 1, sizeof(MPI_Request));
-  if (f->reqs == NULL) {
+  f->land = (fk_landing*)calloc((size_t)nreqs + 1, sizeof(fk_landing));
+  if (f->reqs == NULL || f->land == NULL) {
+    free(f->reqs);
+    free(f->land);
     free(f);
     return NULL;
   }
@@ -131,6 +170,8 @@ static fk_flight* fk_flight_new(ncclComm_t c, int nreqs) {
 
 static void fk_flight_free(fk_flight* f) {
   if (f == NULL) return;
+  for (int i = 0; i < f->nland; i++) free(f->land[i].tmp);
+  free(f->land);
   free(f->all);
   free(f->reqs);
   free(f);
@@ -212,9 +253,13 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t count,
   void* rv = fk_ptr(recv, b * (size_t)c->nranks, &ok);
   if (!ok) return ncclInvalidArgument;
   fk_flight* f = fk_flight_new(c, 1);
-  if (f == NULL) return ncclSystemError;
+  char* tmp = f != NULL ? fk_land(f, rv, b * (size_t)c->nranks) : NULL;
+  if (tmp == NULL) {
+    fk_flight_free(f);
+    return ncclSystemError;
+  }
   f->nreqs = 1;
-  if (MPI_Iallgather(in_place ? MPI_IN_PLACE : sv, (int)b, MPI_BYTE, rv,
+  if (MPI_Iallgather(in_place ? MPI_IN_PLACE : sv, (int)b, MPI_BYTE, tmp,
                      (int)b, MPI_BYTE, c->mpi, &f->reqs[0]) != MPI_SUCCESS) {
     fk_flight_free(f);
     return ncclSystemError;
@@ -343,16 +388,21 @@ ncclResult_t ncclGroupEnd(void) {
                              o->comm->mpi, q);
     } else if (o->kind == 1) {
       void* rv = fk_ptr(o->recv, o->bytes, &ok);
-      if (ok) rc = MPI_Irecv(rv, (int)o->bytes, MPI_BYTE, o->peer, 0,
-                             o->comm->mpi, q);
+      char* tmp = ok ? fk_land(f, rv, o->bytes) : NULL;
+      if (ok && tmp == NULL) rc = MPI_ERR_NO_MEM;
+      if (tmp != NULL) rc = MPI_Irecv(tmp, (int)o->bytes, MPI_BYTE, o->peer,
+                                      0, o->comm->mpi, q);
     } else {
       void* rv = fk_ptr(o->recv, o->bytes, &ok);
-      if (ok && o->comm->rank == o->peer && o->send != o->recv) {
+      char* tmp = ok ? fk_land(f, rv, o->bytes) : NULL;
+      if (ok && tmp == NULL) rc = MPI_ERR_NO_MEM;
+      if (tmp != NULL && o->comm->rank == o->peer && o->send != o->recv) {
         const void* sv = fk_ptr(o->send, o->bytes, &ok);
-        if (ok) memmove(rv, sv, o->bytes);
+        if (ok) memcpy(tmp, sv, o->bytes);
       }
-      if (ok) rc = MPI_Ibcast(rv, (int)o->bytes, MPI_BYTE, o->peer,
-                              o->comm->mpi, q);
+      if (ok && tmp != NULL)
+        rc = MPI_Ibcast(tmp, (int)o->bytes, MPI_BYTE, o->peer, o->comm->mpi,
+                        q);
     }
     if (ok && rc == MPI_SUCCESS) f->nreqs++;
     if (!ok) r = ncclInvalidArgument;

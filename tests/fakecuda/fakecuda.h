@@ -1,10 +1,11 @@
 /*
  * fakecuda.h — a CPU stand-in for the CUDA runtime (fake_cudart.c) and for
- * the kernels behind optim/optim_cuda.h (fake_launchers.c), so that the
- * CUDA backend's own C code (runtime/device_cuda.c, runtime/comm_nccl.c at
- * one rank) and the engine's CUDA paths run in CI on machines without a
- * GPU, under an ordering model stricter than a GPU's (fake_cudart.c says
- * what is modelled). Test-only: //tests/fakecuda.
+ * the kernels behind optim/optim_cuda.h (fake_launchers.c), with NCCL's
+ * stand-in (fake_nccl.c), so that the CUDA backend's own C code
+ * (runtime/device_cuda.c, runtime/comm_nccl.c) and the engine's CUDA
+ * paths run in CI on machines without a GPU, under an ordering model that
+ * runs queued work only when waited for (fake_cudart.c says what is
+ * modelled, and where it is more lenient). Test-only: //tests/fakecuda.
  */
 #ifndef ZS_TESTS_FAKECUDA_FAKECUDA_H_
 #define ZS_TESTS_FAKECUDA_FAKECUDA_H_

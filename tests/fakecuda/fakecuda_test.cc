@@ -148,6 +148,41 @@ TEST(FakeCuda, EventQueryIsNotReadyUntilTheWorkRanAndPollingEnds) {
   cudaEventDestroy(ev);
 }
 
+// cudaStreamDestroy returns at once; the stream's queued work still runs
+// when something waits for it.
+TEST(FakeCuda, DestroyingAStreamDoesNotRunItsWork) {
+  Bufs b;
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(b.dst.data(), b.src.data(), kN, cudaMemcpyDefault,
+                            s), cudaSuccess);
+  ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
+  EXPECT_TRUE(b.DstIs(0));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_TRUE(b.DstIs(7));
+}
+
+// cudaMemcpy from pageable memory to the device consumes the source before
+// it returns, but writes the destination in stream order (CUDA's
+// documented behaviour); into host memory it is complete on return.
+TEST(FakeCuda, SynchronousCopyToTheDeviceLandsInStreamOrder) {
+  Bufs b;
+  cudaStream_t nb;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&nb, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(b.dev, b.src.data(), kN, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  b.src.assign(kN, 9);  // consumed already: changes nothing
+  // a non-blocking stream is not ordered after the legacy stream's copy
+  ASSERT_EQ(cudaMemcpyAsync(b.dst.data(), b.dev, kN, cudaMemcpyDefault, nb),
+            cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(nb), cudaSuccess);
+  EXPECT_TRUE(b.DstIs(static_cast<char>(0xA5)));
+  ASSERT_EQ(cudaMemcpy(b.dst.data(), b.dev, kN, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_TRUE(b.DstIs(7));
+  cudaStreamDestroy(nb);
+}
+
 TEST(FakeCuda, KernelsReadOnlyDeviceOrRegisteredHostMemory) {
   std::vector<float> f(kN, 1.5f);
   std::vector<uint16_t> h(kN, 0);
