@@ -26,9 +26,10 @@
  * value back. A freed block goes back to the cache at once: whatever
  * reuses it is one of those, so it is ordered after the work queued
  * before the free (the engine's copy stream is not, and starts only after
- * a stream_sync of the compute stream: device.h). So the host waits only where it reads, not after
- * every kernel; an error of an asynchronous operation is reported by the
- * next call that waits, naming the last operation queued without a wait.
+ * a stream_sync of the compute stream: device.h). So the host waits only
+ * where it reads, not after every kernel; an error of an asynchronous
+ * operation is reported by the next call that waits, naming the last
+ * operation queued without a wait.
  * Operations on a given stream are asynchronous; the engine orders them
  * with events (event_record / stream_wait_event) or a stream_sync. Streams
  * made by stream_create are blocking streams too.
