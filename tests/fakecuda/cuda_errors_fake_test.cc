@@ -12,6 +12,7 @@
 #include <string>
 
 #include "runtime/device.h"
+#include "tests/testing/alloc_faults.h"
 #include "tests/testing/mpi_test.h"
 
 namespace {
@@ -105,17 +106,6 @@ TEST_F(CudaErrorsFakeTest, DeviceOutOfMemoryNamesTheDeviceAndWhatIsHeld) {
 // collectives stay in flight, fail at once naming it (its failure notice
 // travels over MPI), the NCCL communicator is aborted, and every rank
 // destroys everything (no wait for collective_timeout_s, no hang).
-zs_status FailGatherOfB(zs_mem_category category, size_t, const char* label) {
-  if (category == ZS_MEM_PARAMS_GATHERED && std::string(label) == "b")
-    return zs__error(ZS_ERR_OUT_OF_MEMORY, "test: no memory for '%s'", label);
-  return ZS_OK;
-}
-zs_status FailGradsOfB(zs_mem_category category, size_t, const char* label) {
-  if (category == ZS_MEM_COMM_BUFFERS && std::string(label) == "b")
-    return zs__error(ZS_ERR_OUT_OF_MEMORY, "test: no memory for '%s'", label);
-  return ZS_OK;
-}
-
 TEST_F(CudaErrorsFakeTest, OutOfMemoryOnOneRankFailsTheOthersAtOnce) {
   if (world_ < 2) GTEST_SKIP() << "needs at least 2 ranks";
   setenv("FAKECUDA_DEVICES", "8", 1);
@@ -139,17 +129,11 @@ TEST_F(CudaErrorsFakeTest, OutOfMemoryOnOneRankFailsTheOthersAtOnce) {
                                     ZS_FLOAT32, 0, &t[k]), ZS_OK);
     }
     ASSERT_EQ(zs_model_finalize(m), ZS_OK) << zs_last_error();
-    if (rank_ == bad) zs__dev_alloc_fault = where == 1 ? FailGradsOfB
-                                                       : FailGatherOfB;
+    if (rank_ == bad)
+      zs__dev_alloc_fault =
+          where == 1 ? zstest::FailGradsOfB : zstest::FailGatherOfB;
     const double t0 = MPI_Wtime();
-    zs_status st = ZS_OK;
-    for (int k = 0; k < 2 && st == ZS_OK; k++) {
-      st = zs_unit_gather(m, u[k]);
-      if (st == ZS_OK) st = zs_unit_grad_acquire(m, u[k]);
-      if (st == ZS_OK) st = zs_unit_grad_release(m, u[k]);
-      if (st == ZS_OK) st = zs_unit_release(m, u[k]);
-    }
-    if (st == ZS_OK) st = zs_step(m, nullptr);
+    const zs_status st = zstest::GatherGradReleaseStep(m, u, 2);
     const std::string err = zs_last_error();
     zs__dev_alloc_fault = nullptr;
     EXPECT_LT(MPI_Wtime() - t0, 15.0) << "not at collective_timeout_s";

@@ -16,6 +16,7 @@
 
 #include "runtime/comm.h"
 #include "tests/runtime/test_harness.h"
+#include "tests/testing/alloc_faults.h"
 #include "tests/testing/mpi_test.h"
 
 using namespace zstest;
@@ -707,16 +708,6 @@ TEST_F(EngineTest, CollectiveNobodyJoinsTimesOutWithAClearError) {
 // not wait collective_timeout_s in collectives it will never join, they fail
 // at once naming it and its error (with the memory it holds by category),
 // and every rank can still destroy everything.
-zs_status FailGatherOfB(zs_mem_category category, size_t, const char* label) {
-  if (category == ZS_MEM_PARAMS_GATHERED && std::string(label) == "b")
-    return zs__error(ZS_ERR_OUT_OF_MEMORY, "test: no memory for '%s'", label);
-  return ZS_OK;
-}
-zs_status FailGradsOfB(zs_mem_category category, size_t, const char* label) {
-  if (category == ZS_MEM_COMM_BUFFERS && std::string(label) == "b")
-    return zs__error(ZS_ERR_OUT_OF_MEMORY, "test: no memory for '%s'", label);
-  return ZS_OK;
-}
 
 TEST_F(EngineTest, OutOfMemoryOnOneRankFailsTheOthersAtOnce) {
   if (world_ < 2) GTEST_SKIP() << "needs at least 2 ranks";
@@ -749,16 +740,8 @@ TEST_F(EngineTest, OutOfMemoryOnOneRankFailsTheOthersAtOnce) {
     // after: the others wait (and listen for notices) while rank 0 sleeps
     if (where == 3 && rank_ == 0) usleep(200 * 1000);
     const double t0 = MPI_Wtime();
-    zs_status st = ZS_OK;
-    std::string err;
-    for (int k = 0; k < 2 && st == ZS_OK; k++) {
-      st = zs_unit_gather(m, u[k]);
-      if (st == ZS_OK) st = zs_unit_grad_acquire(m, u[k]);
-      if (st == ZS_OK) st = zs_unit_grad_release(m, u[k]);
-      if (st == ZS_OK) st = zs_unit_release(m, u[k]);
-    }
-    if (st == ZS_OK) st = zs_step(m, nullptr);
-    err = zs_last_error();
+    const zs_status st = GatherGradReleaseStep(m, u, 2);
+    const std::string err = zs_last_error();
     zs__dev_alloc_fault = nullptr;
     EXPECT_LT(MPI_Wtime() - t0, 15.0) << "not at collective_timeout_s";
     if (where == 3) {
