@@ -213,18 +213,24 @@ cudaError_t fakecuda_enqueue_poll(cudaStream_t stream, const char* name,
 void fakecuda_stream_inputs(cudaStream_t stream) {
   pthread_mutex_lock(&fk_mu);
   fk_stream* s = fk_of(stream);
-  for (fk_op* op = s->head; op != NULL; op = op->next) {
-    if (!s->legacy && s->blocking) fk_run_upto(&fk_legacy, op->seq - 1);
-    if (s->legacy)
-      for (fk_stream* t = fk_streams; t != NULL; t = t->next_all)
-        if (t != s && t->blocking) fk_run_upto(t, op->seq - 1);
-    if (op->wait_s != NULL) fk_run_upto(op->wait_s, op->wait_seq);
-  }
-  /* and what the next operation queued there will wait for */
+  /* what an operation queued there now waits for across streams */
   if (!s->legacy && s->blocking) fk_run_upto(&fk_legacy, fk_seq);
   if (s->legacy)
     for (fk_stream* t = fk_streams; t != NULL; t = t->next_all)
       if (t != s && t->blocking) fk_run_upto(t, fk_seq);
+  /* and the events its queued operations wait for: collected first, as
+   * running them may run (and free) operations of s */
+  size_t n = 0, k = 0;
+  for (fk_op* op = s->head; op != NULL; op = op->next) n += op->wait_s != NULL;
+  fk_op* waits = (fk_op*)calloc(n + 1, sizeof *waits);
+  if (waits == NULL) {
+    fprintf(stderr, "fake CUDA: out of host memory\n");
+    abort();
+  }
+  for (fk_op* op = s->head; op != NULL; op = op->next)
+    if (op->wait_s != NULL) waits[k++] = *op;
+  for (k = 0; k < n; k++) fk_run_upto(waits[k].wait_s, waits[k].wait_seq);
+  free(waits);
   pthread_mutex_unlock(&fk_mu);
 }
 
