@@ -350,7 +350,16 @@ static zs_status zs__nccl_all_gather_strided(zs__comm* c, void* buf,
   return zs__nccl_end(c, r == ncclSuccess ? r2 : r, "strided all-gather", req);
 }
 
-static void zs__nccl_abort(zs__comm* c);
+/* After a timeout or another rank's failure: NCCL kernels waiting for a
+ * peer that will not come would keep the communication stream busy for
+ * ever (and the stream synchronize at destroy with it); ncclCommAbort ends
+ * them (NCCL's documented way out). */
+static void zs__nccl_abort(zs__comm* c) {
+  zs__nccl_impl* n = zs__nimpl(c);
+  if (n->local || n->comm == NULL) return;
+  zs__nccl_fn.CommAbort(n->comm);
+  n->comm = NULL;
+}
 
 static zs_status zs__nccl_test(zs__comm* c, zs__comm_req* req, int* done) {
   zs__nccl_impl* n = zs__nimpl(c);
@@ -394,8 +403,7 @@ static zs_status zs__nccl_test(zs__comm* c, zs__comm_req* req, int* done) {
                          "aborted)");
   }
   if (async != ncclSuccess && async != ncclInProgress) {
-    zs__nccl_fn.CommAbort(n->comm);
-    n->comm = NULL;
+    zs__nccl_abort(c);
     return zs__nccl_fail(async, "collective (asynchronous error; the "
                          "communicator was aborted)");
   }
@@ -421,17 +429,6 @@ static int zs__nccl_poll_failure(zs__comm* c, int* rank, char* msg,
   zs__comm* h = zs__nimpl(c)->host;
   return h->ops->poll_failure != NULL &&
          h->ops->poll_failure(h, rank, msg, cap);
-}
-
-/* After a timeout or another rank's failure: NCCL kernels waiting for a
- * peer that will not come would keep the communication stream busy for
- * ever (and the stream synchronize at destroy with it); ncclCommAbort ends
- * them (NCCL's documented way out). */
-static void zs__nccl_abort(zs__comm* c) {
-  zs__nccl_impl* n = zs__nimpl(c);
-  if (n->local || n->comm == NULL) return;
-  zs__nccl_fn.CommAbort(n->comm);
-  n->comm = NULL;
 }
 
 static void zs__nccl_destroy(zs__comm* c) {
