@@ -124,6 +124,17 @@ static fk_stream* fk_of(cudaStream_t s) {
 
 /* ---- running queued work -------------------------------------------------- */
 
+/* calloc that aborts: the fake has no way to report host memory running
+ * out through the CUDA calls that queue work. */
+static void* fk_arg(size_t bytes) {
+  void* p = calloc(1, bytes);
+  if (p == NULL) {
+    fprintf(stderr, "fake CUDA: out of host memory\n");
+    abort();
+  }
+  return p;
+}
+
 static int fk_pending_upto(const fk_stream* s, uint64_t seq) {
   return s->head != NULL && s->head->seq <= seq;
 }
@@ -148,14 +159,25 @@ static void fk_pop_run(fk_stream* s) {
 
 static void fk_run_upto(fk_stream* s, uint64_t seq);
 
+/* The legacy-stream rule: an operation of a blocking stream waits for the
+ * legacy stream's earlier work, one of the legacy stream for every
+ * blocking stream's. The other stream with work up to `before` that an
+ * operation of s (queued after it) waits for by that rule, or NULL. */
+static fk_stream* fk_cross_pending(const fk_stream* s, uint64_t before) {
+  if (!s->legacy && s->blocking)
+    return fk_pending_upto(&fk_legacy, before) ? &fk_legacy : NULL;
+  if (s->legacy)
+    for (fk_stream* t = fk_streams; t != NULL; t = t->next_all)
+      if (t != s && t->blocking && fk_pending_upto(t, before)) return t;
+  return NULL;
+}
+
 /* Runs what the head of s waits for, then the head. Every dependency has a
  * smaller sequence number, so this ends. */
 static void fk_run_head(fk_stream* s) {
   fk_op* op = s->head;
-  if (!s->legacy && s->blocking) fk_run_upto(&fk_legacy, op->seq - 1);
-  if (s->legacy)
-    for (fk_stream* t = fk_streams; t != NULL; t = t->next_all)
-      if (t != s && t->blocking) fk_run_upto(t, op->seq - 1);
+  for (fk_stream* t; (t = fk_cross_pending(s, op->seq - 1)) != NULL;)
+    fk_run_upto(t, op->seq - 1);
   if (op->wait_s != NULL) fk_run_upto(op->wait_s, op->wait_seq);
   fk_pop_run(s);
 }
@@ -169,16 +191,11 @@ static void fk_run_upto(fk_stream* s, uint64_t seq) {
 static void fk_step(fk_stream* s, uint64_t seq) {
   if (!fk_pending_upto(s, seq)) return;
   const fk_op* op = s->head;
-  if (!s->legacy && s->blocking && fk_pending_upto(&fk_legacy, op->seq - 1)) {
-    fk_step(&fk_legacy, op->seq - 1);
+  fk_stream* t = fk_cross_pending(s, op->seq - 1);
+  if (t != NULL) {
+    fk_step(t, op->seq - 1);
     return;
   }
-  if (s->legacy)
-    for (fk_stream* t = fk_streams; t != NULL; t = t->next_all)
-      if (t != s && t->blocking && fk_pending_upto(t, op->seq - 1)) {
-        fk_step(t, op->seq - 1);
-        return;
-      }
   if (op->wait_s != NULL && fk_pending_upto(op->wait_s, op->wait_seq)) {
     fk_step(op->wait_s, op->wait_seq);
     return;
@@ -214,19 +231,13 @@ void fakecuda_stream_inputs(cudaStream_t stream) {
   pthread_mutex_lock(&fk_mu);
   fk_stream* s = fk_of(stream);
   /* what an operation queued there now waits for across streams */
-  if (!s->legacy && s->blocking) fk_run_upto(&fk_legacy, fk_seq);
-  if (s->legacy)
-    for (fk_stream* t = fk_streams; t != NULL; t = t->next_all)
-      if (t != s && t->blocking) fk_run_upto(t, fk_seq);
+  for (fk_stream* t; (t = fk_cross_pending(s, fk_seq)) != NULL;)
+    fk_run_upto(t, fk_seq);
   /* and the events its queued operations wait for: collected first, as
    * running them may run (and free) operations of s */
   size_t n = 0, k = 0;
   for (fk_op* op = s->head; op != NULL; op = op->next) n += op->wait_s != NULL;
-  fk_op* waits = (fk_op*)calloc(n + 1, sizeof *waits);
-  if (waits == NULL) {
-    fprintf(stderr, "fake CUDA: out of host memory\n");
-    abort();
-  }
+  fk_op* waits = (fk_op*)fk_arg((n + 1) * sizeof *waits);
   for (fk_op* op = s->head; op != NULL; op = op->next)
     if (op->wait_s != NULL) waits[k++] = *op;
   for (k = 0; k < n; k++) fk_run_upto(waits[k].wait_s, waits[k].wait_seq);
@@ -236,11 +247,7 @@ void fakecuda_stream_inputs(cudaStream_t stream) {
 
 static uint64_t fk_push(fk_stream* s, void (*run)(void*), void* arg,
                         fk_stream* wait_s, uint64_t wait_seq) {
-  fk_op* op = (fk_op*)calloc(1, sizeof *op);
-  if (op == NULL) {
-    fprintf(stderr, "fake CUDA: out of host memory\n");
-    abort();
-  }
+  fk_op* op = (fk_op*)fk_arg(sizeof *op);
   op->seq = ++fk_seq;
   op->run = run;
   op->arg = arg;
@@ -458,15 +465,6 @@ typedef struct {
 static void fk_set_run(void* p) {
   fk_set_arg* a = (fk_set_arg*)p;
   memset(a->dst, a->value, a->bytes);
-}
-
-static void* fk_arg(size_t bytes) {
-  void* p = calloc(1, bytes);
-  if (p == NULL) {
-    fprintf(stderr, "fake CUDA: out of host memory\n");
-    abort();
-  }
-  return p;
 }
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count,

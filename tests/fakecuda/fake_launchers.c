@@ -42,6 +42,17 @@ static void* fk_alloc_arg(size_t bytes) {
   return p;
 }
 
+/* Queues run(k) on stream: unless an operand was refused (!ok: the launch
+ * fails as on a GPU) or there is nothing to do (n == 0); k is freed then. */
+static int fk_launch(void* k, int ok, size_t n, void* stream,
+                     const char* name, void (*run)(void*)) {
+  if (!ok || n == 0) {
+    free(k);
+    return ok ? cudaSuccess : cudaErrorInvalidValue;
+  }
+  return fakecuda_launch((cudaStream_t)stream, name, run, k);
+}
+
 /* ---- the optimizer ----------------------------------------------------------- */
 
 typedef struct {
@@ -79,11 +90,7 @@ int zs_cuda_optimize(int kind, const zs_adam_hparams* adam,
   k->a.p16 = fakecuda_kernel_ptr(p16, n * zs_dtype_size(dtype), name, &ok);
   k->a.dtype = dtype;
   k->a.n = n;
-  if (!ok) {
-    free(k);
-    return cudaErrorInvalidValue;
-  }
-  return fakecuda_launch((cudaStream_t)stream, name, fk_opt_run, k);
+  return fk_launch(k, ok, n, stream, name, fk_opt_run);
 }
 
 /* ---- sum of squares ------------------------------------------------------------ */
@@ -123,11 +130,8 @@ int zs_cuda_sumsq(const void* src, zs_dtype dtype, size_t n, double* partial,
   k->dtype = dtype;
   k->n = n;
   k->out = (double*)fakecuda_kernel_ptr(out, sizeof(double), name, &ok);
-  if (!ok || k->out == NULL) {
-    free(k);
-    return cudaErrorInvalidValue;
-  }
-  return fakecuda_launch((cudaStream_t)stream, name, fk_sumsq_run, k);
+  /* runs also for n == 0: the kernel writes 0 to *out */
+  return fk_launch(k, ok && k->out != NULL, 1, stream, name, fk_sumsq_run);
 }
 
 /* ---- conversions and the reduction helpers ------------------------------------- */
@@ -164,15 +168,7 @@ static void fk_elem_run(void* p) {
 }
 
 static int fk_elem_launch(fk_elem* k, int ok, void* stream, const char* name) {
-  if (!ok) {
-    free(k);
-    return cudaErrorInvalidValue;
-  }
-  if (k->n == 0) {
-    free(k);
-    return cudaSuccess;
-  }
-  return fakecuda_launch((cudaStream_t)stream, name, fk_elem_run, k);
+  return fk_launch(k, ok, k->n, stream, name, fk_elem_run);
 }
 
 int zs_cuda_convert(void* dst, zs_dtype dst_dtype, const void* src,
