@@ -389,9 +389,6 @@ zs_status zs__grad_reduce_finish(zs_model* m, zs__unit* u);
 /* Stage 0: starts the all-gathers of every unit's reduced shards back into
  * its full gradient (in unit order; zs_step waits for them). */
 zs_status zs__grad_gather_start(zs_model* m);
-/* Most units reducing at once: starting another finishes the oldest, so
- * the accumulation buffers of at most this many units are alive. */
-#define ZS__MAX_REDUCING 2
 /* The gradient accumulation runs K micro-batches; this is the K-th. */
 static inline int zs__accum_boundary(const zs_model* m) {
   return m->micro + 1 >= m->ctx->config.grad_accum_steps;

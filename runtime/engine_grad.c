@@ -146,6 +146,12 @@ zs_status zs__grad_reduce_start(zs_model* m, zs__unit* u) {
   const zs__reduce_order order = (zs__reduce_order)m->ctx->config.reduce_order;
   char* dst = (char*)zs__grad_shard_ptr(m, u);
   zs_status st = ZS_OK;
+  /* At most ZS__MAX_REDUCING units reducing: the oldest is finished before
+   * this one starts (its collectives were issued that many units ago and
+   * precede this one's in the stream anyway), which bounds the memory of
+   * bucket temporaries and accumulation buffers. */
+  while (m->nreducing >= ZS__MAX_REDUCING)
+    ZS_CHECK(zs__grad_reduce_finish(m, &m->units[m->reducing[0]]));
   if (u->reopened) {
     ZS_CHECK(zs__dev_alloc(m->ctx->device, ZS_MEM_COMM_BUFFERS,
                            u->layout.shard * u->gelem, 0, u->name, &u->red_sum));
@@ -162,8 +168,6 @@ zs_status zs__grad_reduce_start(zs_model* m, zs__unit* u) {
     ZS_CHECK(zs__inflight_push(comm, &u->red_ops, op));
   }
   u->grad_state = ZS__GRAD_REDUCING;
-  /* Queue it; beyond ZS__MAX_REDUCING the oldest is finished now, which
-   * bounds the memory of accumulation buffers and bucket temporaries. */
   if (m->nreducing == m->reducing_cap) {
     int cap = m->reducing_cap == 0 ? 8 : 2 * m->reducing_cap;
     int* q = (int*)realloc(m->reducing, (size_t)cap * sizeof *q);
@@ -172,8 +176,6 @@ zs_status zs__grad_reduce_start(zs_model* m, zs__unit* u) {
     m->reducing_cap = cap;
   }
   m->reducing[m->nreducing++] = ui;
-  while (st == ZS_OK && m->nreducing > ZS__MAX_REDUCING)
-    st = zs__grad_reduce_finish(m, &m->units[m->reducing[0]]);
 cleanup:
   if (st != ZS_OK) {
     /* Buckets already started read grad_accum: finish them before anyone

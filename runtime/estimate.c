@@ -76,6 +76,9 @@ static zs_status zs__estimate_check(const zs_estimate_config* c) {
              "zs_estimate: offload_params needs stage 3 and "
              "offload_optimizer (got offload_params %d, stage %d)",
              c->offload_params, c->stage);
+  ZS_REQUIRE(c->device == ZS_DEVICE_HOST || c->device == ZS_DEVICE_CUDA,
+             "zs_estimate: device must be ZS_DEVICE_HOST or ZS_DEVICE_CUDA, "
+             "got %d", (int)c->device);
   ZS_REQUIRE(c->offload_params != 2 || (c->nvme_param_buffer_count >= 1 &&
                                         c->nvme_param_buffer_count <= 4096),
              "zs_estimate: nvme_param_buffer_count must be 1..4096, got %zu",
@@ -83,9 +86,11 @@ static zs_status zs__estimate_check(const zs_estimate_config* c) {
   return ZS_OK;
 }
 
-/* What the NVMe terms need of the units (engine_nvme.c and
- * engine_nvme_param.c lay their files out from the same quantities). */
-typedef struct zs__est_nvme {
+/* What the offload terms need of the units (engine_nvme.c and
+ * engine_nvme_param.c lay their files out from the same quantities;
+ * engine_step.c's zs__staging_init and engine_gather.c's zs__hold size the
+ * CUDA staging from them). */
+typedef struct zs__est_offload {
   size_t largest_span;              /* elements: the largest trainable
                                        optimizer span */
   size_t state_field_bytes;         /* one field of every trainable span
@@ -94,7 +99,10 @@ typedef struct zs__est_nvme {
   size_t largest_param_shard_bytes; /* the largest parameter shard */
   size_t param_file_bytes;          /* the shards, each rounded to 4 KiB */
   size_t widest_elem;               /* the widest parameter dtype, bytes */
-} zs__est_nvme;
+  size_t span_grad_bytes;  /* the largest trainable span's gradients */
+  size_t span_param_bytes; /* ... and parameters (not always one unit's) */
+  size_t gather_src_bytes; /* stage 3: the working set's shards */
+} zs__est_offload;
 
 /* ZeRO-Offload (Ren et al., arXiv:2101.06840): master weights and
  * optimizer states move to host memory (offload_host); with parameter
@@ -106,7 +114,7 @@ typedef struct zs__est_nvme {
  * INVALID_ARGUMENT (too few NVMe buffers for the fields). */
 static zs_status zs__estimate_total(zs_memory_estimate* out,
                                     const zs_estimate_config* c,
-                                    const zs__est_nvme* nv) {
+                                    const zs__est_offload* nv) {
   if (c->offload_optimizer == 2) {
     /* NVMe: the swap file holds them, each field's span in sub-groups
      * rounded up to 4 KiB; each slot of the pinned pool's ring holds a
@@ -150,6 +158,15 @@ static zs_status zs__estimate_total(zs_memory_estimate* out,
     out->bytes[ZS_MEM_OFFLOAD_HOST] += out->bytes[ZS_MEM_PARAMS];
     out->bytes[ZS_MEM_PARAMS] = 0;
   }
+  if (c->device == ZS_DEVICE_CUDA) {
+    /* The optimizer steps on the host while parameters and gradients stay
+     * in device memory: two slots of page-locked staging, each the largest
+     * span's gradients and parameters (CPU and NVMe offload alike); NCCL
+     * reads an offloaded shard from a device copy, one per unit gathered. */
+    if (c->offload_optimizer)
+      out->bytes[ZS_MEM_OFFLOAD_HOST] += 2 * (nv->span_grad_bytes + nv->span_param_bytes);
+    if (c->offload_params) out->bytes[ZS_MEM_COMM_BUFFERS] += nv->gather_src_bytes;
+  }
   out->total = 0;
   for (int k = 0; k < ZS_MEM_CATEGORY_COUNT; k++) out->total += out->bytes[k];
   out->model_state_bytes =
@@ -186,10 +203,33 @@ zs_status zs_estimate_params(double params, const zs_estimate_config* c,
   const size_t span = c->stage == 0 ? l.padded : l.shard;
   const size_t sg = zs__layout_nvme_sub_group(c->nvme_buffer_size,
                                               c->nvme_sub_group_size);
-  const zs__est_nvme nv = {
+  /* the CUDA staging: the largest unit's span */
+  const size_t lu_span = c->stage == 0 ? lu : (lu + W - 1) / W;
+  zs__est_offload nv = {
       span, span > 0 && sg > 0 ? zs__layout_nvme_span_bytes(span, sg) : 0,
       (lu + W - 1) / W * zs_dtype_size(dt),
-      zs__layout_nvme_round(l.shard * zs_dtype_size(dt)), zs_dtype_size(dt)};
+      zs__layout_nvme_round(l.shard * zs_dtype_size(dt)), zs_dtype_size(dt),
+      n > 0 ? lu_span * zs_dtype_size(gdt) : 0,
+      n > 0 ? lu_span * zs_dtype_size(dt) : 0, 0};
+  if (c->largest_unit_elements > 0 && n > 0) {
+    /* Units given by their largest: the transient terms as for a
+     * description of ceil(n / lu) units of lu elements (no ties): the
+     * working set of 1 + prefetch_depth gathered units (and with
+     * offload_params their shards' device copies), the reduction's
+     * ZS__MAX_REDUCING units with their bucket temporaries and, at stages
+     * 2-3, accumulation buffers, plus the next unit's. */
+    const size_t units = (n + lu - 1) / lu;
+    const size_t gathered = units < (size_t)c->prefetch_depth + 1
+                                ? units : (size_t)c->prefetch_depth + 1;
+    const size_t reducing = units < ZS__MAX_REDUCING ? units : ZS__MAX_REDUCING;
+    const size_t g = lu * zs_dtype_size(gdt);
+    if (c->stage == 3) {
+      out->bytes[ZS_MEM_PARAMS_GATHERED] = gathered * lu * zs_dtype_size(dt);
+      nv.gather_src_bytes = gathered * ((lu + W - 1) / W) * zs_dtype_size(dt);
+    }
+    out->bytes[ZS_MEM_COMM_BUFFERS] =
+        reducing * g + (c->stage >= 2 ? (reducing + (units > reducing)) * g : 0);
+  }
   return zs__estimate_total(out, c, &nv);
 }
 
@@ -249,7 +289,7 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
   size_t* offsets = NULL;
   int* alias = NULL;
   int nunits = 0;
-  zs__est_nvme nv = {0, 0, 0, 0, 1};
+  zs__est_offload nv = {0, 0, 0, 0, 1, 0, 0, 0};
   const size_t sg = zs__layout_nvme_sub_group(c->nvme_buffer_size,
                                               c->nvme_sub_group_size);
   char** tnames = NULL; /* tensor name -> unit, for ties */
@@ -396,6 +436,8 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
     if (u->trainable) {
       const size_t sp = c->stage == 0 ? l.padded : l.shard;
       if (sp > nv.largest_span) nv.largest_span = sp;
+      if (sp * u->gelem > nv.span_grad_bytes) nv.span_grad_bytes = sp * u->gelem;
+      if (sp * u->elem > nv.span_param_bytes) nv.span_param_bytes = sp * u->elem;
       if (sp > 0 && sg > 0) nv.state_field_bytes += zs__layout_nvme_span_bytes(sp, sg);
     }
     if (l.padded > out->largest_unit_elements)
@@ -411,38 +453,71 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
   /* Stage 3: the unit in use and `prefetch_depth` prefetched ones, each
    * with its tie owners: the largest such sums (the working set). */
   if (c->stage == 3) {
-    size_t* need = (size_t*)calloc((size_t)nunits, sizeof *need);
+    /* need: a unit's full buffers with its owners'; src: their shards
+     * (the device copies NCCL reads with offload_params on a GPU) */
+    size_t* need = (size_t*)calloc(2 * (size_t)nunits, sizeof *need);
     if (need == NULL) ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "model description");
+    size_t* src = need + nunits;
     for (int i = 0; i < nunits; i++) {
       need[i] = units[i].padded * units[i].elem;
-      for (int k = 0; k < units[i].nowners; k++)
-        need[i] += units[units[i].owners[k]].padded * units[units[i].owners[k]].elem;
+      src[i] = units[i].shard * units[i].elem;
+      for (int k = 0; k < units[i].nowners; k++) {
+        const zs__est_unit* o = &units[units[i].owners[k]];
+        need[i] += o->padded * o->elem;
+        src[i] += o->shard * o->elem;
+      }
     }
     for (int k = 0; k <= c->prefetch_depth && k < nunits; k++) {
       int best = 0;
       for (int i = 1; i < nunits; i++) if (need[i] > need[best]) best = i;
       out->bytes[ZS_MEM_PARAMS_GATHERED] += need[best];
-      need[best] = 0;
+      nv.gather_src_bytes += src[best];
+      need[best] = src[best] = 0;
     }
     free(need);
   }
-  /* Gradient reduction: up to ZS__MAX_REDUCING units reducing and one
-   * accumulating; each reducing unit holds its bucket temporaries (its
-   * whole buffer, world x shard), and at stages 2-3 every one of them a
-   * full accumulation buffer. The largest units bound it. */
+  /* Gradient reduction: ZS__MAX_REDUCING units reducing (engine_grad.c
+   * finishes the oldest before starting another), each with its bucket
+   * temporaries (the whole buffer, world x shard) and at stages 2-3 a full
+   * accumulation buffer, while the next unit accumulates and, in a model
+   * with ties, a unit owning tied tensors may be accumulating all along
+   * (its gradients come from two places in the backward): their
+   * accumulation buffers too. The largest such set bounds it. */
   {
-    size_t* g = (size_t*)calloc((size_t)nunits, sizeof *g);
-    if (g == NULL) ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "model description");
-    for (int i = 0; i < nunits; i++)
-      g[i] = units[i].trainable ? units[i].padded * units[i].gelem : 0;
-    for (int k = 0; k < 3 && k < nunits; k++) {
-      int best = 0;
-      for (int i = 1; i < nunits; i++) if (g[i] > g[best]) best = i;
-      const int reducing = k < 2;
-      out->bytes[ZS_MEM_COMM_BUFFERS] +=
-          (reducing ? g[best] : 0) + (c->stage >= 2 ? g[best] : 0);
-      g[best] = 0;
+    size_t* g = (size_t*)calloc(2 * (size_t)nunits, sizeof *g);
+    int* owner = (int*)calloc((size_t)nunits, sizeof *owner);
+    if (g == NULL || owner == NULL) {
+      free(g);
+      free(owner);
+      ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "model description");
     }
+    size_t* left = g + nunits;
+    for (int i = 0; i < nunits; i++) {
+      g[i] = units[i].trainable ? units[i].padded * units[i].gelem : 0;
+      for (int k = 0; k < units[i].nowners; k++) owner[units[i].owners[k]] = 1;
+    }
+    const int accum = c->stage >= 2; /* else the gradients themselves */
+    size_t most = 0;
+    /* o: the tie owner accumulating meanwhile (-1: none) */
+    for (int o = -1; o < nunits; o++) {
+      if (o >= 0 && (!owner[o] || !accum)) continue;
+      memcpy(left, g, (size_t)nunits * sizeof *g);
+      size_t sum = 0;
+      if (o >= 0) {
+        sum = g[o];
+        left[o] = 0;
+      }
+      /* the reducing units, then the one accumulating next */
+      for (int k = 0; k <= ZS__MAX_REDUCING && k < nunits; k++) {
+        int best = 0;
+        for (int i = 1; i < nunits; i++) if (left[i] > left[best]) best = i;
+        sum += (k < ZS__MAX_REDUCING ? 1 + accum : accum) * left[best];
+        left[best] = 0;
+      }
+      if (sum > most) most = sum;
+    }
+    out->bytes[ZS_MEM_COMM_BUFFERS] += most;
+    free(owner);
     free(g);
   }
   /* Activations, when described: measured at the describing run's

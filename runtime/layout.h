@@ -96,6 +96,11 @@ static inline size_t zs__layout_shard_begin(const zs__unit_layout* l,
   return (size_t)rank * l->shard;
 }
 
+/* Most units reducing at once (engine_grad.c finishes the oldest before
+ * starting another): the bucket temporaries and accumulation buffers of at
+ * most this many units are alive (the estimator counts them). */
+#define ZS__MAX_REDUCING 2
+
 /* Bytes of the persistent buffers one rank holds for a unit at a ZeRO
  * stage (the paper's memory model, per unit): the parameters (full at
  * stages 0-2, the shard at 3) and, for a trainable unit, the gradients

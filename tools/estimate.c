@@ -37,9 +37,13 @@ static const char kUsage[] =
     "  --offload-param none|cpu|nvme  stage 3: parameter shards too [none]\n"
     "  --nvme-param-buffers N  with --offload-param nvme: pinned buffers of\n"
     "                      the largest shard each [5]\n"
+    "  --device host|cuda  where parameters and gradients live; cuda adds\n"
+    "                      offload's page-locked staging (two slots of the\n"
+    "                      largest span) and, with --offload-param, device\n"
+    "                      copies of the gathered shards [host]\n"
     "  --largest-layer N   with --params: the largest layer's elements, for\n"
-    "                      the NVMe parameter buffers (without it the count\n"
-    "                      is one unit) and\n"
+    "                      the NVMe parameter buffers and the CUDA staging\n"
+    "                      (without it the count is one unit) and\n"
     "                      DeepSpeed's stage-3 row (a model gives its own)\n"
     "  --json              one JSON object (an array with --stages)\n"
     "Stages 2 and 3 also print DeepSpeed's estimate_zero2/zero3_model_states_\n"
@@ -113,9 +117,11 @@ static double deepspeed_gpu_bytes(int stage, double psi, double largest,
 
 static void print_json(const zs_estimate_config* c, const zs_memory_estimate* e,
                        double ds, FILE* out) {
-  fprintf(out, "{\"ranks\":%d,\"nodes\":%d,\"stage\":%d,\"model_state_bytes\":%zu,"
+  fprintf(out, "{\"ranks\":%d,\"nodes\":%d,\"stage\":%d,\"device\":\"%s\","
+          "\"model_state_bytes\":%zu,"
           "\"per_node_model_state_bytes\":%zu,\"peak_bytes\":{",
-          c->ranks, c->nodes, c->stage, e->model_state_bytes,
+          c->ranks, c->nodes, c->stage,
+          c->device == ZS_DEVICE_CUDA ? "cuda" : "host", e->model_state_bytes,
           e->model_state_bytes * (size_t)(c->ranks / c->nodes));
   for (int k = 0; k < ZS_MEM_CATEGORY_COUNT; k++)
     fprintf(out, "\"%s\":%zu,", zs_mem_category_name((zs_mem_category)k),
@@ -242,6 +248,10 @@ int main(int argc, char** argv) {
       if (!v || !*v || *end || !(b >= 0) || b != floor(b))
         return fail("--nvme-sub-group: expected elements >= 0", v);
       c.nvme_sub_group_size = (size_t)b;
+    } else if (!strcmp(f, "--device")) {
+      if (v && !strcmp(v, "host")) c.device = ZS_DEVICE_HOST;
+      else if (v && !strcmp(v, "cuda")) c.device = ZS_DEVICE_CUDA;
+      else return fail("--device: expected host or cuda", v);
     } else if (!strcmp(f, "--largest-layer")) {
       char* end = NULL;
       largest = v ? strtod(v, &end) : -1;

@@ -1113,8 +1113,10 @@ zs_status zs_driver_backward(zs_driver* driver);
  * training peak: at stage 3 the gathered working set (the 1 +
  * prefetch_depth largest units with their tie owners), the gradient
  * reduction buffers (the largest units' bucket temporaries, plus their
- * accumulation buffers at stages 2-3) and, for a description that has
- * them, activations (scaled linearly with sequences per rank). */
+ * accumulation buffers at stages 2-3; a count gives both only with
+ * largest_unit_elements), with a GPU and offload the
+ * staging (see device) and, for a description that has them, activations
+ * (scaled linearly with sequences per rank). */
 typedef struct zs_estimate_config {
   int ranks;          /* data-parallel world size, >= 1 */
   int nodes;          /* >= 1, divides ranks (per-node sums in the CLI) */
@@ -1145,13 +1147,23 @@ typedef struct zs_estimate_config {
   size_t nvme_param_buffer_elements; /* as zs_config.nvme.param_buffer_elements
                                         (0: the largest shard) */
   size_t largest_unit_elements; /* with a parameter count: the largest
-                                   unit's elements (sizes the NVMe parameter
-                                   buffers); 0: the count is one unit */
+                                   unit's elements: sizes the NVMe parameter
+                                   buffers and the CUDA offload staging, and
+                                   gives the working set and reduction
+                                   buffers as for units of that size; 0:
+                                   the count is one unit, those two left
+                                   out */
+  zs_device_kind device; /* as zs_config.device. ZS_DEVICE_CUDA adds what
+                            offload costs with a GPU: two slots of
+                            page-locked staging (offload_host), each the
+                            largest trainable span's gradients and
+                            parameters; with offload_params, a device copy
+                            of each gathered unit's shard (comm_buffers) */
 } zs_estimate_config;
 
 #define ZS_ESTIMATE_CONFIG_INIT                                          \
   { 1, 1, 0, ZS_DTYPE_COUNT, -1, ZS_OPTIM_ADAMW, 0, 2, 0, 1, 0, 0,       \
-    (size_t)16 << 20, 0, 9, 5, 0, 0 }
+    (size_t)16 << 20, 0, 9, 5, 0, 0, ZS_DEVICE_HOST }
 
 typedef struct zs_memory_estimate {
   size_t bytes[ZS_MEM_CATEGORY_COUNT]; /* per rank, peak per category

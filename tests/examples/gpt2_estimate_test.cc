@@ -240,6 +240,7 @@ const BadCase kBad[] = {
     {"missing_model", "--model /nonexistent/m.json --ranks 8", "/nonexistent/m.json"},
     {"truncated_model", "--model @TRUNC --ranks 8", "truncated"},
     {"fractional_params", "--params 1.5 --ranks 8", "--params"},
+    {"unknown_device", "--params 1e9 --ranks 8 --device tpu", "--device"},
     {"nodes_not_dividing", "--params 1e9 --ranks 6 --nodes 4", "--nodes"},
     {"nvme_param_buffers", "--params 1e9 --ranks 8 --stage 3 --offload-optimizer cpu "
                     "--offload-param nvme --nvme-param-buffers 0", "--nvme-param-buffers"},

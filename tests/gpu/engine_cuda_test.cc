@@ -134,4 +134,81 @@ TEST_F(EngineCudaTest, EveryStageTrainsBitwiseAsOnTheHost) {
   }
 }
 
+// The memory estimator for a GPU (zs_estimate_config.device = CUDA)
+// against the run, for every way of offloading: the model states, the host
+// memory of offload (master weights and optimizer states, and the
+// page-locked staging: two slots of the largest span's gradients and
+// parameters) and NVMe's pinned pool, each to the byte. The estimate for
+// the host backend misses the staging: less than the run. With the
+// parameter shards offloaded, NCCL reads device copies of the gathered
+// units' shards: the comm-buffer estimate (bucket temporaries,
+// accumulation buffers and those copies, each at its own peak) bounds the
+// run's peak.
+TEST_F(EngineCudaTest, MemoryEstimateOfOffloadMatchesTheRun) {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const char* t = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(t != nullptr ? t : "/tmp");
+  for (zs_dtype dtype : {ZS_FLOAT32, ZS_BFLOAT16}) {
+    for (int stage = 0; stage <= 3; stage++) {
+      for (int offload = 1; offload <= 4; offload++) {
+        if (offload >= 3 && stage != 3) continue;
+        const std::string what =
+            std::string(zs_dtype_name(dtype)) + " stage " + std::to_string(stage) +
+            (offload == 4   ? " parameters on NVMe"
+             : offload == 3 ? " CPU offload of parameters"
+             : offload == 2 ? " NVMe offload"
+                            : " CPU offload");
+        TrainConfig cfg;
+        cfg.stage = stage;
+        cfg.steps = 2;
+        cfg.param_dtype = dtype;
+        cfg.device = ZS_DEVICE_CUDA;
+        cfg.copy = CudaCopy;
+        cfg.offload = offload >= 3 ? 1 : offload;
+        cfg.offload_param = offload >= 3 ? offload - 2 : 0;
+        cfg.nvme.path = dir.c_str();
+        cfg.nvme.sub_group_size = 1000;
+        auto m = MakeTransformer();
+        TrainResult r = TrainSharded(*m, cfg);
+        ASSERT_EQ(r.status, ZS_OK) << what << ": " << r.error;
+
+        zs_estimate_config ec = ZS_ESTIMATE_CONFIG_INIT;
+        ec.ranks = world;
+        ec.stage = stage;
+        ec.dtype = dtype;
+        ec.prefetch_depth = cfg.prefetch_depth;
+        ec.offload_optimizer = cfg.offload;
+        ec.offload_params = cfg.offload_param;
+        ec.nvme_buffer_size = cfg.nvme.buffer_size;
+        ec.nvme_buffer_count = cfg.nvme.buffer_count;
+        ec.nvme_sub_group_size = cfg.nvme.sub_group_size;
+        ec.nvme_param_buffer_count = cfg.nvme.param_buffer_count;
+        ec.nvme_param_buffer_elements = cfg.nvme.param_buffer_elements;
+        ec.device = ZS_DEVICE_CUDA;
+        const std::string desc = DescribeModel(*m);
+        zs_memory_estimate e, on_host;
+        ASSERT_EQ(zs_estimate_model(desc.c_str(), &ec, &e), ZS_OK)
+            << what << ": " << zs_last_error();
+        // the peaks of training (the harness's reads afterwards stage
+        // shards through the device too)
+        ASSERT_EQ(r.step_memory.size(), (size_t)cfg.steps) << what;
+        const zs_memory_stats& got = r.step_memory.back();
+        EXPECT_EQ(e.model_state_bytes, got.model_state_bytes) << what;
+        EXPECT_EQ(e.bytes[ZS_MEM_OFFLOAD_HOST], got.peak[ZS_MEM_OFFLOAD_HOST]) << what;
+        EXPECT_GT(got.peak[ZS_MEM_OFFLOAD_HOST], 0u) << what;
+        EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], got.peak[ZS_MEM_NVME_STAGING]) << what;
+        EXPECT_LE(got.peak[ZS_MEM_COMM_BUFFERS], e.bytes[ZS_MEM_COMM_BUFFERS]) << what;
+        ec.device = ZS_DEVICE_HOST;
+        ASSERT_EQ(zs_estimate_model(desc.c_str(), &ec, &on_host), ZS_OK);
+        EXPECT_LT(on_host.bytes[ZS_MEM_OFFLOAD_HOST], got.peak[ZS_MEM_OFFLOAD_HOST])
+            << what;
+        if (cfg.offload_param)
+          EXPECT_LT(on_host.bytes[ZS_MEM_COMM_BUFFERS], e.bytes[ZS_MEM_COMM_BUFFERS])
+              << what;
+      }
+    }
+  }
+}
+
 }  // namespace

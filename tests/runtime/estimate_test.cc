@@ -115,6 +115,83 @@ TEST(Estimate, OffloadMovesStatesToTheHost) {
   EXPECT_LAST_ERROR_HAS("offload_params");
 }
 
+// With a GPU (device = CUDA) the optimizer's host step goes through two
+// slots of page-locked staging, each the largest unit's span of gradients
+// and parameters (offload_host): from a count, the largest unit given (or
+// the whole count as one unit), its shard at stages 1-3, the whole unit at
+// stage 0. A count has no units to gather, so no device copies of
+// offloaded shards; a description's are tested against runs
+// (tests/gpu/engine_cuda_test). The host backend steps in place: none.
+TEST(Estimate, CudaOffloadStagesTheLargestSpan) {
+  zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
+  c.ranks = 8;
+  c.stage = 3;
+  c.dtype = ZS_BFLOAT16;
+  c.reduce_dtype = ZS_FLOAT32;
+  c.offload_optimizer = 1;
+  c.largest_unit_elements = 400000000;  // 50M per rank
+  zs_memory_estimate host, gpu;
+  ASSERT_EQ(zs_estimate_params(8e9, &c, &host), ZS_OK) << zs_last_error();
+  c.device = ZS_DEVICE_CUDA;
+  ASSERT_EQ(zs_estimate_params(8e9, &c, &gpu), ZS_OK) << zs_last_error();
+  // two slots x 50M x (4 bytes of fp32 gradients + 2 of bf16 parameters)
+  EXPECT_EQ(gpu.bytes[ZS_MEM_OFFLOAD_HOST] - host.bytes[ZS_MEM_OFFLOAD_HOST],
+            2ull * 50000000ull * (4 + 2));
+  EXPECT_EQ(gpu.model_state_bytes, host.model_state_bytes);
+  EXPECT_EQ(gpu.total - gpu.bytes[ZS_MEM_OFFLOAD_HOST],
+            host.total - host.bytes[ZS_MEM_OFFLOAD_HOST]);  // none on the device
+  c.stage = 0;  // the whole unit
+  ASSERT_EQ(zs_estimate_params(8e9, &c, &gpu), ZS_OK);
+  c.device = ZS_DEVICE_HOST;
+  ASSERT_EQ(zs_estimate_params(8e9, &c, &host), ZS_OK);
+  EXPECT_EQ(gpu.bytes[ZS_MEM_OFFLOAD_HOST] - host.bytes[ZS_MEM_OFFLOAD_HOST],
+            2ull * 400000000ull * (4 + 2));
+  c.offload_optimizer = 0;  // nothing staged without offload
+  c.device = ZS_DEVICE_CUDA;
+  ASSERT_EQ(zs_estimate_params(8e9, &c, &gpu), ZS_OK);
+  EXPECT_EQ(gpu.bytes[ZS_MEM_OFFLOAD_HOST], 0u);
+  c.device = (zs_device_kind)2;
+  EXPECT_EQ(zs_estimate_params(8e9, &c, &gpu), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_LAST_ERROR_HAS("device must be");
+}
+
+// A count with its largest layer: the transient terms as for units of
+// that size. 8e9 in units of 400M (20 units) on 8 ranks, bf16 with fp32
+// gradients: 1 + 2 prefetched units gathered (2.4 GB); two units reducing,
+// each with its bucket temporaries and accumulation buffer (1.6 GB each),
+// and the next unit's accumulation buffer; with the shards offloaded on a
+// GPU, the three gathered units' shards copied to the device.
+TEST(Estimate, LargestLayerGivesTheWorkingSetAndReductionBuffers) {
+  zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
+  c.ranks = 8;
+  c.stage = 3;
+  c.dtype = ZS_BFLOAT16;
+  c.reduce_dtype = ZS_FLOAT32;
+  zs_memory_estimate e;
+  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK) << zs_last_error();
+  EXPECT_EQ(e.bytes[ZS_MEM_PARAMS_GATHERED] + e.bytes[ZS_MEM_COMM_BUFFERS], 0u);
+  c.largest_unit_elements = 400000000;
+  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
+  EXPECT_EQ(e.bytes[ZS_MEM_PARAMS_GATHERED], 3ull * 400000000ull * 2);
+  EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], (2ull * 2 + 1) * 400000000ull * 4);
+  c.stage = 1;  // the gradients accumulate in place: temporaries only
+  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
+  EXPECT_EQ(e.bytes[ZS_MEM_PARAMS_GATHERED], 0u);
+  EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], 2ull * 400000000ull * 4);
+  c.stage = 3;
+  c.offload_optimizer = 1;
+  c.offload_params = 1;
+  c.device = ZS_DEVICE_CUDA;
+  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
+  EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS],
+            (2ull * 2 + 1) * 400000000ull * 4 + 3ull * 50000000ull * 2);
+  c.largest_unit_elements = 8000000000ull;  // one unit: no next one
+  c.device = ZS_DEVICE_HOST;
+  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
+  EXPECT_EQ(e.bytes[ZS_MEM_PARAMS_GATHERED], 8000000000ull * 2);
+  EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], 2ull * 8000000000ull * 4);
+}
+
 // Bytes of one field of a span of n elements in the swap file: sub-groups
 // of sg elements, each region rounded up to 4 KiB (written out here, not
 // taken from the library).

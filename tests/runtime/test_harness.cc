@@ -360,6 +360,25 @@ zs_status RegisterModel(Model& model, zs_model* zm) {
   return ZS_OK;
 }
 
+std::string DescribeModel(const Model& model) {
+  std::string d = "{\"units\": [";
+  for (size_t u = 0; u < model.units.size(); u++) {
+    d += (u ? ", " : "") + std::string("{\"name\": \"") + model.units[u].name +
+         "\", \"dtype\": \"" + zs_dtype_name(model.dtype) + "\", \"tensors\": [";
+    for (size_t k = 0; k < model.units[u].tensors.size(); k++) {
+      const TensorSpec& s = model.tensors[model.units[u].tensors[k]];
+      d += (k ? ", " : "") + std::string("{\"name\": \"") + s.name + "\", ";
+      if (s.tie >= 0)
+        d += "\"tied_to\": \"" + model.tensors[s.tie].name + "\"}";
+      else
+        d += "\"numel\": " + std::to_string(s.numel()) +
+             (s.frozen ? ", \"frozen\": true}" : "}");
+    }
+    d += "]}";
+  }
+  return d + "]}";
+}
+
 TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
   TrainResult r;
   int rank = 0, world = 1;

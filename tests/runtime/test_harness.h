@@ -112,6 +112,11 @@ void ExpectEmptyDir(const std::string& dir, const std::string& what);
 // Registers `model` on a finalized zs_model (helper for other tests).
 zs_status RegisterModel(Model& model, zs_model* zm);
 
+// The model as a description for the memory estimator (zs_estimate_model,
+// docs/profiling.md): its units, tensors (numel, frozen, tied_to the
+// owner's name) and dtype, as RegisterModel registers them.
+std::string DescribeModel(const Model& model);
+
 // zs_model_init callback: Model::Init of each tensor (user: the Model*),
 // converted to the tensor's dtype.
 zs_status InitCallback(void* user, int tensor, const zs_tensor_desc* desc,
