@@ -205,6 +205,15 @@ static zs_status zs__cuda_copy(zs__device* dev, void* dst, const void* src,
                     zs__host_mem(dst) || zs__host_mem(src));
 }
 
+static zs_status zs__cuda_upload(zs__device* dev, void* dst, const void* src,
+                                 size_t bytes, zs__stream* s) {
+  if (bytes == 0) return ZS_OK;
+  return zs__finish(dev, s,
+                    cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice,
+                                    zs__on(dev, s)),
+                    "cudaMemcpyAsync (upload)", 0);
+}
+
 static zs_status zs__cuda_memset(zs__device* dev, void* dst, int value,
                                  size_t bytes, zs__stream* s) {
   if (bytes == 0) return ZS_OK;
@@ -384,6 +393,7 @@ static const zs__device_ops zs__cuda_ops = {
     zs__cuda_alloc,
     zs__cuda_free,
     zs__cuda_copy,
+    zs__cuda_upload,
     zs__cuda_memset,
     zs__cuda_div_add,
     zs__cuda_sum_chunks,

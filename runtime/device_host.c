@@ -240,6 +240,7 @@ static const zs__device_ops zs__host_ops = {
     zs__host_alloc,
     zs__host_free,
     zs__host_copy,
+    zs__host_copy, /* upload */
     zs__host_memset,
     zs__host_div_add,
     zs__host_sum_chunks,

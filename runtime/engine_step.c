@@ -250,7 +250,9 @@ zs_status zs__coll_source(zs_model* m, const void* src, size_t bytes,
   zs__device* dev = m->ctx->device;
   if (dev == m->ctx->host && !zs__offload_force_staging) return ZS_OK;
   zs_status st = zs__dev_alloc(dev, ZS_MEM_COMM_BUFFERS, bytes, 0, label, staged);
-  if (st == ZS_OK) st = dev->ops->copy(dev, *staged, src, bytes, NULL);
+  /* queued: the host goes on (the collective reading it is waited for
+   * before src changes: zs__quiesce, the step's prefetch drain) */
+  if (st == ZS_OK) st = dev->ops->upload(dev, *staged, src, bytes, NULL);
   if (st != ZS_OK) {
     zs__dev_free(dev, *staged);
     *staged = NULL;

@@ -282,6 +282,43 @@ TEST_F(CudaTest, DeviceOnlyOperationsQueueAndHostOnesCompleteOnReturn) {
   Free(dy);
 }
 
+// upload (an offloaded shard's device copy for its all-gather) queues the
+// copy behind the compute stream's work and returns without waiting for
+// it; whatever is ordered after it reads the uploaded bytes.
+TEST_F(CudaTest, UploadQueuesBehindTheComputeStreamWithoutWaiting) {
+  const size_t n = (size_t)64 << 20;  // 256 MB per fp32 buffer
+  std::vector<float> x = Random(4096, 12, 1.f);
+  x.resize(n, 0.25f);
+  float* dx = Up(x);
+  float* dy = Up(std::vector<float>(n, 0.f));
+  float* dz = Up(std::vector<float>(n, 0.f));
+  std::vector<float> src = Random(n, 13, 1.f);
+  ASSERT_EQ(gpu_->ops->host_register(gpu_, src.data(), n * 4), ZS_OK);
+  for (int i = 0; i < 40; i++)
+    ASSERT_EQ(gpu_->ops->div_add(gpu_, dy, dy, dx, 2.0f, n, ZS_FLOAT32,
+                                 nullptr), ZS_OK);
+  ASSERT_EQ(gpu_->ops->upload(gpu_, dz, src.data(), n * 4, nullptr), ZS_OK)
+      << zs_last_error();
+  cudaEvent_t ev;
+  ASSERT_EQ(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(ev, cudaStreamLegacy), cudaSuccess);
+  const cudaError_t q = cudaEventQuery(ev);
+  (void)cudaGetLastError();
+  EXPECT_EQ(q, cudaErrorNotReady) << "the host waited for an upload";
+  // a device-only kernel after it on the compute stream reads the upload
+  ASSERT_EQ(gpu_->ops->div_add(gpu_, dz, dz, dz, 1.0f, n, ZS_FLOAT32, nullptr),
+            ZS_OK);
+  std::vector<float> want = src;
+  ASSERT_EQ(host_->ops->div_add(host_, want.data(), want.data(), want.data(),
+                                1.0f, n, ZS_FLOAT32, nullptr), ZS_OK);
+  EXPECT_TRUE(SameBits(Down(dz, n), want));
+  gpu_->ops->host_unregister(gpu_, src.data());
+  cudaEventDestroy(ev);
+  Free(dx);
+  Free(dy);
+  Free(dz);
+}
+
 TEST_F(CudaTest, CachingAllocatorReusesBlocksAndReportsOutOfMemory) {
   void* a = nullptr;
   void* b = nullptr;
