@@ -461,6 +461,25 @@ static zs_status zs__json_offload(const cJSON* zero, zs_config* c) {
     ZS_CHECK(zs__json_size(op, "buffer_size", p, &c->nvme.param_buffer_elements));
   }
   if (nvme_path != NULL) c->nvme.path = nvme_path;
+  /* DeepSpeed accepts the NVMe keys of a section that offloads elsewhere
+   * (and so do we, so its files load), but says nothing: say so here */
+  for (int k = 0; k < 2; k++) {
+    const cJSON* o = k == 0 ? oo : op;
+    const int dev = k == 0 ? c->offload_optimizer.device : c->offload_param;
+    if (o == NULL || dev == 2) continue;
+    const int path = cJSON_GetObjectItemCaseSensitive(o, "nvme_path") != NULL &&
+                     c->offload_optimizer.device != 2 && c->offload_param != 2;
+    const int bufs = cJSON_GetObjectItemCaseSensitive(o, "buffer_count") != NULL ||
+                     cJSON_GetObjectItemCaseSensitive(o, "buffer_size") != NULL;
+    if (path || bufs)
+      zs__log(ZS_LOG_WARN,
+              "config JSON: zero_optimization.%s: %s%s%s apply to \"device\": "
+              "\"nvme\" only and are ignored here (device \"%s\")",
+              k == 0 ? "offload_optimizer" : "offload_param",
+              path ? "nvme_path" : "", path && bufs ? ", " : "",
+              bufs ? "buffer_count and buffer_size" : "",
+              dev == 1 ? "cpu" : "none");
+  }
 cleanup:
   return st;
 }

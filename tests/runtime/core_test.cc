@@ -672,6 +672,30 @@ TEST(ConfigJson, NvmeOffloadKeys) {
   EXPECT_EQ(d.offload_optimizer.device, 0);  // unchanged on error
 }
 
+// NVMe keys in a section that does not offload to NVMe are accepted, as
+// DeepSpeed accepts them, with a warning naming them; a path the other
+// section uses is not warned about.
+TEST(ConfigJson, NvmeKeysOfAnotherDeviceAreWarnedAbout) {
+  zs_config c = ZS_CONFIG_INIT;
+  ::testing::internal::CaptureStderr();
+  ASSERT_EQ(zs_config_from_json(R"({"zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "cpu", "nvme_path": "/local_nvme",
+      "buffer_count": 4}}})", &c), ZS_OK) << zs_last_error();
+  std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("zero_optimization.offload_optimizer: nvme_path, "
+                     "buffer_count and buffer_size apply to \"device\": \"nvme\" "
+                     "only and are ignored here (device \"cpu\")"),
+            std::string::npos) << err;
+  c = ZS_CONFIG_INIT;
+  ::testing::internal::CaptureStderr();
+  ASSERT_EQ(zs_config_from_json(R"({"zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "cpu", "nvme_path": "/local_nvme"},
+      "offload_param": {"device": "nvme"}}})", &c), ZS_OK) << zs_last_error();
+  err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(err.find("ignored"), std::string::npos) << err;
+  EXPECT_STREQ(c.nvme.path, "/local_nvme");
+}
+
 TEST(ConfigJson, SgdParamsAndBooleanNesterov) {
   const char* text = R"({"optimizer": {"type": "SGD", "params": {
       "lr": 0.1, "momentum": 0.9, "dampening": 0, "nesterov": true,
