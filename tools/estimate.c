@@ -140,7 +140,7 @@ static void print_json(const zs_estimate_config* c, const zs_memory_estimate* e,
 static void print_row(const zs_estimate_config* c, const zs_memory_estimate* e,
                       double ds, FILE* out) {
   fprintf(out, "stage %d  %4d ranks  model states %10.3f GB/rank  (params "
-          "%.3f, grads %.3f, master %.3f, optimizer %.3f)  peak %10.3f GB/rank"
+          "%.3f, grads %.3f, master %.3f, optimizer %.3f)  device peak %10.3f GB/rank"
           "  node %.3f GB\n",
           c->stage, c->ranks, e->model_state_bytes / 1e9,
           e->bytes[ZS_MEM_PARAMS] / 1e9, e->bytes[ZS_MEM_GRADS] / 1e9,
