@@ -29,8 +29,9 @@
 
 /* The context, for the abnormal ends below: MPI_Abort and SIGTERM/SIGINT
  * (mpirun forwards Ctrl-C as SIGTERM) skip zs_context_destroy, so they
- * remove this rank's NVMe swap files first. */
-static zs_context* g_ctx = NULL;
+ * remove this rank's NVMe swap files first. Volatile: the signal handler
+ * reads it, and it is cleared before zs_context_destroy starts. */
+static zs_context* volatile g_ctx = NULL;
 
 static void on_signal(int sig) {
   zs_context_remove_files(g_ctx); /* async-signal-safe */
