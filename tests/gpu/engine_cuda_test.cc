@@ -203,9 +203,10 @@ TEST_F(EngineCudaTest, MemoryEstimateOfOffloadMatchesTheRun) {
         ASSERT_EQ(zs_estimate_model(desc.c_str(), &ec, &on_host), ZS_OK);
         EXPECT_LT(on_host.bytes[ZS_MEM_OFFLOAD_HOST], got.peak[ZS_MEM_OFFLOAD_HOST])
             << what;
-        if (cfg.offload_param)
+        if (cfg.offload_param) {
           EXPECT_LT(on_host.bytes[ZS_MEM_COMM_BUFFERS], e.bytes[ZS_MEM_COMM_BUFFERS])
               << what;
+        }
       }
     }
   }

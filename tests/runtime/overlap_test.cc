@@ -576,11 +576,12 @@ DriverRun RunDriverNet(int stage, int checkpoint, MPI_Comm comm, int steps,
       const zs_status want = rank == world - 1 ? ZS_ERR_INVALID_ARGUMENT
                                                : ZS_ERR_REMOTE;
       EXPECT_EQ(st, want) << "rank " << rank << ": " << zs_last_error();
-      if (st != ZS_OK)
+      if (st != ZS_OK) {
         EXPECT_NE(std::string(zs_last_error()).find(
                       rank == world - 1 ? "backward" : "failed on rank"),
                   std::string::npos)
             << zs_last_error();
+      }
       net.fail_now = false;
       zs_step_info info{};
       st = zs_step_discard(m, &info);
