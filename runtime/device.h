@@ -64,12 +64,12 @@ typedef struct zs__device_ops {
    * ordered on `stream`. */
   zs_status (*copy)(zs__device* dev, void* dst, const void* src, size_t bytes,
                     zs__stream* stream);
-  /* Copies bytes of host memory src (page-locked, or pageable: then CUDA
-   * stages it before returning) into device memory dst, ordered on
-   * `stream` as copy, but never waited for, on the compute stream either:
-   * src must stay unchanged and allocated until something ordered after
-   * the copy has completed (e.g. the collective that reads dst, which the
-   * caller waits for). Host: memcpy, complete on return. */
+  /* Copies bytes of host memory src (page-locked, for the copy engine to
+   * read it asynchronously) into device memory dst, ordered on `stream` as
+   * copy, but never waited for, on the compute stream either: src must
+   * stay unchanged and allocated until something ordered after the copy
+   * has completed (e.g. the collective that reads dst, which the caller
+   * waits for). Host: memcpy, complete on return. */
   zs_status (*upload)(zs__device* dev, void* dst, const void* src,
                       size_t bytes, zs__stream* stream);
   zs_status (*memset)(zs__device* dev, void* dst, int value, size_t bytes,

@@ -325,13 +325,15 @@ int zs__offload_staged(const zs_model* m);
 /* A collective's source in host memory (offloaded parameter shards,
  * master weights, optimizer states): with a device that is not the host
  * (NCCL reads device memory), or the staging test hook, *use is a device
- * copy of its `bytes` BYTES, queued on the compute stream without a wait
- * (device_ops.upload: src must not change until the collective that reads
- * it has completed), which *staged also holds for the caller to free with
- * zs__dev_free once the collective is done; otherwise *use is src and
- * *staged NULL. Errors: OUT_OF_MEMORY (device), DEVICE. */
+ * copy of its `bytes` BYTES, complete on return if `wait`, else queued on
+ * the compute stream (device_ops.upload: src must not change or be freed
+ * until the collective that reads it has completed), which *staged also
+ * holds for the caller to free with zs__dev_free once the collective is
+ * done; otherwise *use is src and *staged NULL. Errors: OUT_OF_MEMORY
+ * (device), DEVICE. */
 zs_status zs__coll_source(zs_model* m, const void* src, size_t bytes,
-                          const char* label, void** staged, const void** use);
+                          const char* label, int wait, void** staged,
+                          const void** use);
 zs_status zs__staging_init(zs_model* m);
 /* One unit at a time, synchronously (NVMe offload's step): its gradient
  * span and parameters into staging slot 0 (staging_g[0], staging_p[0]),

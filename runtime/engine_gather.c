@@ -86,7 +86,7 @@ static zs_status zs__hold(zs_model* m, int unit) {
     const void* src = u->params_shard;
     if (m->ctx->config.offload_param)
       st = zs__coll_source(m, u->params_shard, u->layout.shard * u->elem,
-                           u->name, &u->gather_src, &src);
+                           u->name, 0, &u->gather_src, &src);
     if (st == ZS_OK)
       st = zs__dev_alloc(dev, ZS_MEM_PARAMS_GATHERED, u->layout.padded * u->elem,
                          0, u->name, &u->params_full);

@@ -150,8 +150,10 @@ zs_status zs__grad_reduce_start(zs_model* m, zs__unit* u) {
    * this one starts (its collectives were issued that many units ago and
    * precede this one's in the stream anyway), which bounds the memory of
    * bucket temporaries and accumulation buffers. */
-  while (m->nreducing >= ZS__MAX_REDUCING)
-    ZS_CHECK(zs__grad_reduce_finish(m, &m->units[m->reducing[0]]));
+  while (m->nreducing >= ZS__MAX_REDUCING) {
+    st = zs__grad_reduce_finish(m, &m->units[m->reducing[0]]);
+    if (st != ZS_OK) return st; /* its message names its unit */
+  }
   if (u->reopened) {
     ZS_CHECK(zs__dev_alloc(m->ctx->device, ZS_MEM_COMM_BUFFERS,
                            u->layout.shard * u->gelem, 0, u->name, &u->red_sum));

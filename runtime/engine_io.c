@@ -315,9 +315,11 @@ zs_status zs_tensor_get(zs_model* m, int tensor, zs_field field, void* out) {
         (field == ZS_FIELD_PARAM ? m->ctx->config.offload_param != 0
                                  : field != ZS_FIELD_GRAD && m->ctx->offload != NULL);
     const void* use = shard;
+    /* a complete copy: nvme_tmp is freed on every path, also when the
+     * agreement below fails before the all-gather */
     if (on_host)
       local = zs__coll_source(m, shard, u->layout.shard * zs_dtype_size(dtype),
-                              "tensor_get shard", &staged, &use);
+                              "tensor_get shard", 1, &staged, &use);
     shard = (void*)use;
     if (local == ZS_OK)
       local = zs__dev_alloc(dev, ZS_MEM_OTHER,

@@ -187,6 +187,11 @@ void zs__model_detach(zs_model* m) {
   if (m->ctx == NULL) return;
   /* Nothing may be freed under a collective still writing into it. */
   if (m->finalized && !m->ctx->comm->failed) (void)zs__quiesce(m);
+  /* ... nor a host buffer under a queued upload (a gather of an offloaded
+   * shard whose collective failed, so was not waited for): the compute
+   * stream waits for no collective, so this returns */
+  zs__device* dev = m->ctx->device;
+  if (dev != m->ctx->host) (void)dev->ops->stream_sync(dev, NULL);
   for (int i = 0; i < m->nunits; i++)
     zs__unit_free_storage(m, &m->units[i]);
   zs__staging_free(m);

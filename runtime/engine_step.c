@@ -244,7 +244,8 @@ int zs__offload_staged(const zs_model* m) {
 }
 
 zs_status zs__coll_source(zs_model* m, const void* src, size_t bytes,
-                          const char* label, void** staged, const void** use) {
+                          const char* label, int wait, void** staged,
+                          const void** use) {
   *staged = NULL;
   *use = src;
   zs__device* dev = m->ctx->device;
@@ -252,7 +253,9 @@ zs_status zs__coll_source(zs_model* m, const void* src, size_t bytes,
   zs_status st = zs__dev_alloc(dev, ZS_MEM_COMM_BUFFERS, bytes, 0, label, staged);
   /* queued: the host goes on (the collective reading it is waited for
    * before src changes: zs__quiesce, the step's prefetch drain) */
-  if (st == ZS_OK) st = dev->ops->upload(dev, *staged, src, bytes, NULL);
+  if (st == ZS_OK)
+    st = wait ? dev->ops->copy(dev, *staged, src, bytes, NULL)
+              : dev->ops->upload(dev, *staged, src, bytes, NULL);
   if (st != ZS_OK) {
     zs__dev_free(dev, *staged);
     *staged = NULL;

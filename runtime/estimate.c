@@ -480,45 +480,43 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
    * finishes the oldest before starting another), each with its bucket
    * temporaries (the whole buffer, world x shard) and at stages 2-3 a full
    * accumulation buffer, while the next unit accumulates and, in a model
-   * with ties, a unit owning tied tensors may be accumulating all along
-   * (its gradients come from two places in the backward): their
-   * accumulation buffers too. The largest such set bounds it. */
+   * with ties across units, every unit owning tied tensors may be
+   * accumulating all along (its gradients come from two places in the
+   * backward). The largest such set: every owner's buffer, then the
+   * ZS__MAX_REDUCING units that add the most by reducing (an owner its
+   * temporaries, another unit both buffers), then the largest other unit
+   * accumulating next. At stages 0-1 the accumulation buffer is the
+   * gradients themselves: the temporaries of the largest units. */
   {
-    size_t* g = (size_t*)calloc(2 * (size_t)nunits, sizeof *g);
+    size_t* gain = (size_t*)calloc((size_t)nunits, sizeof *gain);
     int* owner = (int*)calloc((size_t)nunits, sizeof *owner);
-    if (g == NULL || owner == NULL) {
-      free(g);
+    if (gain == NULL || owner == NULL) {
+      free(gain);
       free(owner);
       ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "model description");
     }
-    size_t* left = g + nunits;
+    const int accum = c->stage >= 2;
+    for (int i = 0; i < nunits; i++)
+      for (int k = 0; k < units[i].nowners; k++) owner[units[i].owners[k]] = accum;
+    size_t sum = 0;
     for (int i = 0; i < nunits; i++) {
-      g[i] = units[i].trainable ? units[i].padded * units[i].gelem : 0;
-      for (int k = 0; k < units[i].nowners; k++) owner[units[i].owners[k]] = 1;
+      const size_t g = units[i].trainable ? units[i].padded * units[i].gelem : 0;
+      sum += owner[i] ? g : 0;
+      gain[i] = owner[i] || !accum ? g : 2 * g;
     }
-    const int accum = c->stage >= 2; /* else the gradients themselves */
-    size_t most = 0;
-    /* o: the tie owner accumulating meanwhile (-1: none) */
-    for (int o = -1; o < nunits; o++) {
-      if (o >= 0 && (!owner[o] || !accum)) continue;
-      memcpy(left, g, (size_t)nunits * sizeof *g);
-      size_t sum = 0;
-      if (o >= 0) {
-        sum = g[o];
-        left[o] = 0;
+    for (int k = 0; k <= ZS__MAX_REDUCING && k < nunits; k++) {
+      if (k == ZS__MAX_REDUCING) { /* the next: accumulating, not an owner */
+        if (!accum) break;
+        for (int i = 0; i < nunits; i++) gain[i] = owner[i] ? 0 : gain[i] / 2;
       }
-      /* the reducing units, then the one accumulating next */
-      for (int k = 0; k <= ZS__MAX_REDUCING && k < nunits; k++) {
-        int best = 0;
-        for (int i = 1; i < nunits; i++) if (left[i] > left[best]) best = i;
-        sum += (k < ZS__MAX_REDUCING ? 1 + accum : accum) * left[best];
-        left[best] = 0;
-      }
-      if (sum > most) most = sum;
+      int best = 0;
+      for (int i = 1; i < nunits; i++) if (gain[i] > gain[best]) best = i;
+      sum += gain[best];
+      gain[best] = 0;
     }
-    out->bytes[ZS_MEM_COMM_BUFFERS] += most;
+    out->bytes[ZS_MEM_COMM_BUFFERS] += sum;
     free(owner);
-    free(g);
+    free(gain);
   }
   /* Activations, when described: measured at the describing run's
    * sequences per rank and micro-batch, scaled linearly to this one. */

@@ -88,6 +88,37 @@ TEST(Estimate, ModelDescriptionLayoutTiesFrozenAndActivations) {
   EXPECT_EQ(e.bytes[ZS_MEM_GRADS], 32u * 4);
 }
 
+// The reduction buffers (one rank, fp32): two units reducing, each with
+// its bucket temporaries and (stages 2-3) accumulation buffer, the next
+// unit accumulating, and a unit owning a tensor tied from another unit
+// accumulating through the backward. Units a (1600 elements), b (800), c
+// (480, owning the tensor d ties to), d (160): the largest set is a and b
+// reducing, c accumulating all along and d next; without the tie, c is
+// the next.
+TEST(Estimate, ReductionBuffersCountATieOwnerAccumulating) {
+  const char* model = R"({"units": [
+      {"name": "a", "tensors": [{"name": "w", "numel": 1600}]},
+      {"name": "b", "tensors": [{"name": "x", "numel": 800}]},
+      {"name": "c", "tensors": [{"name": "y", "numel": 480}]},
+      {"name": "d", "tensors": [{"name": "v", "numel": 160},
+                                {"name": "head", "tied_to": "y"}]}]})";
+  const char* untied = R"({"units": [
+      {"name": "a", "tensors": [{"name": "w", "numel": 1600}]},
+      {"name": "b", "tensors": [{"name": "x", "numel": 800}]},
+      {"name": "c", "tensors": [{"name": "y", "numel": 480}]},
+      {"name": "d", "tensors": [{"name": "v", "numel": 160}]}]})";
+  zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
+  c.stage = 2;
+  zs_memory_estimate e;
+  ASSERT_EQ(zs_estimate_model(model, &c, &e), ZS_OK) << zs_last_error();
+  EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], (2 * 1600u + 2 * 800u + 480u + 160u) * 4);
+  ASSERT_EQ(zs_estimate_model(untied, &c, &e), ZS_OK);
+  EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], (2 * 1600u + 2 * 800u + 480u) * 4);
+  c.stage = 1;  // the gradients accumulate in place: temporaries only
+  ASSERT_EQ(zs_estimate_model(model, &c, &e), ZS_OK);
+  EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], (1600u + 800u) * 4);
+}
+
 // ZeRO-Offload's split: master weights and optimizer states in host
 // memory; with parameter offload at stage 3 the parameter shards too.
 TEST(Estimate, OffloadMovesStatesToTheHost) {
@@ -119,9 +150,9 @@ TEST(Estimate, OffloadMovesStatesToTheHost) {
 // slots of page-locked staging, each the largest unit's span of gradients
 // and parameters (offload_host): from a count, the largest unit given (or
 // the whole count as one unit), its shard at stages 1-3, the whole unit at
-// stage 0. A count has no units to gather, so no device copies of
-// offloaded shards; a description's are tested against runs
-// (tests/gpu/engine_cuda_test). The host backend steps in place: none.
+// stage 0 (the device copies of offloaded shards: the next test, and
+// against runs in tests/gpu/engine_cuda_test). The host backend steps in
+// place: none.
 TEST(Estimate, CudaOffloadStagesTheLargestSpan) {
   zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
   c.ranks = 8;

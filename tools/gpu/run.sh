@@ -164,8 +164,7 @@ C, H = 4096, 32
 block = 12 * C * C + 13 * C
 embed = 256 * C + 128 * C + 2 * C  # wte (V=256), wpe (T=128), final norm
 L = max(1, int((n - embed) // block))
-N = L * block + embed
-print(C, H, L, N, block)
+print(C, H, L, embed, block)
 EOF
 )
 if [ -z "$fit" ]; then
@@ -174,15 +173,22 @@ if [ -z "$fit" ]; then
   exit $fails
 fi
 set -- $fit
-C=$1 H=$2 L=$3 N=$4 block=$5
+C=$1 H=$2 L=$3 embed=$4 block=$5
 log "offload: estimator at 1e9 parameters: $(tr -d '\n ' <"$OUT/estimate_1e9.json")"
-# the prediction for that model on this GPU: its largest unit (a block)
-# sizes the page-locked staging of the CPU step
-run "$B/bin/zs_estimate" --params "$N" --largest-layer "$block" --ranks 1 \
-  --stage 3 --dtype bf16 --reduce-dtype fp32 --offload-optimizer cpu \
-  --device cuda --json >"$OUT/estimate_offload.json"
-read -r dev host < <(python3 -c "import json, sys; e = json.load(open(sys.argv[1])); print(e['device_bytes'], e['per_node_host_bytes'])" "$OUT/estimate_offload.json" 2>/dev/null)
-log "offload: GPU $gpu_b B, host $host_b B -> largest model L=$L C=$C ($N parameters): predicted ${dev:-?} B on the GPU, ${host:-?} B in host memory (model states, staging, reduction buffers; activations and cuBLAS's workspace are in the headroom)"
+# The prediction for such a model on this GPU, with what the count above
+# leaves out (its largest unit, a block, sizes the page-locked staging of
+# the CPU step, the working set and the reduction buffers): one block
+# fewer until it fits the same headroom.
+while :; do
+  N=$((L * block + embed))
+  run "$B/bin/zs_estimate" --params "$N" --largest-layer "$block" --ranks 1 \
+    --stage 3 --dtype bf16 --reduce-dtype fp32 --offload-optimizer cpu \
+    --device cuda --json >"$OUT/estimate_offload.json"
+  read -r dev host < <(python3 -c "import json, sys; e = json.load(open(sys.argv[1])); print(e['device_bytes'], e['per_node_host_bytes'])" "$OUT/estimate_offload.json" 2>/dev/null)
+  [ -n "$dev" ] && [ "$L" -gt 1 ] && python3 -c "import sys; d, h, g, m = map(float, sys.argv[1:]); sys.exit(0 if d > 0.85 * g or h > 0.70 * m else 1)" "$dev" "$host" "$gpu_b" "$host_b" || break
+  L=$((L - 1))
+done
+log "offload: GPU $gpu_b B, host $host_b B -> largest model L=$L C=$C ($N parameters): predicted ${dev:-?} B on the GPU, ${host:-?} B in host memory (model states, staging, working set, reduction buffers; activations and cuBLAS's workspace are in the headroom)"
 r="$OUT/offload.json"
 log "offload: $(left) s left for it"
 if timeout "$(limit 540)" "$B/bin/train_sharded.sh" $common --layers "$L" --channels "$C" \
