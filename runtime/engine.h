@@ -318,9 +318,10 @@ void zs__param_gather_done(zs_model* m, zs__unit* u);
 void zs__staging_free(zs_model* m);
 extern int zs__offload_force_staging;
 /* Whether the offloaded step goes through the staging (gradients in
- * device memory, or the test hook). With parameter shards on NVMe it is
- * done unit by unit, synchronously, inside each unit's acquire/write-back
- * of its shard. */
+ * device memory, or the test hook): two slots, the next unit's span
+ * coming while one steps; NVMe offload's step with the parameter shards
+ * offloaded too stages unit by unit, synchronously (with the shards on
+ * NVMe, inside each unit's acquire/write-back of its shard). */
 int zs__offload_staged(const zs_model* m);
 /* A collective's source in host memory (offloaded parameter shards,
  * master weights, optimizer states): with a device that is not the host
@@ -335,9 +336,14 @@ zs_status zs__coll_source(zs_model* m, const void* src, size_t bytes,
                           const char* label, int wait, void** staged,
                           const void** use);
 zs_status zs__staging_init(zs_model* m);
-/* One unit at a time, synchronously (NVMe offload's step): its gradient
- * span and parameters into staging slot 0 (staging_g[0], staging_p[0]),
- * and its parameters back from there. Errors: DEVICE. */
+/* Queues unit u's gradient span and parameters into staging slot k on the
+ * staging stream (ordered after nothing on the compute stream: sync it
+ * first); done when the staging stream is synchronized. Errors: DEVICE. */
+zs_status zs__staging_in(zs_model* m, zs__unit* u, int k);
+/* One unit at a time, synchronously (NVMe offload's step with the
+ * parameter shards offloaded too): its gradient span and parameters into
+ * staging slot 0 (staging_g[0], staging_p[0]), and its parameters back
+ * from there. Errors: DEVICE. */
 zs_status zs__staging_unit_in(zs_model* m, zs__unit* u);
 zs_status zs__staging_unit_out(zs_model* m, zs__unit* u);
 /* After elements [begin, begin + n) of the unit's flat buffer were written:

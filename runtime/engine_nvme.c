@@ -260,14 +260,27 @@ uint64_t zs__nvme_file_bytes(const zs_model* m) {
 typedef struct zs__nvme_step_arg {
   zs_model* m;
   float coef;
+  /* Parameters and gradients in device memory (CUDA) and the parameter
+   * shards there too: the units' spans come through the two staging
+   * slots overlapped, as zs__optimize_staged's (slot: the current unit's;
+   * the next unit's span is on its way into the other). */
+  int overlap;
+  int slot;
 } zs__nvme_step_arg;
+
+/* The group after the last one of group k's unit (ngroups if none). */
+static int zs__nvme_next_unit_group(const zs__nvme_model* nm, int k) {
+  int next = k + 1;
+  while (next < nm->ngroups && nm->unit[next] == nm->unit[k]) next++;
+  return next;
+}
 
 /* Sub-group k: its unit's parameters and gradients in place, its master
  * weights and states from the slot; 16-bit units whose master weights
  * are stale (after initialization or a write of the parameters) take them
  * from the parameters first. */
 static zs_status zs__nvme_step_group(void* arg, int k, void* const* bufs) {
-  const zs__nvme_step_arg* a = (const zs__nvme_step_arg*)arg;
+  zs__nvme_step_arg* a = (zs__nvme_step_arg*)arg;
   zs_model* m = a->m;
   zs__nvme_model* nm = m->nvme;
   zs__unit* u = &m->units[nm->unit[k]];
@@ -276,24 +289,34 @@ static zs_status zs__nvme_step_group(void* arg, int k, void* const* bufs) {
   /* Parameter shards on NVMe: the unit's shard is acquired at its first
    * sub-group (the next unit's is read ahead meanwhile) and written back
    * after its last. */
+  const int next = zs__nvme_next_unit_group(nm, k);
   if (lo == 0) {
-    int next = k + 1;
-    while (next < nm->ngroups && nm->unit[next] == nm->unit[k]) next++;
     zs_status st = zs__param_step_begin(m, u, next < nm->ngroups ? nm->unit[next] : -1);
     if (st != ZS_OK) return st;
   }
   const size_t span = zs__optimize_span(m, u, &p, &g);
   /* Parameters and gradients in device memory (CUDA): the unit's span
-   * comes to the host staging at its first sub-group and its parameters
-   * go back after its last (synchronous copies, one unit at a time). */
+   * comes to the host staging by its first sub-group and its parameters
+   * go back after its last; overlapped (the next unit's span comes while
+   * this one steps) unless the parameter shards are offloaded too (then
+   * synchronous, one unit at a time). */
   const int staged = zs__offload_staged(m);
+  if (staged && a->overlap && lo == 0) {
+    zs__device* dev = m->ctx->device;
+    /* this unit's span is here, the previous unit's parameters have left
+     * the other slot: the next unit's span may come into it */
+    zs_status st = dev->ops->stream_sync(dev, m->staging_stream);
+    if (st == ZS_OK && next < nm->ngroups)
+      st = zs__staging_in(m, &m->units[nm->unit[next]], 1 - a->slot);
+    if (st != ZS_OK) return st;
+  } else if (staged && lo == 0) {
+    zs_status st = zs__staging_unit_in(m, u);
+    if (st != ZS_OK) return st;
+  }
+  char* dev_p = p; /* where the parameters go back to */
   if (staged) {
-    if (lo == 0) {
-      zs_status st = zs__staging_unit_in(m, u);
-      if (st != ZS_OK) return st;
-    }
-    p = (char*)m->staging_p[0];
-    g = (char*)m->staging_g[0];
+    p = (char*)m->staging_p[a->overlap ? a->slot : 0];
+    g = (char*)m->staging_g[a->overlap ? a->slot : 0];
   }
   const int unit_master = u->dtype != ZS_FLOAT32;
   float* master = unit_master ? (float*)bufs[0] : NULL;
@@ -308,18 +331,43 @@ static zs_status zs__nvme_step_group(void* arg, int k, void* const* bufs) {
   zs__opt_view v = {p, g, master, u->nstates > 0 ? (float*)bufs[s] : NULL,
                     u->nstates > 1 ? (float*)bufs[s + 1] : NULL, lo, hi};
   zs_status st = zs__optimize_view(m, u, a->coef, &v);
-  if (st == ZS_OK && staged && hi == span) st = zs__staging_unit_out(m, u);
+  if (st == ZS_OK && staged && hi == span) {
+    if (a->overlap) {
+      /* back on the copy stream; zs__nvme_step waits for it at the end */
+      zs__device* dev = m->ctx->device;
+      st = dev->ops->copy(dev, dev_p, p, span * u->elem, m->staging_stream);
+      a->slot = 1 - a->slot;
+    } else {
+      st = zs__staging_unit_out(m, u);
+    }
+  }
   if (hi == span) st = zs__param_step_end(m, u, st);
   return st;
 }
 
 zs_status zs__nvme_step(zs_model* m, float coef) {
   zs__nvme_model* nm = m->nvme;
-  zs__nvme_step_arg arg = {m, coef};
-  zs_status st = zs__swap_pipeline(m->ctx->nvme->aio, nm->file, nm->groups,
-                                   nm->ngroups, nm->nfields, nm->nslots,
-                                   nm->slots,
-                                   zs__nvme_step_group, &arg);
+  zs__device* dev = m->ctx->device;
+  zs__nvme_step_arg arg = {m, coef, 0, 0};
+  zs_status st = ZS_OK;
+  if (zs__offload_staged(m) && !m->ctx->config.offload_param && nm->ngroups > 0) {
+    /* the gradients' last reductions ran on the compute stream, which the
+     * copy stream is not ordered with: done before the first span comes */
+    arg.overlap = 1;
+    st = zs__staging_init(m);
+    if (st == ZS_OK) st = dev->ops->stream_sync(dev, NULL);
+    if (st == ZS_OK) st = zs__staging_in(m, &m->units[nm->unit[0]], 0);
+  }
+  if (st == ZS_OK)
+    st = zs__swap_pipeline(m->ctx->nvme->aio, nm->file, nm->groups,
+                           nm->ngroups, nm->nfields, nm->nslots, nm->slots,
+                           zs__nvme_step_group, &arg);
+  /* no copy may still run into or out of the staging after a return, and
+   * the parameters are back on the device before the next forward */
+  if (arg.overlap && m->staging_stream != NULL) {
+    zs_status s2 = dev->ops->stream_sync(dev, m->staging_stream);
+    if (st == ZS_OK) st = s2;
+  }
   /* the parameter shards' write-backs complete within the step */
   if (st == ZS_OK) st = zs__param_flush(m);
   if (st != ZS_OK) {

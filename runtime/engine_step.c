@@ -226,7 +226,7 @@ void zs__staging_free(zs_model* m) {
  * goes back after the step: fp32 parameters are their own master weights,
  * and the elements the optimizer skips (padding, frozen and tied ranges)
  * must go back unchanged. */
-static zs_status zs__staging_in(zs_model* m, zs__unit* u, int k) {
+zs_status zs__staging_in(zs_model* m, zs__unit* u, int k) {
   zs__device* dev = m->ctx->device;
   char *p, *g;
   const size_t n = zs__optimize_span(m, u, &p, &g);
