@@ -172,6 +172,13 @@ void zs_memory_reset_peak(zs_context* ctx) {
   if (ctx != NULL) zs__accounting_reset_peak(ctx->acct);
 }
 
+zs_status zs_memory_release_cached(zs_context* ctx, size_t* released_bytes) {
+  ZS_REQUIRE(ctx != NULL, "zs_memory_release_cached: ctx is NULL");
+  const size_t n = ctx->device->ops->release_cached(ctx->device);
+  if (released_bytes != NULL) *released_bytes = n;
+  return ZS_OK;
+}
+
 zs_status zs_memory_register(zs_context* ctx, zs_mem_category category,
                              const void* ptr, size_t bytes) {
   ZS_REQUIRE(ctx != NULL, "zs_memory_register: ctx is NULL");

@@ -60,6 +60,10 @@ typedef struct zs__device_ops {
    * unique non-NULL pointer is returned). */
   zs_status (*alloc)(zs__device* dev, size_t bytes, void** out);
   void (*free)(zs__device* dev, void* ptr);
+  /* Gives the device back what a caching allocator keeps of freed buffers
+   * for reuse (CUDA: cudaFree of every cached block, which waits for the
+   * device); returns those bytes. Host: nothing cached, 0. */
+  size_t (*release_cached)(zs__device* dev);
   /* Copies bytes between any two buffers of this device or host memory,
    * ordered on `stream`. */
   zs_status (*copy)(zs__device* dev, void* dst, const void* src, size_t bytes,

@@ -388,10 +388,18 @@ static void zs__cuda_pci_busid(zs__device* dev, char* buf, size_t cap) {
   }
 }
 
+static size_t zs__cuda_release_cached(zs__device* dev) {
+  zs__cuda_impl* c = zs__impl(dev);
+  const size_t bytes = c->cached_bytes;
+  zs__cuda_release_cache(c);
+  return bytes;
+}
+
 static const zs__device_ops zs__cuda_ops = {
     "cuda",
     zs__cuda_alloc,
     zs__cuda_free,
+    zs__cuda_release_cached,
     zs__cuda_copy,
     zs__cuda_upload,
     zs__cuda_memset,

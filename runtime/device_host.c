@@ -235,10 +235,16 @@ static void zs__host_pci_busid(zs__device* dev, char* buf, size_t cap) {
   if (cap > 0) buf[0] = '\0';
 }
 
+static size_t zs__host_release_cached(zs__device* dev) {
+  (void)dev;
+  return 0;
+}
+
 static const zs__device_ops zs__host_ops = {
     "host",
     zs__host_alloc,
     zs__host_free,
+    zs__host_release_cached,
     zs__host_copy,
     zs__host_copy, /* upload */
     zs__host_memset,

@@ -504,6 +504,18 @@ zs_status zs_memory_stats_get(const zs_context* ctx, zs_memory_stats* out);
  * measure the peak of one phase. Not collective. NULL is ignored. */
 void zs_memory_reset_peak(zs_context* ctx);
 
+/* Gives the device back the memory this context's caching allocator keeps
+ * for reuse: with CUDA, the blocks of buffers the runtime freed (gathered
+ * parameters, reduction buffers, ...), which it otherwise keeps and hands
+ * out again without cudaMalloc, releasing them itself only when one of its
+ * own allocations fails. Call it when the model code's own cudaMalloc, or
+ * cuBLAS's, fails or is about to need room (PyTorch's
+ * torch.cuda.empty_cache()). *released_bytes (may be NULL): the bytes
+ * given back. Waits for the device (cudaFree synchronizes it); the host
+ * backend keeps nothing: 0. Not collective. Errors: INVALID_ARGUMENT
+ * (NULL ctx). */
+zs_status zs_memory_release_cached(zs_context* ctx, size_t* released_bytes);
+
 /* Counts a buffer the user allocated (e.g. activations) under category.
  * ptr: a key only, never dereferenced or freed by ZeroShard; must be
  * unique among live registrations. bytes: its size in bytes.

@@ -77,6 +77,32 @@ TEST_F(EngineCudaTest, WaitingForACollectiveLeavesNoCudaError) {
   zs_context_destroy(ctx);
 }
 
+// zs_memory_release_cached gives the device back the blocks the caching
+// allocator keeps (a training step's gathered parameters, reduction
+// buffers, ...), so the model code's own cudaMalloc can use them.
+TEST_F(EngineCudaTest, ReleaseCachedGivesFreedBlocksBackToTheDevice) {
+  zs_config cfg = ZS_CONFIG_INIT;
+  cfg.device = ZS_DEVICE_CUDA;
+  zs_context* ctx = nullptr;
+  ASSERT_EQ(zs_context_create_local(&cfg, &ctx), ZS_OK) << zs_last_error();
+  zs__device* dev = ctx->device;
+  const size_t n = (size_t)64 << 20;  // a multiple of the 2 MiB size class
+  void* a = nullptr;
+  ASSERT_EQ(dev->ops->alloc(dev, n, &a), ZS_OK);
+  size_t free_before = 0, free_after = 0, total = 0;
+  dev->ops->free(dev, a);  // cached: still the runtime's
+  ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
+  size_t released = 0;
+  ASSERT_EQ(zs_memory_release_cached(ctx, &released), ZS_OK) << zs_last_error();
+  EXPECT_GE(released, n);
+  ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
+  EXPECT_GE(free_after, free_before + n);
+  ASSERT_EQ(zs_memory_release_cached(ctx, &released), ZS_OK);
+  EXPECT_EQ(released, 0u);  // nothing left
+  EXPECT_EQ(zs_memory_release_cached(nullptr, &released), ZS_ERR_INVALID_ARGUMENT);
+  zs_context_destroy(ctx);
+}
+
 TEST_F(EngineCudaTest, EveryStageTrainsBitwiseAsOnTheHost) {
   struct Case {
     const char* name;

@@ -584,6 +584,11 @@ TEST_F(EngineTest, UserRegisteredActivationsAreCounted) {
   zs_memory_reset_peak(ctx);
   zs_memory_stats_get(ctx, &after);
   EXPECT_EQ(after.peak[ZS_MEM_ACTIVATIONS], 0u);
+  // the host backend caches nothing (CUDA's: tests/gpu/engine_cuda_test)
+  size_t released = 1;
+  EXPECT_EQ(zs_memory_release_cached(ctx, &released), ZS_OK);
+  EXPECT_EQ(released, 0u);
+  EXPECT_EQ(zs_memory_release_cached(nullptr, nullptr), ZS_ERR_INVALID_ARGUMENT);
   zs_context_destroy(ctx);
 }
 
