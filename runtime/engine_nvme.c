@@ -260,8 +260,8 @@ uint64_t zs__nvme_file_bytes(const zs_model* m) {
 typedef struct zs__nvme_step_arg {
   zs_model* m;
   float coef;
-  /* Parameters and gradients in device memory (CUDA) and the parameter
-   * shards there too: the units' spans come through the two staging
+  /* Parameters and gradients in device memory (CUDA), the parameter
+   * shards not offloaded: the units' spans come through the two staging
    * slots overlapped, as zs__optimize_staged's (slot: the current unit's;
    * the next unit's span is on its way into the other). */
   int overlap;
