@@ -41,10 +41,13 @@ static const char kUsage[] =
     "                      offload's page-locked staging (two slots of the\n"
     "                      largest span) and, with --offload-param, device\n"
     "                      copies of the gathered shards [host]\n"
-    "  --largest-layer N   with --params: the largest layer's elements, for\n"
-    "                      the NVMe parameter buffers and the CUDA staging\n"
-    "                      (without it the count is one unit) and\n"
-    "                      DeepSpeed's stage-3 row (a model gives its own)\n"
+    "  --largest-layer N   with --params: the largest layer's elements, at\n"
+    "                      most N; sizes the NVMe parameter buffers, the\n"
+    "                      CUDA staging, the stage-3 working set, the\n"
+    "                      reduction buffers (as for layers of that size;\n"
+    "                      without it the count is one unit, and those two\n"
+    "                      are left out) and DeepSpeed's stage-3 row (a\n"
+    "                      model gives its own)\n"
     "  --json              one JSON object (an array with --stages)\n"
     "Stages 2 and 3 also print DeepSpeed's estimate_zero2/zero3_model_states_\n"
     "mem_needs (offload none, per GPU) for comparison.\n";
@@ -181,8 +184,8 @@ int main(int argc, char** argv) {
       char* end = NULL;
       params = v ? strtod(v, &end) : -1;
       if (!v || !*v || *end || !isfinite(params) || params < 0 ||
-          params != floor(params))
-        return fail("--params: expected a whole number >= 0", v);
+          params > 1e15 || params != floor(params))
+        return fail("--params: expected a whole number 0..1e15", v);
     } else if (!strcmp(f, "--model")) {
       model = v;
       if (!v) return fail("--model: expected a file", NULL);
@@ -225,7 +228,10 @@ int main(int argc, char** argv) {
       if (v && !strcmp(v, "none")) *dst = 0;
       else if (v && !strcmp(v, "cpu")) *dst = 1;
       else if (v && !strcmp(v, "nvme")) *dst = 2;
-      else return fail("expected none, cpu or nvme", f);
+      else return fail(!strcmp(f, "--offload-param")
+                           ? "--offload-param: expected none, cpu or nvme"
+                           : "--offload-optimizer: expected none, cpu or nvme",
+                       v);
     } else if (!strcmp(f, "--nvme-param-buffers")) {
       int n = 0;
       if (parse_int(v, 1, 4096, &n))
@@ -269,6 +275,12 @@ int main(int argc, char** argv) {
   }
   if ((params < 0) == (model == NULL))
     return fail("give exactly one of --params N and --model FILE", NULL);
+  if (model != NULL && largest > 0)
+    return fail("--largest-layer is for --params (a model description gives "
+                "its own layers)", NULL);
+  if (largest > params && params >= 0)
+    return fail("--largest-layer: the largest layer cannot exceed --params",
+                NULL);
   if (c.ranks < 1) return fail("--ranks W is required (W >= 1)", NULL);
   if (c.ranks % c.nodes != 0) return fail("--nodes must divide --ranks", NULL);
   if (c.offload_params && !c.offload_optimizer)
@@ -312,6 +324,8 @@ int main(int argc, char** argv) {
       one.nodes = 1;
       one.dtype = ZS_FLOAT32;
       one.reduce_dtype = -1;
+      one.offload_optimizer = one.offload_params = 0; /* params on the device */
+      one.device = ZS_DEVICE_HOST;
       zs_memory_estimate e1;
       if (zs_estimate_model(text, &one, &e1) == ZS_OK)
         psi = (double)e1.bytes[ZS_MEM_PARAMS] / 4; /* elements, padded */

@@ -209,6 +209,28 @@ TEST(Gpt2Estimate, DeepSpeedRowsForComparison) {
   // ... and ours: the paper's 2 + 2 + 12 bytes, sharded.
   EXPECT_NE(s3.output.find("\"model_state_bytes\":26000000000"),
             std::string::npos) << s3.output;
+  // DeepSpeed's row is its offload-none figure whatever we offload, from
+  // a count or a description alike
+  const std::string desc = TmpDir() + "/ds_rows.json";
+  { std::ofstream(desc) << R"({"units": [{"name": "a", "tensors": [{"name": "w",
+      "numel": 1000}]}, {"name": "b", "tensors": [{"name": "x", "numel": 3000}]}]})"; }
+  for (const std::string& src : {std::string("--params 13e9 --largest-layer 325e6"),
+                                 "--model " + desc}) {
+    RunResult plain = Shell(g_estimate + " " + src + " --ranks 8 --stage 3 --json");
+    RunResult off = Shell(g_estimate + " " + src + " --ranks 8 --stage 3 --json "
+                          "--offload-optimizer cpu --offload-param cpu");
+    ASSERT_EQ(plain.exit_code, 0) << plain.output;
+    ASSERT_EQ(off.exit_code, 0) << off.output;
+    cJSON* a = cJSON_Parse(plain.output.c_str());
+    cJSON* b = cJSON_Parse(off.output.c_str());
+    ASSERT_NE(a, nullptr);
+    ASSERT_NE(b, nullptr);
+    EXPECT_GT(Num(a, "deepspeed_model_states_bytes"), 0) << src;
+    EXPECT_EQ(Num(a, "deepspeed_model_states_bytes"),
+              Num(b, "deepspeed_model_states_bytes")) << src;
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+  }
 }
 
 struct BadCase {
@@ -241,6 +263,13 @@ const BadCase kBad[] = {
     {"truncated_model", "--model @TRUNC --ranks 8", "truncated"},
     {"fractional_params", "--params 1.5 --ranks 8", "--params"},
     {"unknown_device", "--params 1e9 --ranks 8 --device tpu", "--device"},
+    {"params_too_large", "--params 1e30 --ranks 8", "--params: expected a whole number 0..1e15"},
+    {"largest_layer_above_params", "--params 1e9 --ranks 8 --largest-layer 2e9",
+     "--largest-layer: the largest layer cannot exceed --params"},
+    {"largest_layer_with_model", "--model x.json --ranks 8 --largest-layer 100",
+     "--largest-layer is for --params"},
+    {"unknown_offload", "--params 1e9 --ranks 8 --offload-optimizer disk",
+     "--offload-optimizer: expected none, cpu or nvme: disk"},
     {"nodes_not_dividing", "--params 1e9 --ranks 6 --nodes 4", "--nodes"},
     {"nvme_param_buffers", "--params 1e9 --ranks 8 --stage 3 --offload-optimizer cpu "
                     "--offload-param nvme --nvme-param-buffers 0", "--nvme-param-buffers"},
