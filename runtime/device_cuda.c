@@ -195,23 +195,27 @@ static zs_status zs__finish(zs__device* dev, zs__stream* s, cudaError_t e,
   return ZS_OK;
 }
 
-static zs_status zs__cuda_copy(zs__device* dev, void* dst, const void* src,
-                               size_t bytes, zs__stream* s) {
+/* copy, or (upload) a host-to-device copy the host never waits for */
+static zs_status zs__cuda_memcpy(zs__device* dev, void* dst, const void* src,
+                                 size_t bytes, zs__stream* s, int upload) {
   if (bytes == 0) return ZS_OK;
   return zs__finish(dev, s,
-                    cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
+                    cudaMemcpyAsync(dst, src, bytes,
+                                    upload ? cudaMemcpyHostToDevice
+                                           : cudaMemcpyDefault,
                                     zs__on(dev, s)),
-                    "cudaMemcpyAsync",
-                    zs__host_mem(dst) || zs__host_mem(src));
+                    upload ? "cudaMemcpyAsync (upload)" : "cudaMemcpyAsync",
+                    !upload && (zs__host_mem(dst) || zs__host_mem(src)));
+}
+
+static zs_status zs__cuda_copy(zs__device* dev, void* dst, const void* src,
+                               size_t bytes, zs__stream* s) {
+  return zs__cuda_memcpy(dev, dst, src, bytes, s, 0);
 }
 
 static zs_status zs__cuda_upload(zs__device* dev, void* dst, const void* src,
                                  size_t bytes, zs__stream* s) {
-  if (bytes == 0) return ZS_OK;
-  return zs__finish(dev, s,
-                    cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice,
-                                    zs__on(dev, s)),
-                    "cudaMemcpyAsync (upload)", 0);
+  return zs__cuda_memcpy(dev, dst, src, bytes, s, 1);
 }
 
 static zs_status zs__cuda_memset(zs__device* dev, void* dst, int value,
