@@ -57,6 +57,24 @@ class CudaTest : public ::testing::Test {
     return v;
   }
   void Free(void* p) { gpu_->ops->free(gpu_, p); }
+  // 40 device-only kernels on the compute stream, dy += dx / 2 each (for
+  // 64 Mi elements about 30 GB of traffic, tens of milliseconds).
+  void QueueLongWork(float* dy, const float* dx, size_t n) {
+    for (int i = 0; i < 40; i++)
+      ASSERT_EQ(gpu_->ops->div_add(gpu_, dy, dy, dx, 2.0f, n, ZS_FLOAT32,
+                                   nullptr), ZS_OK);
+  }
+  // The compute stream's work is not done: an event recorded on the legacy
+  // stream, done once the compute stream's work is, is not complete yet.
+  void ExpectComputeStreamBusy(const char* why) {
+    cudaEvent_t ev;
+    ASSERT_EQ(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
+    ASSERT_EQ(cudaEventRecord(ev, cudaStreamLegacy), cudaSuccess);
+    const cudaError_t q = cudaEventQuery(ev);
+    (void)cudaGetLastError();
+    EXPECT_EQ(q, cudaErrorNotReady) << why;
+    cudaEventDestroy(ev);  // CUDA releases it once the device is done
+  }
   zs__accounting* acct_ = nullptr;
   zs__device* host_ = nullptr;
   zs__device* gpu_ = nullptr;
@@ -251,18 +269,9 @@ TEST_F(CudaTest, DeviceOnlyOperationsQueueAndHostOnesCompleteOnReturn) {
   x.resize(n, 0.5f);
   float* dx = Up(x);
   float* dy = Up(std::vector<float>(n, 0.f));
-  // 40 device-only kernels (about 30 GB of traffic, tens of milliseconds)
-  for (int i = 0; i < 40; i++)
-    ASSERT_EQ(gpu_->ops->div_add(gpu_, dy, dy, dx, 2.0f, n, ZS_FLOAT32,
-                                 nullptr), ZS_OK);
-  cudaEvent_t ev;
-  ASSERT_EQ(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
-  // recorded on the legacy stream: done once the compute stream's work is
-  ASSERT_EQ(cudaEventRecord(ev, cudaStreamLegacy), cudaSuccess);
-  const cudaError_t q = cudaEventQuery(ev);
-  (void)cudaGetLastError();
-  EXPECT_EQ(q, cudaErrorNotReady)
-      << "the host waited for device-only kernels on the NULL stream";
+  ASSERT_NO_FATAL_FAILURE(QueueLongWork(dy, dx, n));
+  ASSERT_NO_FATAL_FAILURE(ExpectComputeStreamBusy(
+      "the host waited for device-only kernels on the NULL stream"));
   std::vector<float> want(n, 0.f);
   for (int i = 0; i < 40; i++)
     ASSERT_EQ(host_->ops->div_add(host_, want.data(), want.data(), x.data(),
@@ -277,7 +286,6 @@ TEST_F(CudaTest, DeviceOnlyOperationsQueueAndHostOnesCompleteOnReturn) {
   zs_convert(want16.data(), ZS_BFLOAT16, want.data(), ZS_FLOAT32, n);
   EXPECT_TRUE(SameBits(h16, want16));
   gpu_->ops->host_unregister(gpu_, h16.data());
-  cudaEventDestroy(ev);
   Free(dx);
   Free(dy);
 }
@@ -294,17 +302,10 @@ TEST_F(CudaTest, UploadQueuesBehindTheComputeStreamWithoutWaiting) {
   float* dz = Up(std::vector<float>(n, 0.f));
   std::vector<float> src = Random(n, 13, 1.f);
   ASSERT_EQ(gpu_->ops->host_register(gpu_, src.data(), n * 4), ZS_OK);
-  for (int i = 0; i < 40; i++)
-    ASSERT_EQ(gpu_->ops->div_add(gpu_, dy, dy, dx, 2.0f, n, ZS_FLOAT32,
-                                 nullptr), ZS_OK);
+  ASSERT_NO_FATAL_FAILURE(QueueLongWork(dy, dx, n));
   ASSERT_EQ(gpu_->ops->upload(gpu_, dz, src.data(), n * 4, nullptr), ZS_OK)
       << zs_last_error();
-  cudaEvent_t ev;
-  ASSERT_EQ(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
-  ASSERT_EQ(cudaEventRecord(ev, cudaStreamLegacy), cudaSuccess);
-  const cudaError_t q = cudaEventQuery(ev);
-  (void)cudaGetLastError();
-  EXPECT_EQ(q, cudaErrorNotReady) << "the host waited for an upload";
+  ASSERT_NO_FATAL_FAILURE(ExpectComputeStreamBusy("the host waited for an upload"));
   // a device-only kernel after it on the compute stream reads the upload
   ASSERT_EQ(gpu_->ops->div_add(gpu_, dz, dz, dz, 1.0f, n, ZS_FLOAT32, nullptr),
             ZS_OK);
@@ -313,7 +314,6 @@ TEST_F(CudaTest, UploadQueuesBehindTheComputeStreamWithoutWaiting) {
                                 1.0f, n, ZS_FLOAT32, nullptr), ZS_OK);
   EXPECT_TRUE(SameBits(Down(dz, n), want));
   gpu_->ops->host_unregister(gpu_, src.data());
-  cudaEventDestroy(ev);
   Free(dx);
   Free(dy);
   Free(dz);
