@@ -340,6 +340,9 @@ zs_status zs__staging_init(zs_model* m);
  * staging stream (ordered after nothing on the compute stream: sync it
  * first); done when the staging stream is synchronized. Errors: DEVICE. */
 zs_status zs__staging_in(zs_model* m, zs__unit* u, int k);
+/* Queues unit u's parameters back from staging slot k to the device on the
+ * staging stream. Errors: DEVICE. */
+zs_status zs__staging_out(zs_model* m, zs__unit* u, int k);
 /* One unit at a time, synchronously (NVMe offload's step with the
  * parameter shards offloaded too): its gradient span and parameters into
  * staging slot 0 (staging_g[0], staging_p[0]), and its parameters back

@@ -313,7 +313,6 @@ static zs_status zs__nvme_step_group(void* arg, int k, void* const* bufs) {
     zs_status st = zs__staging_unit_in(m, u);
     if (st != ZS_OK) return st;
   }
-  char* dev_p = p; /* where the parameters go back to */
   if (staged) {
     p = (char*)m->staging_p[a->overlap ? a->slot : 0];
     g = (char*)m->staging_g[a->overlap ? a->slot : 0];
@@ -334,8 +333,7 @@ static zs_status zs__nvme_step_group(void* arg, int k, void* const* bufs) {
   if (st == ZS_OK && staged && hi == span) {
     if (a->overlap) {
       /* back on the copy stream; zs__nvme_step waits for it at the end */
-      zs__device* dev = m->ctx->device;
-      st = dev->ops->copy(dev, dev_p, p, span * u->elem, m->staging_stream);
+      st = zs__staging_out(m, u, a->slot);
       a->slot = 1 - a->slot;
     } else {
       st = zs__staging_unit_out(m, u);

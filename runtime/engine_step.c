@@ -275,13 +275,16 @@ zs_status zs__staging_unit_in(zs_model* m, zs__unit* u) {
   return st;
 }
 
-zs_status zs__staging_unit_out(zs_model* m, zs__unit* u) {
+zs_status zs__staging_out(zs_model* m, zs__unit* u, int k) {
   zs__device* dev = m->ctx->device;
   char *p, *g;
   const size_t n = zs__optimize_span(m, u, &p, &g);
-  zs_status st = dev->ops->copy(dev, p, m->staging_p[0], n * u->elem,
-                                m->staging_stream);
-  if (st == ZS_OK) st = dev->ops->stream_sync(dev, m->staging_stream);
+  return dev->ops->copy(dev, p, m->staging_p[k], n * u->elem, m->staging_stream);
+}
+
+zs_status zs__staging_unit_out(zs_model* m, zs__unit* u) {
+  zs_status st = zs__staging_out(m, u, 0);
+  if (st == ZS_OK) st = m->ctx->device->ops->stream_sync(m->ctx->device, m->staging_stream);
   return st;
 }
 
@@ -317,8 +320,6 @@ static zs_status zs__optimize_staged(zs_model* m, float coef) {
     while (next < m->nunits && !m->units[next].trainable);
     if (next < m->nunits)
       ZS_CHECK(zs__staging_in(m, &m->units[next], 1 - slot));
-    char *p, *g;
-    const size_t n = zs__optimize_span(m, u, &p, &g);
     zs__opt_job job = {m, u, coef,
                        zs__unit_view(u, (char*)m->staging_p[slot],
                                      (char*)m->staging_g[slot])};
@@ -327,8 +328,7 @@ static zs_status zs__optimize_staged(zs_model* m, float coef) {
       st = zs__error_prefix(st, "optimizer on unit '%s': ", u->name);
       goto cleanup;
     }
-    ZS_CHECK(dev->ops->copy(dev, p, m->staging_p[slot], n * u->elem,
-                            m->staging_stream));
+    ZS_CHECK(zs__staging_out(m, u, slot));
     if (m->ctx->prof != NULL)
       zs__profiler_span(m->ctx->prof, 0, "optimizer", "optimizer", t0,
                         zs__now(), u->name, 0, 0, 0);
