@@ -140,30 +140,49 @@ static void print_json(const zs_estimate_config* c, const zs_memory_estimate* e,
   fprintf(out, "}");
 }
 
+/* The unit a text row prints in: GB, or MB / kB for smaller models, so
+ * that three decimals still show the numbers (the JSON has bytes). */
+static void row_unit(double largest, const char** name, double* scale) {
+  *name = largest >= 1e9 ? "GB" : largest >= 1e6 ? "MB" : "kB";
+  *scale = largest >= 1e9 ? 1e9 : largest >= 1e6 ? 1e6 : 1e3;
+}
+
 static void print_row(const zs_estimate_config* c, const zs_memory_estimate* e,
                       double ds, FILE* out) {
-  fprintf(out, "stage %d  %4d ranks  model states %10.3f GB/rank  (params "
-          "%.3f, grads %.3f, master %.3f, optimizer %.3f)  device peak %10.3f GB/rank"
-          "  node %.3f GB\n",
-          c->stage, c->ranks, e->model_state_bytes / 1e9,
-          e->bytes[ZS_MEM_PARAMS] / 1e9, e->bytes[ZS_MEM_GRADS] / 1e9,
-          e->bytes[ZS_MEM_MASTER_WEIGHTS] / 1e9,
-          e->bytes[ZS_MEM_OPTIMIZER_STATES] / 1e9,
-          (e->total - e->bytes[ZS_MEM_OFFLOAD_HOST] - e->bytes[ZS_MEM_NVME_STAGING]) / 1e9,
-          (e->total - e->bytes[ZS_MEM_OFFLOAD_HOST] - e->bytes[ZS_MEM_NVME_STAGING]) *
-              (double)(c->ranks / c->nodes) / 1e9);
-  if (e->bytes[ZS_MEM_OFFLOAD_HOST] > 0)
-    fprintf(out, "         offloaded to host memory: %.3f GB/rank, %.3f GB/node\n",
-            e->bytes[ZS_MEM_OFFLOAD_HOST] / 1e9,
-            e->bytes[ZS_MEM_OFFLOAD_HOST] * (double)(c->ranks / c->nodes) / 1e9);
-  if (c->offload_optimizer == 2 || c->offload_params == 2)
-    fprintf(out, "         on NVMe: %.3f GB/rank, %.3f GB/node; pinned staging "
-            "%.1f MB/rank\n", e->nvme_bytes / 1e9,
-            e->nvme_bytes * (double)(c->ranks / c->nodes) / 1e9,
-            e->bytes[ZS_MEM_NVME_STAGING] / 1e6);
-  if (ds > 0)
+  const double per_node = (double)(c->ranks / c->nodes);
+  const double device =
+      (double)(e->total - e->bytes[ZS_MEM_OFFLOAD_HOST] - e->bytes[ZS_MEM_NVME_STAGING]);
+  const char* u;
+  double k;
+  row_unit(device, &u, &k);
+  fprintf(out, "stage %d  %4d ranks  model states %10.3f %s/rank  (params "
+          "%.3f, grads %.3f, master %.3f, optimizer %.3f)  device peak %10.3f %s/rank"
+          "  node %.3f %s\n",
+          c->stage, c->ranks, e->model_state_bytes / k, u,
+          e->bytes[ZS_MEM_PARAMS] / k, e->bytes[ZS_MEM_GRADS] / k,
+          e->bytes[ZS_MEM_MASTER_WEIGHTS] / k,
+          e->bytes[ZS_MEM_OPTIMIZER_STATES] / k, device / k, u,
+          device * per_node / k, u);
+  if (e->bytes[ZS_MEM_OFFLOAD_HOST] > 0) {
+    row_unit((double)e->bytes[ZS_MEM_OFFLOAD_HOST], &u, &k);
+    fprintf(out, "         offloaded to host memory: %.3f %s/rank, %.3f %s/node\n",
+            e->bytes[ZS_MEM_OFFLOAD_HOST] / k, u,
+            e->bytes[ZS_MEM_OFFLOAD_HOST] * per_node / k, u);
+  }
+  if (c->offload_optimizer == 2 || c->offload_params == 2) {
+    const char* su;
+    double sk;
+    row_unit((double)e->nvme_bytes, &u, &k);
+    row_unit((double)e->bytes[ZS_MEM_NVME_STAGING], &su, &sk);
+    fprintf(out, "         on NVMe: %.3f %s/rank, %.3f %s/node; pinned staging "
+            "%.3f %s/rank\n", e->nvme_bytes / k, u, e->nvme_bytes * per_node / k,
+            u, e->bytes[ZS_MEM_NVME_STAGING] / sk, su);
+  }
+  if (ds > 0) {
+    row_unit(ds, &u, &k);
     fprintf(out, "         DeepSpeed's estimate_zero%d_model_states_mem_needs "
-            "(offload none): %.3f GB/GPU\n", c->stage, ds / 1e9);
+            "(offload none): %.3f %s/GPU\n", c->stage, ds / k, u);
+  }
 }
 
 int main(int argc, char** argv) {
@@ -172,11 +191,18 @@ int main(int argc, char** argv) {
   c.stage = 3;
   double params = -1, largest = 0;
   const char* model = NULL;
-  int json = 0, all = 0, have_stage = 0;
+  int json = 0, all = 0, have_stage = 0, nvme_sizes = 0, nvme_param_sizes = 0;
+  /* The flags given so far: a second one is refused rather than silently
+   * winning (every flag's value is a setting, never a list). */
+  const char* given[64];
+  int ngiven = 0;
   for (int i = 1; i < argc; i++) {
     const char* f = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : NULL;
     int takes = 1;
+    for (int k = 0; k < ngiven; k++)
+      if (!strcmp(given[k], f)) return fail("given twice (give each flag once)", f);
+    if (ngiven < (int)(sizeof given / sizeof given[0])) given[ngiven++] = f;
     if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
       fputs(kUsage, stdout);
       return 0;
@@ -237,23 +263,27 @@ int main(int argc, char** argv) {
       if (parse_int(v, 1, 4096, &n))
         return fail("--nvme-param-buffers: expected 1..4096", v);
       c.nvme_param_buffer_count = (size_t)n;
+      nvme_param_sizes = 1;
     } else if (!strcmp(f, "--nvme-buffer-size")) {
       char* end = NULL;
       const double b = v ? strtod(v, &end) : -1;
       if (!v || !*v || *end || !(b >= 4096) || fmod(b, 4096) != 0)
         return fail("--nvme-buffer-size: expected a multiple of 4096 bytes", v);
       c.nvme_buffer_size = (size_t)b;
+      nvme_sizes = 1;
     } else if (!strcmp(f, "--nvme-buffer-count")) {
       int n = 0;
       if (parse_int(v, 3, 4096, &n))
         return fail("--nvme-buffer-count: expected 3..4096", v);
       c.nvme_buffer_count = (size_t)n;
+      nvme_sizes = 1;
     } else if (!strcmp(f, "--nvme-sub-group")) {
       char* end = NULL;
       const double b = v ? strtod(v, &end) : -1;
       if (!v || !*v || *end || !(b >= 0) || b != floor(b))
         return fail("--nvme-sub-group: expected elements >= 0", v);
       c.nvme_sub_group_size = (size_t)b;
+      nvme_sizes = 1;
     } else if (!strcmp(f, "--device")) {
       if (v && !strcmp(v, "host")) c.device = ZS_DEVICE_HOST;
       else if (v && !strcmp(v, "cuda")) c.device = ZS_DEVICE_CUDA;
@@ -286,6 +316,16 @@ int main(int argc, char** argv) {
   if (c.offload_params && !c.offload_optimizer)
     return fail("--offload-param needs --offload-optimizer cpu or nvme (the "
                 "optimizer steps the shards on the host)", NULL);
+  if (all && have_stage)
+    return fail("--stage S and --stages: give one (--stages prints every "
+                "stage)", NULL);
+  if (nvme_sizes && c.offload_optimizer != 2)
+    return fail("--nvme-buffer-size, --nvme-buffer-count and --nvme-sub-group "
+                "size the optimizer states' NVMe offload: they need "
+                "--offload-optimizer nvme", NULL);
+  if (nvme_param_sizes && c.offload_params != 2)
+    return fail("--nvme-param-buffers sizes the parameter shards' NVMe "
+                "buffers: it needs --offload-param nvme", NULL);
   if (c.offload_params && !all && c.stage != 3)
     return fail("--offload-param needs --stage 3, where parameters are "
                 "sharded (or --stages: its stage-3 row has it)", NULL);
@@ -293,7 +333,6 @@ int main(int argc, char** argv) {
   if (model != NULL && (text = read_file(model)) == NULL)
     return fail("cannot read the model description", model);
   int first = all ? 0 : c.stage, last = all ? 3 : c.stage;
-  (void)have_stage;
   int rc = 0;
   /* Output is collected and printed only if every stage succeeds. */
   char* buf = NULL;

@@ -285,6 +285,21 @@ const BadCase kBad[] = {
                     "--offload-param needs --stage 3"},
     {"offload_param_without_optimizer", "--params 1e9 --ranks 8 --stage 3 "
                     "--offload-param nvme", "--offload-param needs --offload-optimizer"},
+    // a later flag does not silently win over an earlier one
+    {"flag_twice", "--params 1e9 --ranks 8 --dtype bf16 --dtype fp32",
+     "given twice (give each flag once): --dtype"},
+    {"stage_and_stages", "--params 1e9 --ranks 8 --stage 2 --stages",
+     "--stage S and --stages: give one"},
+    // NVMe sizes that would size nothing
+    {"nvme_sizes_without_nvme", "--params 1e9 --ranks 8 --offload-optimizer cpu "
+                    "--nvme-sub-group 4096", "they need --offload-optimizer nvme"},
+    {"nvme_sizes_with_only_params_on_nvme", "--params 1e9 --ranks 8 --stage 3 "
+                    "--offload-optimizer cpu --offload-param nvme --nvme-buffer-count 8",
+     "the optimizer states' NVMe offload"},
+    {"nvme_param_buffers_without_nvme_params", "--params 1e9 --ranks 8 "
+                    "--offload-optimizer nvme --nvme-param-buffers 4",
+     "--nvme-param-buffers sizes the parameter shards' NVMe buffers: it needs "
+     "--offload-param nvme"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Cases, EstimateBadInput, ::testing::ValuesIn(kBad),
