@@ -154,6 +154,10 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
                          "(units, tensors, activations per rank) for\n"
                          "                      tools/zs estimate --model, "
                          "then exit without training\n"
+                         "  --check-ranks W     check the flags, data and "
+                         "paths as W ranks would, then exit\n"
+                         "                      (0, or 2 with the message); "
+                         "run without mpirun\n"
                        : "",
                kUsage);
       return 1;
@@ -250,6 +254,8 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
       int s = 0;
       rc = gpt2__int(f, v, 0, 2147483647, &s, err, cap);
       a->seed = (unsigned long long)s;
+    } else if (sharded && strcmp(f, "--check-ranks") == 0) {
+      rc = gpt2__int(f, v, 1, 1 << 20, &a->check_ranks, err, cap);
     } else if (sharded && strcmp(f, "--save-every") == 0) {
       rc = gpt2__int(f, v, 1, 1000000, &a->save_every, err, cap);
     } else if (strcmp(f, "--data") == 0 || strcmp(f, "--report") == 0 ||
@@ -293,6 +299,14 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
     snprintf(err, cap, "--nvme-sub-group goes with --offload nvme");
     return -1;
   }
+  if (a->offload_param != 0 && (a->stage != 3 || a->offload == 0)) {
+    snprintf(err, cap, "--offload-param %s needs --stage 3 (where the "
+             "parameters are sharded) and --offload cpu or nvme (the "
+             "optimizer steps the shards on the host); got --stage %d, "
+             "--offload %s", a->offload_param == 1 ? "cpu" : "nvme",
+             a->stage, a->offload == 0 ? "none" : a->offload == 1 ? "cpu" : "nvme");
+    return -1;
+  }
   if (a->offload_param != 2 && a->nvme_param_buffers != 5) {
     snprintf(err, cap, "--nvme-param-buffers goes with --offload-param nvme");
     return -1;
@@ -301,6 +315,27 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
   if ((long long)a->val_batches * a->batch > (1 << 20)) {
     snprintf(err, cap, "--val-batches %d x --batch %d: more than 2^20 val "
              "sequences", a->val_batches, a->batch);
+    return -1;
+  }
+  return 0;
+}
+
+int gpt2_nvme_path_check(const char* dir, char* err, size_t cap) {
+  if (dir == NULL) return 0;
+  struct stat sb;
+  if (stat(dir, &sb) != 0) {
+    snprintf(err, cap, "--nvme-path %s: %s (the directory for the swap "
+             "files must exist)", dir, strerror(errno));
+    return -1;
+  }
+  if (!S_ISDIR(sb.st_mode)) {
+    snprintf(err, cap, "--nvme-path %s: not a directory (the swap files "
+             "go in a directory on the fast device)", dir);
+    return -1;
+  }
+  if (access(dir, W_OK | X_OK) != 0) {
+    snprintf(err, cap, "--nvme-path %s: cannot create files there: %s", dir,
+             strerror(errno));
     return -1;
   }
   return 0;

@@ -56,12 +56,20 @@ typedef struct gpt2_args {
   const char* resume;  /* sharded: checkpoint (or root) to resume from */
   const char* describe; /* sharded: write the model description JSON
                            (tools/zs estimate --model) here and exit */
+  int check_ranks;     /* sharded: check the flags for this many ranks and
+                          exit, without MPI (0: train) */
 } gpt2_args;
 
 /* --save DIR: creates it (with its parents) if missing and checks that
  * files can be created there, so a bad path fails before training, not at
  * the first save. NULL is accepted. Returns 0, or -1 with a message. */
 int gpt2_save_check(const char* dir, char* err, size_t cap);
+
+/* --nvme-path DIR: must be an existing directory this process can create
+ * files in (each rank makes its swap directory there), so a bad path fails
+ * before any rank starts. NULL is accepted. Returns 0, or -1 with a
+ * message. */
+int gpt2_nvme_path_check(const char* dir, char* err, size_t cap);
 
 /* Parses argv. Returns 0 on success, 1 for --help (printed if print_help),
  * -1 on a bad flag or value (message in err naming the flag). `sharded` adds

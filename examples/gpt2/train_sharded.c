@@ -496,7 +496,90 @@ static int same_flags(int argc, char** argv) {
   return r[0] == ~r[1];
 }
 
+/* ZeroShard's configuration for the flags (already parsed). */
+static zs_config sharded_config(const gpt2_args* a) {
+  zs_config z = ZS_CONFIG_INIT;
+  z.stage = a->stage;
+  z.optimizer.lr = a->lr;
+  z.optimizer.weight_decay = a->weight_decay;
+  z.prefetch_depth = a->prefetch_depth;
+  z.bucket_elements = (size_t)a->bucket_elements;
+  z.progress_thread = a->progress_thread;
+  z.grad_accum_steps = a->grad_accum;
+  z.clip_grad_norm = a->clip > 0;
+  if (a->clip > 0) z.max_grad_norm = a->clip;
+  /* 16-bit parameters: fp32 gradients (the model code writes fp32) and
+   * fp32 master weights; fp16 needs loss scaling, bf16 does not. */
+  z.reduce_dtype = ZS_FLOAT32;
+  if (a->dtype == ZS_FLOAT16) z.loss_scaler.mode = ZS_LOSS_SCALE_DYNAMIC;
+  z.offload_optimizer.device = a->offload;
+  z.nvme.path = a->nvme_path;
+  z.nvme.sub_group_size = (size_t)a->nvme_sub_group;
+  z.offload_param = a->offload_param;
+  z.nvme.param_buffer_count = (size_t)a->nvme_param_buffers;
+  if (a->device) z.device = ZS_DEVICE_CUDA;
+  return z;
+}
+
+/* The configuration checked before any rank starts: the flags' own checks
+ * name the flags; this catches what only the library knows, in its terms.
+ * Returns 0, or -1 with the message in err. */
+static int sharded_config_check(const zs_config* z, char* err, size_t cap) {
+  if (zs_config_validate(z) == ZS_OK) return 0;
+  snprintf(err, cap, "the flags give an invalid ZeroShard configuration: %s",
+           zs_last_error());
+  return -1;
+}
+
+/* What a rank checks before training (after the flags parsed): the batch's
+ * split over `world` ranks, the model's shape, ZeroShard's configuration,
+ * the GPU, the report and checkpoint paths (rank 0), the NVMe directory,
+ * and the data, loaded
+ * into *data. Returns 0, or -1 with the message in err. */
+static int precheck(const gpt2_args* a, const gpt2_config* cfg,
+                    const zs_config* z, int world, int rank, gpt2_data* data,
+                    char* err, size_t cap) {
+  if (a->batch % (world * a->grad_accum) != 0) {
+    snprintf(err, cap, "--batch %d is not divisible by the %d ranks x %d "
+             "micro-batches (each rank takes batch/(ranks*grad-accum) "
+             "sequences per micro-batch: pass a --batch divisible by %d)",
+             a->batch, world, a->grad_accum, world * a->grad_accum);
+    return -1;
+  }
+  return gpt2_config_check(cfg, err, cap) != 0 ||
+                 sharded_config_check(z, err, cap) != 0 ||
+                 (a->device && gpt2_cuda_available(err, cap) != 0) ||
+                 (rank == 0 && gpt2_report_check(a->report, a->data, err, cap) != 0) ||
+                 (rank == 0 && gpt2_save_check(a->save, err, cap) != 0) ||
+                 gpt2_nvme_path_check(a->nvme_path, err, cap) != 0 ||
+                 gpt2_data_load(a->data, a->seq, data, err, cap) != 0
+             ? -1
+             : 0;
+}
+
+/* --check-ranks W: rank 0's checks of a W-rank run, in this one process
+ * without MPI (tools/zs demo runs it before mpirun, so a bad flag gets its
+ * message alone, not mpirun's report of failed ranks). Exit status 0, or
+ * 2 with the message. */
+static int check_only(int argc, char** argv) {
+  gpt2_args args;
+  char err[1024] = "";
+  const int rc = gpt2_args_parse(argc, argv, 1, &args, err, sizeof err, 1);
+  if (rc == 1) return 0;
+  gpt2_config cfg = gpt2_args_model(&args);
+  const zs_config zcfg = sharded_config(&args);
+  gpt2_data data;
+  memset(&data, 0, sizeof data);
+  const int bad = rc < 0 || precheck(&args, &cfg, &zcfg, args.check_ranks, 0,
+                                     &data, err, sizeof err) != 0;
+  gpt2_data_free(&data);
+  if (bad) fprintf(stderr, "train_sharded: %s\n", err);
+  return bad ? 2 : 0;
+}
+
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; i++)
+    if (strcmp(argv[i], "--check-ranks") == 0) return check_only(argc, argv);
   int provided = 0, rank = 0, world = 1;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -507,20 +590,10 @@ int main(int argc, char** argv) {
   gpt2_config cfg = gpt2_args_model(&args);
   gpt2_data data;
   memset(&data, 0, sizeof data);
-  int failed = rc < 0;
-  if (rc == 0 && args.batch % (world * args.grad_accum) != 0) {
-    snprintf(err, sizeof err, "--batch %d is not divisible by the %d ranks x "
-             "%d micro-batches (each rank takes batch/(ranks*grad-accum) "
-             "sequences per micro-batch: pass a --batch divisible by %d)",
-             args.batch, world, args.grad_accum, world * args.grad_accum);
-    failed = 1;
-  }
-  if (rc == 0 && !failed)
-    failed = gpt2_config_check(&cfg, err, sizeof err) != 0 ||
-             (args.device && gpt2_cuda_available(err, sizeof err) != 0) ||
-             (rank == 0 && gpt2_report_check(args.report, args.data, err, sizeof err) != 0) ||
-             (rank == 0 && gpt2_save_check(args.save, err, sizeof err) != 0) ||
-             gpt2_data_load(args.data, args.seq, &data, err, sizeof err) != 0;
+  const zs_config zcfg = sharded_config(&args);
+  const int failed =
+      rc < 0 || (rc == 0 && precheck(&args, &cfg, &zcfg, world, rank, &data,
+                                     err, sizeof err) != 0);
   if (agree(failed, err, rank, world) || rc == 1) {
     gpt2_data_free(&data);
     MPI_Finalize();
@@ -533,34 +606,11 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 2;
   }
-  zs_config zcfg = ZS_CONFIG_INIT;
-  zcfg.stage = args.stage;
-  zcfg.optimizer.lr = args.lr;
-  zcfg.optimizer.weight_decay = args.weight_decay;
-  zcfg.prefetch_depth = args.prefetch_depth;
-  zcfg.bucket_elements = (size_t)args.bucket_elements;
-  zcfg.progress_thread = args.progress_thread;
-  zcfg.grad_accum_steps = args.grad_accum;
-  zcfg.clip_grad_norm = args.clip > 0;
-  if (args.clip > 0) zcfg.max_grad_norm = args.clip;
-  /* 16-bit parameters: fp32 gradients (the model code writes fp32) and
-   * fp32 master weights; fp16 needs loss scaling, bf16 does not. */
-  zcfg.reduce_dtype = ZS_FLOAT32;
-  if (args.dtype == ZS_FLOAT16) zcfg.loss_scaler.mode = ZS_LOSS_SCALE_DYNAMIC;
-  zcfg.offload_optimizer.device = args.offload;
-  zcfg.nvme.path = args.nvme_path;
-  zcfg.nvme.sub_group_size = (size_t)args.nvme_sub_group;
-  zcfg.offload_param = args.offload_param;
-  zcfg.nvme.param_buffer_count = (size_t)args.nvme_param_buffers;
   model m;
   memset(&m, 0, sizeof m);
   m.dtype = (zs_dtype)args.dtype;
-  m.ops = &gpt2_cpu_ops;
-  if (args.device) {
-    /* one GPU per rank, chosen by the context (by local rank) */
-    zcfg.device = ZS_DEVICE_CUDA;
-    m.ops = &gpt2_cuda_ops;
-  }
+  /* on the GPU: one per rank, chosen by the context (by local rank) */
+  m.ops = args.device ? &gpt2_cuda_ops : &gpt2_cpu_ops;
   CHECK(zs_context_create_mpi(&zcfg, MPI_COMM_WORLD, &m.ctx));
   g_ctx = m.ctx;
   signal(SIGTERM, on_signal);

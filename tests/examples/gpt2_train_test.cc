@@ -408,6 +408,10 @@ TEST_P(Gpt2BadInput, ClearMessageNonZeroExitNoReport) {
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find(c.expect), std::string::npos)
       << "expected '" << c.expect << "' in:\n" << r.output;
+  // refused before training, by the flags' checks: not a failed library
+  // call (the trainer's CHECK prints the C call) or an MPI abort
+  EXPECT_EQ(r.output.find("zs_context_create"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("MPI_ABORT"), std::string::npos) << r.output;
   struct stat st;
   EXPECT_NE(stat(report.c_str(), &st), 0) << "a report was written";
 }
@@ -428,13 +432,17 @@ const BadCase kBad[] = {
     {"clip_zero", "--data @DATA --clip 0", "--clip: expected a max norm > 0", 2},
     {"bad_dtype", "--data @DATA --dtype fp8", "--dtype", 2},
     {"bad_offload", "--data @DATA --offload gpu", "--offload", 2},
-    {"offload_param_alone", "--data @DATA --offload-param cpu", "offload_param", 2},
+    {"offload_param_alone", "--data @DATA --offload-param cpu",
+     "--offload-param cpu needs --stage 3 (where the parameters are sharded) "
+     "and --offload cpu or nvme", 2},
     {"nvme_without_path", "--data @DATA --offload nvme", "--nvme-path", 2},
     {"nvme_path_not_a_dir", "--data @DATA --offload nvme --nvme-path @DATA",
-     "swap directory", 2},
+     "not a directory (the swap files go in a directory", 2},
+    {"nvme_path_missing", "--data @DATA --offload nvme --nvme-path /nonexistent/swap",
+     "--nvme-path /nonexistent/swap: No such file or directory", 2},
     {"nvme_params_below_stage_3",
      "--data @DATA --stage 2 --offload nvme --offload-param nvme --nvme-path /tmp",
-     "offload_param", 2},
+     "got --stage 2, --offload nvme", 2},
     {"nvme_params_without_path", "--data @DATA --offload cpu --offload-param nvme",
      "--offload-param nvme needs --nvme-path", 2},
     {"nvme_param_buffers_alone", "--data @DATA --nvme-param-buffers 3",
@@ -506,6 +514,36 @@ TEST(Gpt2Flags, RanksWithDifferentFlagsAreRefused) {
                       " --steps 5");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("different flags"), std::string::npos) << r.output;
+}
+
+// --check-ranks W: the checks of a W-rank run in one process without MPI
+// (tools/zs demo runs it before mpirun): the same messages, no training, no
+// report.
+TEST(Gpt2Flags, CheckRanksChecksWithoutTraining) {
+  const std::string report = TmpDir() + "/check_ranks.json";
+  const std::string base = g_sharded + " --quiet --report " + report + " --data " + g_data;
+  struct Case { std::string flags; int exit_code; std::string expect; } cases[] = {
+      {" --check-ranks 4 --batch 16", 0, ""},
+      {" --check-ranks 3 --batch 16", 2, "--batch 16 is not divisible by the 3 ranks"},
+      {" --check-ranks 2 --stage 2 --offload cpu --offload-param cpu", 2,
+       "--offload-param cpu needs --stage 3"},
+      {" --check-ranks 2 --heads 3", 2, "--heads 3 does not divide"},
+      {" --check-ranks 0", 2, "--check-ranks"},
+      {" --batch 16 --data /nonexistent/x.txt --check-ranks 2", 2,
+       "data file /nonexistent/x.txt"},
+  };
+  for (const Case& c : cases) {
+    RunResult r = Shell(base + c.flags);
+    EXPECT_EQ(r.exit_code, c.exit_code) << c.flags << ":\n" << r.output;
+    if (c.expect.empty()) {
+      EXPECT_EQ(r.output, "") << c.flags;
+    } else {
+      EXPECT_NE(r.output.find("train_sharded: " + c.expect), std::string::npos)
+          << c.flags << ":\n" << r.output;
+    }
+    struct stat st;
+    EXPECT_NE(stat(report.c_str(), &st), 0) << c.flags << ": a report was written";
+  }
 }
 
 // Every sampled byte reaches the report, 0 bytes included.

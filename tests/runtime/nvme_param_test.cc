@@ -8,12 +8,13 @@
 // gather or in the step fails every rank, naming the file and offset on
 // the failing one; the swap files are gone afterwards.
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <zs_mpi.h>
-
 
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 
 #include "offload/aio.h" /* zs__aio_fault_hook */
@@ -471,6 +472,22 @@ TEST_F(NvmeParamTest, BadConfigurationsAreRefusedNamingTheField) {
   EXPECT_NE(std::string(zs_last_error()).find("param_buffer_elements"), std::string::npos)
       << zs_last_error();
   ExpectEmptyDir(dir, "param_buffer_elements too small");
+
+  // A path that is not a directory fails the context on every rank, naming
+  // the path and the setting.
+  const std::string file = dir + "/not-a-dir-" + std::to_string(rank_);
+  { std::ofstream(file) << "x"; }
+  c.nvme.param_buffer_elements = 0;
+  c.nvme.path = file.c_str();
+  ctx = nullptr;
+  EXPECT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), ZS_ERR_IO);
+  EXPECT_EQ(ctx, nullptr);
+  const std::string msg = zs_last_error();
+  EXPECT_NE(msg.find("cannot create the swap directory " + file + "/zs-"),
+            std::string::npos) << msg;
+  EXPECT_NE(msg.find("(config.nvme.path " + file + "): Not a directory"),
+            std::string::npos) << msg;
+  unlink(file.c_str());
 }
 
 }  // namespace
