@@ -163,7 +163,9 @@ TEST(Gpt2Profile, MemreportRefusesBrokenInput) {
        TmpDir() + "/sw", "different runs"},
   };
   for (const Case& c : cases) {
-    if (!c.setup.empty()) ASSERT_EQ(Shell(c.setup).exit_code, 0) << c.name;
+    if (!c.setup.empty()) {
+      ASSERT_EQ(Shell(c.setup).exit_code, 0) << c.name;
+    }
     RunResult r = Shell("python3 " + g_memreport + " " + c.dir);
     EXPECT_EQ(r.exit_code, 2) << c.name << ": " << r.output;
     EXPECT_NE(r.output.find(c.expect), std::string::npos)

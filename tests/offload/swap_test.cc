@@ -173,7 +173,9 @@ TEST_P(SwapTest, AReadErrorStopsBeforeThatGroupNamingFileAndOffset) {
   // earlier group, which then is not stepped either
   const int n = (int)x_.stepped.size();
   EXPECT_LE(n, 4);
-  if (Slots() == 3) EXPECT_EQ(n, 4);
+  if (Slots() == 3) {
+    EXPECT_EQ(n, 4);
+  }
   for (int k = 0; k < n; k++) EXPECT_EQ(x_.stepped[k], k);
   ExpectFile(n);
 }

@@ -94,7 +94,9 @@ TEST(OptimFast, SgdIsBitwiseTheReference) {
                     ZS_OK);
         }
         EXPECT_TRUE(Same(p2, p)) << "n " << n << " nesterov " << hp.nesterov;
-        if (hp.momentum != 0) EXPECT_TRUE(Same(b2, b)) << "n " << n;
+        if (hp.momentum != 0) {
+          EXPECT_TRUE(Same(b2, b)) << "n " << n;
+        }
       }
 }
 

@@ -62,9 +62,10 @@ TEST_P(ParityTest, AllStagesMatchReferenceAndEachOther) {
       } else {
         EXPECT_TRUE(CloseByNorm(r.params[t], ref.params[t], kRel)) << what;
       }
-      if (!m.tensors[t].frozen)
+      if (!m.tensors[t].frozen) {
         EXPECT_TRUE(CloseByNorm(r.state0[t], ref.state0[t], kRel))
             << what << " optimizer state";
+      }
       if (stage > 0) {
         EXPECT_TRUE(Bitwise(r.params[t], runs[0].params[t]))
             << what << " vs stage 0";

@@ -175,8 +175,9 @@ TEST_F(PrecisionTest, Bf16MasterWeightsMatchTheEmulatedReference) {
     // the optimizer span, twice the 16-bit parameter shard at stage 3.
     const zs_memory_stats& ms = r.memory;
     EXPECT_GT(ms.current[ZS_MEM_MASTER_WEIGHTS], 0u) << "stage " << stage;
-    if (stage == 3)
+    if (stage == 3) {
       EXPECT_EQ(ms.current[ZS_MEM_MASTER_WEIGHTS], 2 * ms.current[ZS_MEM_PARAMS]);
+    }
     EXPECT_EQ(ms.current[ZS_MEM_OPTIMIZER_STATES],
               2 * ms.current[ZS_MEM_MASTER_WEIGHTS])
         << "stage " << stage;
