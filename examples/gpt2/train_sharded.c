@@ -534,8 +534,8 @@ static int sharded_config_check(const zs_config* z, char* err, size_t cap) {
 /* What a rank checks before training (after the flags parsed): the batch's
  * split over `world` ranks, the model's shape, ZeroShard's configuration,
  * the GPU, the report and checkpoint paths (rank 0), the NVMe directory,
- * and the data, loaded
- * into *data. Returns 0, or -1 with the message in err. */
+ * and the data, loaded into *data. Returns 0, or -1 with the message in
+ * err. */
 static int precheck(const gpt2_args* a, const gpt2_config* cfg,
                     const zs_config* z, int world, int rank, gpt2_data* data,
                     char* err, size_t cap) {
