@@ -576,15 +576,16 @@ static zs_status zs__ckpt_load_units(zs_model* m, zs__ckpt_reader* rd,
   return st;
 }
 
-/* Reads and verifies extras.bin into out (cap bytes; NULL: verify only). */
+/* Reads and verifies extras.bin into out (cap bytes; NULL: verify only);
+ * `who` names the public call in errors. */
 static zs_status zs__ckpt_read_extras(const zs__ckpt_meta* cm, void* out,
-                                      size_t cap) {
+                                      size_t cap, const char* who) {
   zs_status st = zs__ckpt_verify_file(cm, -1);
   if (st != ZS_OK || out == NULL || cm->extras_bytes == 0) return st;
   if (cm->extras_bytes > cap)
-    return zs__error(ZS_ERR_INVALID_ARGUMENT, "zs_checkpoint_load: the "
-                     "checkpoint's extras are %llu bytes, the buffer holds "
-                     "%zu", (unsigned long long)cm->extras_bytes, cap);
+    return zs__error(ZS_ERR_INVALID_ARGUMENT, "%s: the checkpoint's extras "
+                     "are %llu bytes, the buffer holds %zu", who,
+                     (unsigned long long)cm->extras_bytes, cap);
   char path[ZS__CKPT_PATH_MAX];
   st = zs__ckpt_join(path, sizeof path, cm->dir, ZS__CKPT_EXTRAS);
   if (st != ZS_OK) return st;
@@ -597,6 +598,22 @@ static zs_status zs__ckpt_read_extras(const zs__ckpt_meta* cm, void* out,
   if (got != cm->extras_bytes)
     return zs__error(ZS_ERR_CORRUPT, "checkpoint file '%s' is truncated", path);
   return ZS_OK;
+}
+
+zs_status zs_checkpoint_read_extras(const char* path, void* extras,
+                                    size_t extras_cap, size_t* extras_bytes) {
+  if (extras_bytes != NULL) *extras_bytes = 0;
+  ZS_REQUIRE(path != NULL, "zs_checkpoint_read_extras: path is NULL");
+  zs__ckpt_meta cm;
+  memset(&cm, 0, sizeof cm);
+  zs_status st = zs__ckpt_meta_read(path, &cm);
+  if (st == ZS_OK && extras_bytes != NULL)
+    *extras_bytes = (size_t)cm.extras_bytes;
+  if (st == ZS_OK)
+    st = zs__ckpt_read_extras(&cm, extras, extras_cap,
+                              "zs_checkpoint_read_extras");
+  zs__ckpt_meta_free(&cm);
+  return st;
 }
 
 zs_status zs_checkpoint_load(zs_model* m, const char* path, unsigned flags,
@@ -629,7 +646,8 @@ zs_status zs_checkpoint_load(zs_model* m, const char* path, unsigned flags,
   /* Every file is verified once, by one rank, before anything is loaded. */
   for (int f = rank; local == ZS_OK && f < cm.world; f += world)
     local = zs__ckpt_verify_file(&cm, f);
-  if (local == ZS_OK) local = zs__ckpt_read_extras(&cm, extras, extras_cap);
+  if (local == ZS_OK)
+    local = zs__ckpt_read_extras(&cm, extras, extras_cap, "zs_checkpoint_load");
   if (local == ZS_OK) local = zs__ckpt_reader_open(&rd, &cm);
   ZS_CHECK(zs__comm_agree(comm, local, "zs_checkpoint_load"));
   local = zs__ckpt_load_units(m, &rd, map, weights_only);

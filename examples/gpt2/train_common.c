@@ -343,70 +343,76 @@ int gpt2_nvme_path_check(const char* dir, char* err, size_t cap) {
 
 int gpt2_save_check(const char* dir, char* err, size_t cap) {
   if (dir == NULL) return 0;
-  /* mkdir -p, as zs_checkpoint_save will, then a write test. */
+  /* Nothing is created here (zs_checkpoint_save makes the directory and its
+   * parents at the first save): the directory, or its nearest existing
+   * ancestor, must be a directory this process can create entries in. */
   char p[4096];
-  if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) {
-    snprintf(err, cap, "--save: path too long");
+  if (dir[0] == '\0' || snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) {
+    snprintf(err, cap, "--save: expected a directory path of under 4096 bytes");
     return -1;
   }
-  for (char* c = p + 1;; c++) {
-    if (*c != '/' && *c != '\0') continue;
-    const char keep = *c;
-    *c = '\0';
-    if (mkdir(p, 0755) != 0 && errno != EEXIST) {
-      snprintf(err, cap, "--save %s: cannot create '%s': %s", dir, p,
+  struct stat sb;
+  while (stat(p, &sb) != 0) {
+    if (errno != ENOENT) {
+      snprintf(err, cap, "--save %s: cannot use '%s': %s", dir, p,
                strerror(errno));
       return -1;
     }
-    *c = keep;
-    if (keep == '\0') break;
+    char* slash = strrchr(p, '/');
+    if (slash == NULL) {
+      snprintf(p, sizeof p, ".");
+    } else if (slash == p) {
+      p[1] = '\0';
+    } else {
+      *slash = '\0';
+    }
   }
-  struct stat sb;
-  if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
-    snprintf(err, cap, "--save %s: not a directory", dir);
+  if (!S_ISDIR(sb.st_mode)) {
+    snprintf(err, cap, "--save %s: '%s' is not a directory", dir, p);
     return -1;
   }
-  char probe[4200];
-  snprintf(probe, sizeof probe, "%s/.zs-write-test-%ld", dir, (long)getpid());
-  int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL, 0644);
-  if (fd < 0) {
-    snprintf(err, cap, "--save %s: cannot write there: %s", dir,
+  if (access(p, W_OK | X_OK) != 0) {
+    snprintf(err, cap, "--save %s: cannot write in '%s': %s", dir, p,
              strerror(errno));
     return -1;
   }
-  close(fd);
-  unlink(probe);
   return 0;
 }
 
-int gpt2_report_check(const char* report, const char* data, char* err,
-                      size_t cap) {
-  if (report == NULL) return 0;
+int gpt2_output_check(const char* flag, const char* path, const char* data,
+                      char* err, size_t cap) {
+  if (path == NULL) return 0;
   struct stat rs, ds;
-  if (lstat(report, &rs) == 0) {
+  if (lstat(path, &rs) == 0) {
     if (!S_ISREG(rs.st_mode)) {
-      snprintf(err, cap, "--report %s exists and is not a regular file "
-               "(refusing to replace it)", report);
+      snprintf(err, cap, "%s %s exists and is not a regular file (refusing "
+               "to replace it)", flag, path);
       return -1;
     }
     if (stat(data, &ds) == 0 && ds.st_dev == rs.st_dev &&
         ds.st_ino == rs.st_ino) {
-      snprintf(err, cap, "--report %s is the data file", report);
+      snprintf(err, cap, "%s %s is the data file", flag, path);
       return -1;
     }
   }
   /* Can the temporary file be created next to it? Find out now, not after
    * training. */
   char tmp[4096];
-  snprintf(tmp, sizeof tmp, "%s.tmp.%d", report, (int)getpid());
+  snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
   int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644);
   if (fd < 0) {
-    snprintf(err, cap, "cannot write report %s: %s", report, strerror(errno));
+    snprintf(err, cap, "%s %s: cannot write there: %s", flag, path,
+             strerror(errno));
     return -1;
   }
   close(fd);
   unlink(tmp);
   return 0;
+}
+
+int gpt2_report_check(const char* report, const char* data, char* err,
+                      size_t cap) {
+  return gpt2_output_check("--report", report, data, err, cap);
 }
 
 gpt2_config gpt2_args_model(const gpt2_args* a) {

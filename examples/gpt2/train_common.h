@@ -60,9 +60,10 @@ typedef struct gpt2_args {
                           exit, without MPI (0: train) */
 } gpt2_args;
 
-/* --save DIR: creates it (with its parents) if missing and checks that
- * files can be created there, so a bad path fails before training, not at
- * the first save. NULL is accepted. Returns 0, or -1 with a message. */
+/* --save DIR: checks, creating nothing, that the directory (or, when it
+ * does not exist yet, its nearest existing ancestor) is a directory this
+ * process can create entries in, so a bad path fails before training, not
+ * at the first save. NULL is accepted. Returns 0, or -1 with a message. */
 int gpt2_save_check(const char* dir, char* err, size_t cap);
 
 /* --nvme-path DIR: must be an existing directory this process can create
@@ -81,6 +82,10 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
  * file), and its directory writable. Returns 0, or -1 with a message. */
 int gpt2_report_check(const char* report, const char* data, char* err,
                       size_t cap);
+/* The same check for the output file of any flag (--report, --describe),
+ * the flag named in the message. */
+int gpt2_output_check(const char* flag, const char* path, const char* data,
+                      char* err, size_t cap);
 /* The model configuration the flags describe. */
 gpt2_config gpt2_args_model(const gpt2_args* a);
 /* Prints the configuration (one block, for the log). */

@@ -10,6 +10,7 @@
  *
  *   mpirun -np 4 bazel-bin/examples/gpt2/train_sharded --stage 3
  */
+#include <errno.h>
 #include <math.h>
 #include <signal.h>
 #include <mpi.h>
@@ -382,11 +383,16 @@ static int model_describe(model* m, const char* path, int Bl,
   cJSON_AddNumberToObject(act, "sequences_per_rank", Bl);
   char* text = cJSON_Print(root);
   cJSON_Delete(root);
-  FILE* f = text != NULL ? fopen(path, "w") : NULL;
+  errno = 0;
+  const int oom = text == NULL;
+  FILE* f = !oom ? fopen(path, "w") : NULL;
   int ok = f != NULL && fputs(text, f) >= 0 && fputc('\n', f) != EOF;
   if (f != NULL && fclose(f) != 0) ok = 0;
+  const int e = errno;
   cJSON_free(text);
-  if (!ok) fprintf(stderr, "train_sharded: cannot write %s\n", path);
+  if (!ok)
+    fprintf(stderr, "train_sharded: --describe %s: cannot write it: %s\n",
+            path, oom ? "out of memory" : strerror(e));
   return ok ? 0 : 1;
 }
 
@@ -470,6 +476,19 @@ static char* model_sample(model* m, const gpt2_args* a, int n) {
 
 /* ==== Main ================================================================= */
 
+/* Frees the model (and its context), the GPU's layers, the data and the
+ * token buffers, and finalizes MPI: the end of a run that stops before
+ * training. */
+static void run_end(model* m, const gpt2_args* a, gpt2_data* data,
+                    int* tokens, int* targets) {
+  model_free(m);
+  if (a->device) gpt2_cuda_shutdown();
+  gpt2_data_free(data);
+  free(tokens);
+  free(targets);
+  MPI_Finalize();
+}
+
 /* Every rank checks its own flags and data; the lowest failing rank's
  * message is printed once and every rank exits. Then the flags must be the
  * same everywhere: ranks started differently would issue different
@@ -531,11 +550,57 @@ static int sharded_config_check(const zs_config* z, char* err, size_t cap) {
   return -1;
 }
 
+/* The trainer's state saved in a checkpoint's extras (got bytes) against
+ * the flags: this trainer wrote it, with the settings the data order and
+ * the model depend on, and short of --steps. Returns 0, or -1 with the
+ * message in err. */
+static int train_state_check(const gpt2_args* a, const train_state* ts,
+                             size_t got, char* err, size_t cap) {
+  if (got != sizeof *ts || memcmp(ts->magic, kStateMagic, sizeof ts->magic) != 0) {
+    snprintf(err, cap, "--resume %s: the checkpoint was not written by this "
+             "trainer (its extras are %zu bytes)", a->resume, got);
+    return -1;
+  }
+  if (ts->seed != a->seed || ts->batch != a->batch || ts->seq != a->seq ||
+      ts->heads != a->heads) {
+    snprintf(err, cap, "--resume %s: the checkpoint was trained with --seed "
+             "%llu --batch %d --seq %d --heads %d; pass the same values (they "
+             "fix the data order and the model)", a->resume,
+             (unsigned long long)ts->seed, ts->batch, ts->seq, ts->heads);
+    return -1;
+  }
+  if (ts->next_step >= a->steps) {
+    snprintf(err, cap, "--resume %s: the checkpoint is at step %lld; --steps "
+             "%d leaves nothing to train (--steps is the total to reach)",
+             a->resume, (long long)ts->next_step, a->steps);
+    return -1;
+  }
+  return 0;
+}
+
+/* --resume PATH: the checkpoint is there and its state passes
+ * train_state_check. Read without a model or MPI
+ * (zs_checkpoint_read_extras), so a wrong path or flag fails before the
+ * ranks start; zs_checkpoint_load checks the tensors later. Returns 0, or
+ * -1 with the message in err. */
+static int resume_check(const gpt2_args* a, char* err, size_t cap) {
+  if (a->resume == NULL) return 0;
+  train_state ts;
+  size_t got = 0;
+  memset(&ts, 0, sizeof ts);
+  zs_status st = zs_checkpoint_read_extras(a->resume, &ts, sizeof ts, &got);
+  if (st != ZS_OK && !(st == ZS_ERR_INVALID_ARGUMENT && got > sizeof ts)) {
+    snprintf(err, cap, "--resume %s: %s", a->resume, zs_last_error());
+    return -1;
+  }
+  return train_state_check(a, &ts, got, err, cap);
+}
+
 /* What a rank checks before training (after the flags parsed): the batch's
  * split over `world` ranks, the model's shape, ZeroShard's configuration,
- * the GPU, the report and checkpoint paths (rank 0), the NVMe directory,
- * and the data, loaded into *data. Returns 0, or -1 with the message in
- * err. */
+ * the GPU, the report, description and checkpoint paths (rank 0), the
+ * checkpoint to resume, the NVMe directory, and the data, loaded into
+ * *data. Returns 0, or -1 with the message in err. */
 static int precheck(const gpt2_args* a, const gpt2_config* cfg,
                     const zs_config* z, int world, int rank, gpt2_data* data,
                     char* err, size_t cap) {
@@ -551,6 +616,9 @@ static int precheck(const gpt2_args* a, const gpt2_config* cfg,
                  (a->device && gpt2_cuda_available(err, cap) != 0) ||
                  (rank == 0 && gpt2_report_check(a->report, a->data, err, cap) != 0) ||
                  (rank == 0 && gpt2_save_check(a->save, err, cap) != 0) ||
+                 (rank == 0 && gpt2_output_check("--describe", a->describe,
+                                                 a->data, err, cap) != 0) ||
+                 resume_check(a, err, cap) != 0 ||
                  gpt2_nvme_path_check(a->nvme_path, err, cap) != 0 ||
                  gpt2_data_load(a->data, a->seq, data, err, cap) != 0
              ? -1
@@ -634,12 +702,7 @@ int main(int argc, char** argv) {
                                          args.checkpoint_activations)
                         : 0;
     MPI_Bcast(&bad, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    model_free(&m);
-    if (args.device) gpt2_cuda_shutdown();
-    gpt2_data_free(&data);
-    free(tokens);
-    free(targets);
-    MPI_Finalize();
+    run_end(&m, &args, &data, tokens, targets);
     return bad ? 1 : 0;
   }
   /* Resume: weights, optimizer state and step counts from the checkpoint
@@ -649,32 +712,19 @@ int main(int argc, char** argv) {
   if (args.resume != NULL) {
     train_state ts;
     size_t got = 0;
-    CHECK(zs_checkpoint_load(m.zm, args.resume, 0, &ts, sizeof ts, &got));
-    if (got != sizeof ts || memcmp(ts.magic, kStateMagic, sizeof ts.magic) != 0) {
-      if (rank == 0)
-        fprintf(stderr, "train_sharded: --resume %s: the checkpoint was not "
-                "written by this trainer (its extras are %zu bytes)\n",
-                args.resume, got);
-      MPI_Abort(MPI_COMM_WORLD, 2);
-    }
-    if (ts.seed != args.seed || ts.batch != args.batch || ts.seq != args.seq ||
-        ts.heads != args.heads) {
-      if (rank == 0)
-        fprintf(stderr, "train_sharded: --resume %s: the checkpoint was "
-                "trained with --seed %llu --batch %d --seq %d --heads %d; "
-                "pass the same values (they fix the data order and the "
-                "model)\n", args.resume, (unsigned long long)ts.seed,
-                ts.batch, ts.seq, ts.heads);
-      MPI_Abort(MPI_COMM_WORLD, 2);
+    memset(&ts, 0, sizeof ts);
+    /* A failure fails every rank (the load agrees first): each exits. */
+    err[0] = '\0';
+    if (zs_checkpoint_load(m.zm, args.resume, 0, &ts, sizeof ts, &got) != ZS_OK)
+      snprintf(err, sizeof err, "--resume %s: %s", args.resume, zs_last_error());
+    else
+      (void)train_state_check(&args, &ts, got, err, sizeof err);
+    if (err[0] != '\0') {
+      if (rank == 0) fprintf(stderr, "train_sharded: %s\n", err);
+      run_end(&m, &args, &data, tokens, targets);
+      return 2;
     }
     start = (int)ts.next_step;
-    if (start >= args.steps) {
-      if (rank == 0)
-        fprintf(stderr, "train_sharded: --resume %s: the checkpoint is at "
-                "step %d; --steps %d leaves nothing to train (--steps is the "
-                "total to reach)\n", args.resume, start, args.steps);
-      MPI_Abort(MPI_COMM_WORLD, 2);
-    }
     if (rank == 0 && !args.quiet)
       printf("resumed from %s at step %d\n", args.resume, start);
   }

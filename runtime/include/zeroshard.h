@@ -996,6 +996,21 @@ zs_status zs_checkpoint_load(zs_model* model, const char* path, unsigned flags,
                              void* extras, size_t extras_cap,
                              size_t* extras_bytes);
 
+/* Reads a checkpoint's extras (the blob zs_checkpoint_save took from rank
+ * 0) without a model, a context or MPI: e.g. a trainer's own state (data
+ * position, settings) checked before it starts its ranks, like DeepSpeed's
+ * client_state. path: a checkpoint directory, or a root (its `latest` is
+ * followed). The metadata and extras.bin are verified (size and xxHash64)
+ * first. extras (extras_cap bytes; may be NULL: verify only) receives
+ * them; *extras_bytes (may be NULL) their size in bytes, set also when
+ * they do not fit (then INVALID_ARGUMENT, nothing copied). Only reads;
+ * synchronous; any thread. Errors: INVALID_ARGUMENT (NULL path, extras
+ * larger than extras_cap), IO (no checkpoint there, a missing file: naming
+ * it), CORRUPT (a checksum or size mismatch, bad metadata: naming the
+ * file), UNSUPPORTED (a newer format). */
+zs_status zs_checkpoint_read_extras(const char* path, void* extras,
+                                    size_t extras_cap, size_t* extras_bytes);
+
 /* Writes the full weights of a checkpoint (path as for zs_checkpoint_load)
  * to a safetensors file: an 8-byte little-endian header length, a JSON
  * header (per tensor: dtype, shape, data_offsets; __metadata__), padded

@@ -11,10 +11,13 @@
 //  - tools: zs_ckpt inspect --verify and consolidate on a real checkpoint;
 //    bad input (resume with another --seed, a missing checkpoint).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tests/examples/process_util.h"
 
@@ -213,20 +216,22 @@ TEST(Gpt2Checkpoint, ToolsAndBadInput) {
   EXPECT_NE(py.output.find("['BF16']"), std::string::npos) << py.output;
   // Resuming with another data order is refused, naming the flags.
   RunResult s = Train(2, " --stage 2 --steps 4 --seed 7 --resume " + d);
-  EXPECT_NE(s.exit_code, 0);
+  EXPECT_EQ(s.exit_code, 2) << s.output;
   EXPECT_NE(s.output.find("--seed 1337"), std::string::npos) << s.output;
   // Another --heads (same tensor shapes) is refused too.
   RunResult hd = Train(2, " --stage 2 --steps 4 --heads 4 --resume " + d);
-  EXPECT_NE(hd.exit_code, 0);
+  EXPECT_EQ(hd.exit_code, 2) << hd.output;
   EXPECT_NE(hd.output.find("--heads 2"), std::string::npos) << hd.output;
   // Another model: the tensor and both shapes are named.
+  // (found by the load, on every rank: each exits, no MPI abort)
   RunResult ch = Train(2, " --stage 2 --steps 4 --channels 64 --heads 2 --resume " + d);
-  EXPECT_NE(ch.exit_code, 0);
+  EXPECT_EQ(ch.exit_code, 2) << ch.output;
+  EXPECT_EQ(ch.output.find("MPI_ABORT"), std::string::npos) << ch.output;
   EXPECT_NE(ch.output.find("is [256, 32] there, [256, 64] here"), std::string::npos)
       << ch.output;
   // A checkpoint already at --steps leaves nothing to train: an error.
   RunResult done = Train(2, " --stage 2 --steps 2 --resume " + d);
-  EXPECT_NE(done.exit_code, 0);
+  EXPECT_EQ(done.exit_code, 2) << done.output;
   EXPECT_NE(done.output.find("leaves nothing to train"), std::string::npos)
       << done.output;
   // consolidate never writes into the checkpoint it reads.
@@ -246,8 +251,29 @@ TEST(Gpt2Checkpoint, ToolsAndBadInput) {
   EXPECT_EQ(bad.output.find("step "), std::string::npos) << bad.output;
   // A missing checkpoint names the path.
   RunResult m = Train(2, " --steps 4 --resume " + d + "/nope");
-  EXPECT_NE(m.exit_code, 0);
-  EXPECT_NE(m.output.find(d + "/nope"), std::string::npos) << m.output;
+  EXPECT_EQ(m.exit_code, 2) << m.output;
+  EXPECT_NE(m.output.find("--resume " + d + "/nope: "), std::string::npos) << m.output;
+  // The same checks without MPI (--check-ranks, which tools/zs demo runs
+  // before mpirun): one message each, nothing else.
+  const std::string check = g_sharded + kFlags + " --data " + g_data + " --check-ranks 2";
+  for (const auto& [flags, expect] : std::vector<std::pair<std::string, std::string>>{
+           {" --steps 4 --seed 7 --resume " + d, "--seed 1337"},
+           {" --steps 2 --resume " + d, "leaves nothing to train"},
+           {" --steps 4 --resume " + d + "/nope", "--resume " + d + "/nope: "},
+           {" --steps 4 --resume " + d + "/afile", "--resume " + d + "/afile: "},
+           {" --steps 4 --describe " + d + "/afile/x.json", "--describe " + d +
+                                                                "/afile/x.json: cannot write there"}}) {
+    RunResult r = Shell(check + flags);
+    EXPECT_EQ(r.exit_code, 2) << flags << ": " << r.output;
+    EXPECT_EQ(r.output.rfind("train_sharded: ", 0), 0u) << flags << ": " << r.output;
+    EXPECT_NE(r.output.find(expect), std::string::npos) << flags << ": " << r.output;
+  }
+  EXPECT_EQ(Shell(check + " --steps 4 --resume " + d).exit_code, 0);
+  // A run refused by its checks creates no --save directory.
+  RunResult ns = Shell(check + " --save " + d + "/new/sub --data /nonexistent");
+  EXPECT_EQ(ns.exit_code, 2) << ns.output;
+  struct stat st;
+  EXPECT_NE(stat((d + "/new").c_str(), &st), 0) << "the --save check made a directory";
   RunResult mi = Shell(g_ckpt + " inspect " + d + "/nope");
   EXPECT_EQ(mi.exit_code, 1) << mi.output;
   EXPECT_NE(mi.output.find("does not exist"), std::string::npos) << mi.output;

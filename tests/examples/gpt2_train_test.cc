@@ -473,7 +473,7 @@ TEST(Gpt2Report, RefusesDevicesSymlinksTheDataAndUnwritablePlaces) {
       {"/dev/null", "not a regular file"},
       {link, "not a regular file"},
       {data_copy, "is the data file"},
-      {"/nonexistent-dir/r.json", "cannot write report"},
+      {"/nonexistent-dir/r.json", "--report /nonexistent-dir/r.json: cannot write there"},
   };
   for (const Case& c : cases) {
     RunResult r = Shell(g_plain + " --steps 1 --quiet --sample-bytes 0 --data " +

@@ -422,6 +422,57 @@ TEST_F(DamageTest, NotACheckpoint) {
                 dir_ + "/nothing-here");
 }
 
+// ==== Extras without a model ================================================
+
+// zs_checkpoint_read_extras reads rank 0's extras with no model, context or
+// MPI call, after verifying them, and says how large they are when they do
+// not fit; damage and a missing checkpoint are named.
+TEST_F(CheckpointTest, ReadExtrasNeedsNoModel) {
+  zs_config c = ZS_CONFIG_INIT;
+  c.stage = 3;
+  zs_context* ctx = nullptr;
+  zs_model* zm = nullptr;
+  auto model = MakeTransformer();
+  ASSERT_EQ(BuildModel(c, *model, &ctx, &zm), ZS_OK) << zs_last_error();
+  const char extras[] = "rank 0's training state";
+  const char other[] = "ignored on the other ranks";
+  ASSERT_EQ(zs_checkpoint_save(zm, dir_.c_str(), "ck", rank_ == 0 ? extras : other,
+                               rank_ == 0 ? sizeof extras : sizeof other),
+            ZS_OK) << zs_last_error();
+  zs_model_destroy(zm);
+  zs_context_destroy(ctx);
+
+  char buf[64] = {0};
+  size_t n = 0;
+  for (const std::string& path : {dir_, dir_ + "/ck"}) {  // a root, a directory
+    memset(buf, 0, sizeof buf);
+    EXPECT_EQ(zs_checkpoint_read_extras(path.c_str(), buf, sizeof buf, &n), ZS_OK)
+        << zs_last_error();
+    EXPECT_EQ(n, sizeof extras);
+    EXPECT_STREQ(buf, extras);
+  }
+  EXPECT_EQ(zs_checkpoint_read_extras(dir_.c_str(), nullptr, 0, &n), ZS_OK);  // verify only
+  EXPECT_EQ(n, sizeof extras);
+  char small[4] = {'k', 'e', 'e', 'p'};
+  EXPECT_EQ(zs_checkpoint_read_extras(dir_.c_str(), small, sizeof small, &n),
+            ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(n, sizeof extras) << "the size, so the caller can retry";
+  EXPECT_EQ(std::string(small, 4), "keep") << "nothing copied";
+  EXPECT_NE(std::string(zs_last_error()).find("extras are 24 bytes, the buffer holds 4"),
+            std::string::npos) << zs_last_error();
+  EXPECT_EQ(zs_checkpoint_read_extras(nullptr, buf, sizeof buf, &n), ZS_ERR_INVALID_ARGUMENT);
+  const std::string missing = dir_ + "/nothing-here";
+  EXPECT_EQ(zs_checkpoint_read_extras(missing.c_str(), buf, sizeof buf, &n), ZS_ERR_IO);
+  EXPECT_NE(std::string(zs_last_error()).find(missing), std::string::npos) << zs_last_error();
+  EXPECT_EQ(n, 0u);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank_ == 0) FlipByte(dir_ + "/ck/extras.bin", 3);
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_EQ(zs_checkpoint_read_extras(dir_.c_str(), buf, sizeof buf, &n), ZS_ERR_CORRUPT);
+  EXPECT_NE(std::string(zs_last_error()).find("extras.bin"), std::string::npos)
+      << zs_last_error();
+}
+
 // ==== Save errors ===========================================================
 
 TEST_F(CheckpointTest, SaveRefusesMidAccumulationAndBadNames) {
