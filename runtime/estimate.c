@@ -59,6 +59,11 @@ static zs_status zs__estimate_check(const zs_estimate_config* c) {
   ZS_REQUIRE(c->grad_accum_steps >= 1,
              "zs_estimate: grad_accum_steps must be >= 1, got %d",
              c->grad_accum_steps);
+  ZS_REQUIRE(c->global_batch >= 0 &&
+                 c->global_batch % ((long long)c->ranks * c->grad_accum_steps) == 0,
+             "zs_estimate: global_batch %d is not divisible by ranks %d x "
+             "grad_accum_steps %d (each rank takes whole sequences of each "
+             "micro-batch)", c->global_batch, c->ranks, c->grad_accum_steps);
   ZS_REQUIRE(c->offload_optimizer >= 0 && c->offload_optimizer <= 2,
              "zs_estimate: offload_optimizer must be 0, 1 (cpu) or 2 (nvme), "
              "got %d", c->offload_optimizer);

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <cjson/cJSON.h>
 #include <zeroshard.h>
 
 static const char kUsage[] =
@@ -143,8 +144,8 @@ static void print_json(const zs_estimate_config* c, const zs_memory_estimate* e,
 /* The unit a text row prints in: GB, or MB / kB for smaller models, so
  * that three decimals still show the numbers (the JSON has bytes). */
 static void row_unit(double largest, const char** name, double* scale) {
-  *name = largest >= 1e9 ? "GB" : largest >= 1e6 ? "MB" : "kB";
-  *scale = largest >= 1e9 ? 1e9 : largest >= 1e6 ? 1e6 : 1e3;
+  *name = largest >= 1e12 ? "TB" : largest >= 1e9 ? "GB" : largest >= 1e6 ? "MB" : "kB";
+  *scale = largest >= 1e12 ? 1e12 : largest >= 1e9 ? 1e9 : largest >= 1e6 ? 1e6 : 1e3;
 }
 
 static void print_row(const zs_estimate_config* c, const zs_memory_estimate* e,
@@ -154,7 +155,7 @@ static void print_row(const zs_estimate_config* c, const zs_memory_estimate* e,
       (double)(e->total - e->bytes[ZS_MEM_OFFLOAD_HOST] - e->bytes[ZS_MEM_NVME_STAGING]);
   const char* u;
   double k;
-  row_unit(device, &u, &k);
+  row_unit(device * per_node, &u, &k); /* the row's largest number */
   fprintf(out, "stage %d  %4d ranks  model states %10.3f %s/rank  (params "
           "%.3f, grads %.3f, master %.3f, optimizer %.3f)  device peak %10.3f %s/rank"
           "  node %.3f %s\n",
@@ -164,7 +165,7 @@ static void print_row(const zs_estimate_config* c, const zs_memory_estimate* e,
           e->bytes[ZS_MEM_OPTIMIZER_STATES] / k, device / k, u,
           device * per_node / k, u);
   if (e->bytes[ZS_MEM_OFFLOAD_HOST] > 0) {
-    row_unit((double)e->bytes[ZS_MEM_OFFLOAD_HOST], &u, &k);
+    row_unit((double)e->bytes[ZS_MEM_OFFLOAD_HOST] * per_node, &u, &k);
     fprintf(out, "         offloaded to host memory: %.3f %s/rank, %.3f %s/node\n",
             e->bytes[ZS_MEM_OFFLOAD_HOST] / k, u,
             e->bytes[ZS_MEM_OFFLOAD_HOST] * per_node / k, u);
@@ -172,7 +173,7 @@ static void print_row(const zs_estimate_config* c, const zs_memory_estimate* e,
   if (c->offload_optimizer == 2 || c->offload_params == 2) {
     const char* su;
     double sk;
-    row_unit((double)e->nvme_bytes, &u, &k);
+    row_unit((double)e->nvme_bytes * per_node, &u, &k);
     row_unit((double)e->bytes[ZS_MEM_NVME_STAGING], &su, &sk);
     fprintf(out, "         on NVMe: %.3f %s/rank, %.3f %s/node; pinned staging "
             "%.3f %s/rank\n", e->nvme_bytes / k, u, e->nvme_bytes * per_node / k,
@@ -185,13 +186,45 @@ static void print_row(const zs_estimate_config* c, const zs_memory_estimate* e,
   }
 }
 
+/* The text output's notes on what the rows assume: the sequences per rank
+ * the activations are for, and what a bare count leaves out. */
+static void print_notes(const zs_estimate_config* c, const char* description,
+                        double largest, FILE* out) {
+  if (description == NULL) {
+    if (largest <= 0)
+      fprintf(out, "note: --params counts the model as one unit: the stage-3 "
+              "working set and the reduction buffers are left out, and "
+              "per-unit buffers are sized to the whole shard; --largest-layer "
+              "N (elements) gives them\n");
+    return;
+  }
+  cJSON* root = cJSON_Parse(description);
+  const cJSON* act = cJSON_GetObjectItemCaseSensitive(root, "activations");
+  const cJSON* seqs = cJSON_GetObjectItemCaseSensitive(act, "sequences_per_rank");
+  if (cJSON_IsNumber(seqs) && c->global_batch > 0)
+    fprintf(out, "note: activations scaled to --batch %d: %lld sequences per "
+            "rank per micro-batch (described at %.0f)\n", c->global_batch,
+            (long long)c->global_batch / ((long long)c->ranks * c->grad_accum_steps),
+            seqs->valuedouble);
+  else if (cJSON_IsNumber(seqs))
+    fprintf(out, "note: activations as described: %.0f sequences per rank "
+            "per micro-batch, whatever --ranks (a global batch of %.0f at "
+            "%d ranks); --batch B scales them\n", seqs->valuedouble,
+            seqs->valuedouble * c->ranks * c->grad_accum_steps, c->ranks);
+  else
+    fprintf(out, "note: the description has no activations: not counted\n");
+  cJSON_Delete(root);
+}
+
 int main(int argc, char** argv) {
   zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
   c.ranks = 0;
   c.stage = 3;
   double params = -1, largest = 0;
   const char* model = NULL;
-  int json = 0, all = 0, have_stage = 0, nvme_sizes = 0, nvme_param_sizes = 0;
+  int json = 0, all = 0, have_stage = 0, nvme_param_sizes = 0, have_batch = 0,
+      have_accum = 0;
+  const char* nvme_size_flag = NULL; /* the first NVMe sizing flag given */
   /* The flags given so far: a second one is refused rather than silently
    * winning (every flag's value is a setting, never a list). */
   const char* given[64];
@@ -209,9 +242,9 @@ int main(int argc, char** argv) {
     } else if (!strcmp(f, "--params")) {
       char* end = NULL;
       params = v ? strtod(v, &end) : -1;
-      if (!v || !*v || *end || !isfinite(params) || params < 0 ||
+      if (!v || !*v || *end || !isfinite(params) || params < 1 ||
           params > 1e15 || params != floor(params))
-        return fail("--params: expected a whole number 0..1e15", v);
+        return fail("--params: expected a whole number 1..1e15", v);
     } else if (!strcmp(f, "--model")) {
       model = v;
       if (!v) return fail("--model: expected a file", NULL);
@@ -246,8 +279,10 @@ int main(int argc, char** argv) {
       if (parse_int(v, 0, 64, &c.prefetch_depth)) return fail("--prefetch-depth: expected 0..64", v);
     } else if (!strcmp(f, "--batch")) {
       if (parse_int(v, 1, 1 << 30, &c.global_batch)) return fail("--batch: expected an integer >= 1", v);
+      have_batch = 1;
     } else if (!strcmp(f, "--grad-accum")) {
       if (parse_int(v, 1, 1 << 20, &c.grad_accum_steps)) return fail("--grad-accum: expected an integer >= 1", v);
+      have_accum = 1;
     } else if (!strcmp(f, "--offload-optimizer") || !strcmp(f, "--offload-param")) {
       int* dst = !strcmp(f, "--offload-param") ? &c.offload_params
                                                : &c.offload_optimizer;
@@ -270,20 +305,20 @@ int main(int argc, char** argv) {
       if (!v || !*v || *end || !(b >= 4096) || fmod(b, 4096) != 0)
         return fail("--nvme-buffer-size: expected a multiple of 4096 bytes", v);
       c.nvme_buffer_size = (size_t)b;
-      nvme_sizes = 1;
+      if (nvme_size_flag == NULL) nvme_size_flag = f;
     } else if (!strcmp(f, "--nvme-buffer-count")) {
       int n = 0;
       if (parse_int(v, 3, 4096, &n))
         return fail("--nvme-buffer-count: expected 3..4096", v);
       c.nvme_buffer_count = (size_t)n;
-      nvme_sizes = 1;
+      if (nvme_size_flag == NULL) nvme_size_flag = f;
     } else if (!strcmp(f, "--nvme-sub-group")) {
       char* end = NULL;
       const double b = v ? strtod(v, &end) : -1;
       if (!v || !*v || *end || !(b >= 0) || b != floor(b))
         return fail("--nvme-sub-group: expected elements >= 0", v);
       c.nvme_sub_group_size = (size_t)b;
-      nvme_sizes = 1;
+      if (nvme_size_flag == NULL) nvme_size_flag = f;
     } else if (!strcmp(f, "--device")) {
       if (v && !strcmp(v, "host")) c.device = ZS_DEVICE_HOST;
       else if (v && !strcmp(v, "cuda")) c.device = ZS_DEVICE_CUDA;
@@ -319,10 +354,25 @@ int main(int argc, char** argv) {
   if (all && have_stage)
     return fail("--stage S and --stages: give one (--stages prints every "
                 "stage)", NULL);
-  if (nvme_sizes && c.offload_optimizer != 2)
-    return fail("--nvme-buffer-size, --nvme-buffer-count and --nvme-sub-group "
-                "size the optimizer states' NVMe offload: they need "
-                "--offload-optimizer nvme", NULL);
+  if (nvme_size_flag != NULL && c.offload_optimizer != 2) {
+    fprintf(stderr, "zs_estimate: %s sizes the optimizer states' NVMe "
+            "offload: it needs --offload-optimizer nvme\n", nvme_size_flag);
+    return 2;
+  }
+  if (have_batch && model == NULL)
+    return fail("--batch scales a model description's activations: it "
+                "needs --model (a count has none)", NULL);
+  if (have_accum && !have_batch)
+    return fail("--grad-accum splits --batch into micro-batches: it needs "
+                "--batch (and --model)", NULL);
+  if (c.global_batch > 0 &&
+      c.global_batch % ((long long)c.ranks * c.grad_accum_steps) != 0) {
+    fprintf(stderr, "zs_estimate: --batch %d is not divisible by --ranks %d x "
+            "--grad-accum %d (each rank takes whole sequences of each "
+            "micro-batch, as the trainer requires)\n", c.global_batch,
+            c.ranks, c.grad_accum_steps);
+    return 2;
+  }
   if (nvme_param_sizes && c.offload_params != 2)
     return fail("--nvme-param-buffers sizes the parameter shards' NVMe "
                 "buffers: it needs --offload-param nvme", NULL);
@@ -380,6 +430,7 @@ int main(int argc, char** argv) {
   }
   if (json && all) fprintf(out, "]");
   if (json) fprintf(out, "\n");
+  if (!json && rc == 0) print_notes(&c, text, largest, out);
   fclose(out);
   if (rc == 0) fputs(buf, stdout);
   free(buf);

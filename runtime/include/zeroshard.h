@@ -1155,7 +1155,8 @@ typedef struct zs_estimate_config {
   int sgd_momentum;   /* SGD: 1 keeps a momentum buffer */
   int prefetch_depth; /* as zs_config, 0..64 */
   int global_batch;   /* sequences per optimizer step to scale described
-                         activations to; 0: the description's own */
+                         activations to, divisible by ranks x
+                         grad_accum_steps; 0: the description's own */
   int grad_accum_steps; /* >= 1, with global_batch */
   int offload_optimizer; /* 1: ZeRO-Offload's split: fp32 master weights
                             and optimizer states in host memory

@@ -263,7 +263,8 @@ const BadCase kBad[] = {
     {"truncated_model", "--model @TRUNC --ranks 8", "truncated"},
     {"fractional_params", "--params 1.5 --ranks 8", "--params"},
     {"unknown_device", "--params 1e9 --ranks 8 --device tpu", "--device"},
-    {"params_too_large", "--params 1e30 --ranks 8", "--params: expected a whole number 0..1e15"},
+    {"params_too_large", "--params 1e30 --ranks 8", "--params: expected a whole number 1..1e15"},
+    {"params_zero", "--params 0 --ranks 8", "--params: expected a whole number 1..1e15: 0"},
     {"largest_layer_above_params", "--params 1e9 --ranks 8 --largest-layer 2e9",
      "--largest-layer: the largest layer cannot exceed --params"},
     {"largest_layer_with_model", "--model x.json --ranks 8 --largest-layer 100",
@@ -292,7 +293,17 @@ const BadCase kBad[] = {
      "--stage S and --stages: give one"},
     // NVMe sizes that would size nothing
     {"nvme_sizes_without_nvme", "--params 1e9 --ranks 8 --offload-optimizer cpu "
-                    "--nvme-sub-group 4096", "they need --offload-optimizer nvme"},
+                    "--nvme-sub-group 4096",
+     "--nvme-sub-group sizes the optimizer states' NVMe offload: it needs "
+     "--offload-optimizer nvme"},
+    // activations belong to a description; a batch splits into whole
+    // sequences per rank and micro-batch
+    {"batch_with_params", "--params 1e9 --ranks 8 --batch 16", "--batch scales a model "
+                    "description's activations: it needs --model"},
+    {"grad_accum_without_batch", "--model x.json --ranks 8 --grad-accum 2",
+     "--grad-accum splits --batch into micro-batches: it needs --batch"},
+    {"batch_not_divisible", "--model x.json --ranks 4 --batch 16 --grad-accum 3",
+     "--batch 16 is not divisible by --ranks 4 x --grad-accum 3"},
     {"nvme_sizes_with_only_params_on_nvme", "--params 1e9 --ranks 8 --stage 3 "
                     "--offload-optimizer cpu --offload-param nvme --nvme-buffer-count 8",
      "the optimizer states' NVMe offload"},

@@ -340,6 +340,14 @@ TEST(Estimate, BadInputNamesTheSetting) {
   EXPECT_EQ(zs_estimate_params(10, &c, &e), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("nodes");
   c = ZS_ESTIMATE_CONFIG_INIT;
+  c.ranks = 4;
+  c.global_batch = 16;
+  c.grad_accum_steps = 3;  // 16 sequences are not 4 ranks x 3 micro-batches
+  EXPECT_EQ(zs_estimate_params(10, &c, &e), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_LAST_ERROR_HAS("global_batch 16 is not divisible by ranks 4 x grad_accum_steps 3");
+  c.grad_accum_steps = 2;
+  EXPECT_EQ(zs_estimate_params(10, &c, &e), ZS_OK) << zs_last_error();
+  c = ZS_ESTIMATE_CONFIG_INIT;
   EXPECT_EQ(zs_estimate_params(NAN, &c, &e), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(zs_estimate_params(1.5, &c, &e), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(zs_estimate_model(R"({"units": [{"tensors": [{"name": "a", )", &c, &e),
