@@ -15,25 +15,25 @@ int gpt2_data_load(const char* path, int T, gpt2_data* d, char* err,
   memset(d, 0, sizeof *d);
   struct stat st;
   if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
-    snprintf(err, cap, "data file %s is not a regular file", path);
+    snprintf(err, cap, "--data %s is not a regular file", path);
     return -1;
   }
   FILE* f = fopen(path, "rb");
   if (f == NULL) {
-    snprintf(err, cap, "data file %s: %s", path, strerror(errno));
+    snprintf(err, cap, "--data %s: %s", path, strerror(errno));
     return -1;
   }
   long size = -1;
   if (fseek(f, 0, SEEK_END) == 0) size = ftell(f);
   if (size < 0 || fseek(f, 0, SEEK_SET) != 0) {
-    snprintf(err, cap, "data file %s: cannot determine its size", path);
+    snprintf(err, cap, "--data %s: cannot determine its size", path);
     fclose(f);
     return -1;
   }
   d->bytes = (unsigned char*)malloc((size_t)size + 1);
   if (d->bytes == NULL ||
       fread(d->bytes, 1, (size_t)size, f) != (size_t)size) {
-    snprintf(err, cap, "data file %s: cannot read %ld bytes", path, size);
+    snprintf(err, cap, "--data %s: cannot read %ld bytes", path, size);
     fclose(f);
     gpt2_data_free(d);
     return -1;
@@ -44,7 +44,7 @@ int gpt2_data_load(const char* path, int T, gpt2_data* d, char* err,
   size_t need = (size_t)T + 1;
   if (d->train_size < need || d->size - d->train_size < need) {
     snprintf(err, cap,
-             "data file %s has %zu bytes: too short for --seq %d (each split "
+             "--data %s has %zu bytes: too short for --seq %d (each split "
              "needs at least %zu bytes; the val split is 10%% of the file)",
              path, d->size, T, need);
     gpt2_data_free(d);

@@ -97,6 +97,7 @@ static int gpt2__double(const char* flag, const char* v, double lo, double hi,
 int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
                     char* err, size_t cap, int print_help) {
   gpt2__defaults(a);
+  int sub_group_given = 0, param_buffers_given = 0;
   for (int i = 1; i < argc; i++) {
     const char* f = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -189,6 +190,7 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
       }
     } else if (sharded && strcmp(f, "--nvme-param-buffers") == 0) {
       rc = gpt2__int(f, v, 1, 4096, &a->nvme_param_buffers, err, cap);
+      param_buffers_given = 1;
     } else if (sharded && strcmp(f, "--nvme-path") == 0) {
       if (v == NULL || v[0] == '\0') {
         snprintf(err, cap, "--nvme-path: expected a directory");
@@ -199,6 +201,7 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
       int n = 0;
       rc = gpt2__int(f, v, 0, 2147483647, &n, err, cap);
       a->nvme_sub_group = n;
+      sub_group_given = 1;
     } else if (sharded && strcmp(f, "--device") == 0) {
       if (v != NULL && strcmp(v, "cpu") == 0) a->device = 0;
       else if (v != NULL && strcmp(v, "cuda") == 0) a->device = 1;
@@ -295,7 +298,7 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
              "--offload-param nvme");
     return -1;
   }
-  if (a->offload != 2 && a->nvme_sub_group != 0) {
+  if (a->offload != 2 && sub_group_given) {
     snprintf(err, cap, "--nvme-sub-group goes with --offload nvme");
     return -1;
   }
@@ -307,7 +310,7 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
              a->stage, a->offload == 0 ? "none" : a->offload == 1 ? "cpu" : "nvme");
     return -1;
   }
-  if (a->offload_param != 2 && a->nvme_param_buffers != 5) {
+  if (a->offload_param != 2 && param_buffers_given) {
     snprintf(err, cap, "--nvme-param-buffers goes with --offload-param nvme");
     return -1;
   }

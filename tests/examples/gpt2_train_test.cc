@@ -447,6 +447,10 @@ const BadCase kBad[] = {
      "--offload-param nvme needs --nvme-path", 2},
     {"nvme_param_buffers_alone", "--data @DATA --nvme-param-buffers 3",
      "--nvme-param-buffers goes with --offload-param nvme", 2},
+    {"nvme_param_buffers_default_alone", "--data @DATA --nvme-param-buffers 5",
+     "--nvme-param-buffers goes with --offload-param nvme", 2},
+    {"nvme_sub_group_zero_alone", "--data @DATA --offload cpu --nvme-sub-group 0",
+     "--nvme-sub-group goes with --offload nvme", 2},
     {"batch_not_divisible_by_micro_batches",
      "--data @DATA --batch 12 --grad-accum 4", "not divisible", 2},
     {"too_many_val_sequences", "--data @DATA --val-batches 1048576 --batch 4096",
@@ -530,7 +534,7 @@ TEST(Gpt2Flags, CheckRanksChecksWithoutTraining) {
       {" --check-ranks 2 --heads 3", 2, "--heads 3 does not divide"},
       {" --check-ranks 0", 2, "--check-ranks"},
       {" --batch 16 --data /nonexistent/x.txt --check-ranks 2", 2,
-       "data file /nonexistent/x.txt"},
+       "--data /nonexistent/x.txt: No such file"},
   };
   for (const Case& c : cases) {
     RunResult r = Shell(base + c.flags);
