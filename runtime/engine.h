@@ -171,6 +171,12 @@ struct zs_model {
    * a checkpoint with optimizer state is loaded. */
   int broken;
   char broken_msg[512];
+  /* zs_step found the ranks' collectives, use counts or step counters
+   * different: the gradients reduced so far were summed across different
+   * units (or none at all on some rank), so zs_step is refused with this
+   * message until zs_step_discard drops them. */
+  int must_discard;
+  char must_discard_msg[256];
 };
 
 /* ---- engine_model.c ---- */
@@ -387,6 +393,10 @@ zs_status zs__prefetch_drain(zs_model* m);
 /* Ends the forward hold of a unit (at the end of its backward). */
 void zs__forward_hold_end(zs_model* m, int unit);
 void zs__trace_end_step(zs_model* m);
+/* Forgets the recorded gather order and this step's gathers so far: after
+ * the ranks were found to disagree, what each recorded is its own, and a
+ * prefetch from it would differ across ranks. */
+void zs__trace_reset(zs_model* m);
 /* Waits for every collective in flight for every unit (reductions are
  * finished), e.g. before reading or freeing buffers outside a step. */
 zs_status zs__quiesce(zs_model* m);

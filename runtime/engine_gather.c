@@ -261,6 +261,14 @@ void zs__trace_end_step(zs_model* m) {
   m->trace_ok = 1;
 }
 
+void zs__trace_reset(zs_model* m) {
+  m->trace_len = 0;
+  m->trace_valid = 0;
+  m->seen_len = 0;
+  m->trace_pos = 0;
+  m->trace_ok = 1;
+}
+
 /* Follows the trace with the user's gather of `unit`; a gather out of
  * order ends prefetching for this step (unused prefetches are dropped). */
 static zs_status zs__trace_follow(zs_model* m, int unit) {

@@ -472,14 +472,30 @@ static zs_status zs__step_consistency(zs_model* m, zs_status local,
       /* Every rank sees the same result and fails here. The sequence hash
        * restarts from the same value everywhere, so a caller that brings
        * its ranks back in line (the collectives themselves matched, only
-       * their units or order differed) can step again. */
+       * their units or order differed) can go on: after zs_step_discard
+       * unless only the learning rates differed. */
       m->ctx->comm->seq_hash = ZS__FNV_SEED;
+      zs__trace_reset(m);
+      /* Only differing learning rates leave the reduced gradients right;
+       * otherwise reductions were paired across different units (or one
+       * rank's had no partner): they must be dropped, not applied. */
+      if (k < 3) { /* on every rank, whichever it called: all refuse alike */
+        m->must_discard = 1;
+        snprintf(m->must_discard_msg, sizeof m->must_discard_msg,
+                 "zs_step %lld: the ranks disagreed on their %s",
+                 (long long)m->steps_called, what[k]);
+      }
       return zs__error(ZS_ERR_MISMATCH,
                        "zs_step %lld: ranks disagree on their %s; every rank "
                        "must gather, release and acquire the same units in "
                        "the same order and set the same learning rates "
-                       "(control flow must not depend on the rank's data)",
-                       (long long)m->steps_called, what[k]);
+                       "(control flow must not depend on the rank's data)%s",
+                       (long long)m->steps_called, what[k],
+                       k < 3
+                           ? "; the gradients reduced so far are wrong: drop "
+                             "them with zs_step_discard on every rank and "
+                             "redo the micro-batch"
+                           : "");
     }
   return ZS_OK;
 }
@@ -616,6 +632,11 @@ static zs_status zs__step_run(zs_model* m, zs_step_info* info, int discard) {
                      "pending gradients (zs_step_discard) and load a "
                      "checkpoint (zs_checkpoint_load) to go on", fn,
                      m->broken_msg);
+  if (m->must_discard && !discard)
+    return zs__error(ZS_ERR_INVALID_STATE, "zs_step: %s, so the gradients "
+                     "reduced since the last step are wrong; drop them with "
+                     "zs_step_discard (every rank) and redo the micro-batch",
+                     m->must_discard_msg);
   zs_step_info local_info;
   if (info == NULL) info = &local_info;
   memset(info, 0, sizeof *info);
@@ -667,6 +688,7 @@ cleanup:
                       "step", t_step, zs__now(), NULL, 0, 0, 0);
   m->steps_called++;
   m->micro = boundary || st != ZS_OK ? 0 : m->micro + 1;
+  if (discard && st == ZS_OK) m->must_discard = 0; /* the wrong sums are gone */
   info->applied = applied;
 out:
   info->step = m->steps_applied;

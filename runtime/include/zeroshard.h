@@ -885,7 +885,11 @@ typedef struct zs_step_info {
  * there, REMOTE naming the rank elsewhere; nothing changes, so fix and
  * call again) and that every rank is at the same step, has issued the same
  * collectives for the same units since the start, used every unit the same
- * number of times and set the same learning rates (else MISMATCH). Then it
+ * number of times and set the same learning rates (else MISMATCH on every
+ * rank; only after differing learning rates can the caller set them and
+ * call again: otherwise reductions were paired across different units, so
+ * zs_step refuses (INVALID_STATE) until zs_step_discard on every rank drops
+ * the step's gradients, and the micro-batch is redone). Then it
  * reduces every unit not reduced yet (a unit not used this step contributes
  * zero gradients, as torch 1.13's zero_grad() leaves zeros: AdamW still
  * decays and moves it), runs the optimizer on this rank's part (the whole

@@ -624,8 +624,26 @@ TEST_F(EngineTest, SameSizedUnitsInDifferentOrderAreAMismatch) {
     }
     EXPECT_EQ(zs_step(m, nullptr), ZS_ERR_MISMATCH) << "stage " << stage;
     EXPECT_TRUE(Contains(zs_last_error(), "collective sequences")) << zs_last_error();
+    EXPECT_TRUE(Contains(zs_last_error(), "zs_step_discard")) << zs_last_error();
     ASSERT_EQ(zs_tensor_get(m, t[0], ZS_FIELD_PARAM, after.data()), ZS_OK);
     EXPECT_TRUE(Bitwise(after, before)) << "no update was applied";
+    // The reductions paired a with b: a retry must not apply those sums.
+    EXPECT_EQ(zs_step(m, nullptr), ZS_ERR_INVALID_STATE) << "stage " << stage;
+    EXPECT_TRUE(Contains(zs_last_error(), "drop them with zs_step_discard"))
+        << zs_last_error();
+    ASSERT_EQ(zs_tensor_get(m, t[0], ZS_FIELD_PARAM, after.data()), ZS_OK);
+    EXPECT_TRUE(Bitwise(after, before)) << "no update was applied on retry";
+    // Dropped, the micro-batch redone in one order: training goes on.
+    EXPECT_EQ(zs_step_discard(m, nullptr), ZS_OK) << zs_last_error();
+    for (int k = 0; k < 2; k++) {
+      EXPECT_EQ(zs_unit_gather(m, u[k]), ZS_OK);
+      EXPECT_EQ(zs_unit_grad_acquire(m, u[k]), ZS_OK);
+      EXPECT_EQ(zs_unit_grad_release(m, u[k]), ZS_OK);
+      EXPECT_EQ(zs_unit_release(m, u[k]), ZS_OK);
+    }
+    zs_step_info info;
+    EXPECT_EQ(zs_step(m, &info), ZS_OK) << zs_last_error();
+    EXPECT_EQ(info.applied, 1);
     zs_model_destroy(m);
     zs_context_destroy(ctx);
   }
@@ -799,6 +817,9 @@ TEST_F(EngineTest, DifferentLearningRatesAreAMismatch) {
   EXPECT_EQ(zs_model_set_lr(m, ZS_ALL_GROUPS, rank_ == 0 ? 0.1 : 0.2), ZS_OK);
   EXPECT_EQ(zs_step(m, nullptr), ZS_ERR_MISMATCH);
   EXPECT_TRUE(Contains(zs_last_error(), "learning rates")) << zs_last_error();
+  // The gradients are right: with the same rates the step goes on.
+  EXPECT_EQ(zs_model_set_lr(m, ZS_ALL_GROUPS, 0.1), ZS_OK);
+  EXPECT_EQ(zs_step(m, nullptr), ZS_OK) << zs_last_error();
   Destroy(o);
 }
 
