@@ -69,8 +69,23 @@ static void zs__comm_note(zs__comm* c, zs__coll* op, int root) {
     c->max_in_flight_gathers = c->gathers_in_flight;
 }
 
+static void zs__comm_fail(zs__comm* c, zs_status st, const char* why,
+                          int notify, uint64_t from_seq);
+
+/* 1 (and c failed, telling no one: that too would be a call) when the
+ * backend can run nothing more: MPI was finalized under a live context. */
+static int zs__comm_dead(zs__comm* c) {
+  if (c->ops->alive == NULL || c->ops->alive(c)) return 0;
+  if (!c->failed)
+    zs__comm_fail(c, ZS_ERR_INVALID_STATE, "MPI was finalized while this "
+                  "context existed: its collectives cannot run (call "
+                  "zs_context_destroy before MPI_Finalize)", 0, 0);
+  return 1;
+}
+
 /* After a failure nothing new may start on the communicator. */
-static zs_status zs__comm_usable(const zs__comm* c) {
+static zs_status zs__comm_usable(zs__comm* c) {
+  (void)zs__comm_dead(c);
   if (!c->failed) return ZS_OK;
   return zs__error(c->failed_status,
                    "the context cannot be used any more (end the job): %s",
@@ -88,7 +103,9 @@ static void zs__comm_fail(zs__comm* c, zs_status st, const char* why,
     c->failed_status = st;
     snprintf(c->failed_why, sizeof c->failed_why, "%s", why);
   }
-  if (notify && !c->notified && c->ops->notify_failure != NULL) {
+  /* (not when the backend is gone: sending would be a call too) */
+  if (notify && !c->notified && c->ops->notify_failure != NULL &&
+      (c->ops->alive == NULL || c->ops->alive(c))) {
     c->notified = 1;
     char msg[ZS__NOTICE_BYTES];
     snprintf(msg, sizeof msg, "%llu %s", (unsigned long long)from_seq, why);
@@ -208,7 +225,8 @@ static void zs__comm_report(const zs__comm* c, char* buf, size_t cap) {
 
 zs_status zs__coll_test(zs__comm* c, zs__coll* op, int* done) {
   *done = 0;
-  zs_status st = c->ops->test(c, op->req, done);
+  zs_status st = zs__comm_dead(c) ? zs__comm_usable(c)
+                                  : c->ops->test(c, op->req, done);
   if (st != ZS_OK) {
     /* The backend released the request: release the op too (its
      * temporaries are kept if the communicator failed). */
@@ -238,7 +256,7 @@ zs_status zs__coll_test(zs__comm* c, zs__coll* op, int* done) {
 zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
   /* A failed communicator completes nothing more: waiting could only end
    * at the timeout (op stays pending, its buffers kept) */
-  if (c->failed) return zs__comm_usable(c);
+  if (c->failed || zs__comm_dead(c)) return zs__comm_usable(c);
   const double t0 = zs__now();
   const zs_coll_op kind = op->op;
   double warn_at = t0 + 60.0;

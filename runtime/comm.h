@@ -77,6 +77,10 @@ typedef struct zs__comm_ops {
   /* Gives up the collectives in flight after a failure, so none keeps the
    * device busy (NCCL: ncclCommAbort); NULL where nothing is needed. */
   void (*abort)(zs__comm* c);
+  /* 0 when the backend can no longer run any call (MPI: the caller's
+   * MPI_Finalize came before zs_context_destroy, after which any MPI call
+   * would end the process); NULL where that cannot happen. */
+  int (*alive)(const zs__comm* c);
 } zs__comm_ops;
 
 /* Bytes of one failure notice (the failing rank's error message). */

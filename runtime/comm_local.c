@@ -123,6 +123,7 @@ static const zs__comm_ops zs__local_ops = {
     NULL, /* no other rank to tell of a failure */
     NULL,
     NULL,
+    NULL, /* no MPI: always usable */
 };
 
 zs_status zs__comm_local_create(zs__comm** out) {

@@ -593,6 +593,13 @@ void zs__comm_mpi_own(zs__comm* c) {
   }
 }
 
+static int zs__mpi_alive(const zs__comm* c) {
+  (void)c;
+  int finalized = 0;
+  MPI_Finalized(&finalized); /* callable after MPI_Finalize */
+  return !finalized;
+}
+
 static const zs__comm_ops zs__mpi_ops = {
     "mpi",
     zs__mpi_all_gather,
@@ -608,6 +615,7 @@ static const zs__comm_ops zs__mpi_ops = {
     zs__mpi_notify_failure,
     zs__mpi_poll_failure,
     NULL, /* MPI requests need no abort: their buffers are kept */
+    zs__mpi_alive,
 };
 
 zs_status zs__comm_mpi_create(MPI_Comm comm, zs__comm** out) {

@@ -449,6 +449,12 @@ static void zs__nccl_destroy(zs__comm* c) {
   free(c);
 }
 
+/* NCCL needs its MPI communicator for host collectives and notices. */
+static int zs__nccl_alive(const zs__comm* c) {
+  const zs__comm* h = ((const zs__nccl_impl*)c->impl)->host;
+  return h == NULL || h->ops->alive == NULL || h->ops->alive(h);
+}
+
 static const zs__comm_ops zs__nccl_ops = {
     "nccl",
     zs__nccl_all_gather,
@@ -464,6 +470,7 @@ static const zs__comm_ops zs__nccl_ops = {
     zs__nccl_notify_failure,
     zs__nccl_poll_failure,
     zs__nccl_abort,
+    zs__nccl_alive,
 };
 
 /* One GPU per rank, as NCCL requires: every rank's machine (the kernel's

@@ -21,6 +21,7 @@ zs_status zs_context_create_mpi(const zs_config* config, MPI_Comm comm,
                                 zs_context** out) {
   ZS_REQUIRE(config != NULL && out != NULL,
              "zs_context_create_mpi: config and out must not be NULL");
+  *out = NULL; /* on every failure, as the header says */
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
@@ -52,6 +53,7 @@ static void zs__mpi_atexit(void) {
 zs_status zs_context_create(const zs_config* config, zs_context** out) {
   ZS_REQUIRE(config != NULL && out != NULL,
              "zs_context_create: config and out must not be NULL");
+  *out = NULL; /* on every failure, as the header says */
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
