@@ -57,7 +57,16 @@ static zs_status zs__mpi_fail(int rc, const char* what) {
   int len = 0;
   if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) len = 0;
   text[len] = '\0';
-  return zs__error(ZS_ERR_COMM, "MPI %s failed: %s (code %d)", what, text, rc);
+  int cls = rc;
+  if (MPI_Error_class(rc, &cls) != MPI_SUCCESS) cls = rc;
+  /* A truncation in a collective is almost always ranks issuing different
+   * collectives at this point (sizes that differ): say so. */
+  return zs__error(ZS_ERR_COMM, "MPI %s failed: %s (code %d)%s", what, text, rc,
+                   cls == MPI_ERR_TRUNCATE
+                       ? "; the ranks issued different collectives here (a "
+                         "rank gathered, released or reduced another unit, "
+                         "or skipped a call or a step)"
+                       : "");
 }
 
 static zs_status zs__mpi_type(zs_dtype dtype, int reducing, MPI_Datatype* out) {
@@ -387,11 +396,14 @@ static zs_status zs__mpi_start_progress(zs__comm* c) {
   MPI_Query_thread(&level);
   if (level != MPI_THREAD_MULTIPLE)
     return zs__error(ZS_ERR_UNSUPPORTED,
-                     "MPI provides thread level %d, not MPI_THREAD_MULTIPLE: "
+                     "MPI provides thread level %s, not MPI_THREAD_MULTIPLE: "
                      "no progress thread; collectives progress at ZeroShard "
                      "calls only (initialize MPI with MPI_Init_thread("
                      "MPI_THREAD_MULTIPLE) to overlap them with compute)",
-                     level);
+                     level == MPI_THREAD_SINGLE       ? "MPI_THREAD_SINGLE"
+                     : level == MPI_THREAD_FUNNELED   ? "MPI_THREAD_FUNNELED"
+                     : level == MPI_THREAD_SERIALIZED ? "MPI_THREAD_SERIALIZED"
+                                                      : "(unknown)");
   if (impl->progress_on) return ZS_OK;
   pthread_mutex_lock(&zs__progress_lock);
   int slot = -1;
