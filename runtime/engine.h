@@ -126,6 +126,8 @@ struct zs_model {
   int ngroups;
   zs_model* next; /* in ctx->models; NULL ctx: detached (ctx destroyed) */
   int finalized;
+  int finalize_failed; /* zs_model_finalize returned an error: later calls
+                          say so, not "call zs_model_finalize first" */
   int poisoned; /* a registration call failed on this rank */
   char poison_msg[512];
   int eval;              /* zs_model_set_eval: forward only, outside the

@@ -41,6 +41,10 @@ zs_status zs__check_finalized(const zs_model* m, const char* fn) {
   if (m->ctx == NULL)
     return zs__error(ZS_ERR_INVALID_STATE,
                      "%s: the model's context was destroyed", fn);
+  if (!m->finalized && m->finalize_failed)
+    return zs__error(ZS_ERR_INVALID_STATE,
+                     "%s: zs_model_finalize failed on this model; destroy it "
+                     "(zs_model_destroy) and register the model again", fn);
   if (!m->finalized)
     return zs__error(ZS_ERR_INVALID_STATE,
                      "%s: call zs_model_finalize first", fn);
@@ -731,6 +735,7 @@ zs_status zs_model_finalize(zs_model* m) {
   m->finalized = 1;
 cleanup:
   if (st != ZS_OK) {
+    m->finalize_failed = 1;
     zs__nvme_param_free(m);
     for (int i = 0; i < m->nunits; i++)
       zs__unit_free_storage(m, &m->units[i]);

@@ -400,6 +400,10 @@ TEST_F(EngineTest, RegistrationErrorOnOneRankFailsFinalizeEverywhere) {
   EXPECT_NE(zs_model_finalize(m), ZS_OK);
   EXPECT_TRUE(Contains(zs_last_error(), "registration failed")) << zs_last_error();
   EXPECT_TRUE(Contains(zs_last_error(), "negative")) << zs_last_error();
+  // later calls say finalize failed, not that it was never called
+  EXPECT_EQ(zs_unit_gather(m, u), ZS_ERR_INVALID_STATE);
+  EXPECT_TRUE(Contains(zs_last_error(), "zs_model_finalize failed on this model"))
+      << zs_last_error();
   zs_model_destroy(m);
   zs_context_destroy(ctx);
 }

@@ -50,7 +50,9 @@ TEST(FinalizeFirst, LaterCallsFailNamingItAndNothingEndsTheProcess) {
   EXPECT_TRUE(Names("call zs_context_destroy before MPI_Finalize")) << zs_last_error();
   // (v's prefetched all-gather may have completed before MPI_Finalize: its
   // use then needs no MPI call)
-  if (zs_unit_gather(m, v) == ZS_OK) EXPECT_EQ(zs_unit_release(m, v), ZS_OK);
+  if (zs_unit_gather(m, v) == ZS_OK) {
+    EXPECT_EQ(zs_unit_release(m, v), ZS_OK);
+  }
   EXPECT_NE(zs_step(m, nullptr), ZS_OK);
   EXPECT_TRUE(Names("MPI was finalized")) << zs_last_error();
   EXPECT_NE(zs_checkpoint_save(m, "/tmp/zs-finalize-first-ckpt", nullptr, nullptr, 0), ZS_OK);
