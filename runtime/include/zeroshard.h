@@ -627,7 +627,17 @@ typedef struct zs_model zs_model;
  * Errors: INVALID_ARGUMENT, OUT_OF_MEMORY. */
 zs_status zs_model_create(zs_context* ctx, zs_model** out);
 
-/* Frees the model and all its storage (NULL accepted). Not collective. */
+/* Frees the model and all its storage (NULL accepted), and removes its NVMe
+ * swap files. Not collective, and blocking: nothing is freed under a
+ * collective still writing into it, so it first waits for the model's
+ * collectives in flight on this rank (all-gathers, reduce-scatters; none
+ * after a completed zs_step) and, with CUDA, for the compute stream. A
+ * collective the other ranks never issue (this rank gathered a unit they
+ * did not) is waited for up to config.collective_timeout_s; then the
+ * context fails (the others are told) and, as after any failure, memory a
+ * collective may still write is kept, not freed. On a context that already
+ * failed nothing is waited for. Call it before zs_context_destroy and
+ * before MPI_Finalize. */
 void zs_model_destroy(zs_model* model);
 
 /* Adds a unit (the sharding granularity: one flat buffer) and returns its
@@ -1099,7 +1109,10 @@ typedef struct zs_layer_desc {
  * caller (zs_driver_destroy, before the model). Errors: INVALID_ARGUMENT. */
 zs_status zs_driver_create(zs_model* model, size_t input_bytes,
                            int checkpoint_activations, zs_driver** out);
-/* Frees the driver and its activation buffers (NULL accepted). */
+/* Frees the driver, its layer table and its activation buffers (NULL
+ * accepted). Not collective, no communication, never fails; the model and
+ * its units are untouched (destroy the driver before the model: the
+ * buffers are accounted on the model's context). */
 void zs_driver_destroy(zs_driver* driver);
 
 /* Appends a layer; *layer receives its index (may be NULL). Before the
