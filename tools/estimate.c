@@ -141,11 +141,23 @@ static void print_json(const zs_estimate_config* c, const zs_memory_estimate* e,
   fprintf(out, "}");
 }
 
-/* The unit a text row prints in: GB, or MB / kB for smaller models, so
- * that three decimals still show the numbers (the JSON has bytes). */
-static void row_unit(double largest, const char** name, double* scale) {
-  *name = largest >= 1e12 ? "TB" : largest >= 1e9 ? "GB" : largest >= 1e6 ? "MB" : "kB";
-  *scale = largest >= 1e12 ? 1e12 : largest >= 1e9 ? 1e9 : largest >= 1e6 ? 1e6 : 1e3;
+/* bytes as three significant digits in their own decimal unit (B, kB, MB,
+ * GB, TB: powers of 1000, as the JSON's bytes divide): "469 MB", "15.0 GB",
+ * "1.88 GB". Each number gets its own unit, so a small part next to a large
+ * total (a sharded optimizer state beside replicated parameters) still
+ * shows its size instead of 0.000. */
+static const char* human(double bytes, char* buf, size_t cap) {
+  static const char* const units[] = {"B", "kB", "MB", "GB", "TB", "PB"};
+  int i = 0;
+  double v = bytes;
+  while (v >= 999.5 && i < 5) {
+    v /= 1000.0;
+    i++;
+  }
+  if (i == 0) snprintf(buf, cap, "%.0f B", v);
+  else snprintf(buf, cap, v < 9.995 ? "%.2f %s" : v < 99.95 ? "%.1f %s" : "%.0f %s",
+                v, units[i]);
+  return buf;
 }
 
 static void print_row(const zs_estimate_config* c, const zs_memory_estimate* e,
@@ -153,37 +165,29 @@ static void print_row(const zs_estimate_config* c, const zs_memory_estimate* e,
   const double per_node = (double)(c->ranks / c->nodes);
   const double device =
       (double)(e->total - e->bytes[ZS_MEM_OFFLOAD_HOST] - e->bytes[ZS_MEM_NVME_STAGING]);
-  const char* u;
-  double k;
-  row_unit(device * per_node, &u, &k); /* the row's largest number */
-  fprintf(out, "stage %d  %4d ranks  model states %10.3f %s/rank  (params "
-          "%.3f, grads %.3f, master %.3f, optimizer %.3f)  device peak %10.3f %s/rank"
-          "  node %.3f %s\n",
-          c->stage, c->ranks, e->model_state_bytes / k, u,
-          e->bytes[ZS_MEM_PARAMS] / k, e->bytes[ZS_MEM_GRADS] / k,
-          e->bytes[ZS_MEM_MASTER_WEIGHTS] / k,
-          e->bytes[ZS_MEM_OPTIMIZER_STATES] / k, device / k, u,
-          device * per_node / k, u);
+  char b[8][24];
+  fprintf(out, "stage %d  %4d ranks  model states %9s/rank  (params %s, grads "
+          "%s, master %s, optimizer %s)  device peak %9s/rank  node %s\n",
+          c->stage, c->ranks, human((double)e->model_state_bytes, b[0], 24),
+          human((double)e->bytes[ZS_MEM_PARAMS], b[1], 24),
+          human((double)e->bytes[ZS_MEM_GRADS], b[2], 24),
+          human((double)e->bytes[ZS_MEM_MASTER_WEIGHTS], b[3], 24),
+          human((double)e->bytes[ZS_MEM_OPTIMIZER_STATES], b[4], 24),
+          human(device, b[5], 24), human(device * per_node, b[6], 24));
   if (e->bytes[ZS_MEM_OFFLOAD_HOST] > 0) {
-    row_unit((double)e->bytes[ZS_MEM_OFFLOAD_HOST] * per_node, &u, &k);
-    fprintf(out, "         offloaded to host memory: %.3f %s/rank, %.3f %s/node\n",
-            e->bytes[ZS_MEM_OFFLOAD_HOST] / k, u,
-            e->bytes[ZS_MEM_OFFLOAD_HOST] * per_node / k, u);
+    const double host = (double)e->bytes[ZS_MEM_OFFLOAD_HOST];
+    fprintf(out, "         offloaded to host memory: %s/rank, %s/node\n",
+            human(host, b[0], 24), human(host * per_node, b[1], 24));
   }
   if (c->offload_optimizer == 2 || c->offload_params == 2) {
-    const char* su;
-    double sk;
-    row_unit((double)e->nvme_bytes * per_node, &u, &k);
-    row_unit((double)e->bytes[ZS_MEM_NVME_STAGING], &su, &sk);
-    fprintf(out, "         on NVMe: %.3f %s/rank, %.3f %s/node; pinned staging "
-            "%.3f %s/rank\n", e->nvme_bytes / k, u, e->nvme_bytes * per_node / k,
-            u, e->bytes[ZS_MEM_NVME_STAGING] / sk, su);
+    const double disk = (double)e->nvme_bytes;
+    fprintf(out, "         on NVMe: %s/rank, %s/node; pinned staging %s/rank\n",
+            human(disk, b[0], 24), human(disk * per_node, b[1], 24),
+            human((double)e->bytes[ZS_MEM_NVME_STAGING], b[2], 24));
   }
-  if (ds > 0) {
-    row_unit(ds, &u, &k);
+  if (ds > 0)
     fprintf(out, "         DeepSpeed's estimate_zero%d_model_states_mem_needs "
-            "(offload none): %.3f %s/GPU\n", c->stage, ds / k, u);
-  }
+            "(offload none): %s/GPU\n", c->stage, human(ds, b[0], 24));
 }
 
 /* The text output's notes on what the rows assume: the sequences per rank

@@ -233,6 +233,27 @@ TEST(Gpt2Estimate, DeepSpeedRowsForComparison) {
   }
 }
 
+// The text rows: each number in its own unit, so a sharded part next to
+// replicated parameters shows its size (the paper's Figure 1 at stage 1:
+// master weights 469 MB beside 15 GB of parameters, once printed 0.000 TB).
+TEST(Gpt2Estimate, TextRowsGiveEachNumberItsUnit) {
+  RunResult r = Shell(g_estimate + " --params 7.5e9 --ranks 64 --stages --dtype bf16");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* row :
+       {"model states    120 GB/rank  (params 15.0 GB, grads 15.0 GB, master "
+        "30.0 GB, optimizer 60.0 GB)",
+        "model states   31.4 GB/rank  (params 15.0 GB, grads 15.0 GB, master "
+        "469 MB, optimizer 938 MB)  device peak   31.4 GB/rank  node 2.01 TB",
+        "(params 15.0 GB, grads 234 MB, master 469 MB, optimizer 938 MB)",
+        "model states   1.88 GB/rank  (params 234 MB, grads 234 MB, master "
+        "469 MB, optimizer 938 MB)"})
+    EXPECT_NE(r.output.find(row), std::string::npos) << row << "\n" << r.output;
+  RunResult small = Shell(g_estimate + " --params 100 --ranks 3 --stage 1");
+  ASSERT_EQ(small.exit_code, 0) << small.output;
+  EXPECT_NE(small.output.find("(params 400 B, grads 400 B, master 0 B, optimizer 272 B)"),
+            std::string::npos) << small.output;
+}
+
 struct BadCase {
   std::string name, args, expect;
 };
