@@ -402,13 +402,26 @@ zs_status zs__aio_file_create(zs__aio* a, const char* path, uint64_t bytes,
   f->bytes = bytes;
   f->direct = 1;
   f->fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_DIRECT, 0600);
-  if (f->fd < 0 && errno == EINVAL) { /* no O_DIRECT here (tmpfs) */
+  if (f->fd < 0 && errno == EINVAL) { /* no O_DIRECT here (ramfs, old tmpfs) */
     static int warned = 0;
     if (!warned++)
       zs__log(ZS_LOG_WARN, "NVMe offload: %s does not support O_DIRECT; "
               "using buffered I/O (the page cache) there", path);
     f->direct = 0;
     f->fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    /* Linux creates the file before it checks O_DIRECT (ramfs): O_EXCL did
+     * not fail first, so the file is the one that call made; an empty
+     * regular file of ours is opened as it is */
+    struct stat sb;
+    if (f->fd < 0 && errno == EEXIST) {
+      f->fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+      if (f->fd >= 0 && (fstat(f->fd, &sb) != 0 || !S_ISREG(sb.st_mode) ||
+                         sb.st_size != 0 || sb.st_uid != geteuid())) {
+        close(f->fd);
+        f->fd = -1;
+        errno = EEXIST;
+      }
+    }
   }
   if (f->fd < 0) {
     const int e = errno;
