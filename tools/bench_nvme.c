@@ -214,6 +214,18 @@ static double step_time(zs_model* m, int u, int t, size_t params) {
   return now() - t0;
 }
 
+/* A flag's value as a whole number in [lo, hi], or exit 2 naming it. */
+static double arg_num(const char* flag, const char* v, double lo, double hi) {
+  char* end = NULL;
+  const double x = strtod(v, &end);
+  if (end == v || *end != '\0' || !(x >= lo && x <= hi) || x != (double)(long long)x) {
+    fprintf(stderr, "zs bench nvme: %s: expected a whole number %.0f..%.0f, "
+            "got '%s'\n", flag, lo, hi, v);
+    exit(2);
+  }
+  return x;
+}
+
 int main(int argc, char** argv) {
   const char* path = getenv("TMPDIR") != NULL ? getenv("TMPDIR") : "/tmp";
   size_t params = (size_t)32 << 20, block = (size_t)1 << 20;
@@ -221,10 +233,14 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; i++) {
     const char* v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(argv[i], "--path") && v) path = argv[++i];
-    else if (!strcmp(argv[i], "--params") && v) params = (size_t)strtod(argv[++i], NULL);
-    else if (!strcmp(argv[i], "--block-size") && v) block = (size_t)strtod(argv[++i], NULL);
-    else if (!strcmp(argv[i], "--queue-depth") && v) qd = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--reps") && v) reps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--params") && v)
+      params = (size_t)arg_num(argv[i], argv[i + 1], 1, 1e12), i++;
+    else if (!strcmp(argv[i], "--block-size") && v)
+      block = (size_t)arg_num(argv[i], argv[i + 1], 1, 1 << 30), i++;
+    else if (!strcmp(argv[i], "--queue-depth") && v)
+      qd = (int)arg_num(argv[i], argv[i + 1], 1, 4096), i++;
+    else if (!strcmp(argv[i], "--reps") && v)
+      reps = (int)arg_num(argv[i], argv[i + 1], 1, 32), i++;
     else {
       fprintf(stderr, "usage: %s [--path DIR] [--params N] [--block-size B] "
               "[--queue-depth Q] [--reps R]\n(--params is rounded down to "
@@ -244,7 +260,10 @@ int main(int argc, char** argv) {
     snprintf(why, sizeof why, "--params must be at least a block's worth "
              "(%zu parameters for --block-size %zu), got %zu", block / 4,
              block, params);
-  if (why[0] != '\0') die(why);
+  if (why[0] != '\0') {
+    fprintf(stderr, "zs bench nvme: %s\n", why);
+    return 2;
+  }
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_signal;
@@ -263,8 +282,14 @@ int main(int argc, char** argv) {
   /* ---- raw ---- */
   int fd = open(file, O_RDWR | O_CREAT | O_EXCL | O_DIRECT, 0600);
   if (fd < 0) {
-    snprintf(why, sizeof why, "cannot create %s with O_DIRECT: %s", file,
-             strerror(errno));
+    const int e = errno;
+    /* Linux may create the file before it refuses O_DIRECT (ramfs); the
+     * name is this process's and O_EXCL did not fail, so it is ours */
+    if (e == EINVAL) unlink(file);
+    snprintf(why, sizeof why, "cannot create %s with O_DIRECT: %s%s", file,
+             strerror(e), e == EINVAL ? " (this file system does not support "
+             "O_DIRECT, and the bench measures the disk without the page "
+             "cache: give --path a directory on a disk)" : "");
     die(why);
   }
   g.fd = fd;

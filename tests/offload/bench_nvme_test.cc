@@ -94,15 +94,25 @@ TEST(BenchNvme, AnInterruptedRunLeavesNothing) {
 
 TEST(BenchNvme, RefusesBadFlags) {
   RunResult r = Shell(g_bench + " --block-size 1000");
-  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("--block-size must be a multiple of 4096"), std::string::npos)
       << r.output;
+  r = Shell(g_bench + " --params 10");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("--params must be at least a block's worth"), std::string::npos)
+      << r.output;
+  // not a whole number in range: named with the value as given (once cast
+  // straight to size_t: -5 became 18446744073709551611)
   for (const char* bad : {"--queue-depth 0", "--queue-depth 5000", "--reps 0", "--reps 40",
-                          "--params 10"}) {
+                          "--params -5", "--params abc", "--params 1e20", "--params 2.5",
+                          "--block-size -4096", "--block-size 1e30"}) {
     r = Shell(g_bench + " " + bad);
-    EXPECT_EQ(r.exit_code, 1) << bad;
+    EXPECT_EQ(r.exit_code, 2) << bad;
     const std::string flag = std::string(bad).substr(0, std::string(bad).find(' '));
-    EXPECT_NE(r.output.find(flag + " must be"), std::string::npos) << bad << ": " << r.output;
+    const std::string value = std::string(bad).substr(flag.size() + 1);
+    EXPECT_NE(r.output.find(flag + ": expected a whole number"), std::string::npos)
+        << bad << ": " << r.output;
+    EXPECT_NE(r.output.find("got '" + value + "'"), std::string::npos) << bad << ": " << r.output;
   }
   r = Shell(g_bench + " --path /nonexistent-dir-zs");
   EXPECT_NE(r.exit_code, 0);
