@@ -117,6 +117,11 @@ zs_status zs_config_validate(const zs_config* c) {
     ZS_REQUIRE(nv->path != NULL && nv->path[0] != '\0',
                "config.nvme.path: NVMe offload needs a directory for the "
                "swap files");
+    /* its swap directory and files below it fit the 4096-byte path limit */
+    ZS_REQUIRE(strlen(nv->path) <= 4000,
+               "config.nvme.path is %zu bytes: at most 4000 (the swap files "
+               "below it must fit the 4096-byte path limit)",
+               strlen(nv->path));
     ZS_REQUIRE(nv->buffer_count >= 3,
                "config.nvme.buffer_count: expected >= 3 (three sub-groups in "
                "flight), got %zu", nv->buffer_count);

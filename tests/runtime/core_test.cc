@@ -670,6 +670,16 @@ TEST(ConfigJson, NvmeOffloadKeys) {
             ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("config.nvme.path");
   EXPECT_EQ(d.offload_optimizer.device, 0);  // unchanged on error
+  // a path whose swap files would pass the path limit: refused by validate
+  zs_config lp = ZS_CONFIG_INIT;
+  const std::string longpath(4001, 'p');
+  lp.offload_optimizer.device = 2;
+  lp.nvme.path = longpath.c_str();
+  EXPECT_EQ(zs_config_validate(&lp), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_LAST_ERROR_HAS("config.nvme.path is 4001 bytes: at most 4000");
+  const std::string fits(4000, 'p');
+  lp.nvme.path = fits.c_str();
+  EXPECT_EQ(zs_config_validate(&lp), ZS_OK) << zs_last_error();
 }
 
 // NVMe keys in a section that does not offload to NVMe are accepted, as
