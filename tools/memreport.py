@@ -41,16 +41,35 @@ def fail(msg):
     sys.exit(2)
 
 
-def load(directory):
+def load(directory, context=None):
     if not os.path.isdir(directory):
         fail("%s: not a directory" % directory)
-    # One context per process: zs_profile_rank<R>.json (later contexts of a
-    # process write .ctx<K> files, which need a directory of their own).
-    paths = sorted(p for p in glob.glob(os.path.join(directory, "zs_profile_rank*.json"))
-                   if re.search(r"zs_profile_rank\d+\.json$", p))
-    if not paths:
-        fail("%s: no zs_profile_rank*.json files (run with ZS_PROFILE=%s)"
+    # A process's first context writes zs_profile_rank<R>.json, its later
+    # ones zs_profile_rank<R>.ctx<K>.json: one context's files are merged,
+    # the first's unless --context K names another.
+    groups = {}
+    for p in glob.glob(os.path.join(directory, "zs_profile_rank*.json")):
+        m = re.search(r"zs_profile_rank\d+(?:\.ctx(\d+))?\.json$", p)
+        if m:
+            groups.setdefault(int(m.group(1) or 0), []).append(p)
+    if not groups:
+        fail("%s: no zs_profile_rank<R>.json files (run with ZS_PROFILE=%s)"
              % (directory, directory))
+    if context is None:
+        context = 0 if 0 in groups or len(groups) > 1 else min(groups)
+        if context not in groups:
+            fail("%s: profiles of several contexts (.ctx%s files) and none of "
+                 "a first one: choose one with --context K"
+                 % (directory, ", .ctx".join(str(k) for k in sorted(groups))))
+        others = sorted(k for k in groups if k != context)
+        if others:
+            print("memreport: merging the first context's files; this "
+                  "directory also has other contexts' (--context %s)"
+                  % " or ".join(str(k) for k in others), file=sys.stderr)
+    elif context not in groups:
+        fail("%s: no profiles of context %d (found: %s)"
+             % (directory, context, ", ".join(str(k) for k in sorted(groups))))
+    paths = sorted(groups[context])
     profiles = []
     for p in paths:
         try:
@@ -67,7 +86,7 @@ def load(directory):
                 not isinstance(meta.get("rank"), int) or \
                 not isinstance(meta.get("start_unix_s"), (int, float)):
             fail("%s: not a ZeroShard profile" % p)
-        m = re.search(r"rank(\d+)\.json$", p)
+        m = re.search(r"rank(\d+)(?:\.ctx\d+)?\.json$", p)
         if m is None or int(m.group(1)) != meta.get("rank"):
             fail("%s: the file name and its rank (%s) disagree"
                  % (p, meta.get("rank")))
@@ -210,8 +229,14 @@ def main():
     ap.add_argument("--svg", help="where to write the picture [DIR/memreport.svg]")
     ap.add_argument("--json", action="store_true",
                     help="print one JSON object instead of tables")
+    ap.add_argument("--context", type=int, metavar="K",
+                    help="merge the zs_profile_rank<R>.ctx<K>.json files "
+                    "(a process's later contexts; 0: the first context's "
+                    "zs_profile_rank<R>.json) [the first context's]")
     a = ap.parse_args()
-    world, profiles = load(a.dir)
+    if a.context is not None and a.context < 0:
+        fail("--context: expected a context number >= 0, got %d" % a.context)
+    world, profiles = load(a.dir, a.context)
     peaks = []
     for _, meta, events in profiles:
         row = {c: 0 for c in CATEGORIES}

@@ -171,6 +171,25 @@ TEST(Gpt2Profile, MemreportRefusesBrokenInput) {
     EXPECT_NE(r.output.find(c.expect), std::string::npos)
         << c.name << ": expected '" << c.expect << "' in " << r.output;
   }
+  // A process's later contexts write .ctx<K> files: one context's files
+  // are merged, the first's by default (saying others are there), another
+  // one's with --context K.
+  const std::string cx = TmpDir() + "/ctx";
+  ASSERT_EQ(Shell("rm -rf " + cx + " && mkdir " + cx + " && cp " + two + "/zs_profile_rank*.json " +
+                  cx + "/ && for r in 0 1 2; do cp " + three + "/zs_profile_rank$r.json " + cx +
+                  "/zs_profile_rank$r.ctx2.json; done").exit_code, 0);
+  RunResult first = Shell("python3 " + g_memreport + " " + cx + " --json 2>&1 >/dev/null; "
+                          "python3 " + g_memreport + " " + cx + " --json 2>/dev/null");
+  EXPECT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_NE(first.output.find("--context 2"), std::string::npos) << first.output;
+  EXPECT_NE(first.output.find("{\"ranks\": 2"), std::string::npos) << first.output;
+  RunResult second = Shell("python3 " + g_memreport + " " + cx + " --context 2 --json");
+  EXPECT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_EQ(second.output.rfind("{\"ranks\": 3", 0), 0u) << second.output;
+  RunResult none = Shell("python3 " + g_memreport + " " + cx + " --context 5");
+  EXPECT_EQ(none.exit_code, 2) << none.output;
+  EXPECT_NE(none.output.find("no profiles of context 5 (found: 0, 2)"), std::string::npos)
+      << none.output;
 }
 
 }  // namespace
