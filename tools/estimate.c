@@ -306,8 +306,9 @@ int main(int argc, char** argv) {
     } else if (!strcmp(f, "--nvme-buffer-size")) {
       char* end = NULL;
       const double b = v ? strtod(v, &end) : -1;
-      if (!v || !*v || *end || !(b >= 4096) || fmod(b, 4096) != 0)
-        return fail("--nvme-buffer-size: expected a multiple of 4096 bytes", v);
+      if (!v || !*v || *end || !(b >= 4096 && b <= 1e15) || fmod(b, 4096) != 0)
+        return fail("--nvme-buffer-size: expected a multiple of 4096 bytes "
+                    "(at most 1e15)", v);
       c.nvme_buffer_size = (size_t)b;
       if (nvme_size_flag == NULL) nvme_size_flag = f;
     } else if (!strcmp(f, "--nvme-buffer-count")) {
@@ -319,8 +320,8 @@ int main(int argc, char** argv) {
     } else if (!strcmp(f, "--nvme-sub-group")) {
       char* end = NULL;
       const double b = v ? strtod(v, &end) : -1;
-      if (!v || !*v || *end || !(b >= 0) || b != floor(b))
-        return fail("--nvme-sub-group: expected elements >= 0", v);
+      if (!v || !*v || *end || !(b >= 0 && b <= 1e15) || b != floor(b))
+        return fail("--nvme-sub-group: expected elements 0..1e15", v);
       c.nvme_sub_group_size = (size_t)b;
       if (nvme_size_flag == NULL) nvme_size_flag = f;
     } else if (!strcmp(f, "--device")) {
