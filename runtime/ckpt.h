@@ -45,6 +45,9 @@ extern "C" {
 #define ZS__CKPT_EXTRAS "extras.bin"
 #define ZS__CKPT_LATEST "latest"
 #define ZS__CKPT_PATH_MAX 4096
+/* The largest meta.json read (bytes): about a million tensors' entries;
+ * a larger file is refused as damaged before it is read. */
+#define ZS__CKPT_META_MAX ((size_t)256 << 20)
 #define ZS__CKPT_MAX_STATES 2
 
 typedef struct zs__ckpt_tensor {
@@ -171,9 +174,14 @@ zs_status zs__ckpt_write_small(const char* path, const void* data,
                                size_t bytes, uint64_t* xxh64);
 /* fsyncs a directory (so created/renamed entries are durable). */
 zs_status zs__ckpt_fsync_dir(const char* path);
+/* Whether n (a file name, no directory) is one this format writes into a
+ * checkpoint directory: meta.json, meta.json.xxh64, extras.bin,
+ * rank-NNNNN.bin. */
+int zs__ckpt_own_name(const char* n);
 /* Removes a checkpoint-shaped directory: the files this format writes
- * (meta, checksums, extras, rank files) and then the directory; refuses
- * (IO) to remove anything else, so a wrong path never loses user data. A
+ * (meta, checksums, extras, rank files) and then the directory. If it holds
+ * anything else, nothing is removed (IO naming the entry), so a wrong path
+ * never loses user data and a checkpoint is never left half-removed. A
  * missing directory is OK. */
 zs_status zs__ckpt_remove_dir(const char* path);
 

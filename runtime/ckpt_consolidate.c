@@ -76,9 +76,11 @@ oom_nofree:
   return zs__error(ZS_ERR_OUT_OF_MEMORY, "consolidate: header");
 }
 
-/* The output must not be a file of the checkpoint or of its root: it is
- * refused when its directory is the checkpoint directory, or when it is
- * the root's `latest` (or a hidden entry of the root). */
+/* The output must not be a file of the checkpoint or of its root, nor of
+ * any other checkpoint: it is refused when its directory is the checkpoint
+ * directory, when its name is one a checkpoint's file or root pointer has
+ * (meta.json, rank-00000.bin, latest, ...), or when it is a hidden entry of
+ * the root. */
 static zs_status zs__st_check_out(const zs__ckpt_meta* cm, const char* out) {
   char dir[ZS__CKPT_PATH_MAX + 8], rdir[PATH_MAX], rck[PATH_MAX];
   char rroot[PATH_MAX];
@@ -104,6 +106,13 @@ static zs_status zs__st_check_out(const zs__ckpt_meta* cm, const char* out) {
       (strcmp(base, ZS__CKPT_LATEST) == 0 || base[0] == '.'))
     return zs__error(ZS_ERR_INVALID_ARGUMENT, "consolidate: output '%s' "
                      "would replace a file of the checkpoint root", out);
+  /* a checkpoint's own file names, wherever: writing one could destroy
+   * another checkpoint (its meta.json or a rank file) */
+  if (zs__ckpt_own_name(base) || strcmp(base, ZS__CKPT_LATEST) == 0 ||
+      strcmp(base, ".latest.tmp") == 0)
+    return zs__error(ZS_ERR_INVALID_ARGUMENT, "consolidate: output '%s' has "
+                     "the name of a checkpoint's file ('%s'); give the "
+                     "safetensors file another name", out, base);
   struct stat sb;
   if (stat(out, &sb) == 0 && !S_ISREG(sb.st_mode))
     return zs__error(ZS_ERR_INVALID_ARGUMENT, "consolidate: output '%s' "

@@ -55,8 +55,11 @@ static int zs__dtype_from_name(const char* s, zs_dtype* out) {
 
 /* ==== Whole-file helpers ================================================== */
 
-/* Reads a whole (small) file into a NUL-terminated malloc'd buffer. */
-static zs_status zs__read_whole(const char* path, char** out, size_t* bytes) {
+/* Reads a whole (small) file of at most `max` bytes into a NUL-terminated
+ * malloc'd buffer; a larger one is CORRUPT, refused before reading (a
+ * damaged or wrong file must not take every rank's memory). */
+static zs_status zs__read_whole(const char* path, size_t max, char** out,
+                                size_t* bytes) {
   *out = NULL;
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   struct stat sb;
@@ -67,6 +70,12 @@ static zs_status zs__read_whole(const char* path, char** out, size_t* bytes) {
     close(fd);
     return zs__error(ZS_ERR_CORRUPT, "checkpoint: '%s' is not a regular file",
                      path);
+  }
+  if ((uint64_t)sb.st_size > (uint64_t)max) {
+    close(fd);
+    return zs__error(ZS_ERR_CORRUPT, "checkpoint: '%s' is %lld bytes, more "
+                     "than such a file can be (%zu): it is damaged or not a "
+                     "checkpoint's", path, (long long)sb.st_size, max);
   }
   FILE* f = fdopen(fd, "rb");
   if (f == NULL) {
@@ -299,12 +308,15 @@ static zs_status zs__resolve(const char* path, char* dir, size_t cap) {
     struct stat sb;
     if (stat(path, &sb) != 0)
       return zs__error(ZS_ERR_IO, "checkpoint '%s' does not exist", path);
+    if (lstat(p, &sb) == 0)
+      return zs__error(ZS_ERR_CORRUPT, "checkpoint pointer '%s' is not a "
+                       "regular file", p);
     return zs__error(ZS_ERR_IO, "'%s' is not a checkpoint: it has neither %s "
                      "(a checkpoint directory) nor %s (a checkpoint root)",
                      path, ZS__CKPT_META, ZS__CKPT_LATEST);
   }
   char* text = NULL;
-  st = zs__read_whole(p, &text, NULL);
+  st = zs__read_whole(p, 4096, &text, NULL); /* latest: one name */
   if (st != ZS_OK) return st;
   size_t n = strcspn(text, "\r\n");
   text[n] = '\0';
@@ -581,10 +593,13 @@ zs_status zs__ckpt_meta_read(const char* path, zs__ckpt_meta* m) {
   size_t n = 0;
   ZS_CHECK(zs__ckpt_join(file, sizeof file, m->dir, ZS__CKPT_META));
   ZS_CHECK(zs__ckpt_join(sumfile, sizeof sumfile, m->dir, ZS__CKPT_META_SUM));
-  ZS_CHECK(zs__read_whole(file, &text, &n));
-  ZS_CHECK(zs__read_whole(sumfile, &sum, NULL));
+  ZS_CHECK(zs__read_whole(file, ZS__CKPT_META_MAX, &text, &n));
+  ZS_CHECK(zs__read_whole(sumfile, 4096, &sum, NULL)); /* 16 hex digits */
   char hex[17];
   zs__hex((uint64_t)XXH64(text, n, 0), hex);
+  if (strspn(sum, "0123456789abcdef") < 16)
+    ZS_FAIL(ZS_ERR_CORRUPT, "checkpoint metadata's checksum file '%s' does "
+            "not hold 16 hex digits: the file is damaged", sumfile);
   if (strncmp(sum, hex, 16) != 0)
     ZS_FAIL(ZS_ERR_CORRUPT, "checkpoint metadata '%s' does not match its "
             "checksum in '%s' (xxh64 %s, recorded %.16s): the file is damaged",
@@ -865,7 +880,7 @@ zs_status zs__ckpt_fsync_dir(const char* path) {
 }
 
 /* A name this format writes into a checkpoint directory. */
-static int zs__ckpt_own_name(const char* n) {
+int zs__ckpt_own_name(const char* n) {
   if (strcmp(n, ZS__CKPT_META) == 0 || strcmp(n, ZS__CKPT_META_SUM) == 0 ||
       strcmp(n, ZS__CKPT_EXTRAS) == 0)
     return 1;
@@ -875,34 +890,40 @@ static int zs__ckpt_own_name(const char* n) {
 }
 
 zs_status zs__ckpt_remove_dir(const char* path) {
-  DIR* d = opendir(path);
-  if (d == NULL) {
-    if (errno == ENOENT) return ZS_OK;
-    return zs__error(ZS_ERR_IO, "checkpoint: cannot open directory '%s': %s",
-                     path, strerror(errno));
-  }
-  zs_status st = ZS_OK;
-  struct dirent* e;
-  while ((e = readdir(d)) != NULL && st == ZS_OK) {
-    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-    char p[ZS__CKPT_PATH_MAX];
-    st = zs__ckpt_join(p, sizeof p, path, e->d_name);
-    if (st != ZS_OK) break;
-    if (!zs__ckpt_own_name(e->d_name)) {
-      st = zs__error(ZS_ERR_IO, "checkpoint: not removing '%s': '%s' is not "
-                     "a checkpoint file (a checkpoint directory holds only "
-                     "meta.json, meta.json.xxh64, extras.bin, rank-*.bin); "
-                     "move it out of the way", path, e->d_name);
-    } else if (unlink(p) != 0) {
-      st = zs__error(ZS_ERR_IO, "checkpoint: cannot remove '%s': %s", p,
-                     strerror(errno));
+  /* Two passes: every entry is checked before anything is removed, so a
+   * directory holding a file that is not a checkpoint's stays whole (a
+   * half-removed checkpoint would be neither the user's nor loadable). */
+  for (int pass = 0; pass < 2; pass++) {
+    DIR* d = opendir(path);
+    if (d == NULL) {
+      if (errno == ENOENT && pass == 0) return ZS_OK;
+      return zs__error(ZS_ERR_IO, "checkpoint: cannot open directory '%s': %s",
+                       path, strerror(errno));
     }
+    zs_status st = ZS_OK;
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL && st == ZS_OK) {
+      if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+      char p[ZS__CKPT_PATH_MAX];
+      st = zs__ckpt_join(p, sizeof p, path, e->d_name);
+      if (st != ZS_OK) break;
+      if (!zs__ckpt_own_name(e->d_name)) {
+        st = zs__error(ZS_ERR_IO, "checkpoint: not removing '%s': '%s' is not "
+                       "a checkpoint file (a checkpoint directory holds only "
+                       "meta.json, meta.json.xxh64, extras.bin, rank-*.bin); "
+                       "move it out of the way", path, e->d_name);
+      } else if (pass == 1 && unlink(p) != 0) {
+        st = zs__error(ZS_ERR_IO, "checkpoint: cannot remove '%s': %s", p,
+                       strerror(errno));
+      }
+    }
+    closedir(d);
+    if (st != ZS_OK) return st;
   }
-  closedir(d);
-  if (st == ZS_OK && rmdir(path) != 0)
-    st = zs__error(ZS_ERR_IO, "checkpoint: cannot remove directory '%s': %s",
-                   path, strerror(errno));
-  return st;
+  if (rmdir(path) != 0)
+    return zs__error(ZS_ERR_IO, "checkpoint: cannot remove directory '%s': %s",
+                     path, strerror(errno));
+  return ZS_OK;
 }
 
 void zs__ckpt_crash_point(int rank, const char* what) {

@@ -18,9 +18,12 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -202,6 +205,97 @@ static zs_status zs__mkdirs(const char* path) {
   return ZS_OK;
 }
 
+/* The longest root zs_checkpoint_check_root accepts (bytes): what a save
+ * writes below it, "/.tmp-" NAME (200) "/rank-NNNNNNNN.bin" or
+ * "/meta.json.xxh64", fits ZS__CKPT_PATH_MAX with room to spare. */
+#define ZS__CKPT_ROOT_MAX 3840
+
+static int zs__ckpt_is_dir_of_checkpoint(const char* dir) {
+  char p[ZS__CKPT_PATH_MAX];
+  struct stat sb;
+  if (zs__ckpt_join(p, sizeof p, dir, ZS__CKPT_META) != ZS_OK ||
+      stat(p, &sb) != 0 || !S_ISREG(sb.st_mode))
+    return 0;
+  return zs__ckpt_join(p, sizeof p, dir, ZS__CKPT_META_SUM) == ZS_OK &&
+         stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+zs_status zs_checkpoint_check_root(const char* root) {
+  if (root == NULL || root[0] == '\0')
+    return zs__error(ZS_ERR_INVALID_ARGUMENT, "checkpoint root is NULL or "
+                     "empty");
+  const size_t len = strlen(root);
+  if (len > ZS__CKPT_ROOT_MAX)
+    return zs__error(ZS_ERR_INVALID_ARGUMENT, "checkpoint root '%.60s...' is "
+                     "%zu bytes: the files a save writes below it would pass "
+                     "the %d-byte path limit (a root may have %d bytes)",
+                     root, len, ZS__CKPT_PATH_MAX, ZS__CKPT_ROOT_MAX);
+  /* The nearest existing ancestor: a directory we can create entries in. */
+  char p[ZS__CKPT_PATH_MAX];
+  snprintf(p, sizeof p, "%s", root);
+  struct stat sb;
+  while (stat(p, &sb) != 0) {
+    if (errno != ENOENT)
+      return zs__error(ZS_ERR_IO, "checkpoint root '%s': cannot use '%s': %s",
+                       root, p, strerror(errno));
+    char* slash = strrchr(p, '/');
+    if (slash == NULL) snprintf(p, sizeof p, ".");
+    else if (slash == p) p[1] = '\0';
+    else *slash = '\0';
+  }
+  if (!S_ISDIR(sb.st_mode))
+    return zs__error(ZS_ERR_IO, "checkpoint root '%s': '%s' is not a "
+                     "directory", root, p);
+  if (access(p, W_OK | X_OK) != 0)
+    return zs__error(ZS_ERR_IO, "checkpoint root '%s': cannot create entries "
+                     "in '%s': %s", root, p, strerror(errno));
+  /* ... and neither it nor a directory above it is a checkpoint. */
+  char real[PATH_MAX];
+  if (realpath(p, real) == NULL)
+    return zs__error(ZS_ERR_IO, "checkpoint root '%s': cannot resolve '%s': "
+                     "%s", root, p, strerror(errno));
+  for (int self = strcmp(p, root) == 0;; self = 0) {
+    if (zs__ckpt_is_dir_of_checkpoint(real))
+      return zs__error(ZS_ERR_IO, "checkpoint root '%s' is %s checkpoint "
+                       "directory '%s' (a root holds checkpoints: give "
+                       "another directory)", root, self ? "the" : "inside the",
+                       real);
+    char* slash = strrchr(real, '/');
+    if (slash == NULL || slash == real) break;
+    *slash = '\0';
+  }
+  return ZS_OK;
+}
+
+/* Rank 0: `old` (root/.old-NAME, a replaced checkpoint) holds files that
+ * are not a checkpoint's, so it could not be removed: it is kept whole
+ * under a visible name, NAME.replaced (or NAME.replaced.2, ...), so that
+ * `.old-NAME` keeps meaning only "a save replacing NAME was interrupted"
+ * and no later save puts it back or is stopped by it. why: the removal's
+ * message. */
+static void zs__ckpt_keep_old(const char* root, const char* old,
+                              const char* name, const char* why_in) {
+  char kept[ZS__CKPT_PATH_MAX], kname[300], why[600];
+  snprintf(why, sizeof why, "%s", why_in); /* (the error buffer is reused) */
+  struct stat sb;
+  for (int i = 1; i < 100; i++) {
+    if (i == 1) snprintf(kname, sizeof kname, "%s.replaced", name);
+    else snprintf(kname, sizeof kname, "%s.replaced.%d", name, i);
+    if (zs__ckpt_join(kept, sizeof kept, root, kname) != ZS_OK) break;
+    if (lstat(kept, &sb) == 0) continue;
+    if (rename(old, kept) == 0 && zs__ckpt_fsync_dir(root) == ZS_OK) {
+      zs__log(ZS_LOG_WARN, "checkpoint '%s/%s' replaced; the old copy "
+              "could not be removed, so it is kept whole at '%s': %s", root,
+              name, kept, why);
+      return;
+    }
+    break;
+  }
+  zs__log(ZS_LOG_WARN, "checkpoint '%s/%s' replaced; its old copy stays at "
+          "'%s', which stops the next save replacing '%s' until it is "
+          "removed: %s", root, name, old, name, why);
+}
+
 /* Rank 0: what crashed saves left in the root. A `.tmp-NAME` is an
  * incomplete save: removed. A `.old-NAME` is a checkpoint a save was
  * replacing: put back as NAME if the crash came before the new NAME was in
@@ -232,10 +326,13 @@ static zs_status zs__ckpt_recover_root(const char* root) {
         zs__log(ZS_LOG_WARN, "checkpoint '%s' restored from '%s' (a save "
                 "replacing it was interrupted)", target, p);
     } else if (zs__ckpt_remove_dir(p) != ZS_OK) {
-      /* It holds files that are not a checkpoint's: never deleted. A save
-       * that needs this very name fails on it later, saying so. */
-      zs__log(ZS_LOG_WARN, "zs_checkpoint_save: leaving '%s': %s", p,
-              zs__error_body());
+      /* It holds files that are not a checkpoint's: never deleted. A
+       * replaced copy is kept under a visible name; a temporary stays (a
+       * save that needs this very name fails on it later, saying so). */
+      if (is_old) zs__ckpt_keep_old(root, p, e->d_name + 5, zs__error_body());
+      else
+        zs__log(ZS_LOG_WARN, "zs_checkpoint_save: leaving '%s': %s", p,
+                zs__error_body());
     }
   }
   closedir(d);
@@ -246,16 +343,34 @@ static zs_status zs__ckpt_recover_root(const char* root) {
  * nothing in the way of replacing NAME (a `.old-NAME` kept because it holds
  * a user's files stops the save here, before anything is written). */
 static zs_status zs__ckpt_prepare(const char* root, const char* name,
-                                  const char* tmp) {
-  zs_status st0 = zs__mkdirs(root);
-  if (st0 == ZS_OK) st0 = zs__ckpt_recover_root(root);
+                                  const char* tmp, int* lock_fd) {
+  zs_status st0 = zs_checkpoint_check_root(root);
+  if (st0 != ZS_OK) return zs__error_prefix(st0, "zs_checkpoint_save: ");
+  st0 = zs__mkdirs(root);
+  if (st0 != ZS_OK) return st0;
+  /* One save at a time per root: an exclusive flock on the root directory,
+   * held until the save ends, before anything in it is cleared (another
+   * save's temporary directory would look like a crashed one's). File
+   * systems without flock (some NFS set-ups) go on unlocked. */
+  *lock_fd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (*lock_fd >= 0 && flock(*lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    const int e = errno;
+    if (e == EWOULDBLOCK)
+      return zs__error(ZS_ERR_IO, "zs_checkpoint_save: another save is "
+                       "writing into '%s' (another process or job saving "
+                       "there now; one save at a time per root): nothing "
+                       "written", root);
+    zs__log(ZS_LOG_DEBUG, "checkpoint root '%s' cannot be locked (%s): saving "
+            "unlocked", root, strerror(e));
+  }
+  st0 = zs__ckpt_recover_root(root);
   if (st0 != ZS_OK) return st0;
   char oldname[256], old[ZS__CKPT_PATH_MAX];
   struct stat osb;
   snprintf(oldname, sizeof oldname, ".old-%s", name);
   st0 = zs__ckpt_join(old, sizeof old, root, oldname);
   if (st0 != ZS_OK) return st0;
-  if (lstat(old, &osb) == 0)
+  if (lstat(old, &osb) == 0) /* (only if it could not be renamed) */
     return zs__error(ZS_ERR_IO, "zs_checkpoint_save: '%s' is in the way of "
                      "replacing '%s' (it holds files that are not a "
                      "checkpoint's, kept when it was replaced before): move "
@@ -328,11 +443,11 @@ static zs_status zs__ckpt_commit(zs__ckpt_meta* cm, const char* root,
   ZS_CHECK(zs__ckpt_fsync_dir(root));
   zs__ckpt_crash_point(0, ZS__CKPT_LATEST);
   /* The replaced checkpoint: removed. If it holds files that are not the
-   * checkpoint's (a consolidated model kept next to it), they are never
-   * deleted: the directory stays, and the save has still succeeded. */
+   * checkpoint's (a consolidated model kept next to it), nothing of it is
+   * deleted: it is kept whole as NAME.replaced, and the save has still
+   * succeeded. */
   if (replaced && zs__ckpt_remove_dir(old) != ZS_OK)
-    zs__log(ZS_LOG_WARN, "checkpoint '%s' replaced; its old copy stays at "
-            "'%s': %s", final_dir, old, zs__error_body());
+    zs__ckpt_keep_old(root, old, name, zs__error_body());
 cleanup:
   free(json);
   return st;
@@ -350,6 +465,7 @@ zs_status zs_checkpoint_save(zs_model* m, const char* root, const char* name,
   memset(&cm, 0, sizeof cm);
   uint64_t mine = 0;
   int wrote = 0; /* rank 0 created the temporary directory */
+  int lock_fd = -1; /* rank 0: the root, flocked during the save */
   zs_status local = ZS_OK;
   if (root == NULL || root[0] == '\0')
     local = zs__error(ZS_ERR_INVALID_ARGUMENT,
@@ -372,7 +488,7 @@ zs_status zs_checkpoint_save(zs_model* m, const char* root, const char* name,
   if (local == ZS_OK) local = zs__ckpt_describe(m, &cm);
   ZS_CHECK(zs__comm_agree(comm, local, "zs_checkpoint_save"));
   if (rank == 0) {
-    local = zs__ckpt_prepare(root, name, tmp);
+    local = zs__ckpt_prepare(root, name, tmp, &lock_fd);
     wrote = local == ZS_OK;
   }
   ZS_CHECK(zs__comm_agree(comm, local, "zs_checkpoint_save"));
@@ -402,6 +518,7 @@ cleanup:
     zs__ckpt_remove_dir(tmp);
     zs__error(keep, "%s", msg);
   }
+  if (lock_fd >= 0) close(lock_fd); /* (releases the flock) */
   zs__ckpt_meta_free(&cm);
   return st;
 }

@@ -22,7 +22,8 @@ static const char kUsage[] =
     "  padding removed; a tied tensor once under its owner's name (listed in\n"
     "  __metadata__ as tied:ALIAS), or twice with --duplicate-tied.\n"
     "inspect: the metadata as a table (--json: meta.json as saved);\n"
-    "  --verify also checks every file's size and xxHash64.\n";
+    "  --verify also checks every file's size and xxHash64 (exit status 1\n"
+    "  if one does not match; with --json its line goes to stderr).\n";
 
 static int usage_error(const char* msg, const char* arg) {
   fprintf(stderr, "zs_ckpt: %s%s%s\n%s", msg, arg ? " " : "", arg ? arg : "",
@@ -56,7 +57,7 @@ static int consolidate(int argc, char** argv) {
     return usage_error("consolidate needs CKPT and OUT", NULL);
   zs_status st = zs_checkpoint_consolidate(in, out, dtype, dup);
   if (st != ZS_OK) {
-    fprintf(stderr, "zs_ckpt consolidate: %s\n", zs_last_error());
+    fprintf(stderr, "zs_ckpt: %s\n", zs_last_error()); /* "consolidate: ..." */
     return 1;
   }
   printf("wrote %s (%s%s)\n", out, zs_dtype_name(dtype),
@@ -149,8 +150,9 @@ static int inspect(int argc, char** argv) {
         rc = 1;
       }
     }
-    if (rc == 0) printf("verified: %d rank files and extras match their "
-                        "sizes and xxHash64\n", m.world);
+    /* with --json, stdout is the metadata alone (one JSON document) */
+    if (rc == 0) fprintf(json ? stderr : stdout, "verified: %d rank files and "
+                         "extras match their sizes and xxHash64\n", m.world);
   }
   zs__ckpt_meta_free(&m);
   return rc;

@@ -260,7 +260,7 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
     } else if (sharded && strcmp(f, "--check-ranks") == 0) {
       rc = gpt2__int(f, v, 1, 1 << 20, &a->check_ranks, err, cap);
     } else if (sharded && strcmp(f, "--save-every") == 0) {
-      rc = gpt2__int(f, v, 1, 1000000, &a->save_every, err, cap);
+      rc = gpt2__int(f, v, 0, 1000000, &a->save_every, err, cap); /* 0: end only */
     } else if (strcmp(f, "--data") == 0 || strcmp(f, "--report") == 0 ||
                (sharded && (strcmp(f, "--describe") == 0 ||
                             strcmp(f, "--save") == 0 ||
@@ -338,44 +338,6 @@ int gpt2_nvme_path_check(const char* dir, char* err, size_t cap) {
   }
   if (access(dir, W_OK | X_OK) != 0) {
     snprintf(err, cap, "--nvme-path %s: cannot create files there: %s", dir,
-             strerror(errno));
-    return -1;
-  }
-  return 0;
-}
-
-int gpt2_save_check(const char* dir, char* err, size_t cap) {
-  if (dir == NULL) return 0;
-  /* Nothing is created here (zs_checkpoint_save makes the directory and its
-   * parents at the first save): the directory, or its nearest existing
-   * ancestor, must be a directory this process can create entries in. */
-  char p[4096];
-  if (dir[0] == '\0' || snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) {
-    snprintf(err, cap, "--save: expected a directory path of under 4096 bytes");
-    return -1;
-  }
-  struct stat sb;
-  while (stat(p, &sb) != 0) {
-    if (errno != ENOENT) {
-      snprintf(err, cap, "--save %s: cannot use '%s': %s", dir, p,
-               strerror(errno));
-      return -1;
-    }
-    char* slash = strrchr(p, '/');
-    if (slash == NULL) {
-      snprintf(p, sizeof p, ".");
-    } else if (slash == p) {
-      p[1] = '\0';
-    } else {
-      *slash = '\0';
-    }
-  }
-  if (!S_ISDIR(sb.st_mode)) {
-    snprintf(err, cap, "--save %s: '%s' is not a directory", dir, p);
-    return -1;
-  }
-  if (access(p, W_OK | X_OK) != 0) {
-    snprintf(err, cap, "--save %s: cannot write in '%s': %s", dir, p,
              strerror(errno));
     return -1;
   }

@@ -60,11 +60,6 @@ typedef struct gpt2_args {
                           exit, without MPI (0: train) */
 } gpt2_args;
 
-/* --save DIR: checks, creating nothing, that the directory (or, when it
- * does not exist yet, its nearest existing ancestor) is a directory this
- * process can create entries in, so a bad path fails before training, not
- * at the first save. NULL is accepted. Returns 0, or -1 with a message. */
-int gpt2_save_check(const char* dir, char* err, size_t cap);
 
 /* --nvme-path DIR: must be an existing directory this process can create
  * files in (each rank makes its swap directory there), so a bad path fails

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <cjson/cJSON.h>
 #include <zs_mpi.h>
 
@@ -556,7 +557,8 @@ static int sharded_config_check(const zs_config* z, char* err, size_t cap) {
  * message in err. */
 static int train_state_check(const gpt2_args* a, const train_state* ts,
                              size_t got, char* err, size_t cap) {
-  if (got != sizeof *ts || memcmp(ts->magic, kStateMagic, sizeof ts->magic) != 0) {
+  if (got != sizeof *ts || memcmp(ts->magic, kStateMagic, sizeof ts->magic) != 0 ||
+      ts->next_step < 0) {
     snprintf(err, cap, "--resume %s: the checkpoint was not written by this "
              "trainer (its extras are %zu bytes)", a->resume, got);
     return -1;
@@ -596,6 +598,32 @@ static int resume_check(const gpt2_args* a, char* err, size_t cap) {
   return train_state_check(a, &ts, got, err, cap);
 }
 
+/* --save ROOT: what zs_checkpoint_save needs of the root (creating
+ * nothing: the first save makes it), and, for a run that does not resume,
+ * that the root holds no checkpoints of an earlier run (a `latest`): the
+ * new run would replace them one by one and move `latest` back. Returns 0,
+ * or -1 with the message in err. */
+static int save_check(const gpt2_args* a, char* err, size_t cap) {
+  if (a->save == NULL) return 0;
+  if (zs_checkpoint_check_root(a->save) != ZS_OK) {
+    /* (a path too long is cut here, so the reason still fits) */
+    snprintf(err, cap, "--save %.200s%s: %s", a->save,
+             strlen(a->save) > 200 ? "..." : "", zs_last_error());
+    return -1;
+  }
+  char latest[4200];
+  struct stat sb;
+  snprintf(latest, sizeof latest, "%s/latest", a->save);
+  if (a->resume == NULL && stat(latest, &sb) == 0) {
+    snprintf(err, cap, "--save %s already holds the checkpoints of an earlier "
+             "run (it has a 'latest'): pass --resume %s to continue that run, "
+             "or give another --save directory (a new run would replace "
+             "those checkpoints and move 'latest' back)", a->save, a->save);
+    return -1;
+  }
+  return 0;
+}
+
 /* What a rank checks before training (after the flags parsed): the batch's
  * split over `world` ranks, the model's shape, ZeroShard's configuration,
  * the GPU, the report, description and checkpoint paths (rank 0), the
@@ -607,15 +635,18 @@ static int precheck(const gpt2_args* a, const gpt2_config* cfg,
   if (a->batch % (world * a->grad_accum) != 0) {
     snprintf(err, cap, "--batch %d is not divisible by the %d ranks x %d "
              "micro-batches (each rank takes batch/(ranks*grad-accum) "
-             "sequences per micro-batch: pass a --batch divisible by %d)",
-             a->batch, world, a->grad_accum, world * a->grad_accum);
+             "sequences per micro-batch: pass a --batch divisible by %d%s)",
+             a->batch, world, a->grad_accum, world * a->grad_accum,
+             a->resume != NULL ? "; a resumed run keeps its checkpoint's "
+             "--batch, so resume on a number of ranks x micro-batches that "
+             "divides it" : "");
     return -1;
   }
   return gpt2_config_check(cfg, err, cap) != 0 ||
                  sharded_config_check(z, err, cap) != 0 ||
                  (a->device && gpt2_cuda_available(err, cap) != 0) ||
                  (rank == 0 && gpt2_report_check(a->report, a->data, err, cap) != 0) ||
-                 (rank == 0 && gpt2_save_check(a->save, err, cap) != 0) ||
+                 (rank == 0 && save_check(a, err, cap) != 0) ||
                  (rank == 0 && gpt2_output_check("--describe", a->describe,
                                                  a->data, err, cap) != 0) ||
                  resume_check(a, err, cap) != 0 ||

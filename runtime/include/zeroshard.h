@@ -248,8 +248,9 @@ typedef struct zs_offload_config {
  * states of sub-group k+1 are read while k is stepped on the CPU workers
  * and k-1 is written (ZeRO-Infinity, Rajbhandari et al. SC'21, sec. 6). */
 typedef struct zs_nvme_config {
-  const char* path;      /* an existing directory on the fast device;
-                            read at zs_context_create, not retained */
+  const char* path;      /* an existing directory on the fast device, at
+                            most 4000 bytes; read at zs_context_create,
+                            not retained */
   size_t buffer_count;   /* pool buffers, >= 3 x the fields per element
                             (master, exp_avg, exp_avg_sq: 9 covers every
                             optimizer); the step's pipeline is a ring of
@@ -963,18 +964,39 @@ double zs_model_loss_scale(const zs_model* model);
  * (written to a temporary and renamed). A crash at any point leaves the
  * previous checkpoint and `latest` loadable; a failed save removes its
  * temporary directory, and the next save into the root clears what a
- * crashed one left (one save at a time per root; files that are not a
- * checkpoint's are never deleted). root is created if missing (with its parents) and
- * must be visible to every rank (a shared file system on several
- * nodes). Collective, blocking. Errors: INVALID_ARGUMENT (NULL root, a
- * name with '/', starting with '.', `latest` or over 200 bytes, NULL extras
- * with extras_bytes > 0),
- * INVALID_STATE (mid-accumulation, a unit gathered), IO naming the file
- * and byte offset (disk full, permissions), REMOTE on the other ranks,
- * OUT_OF_MEMORY, COMM. */
+ * crashed one left (one save at a time per root: rank 0 holds an
+ * exclusive flock on it during the save; files that are not a
+ * checkpoint's are never deleted, and a replaced checkpoint holding some
+ * is kept whole as NAME.replaced). root is created if missing (with its
+ * parents), is checked as zs_checkpoint_check_root does, and must be
+ * visible to every rank (a shared file system on several nodes).
+ * Collective, blocking. Errors: INVALID_ARGUMENT (NULL root, a root over
+ * 3840 bytes, a name with '/', starting with '.', `latest` or over 200
+ * bytes, NULL extras with extras_bytes > 0), INVALID_STATE
+ * (mid-accumulation, a unit gathered), IO naming the file and byte offset
+ * (disk full, permissions, a root inside a checkpoint, another save
+ * writing into the root), REMOTE on the other ranks, OUT_OF_MEMORY,
+ * COMM. */
 zs_status zs_checkpoint_save(zs_model* model, const char* root,
                              const char* name, const void* extras,
                              size_t extras_bytes);
+
+/* Checks, creating and changing nothing, what zs_checkpoint_save needs of
+ * a root before any save into it: e.g. a trainer's --save checked before
+ * it trains, so that a path that cannot work fails then, not at the end.
+ * root: a directory path (need not exist). Checks that its nearest
+ * existing ancestor (or root itself) is a directory this process can
+ * create entries in, that neither root nor any directory above it is a
+ * checkpoint directory (one holding meta.json and meta.json.xxh64: a root
+ * inside a checkpoint would make that checkpoint hold files that are not
+ * its own, which no later save may remove), and that every path a save
+ * writes under it (root/.tmp-NAME/rank-NNNNN.bin with NAME up to 200
+ * bytes) fits the 4096-byte path limit. Not collective; needs no MPI,
+ * context or model; synchronous; any thread. zs_checkpoint_save runs it
+ * on rank 0. Errors: INVALID_ARGUMENT (NULL or empty root, too long, at
+ * most 3840 bytes), IO (not a directory, no permission, inside a
+ * checkpoint: naming the directory). */
+zs_status zs_checkpoint_check_root(const char* root);
 
 /* zs_checkpoint_load flags. */
 #define ZS_LOAD_WEIGHTS_ONLY 1u /* parameters (and master weights) only:
@@ -1037,7 +1059,8 @@ zs_status zs_checkpoint_read_extras(const char* path, void* extras,
  * and no model. Written to out_file + ".tmp-PID", fsynced and renamed, so
  * an existing out_file is replaced whole or not at all. Synchronous.
  * Errors: INVALID_ARGUMENT (NULL paths, a dtype other than fp32/bf16, an
- * output inside the checkpoint directory, the root's `latest`, a directory),
+ * output inside the checkpoint directory, the root's `latest`, a directory,
+ * a file named as a checkpoint's own: meta.json, rank-NNNNN.bin, ...),
  * IO, CORRUPT (the checkpoint's files are verified first), OUT_OF_MEMORY.
  * Format: huggingface/safetensors, "Format" in its README. */
 zs_status zs_checkpoint_consolidate(const char* path, const char* out_file,

@@ -143,11 +143,13 @@ TEST(Gpt2Checkpoint, KilledDuringASaveLeavesThePreviousLoadable) {
 TEST(Gpt2Checkpoint, KilledWhileReplacingTheLatestCheckpoint) {
   const std::string root = TmpDir() + "/replace";
   Shell("rm -rf " + root);
-  RunResult a = Train(2, " --stage 1 --steps 2 --save " + root);
+  RunResult a = Train(2, " --stage 1 --steps 2 --save-every 1 --save " + root);
   ASSERT_EQ(a.exit_code, 0) << a.output;
   const std::string before = Slurp(root + "/step-00000002/rank-00000.bin");
-  // Rank 0's durable steps: rank file, extras, meta, checksum, moved aside.
-  RunResult k = Train(2, " --stage 1 --steps 2 --lr 0.01 --save " + root,
+  // A rerun from step 1 replaces step 2. Rank 0's durable steps: rank
+  // file, extras, meta, checksum, moved aside.
+  RunResult k = Train(2, " --stage 1 --steps 2 --lr 0.01 --resume " + root +
+                             "/step-00000001 --save " + root,
                       "ZS_CKPT_CRASH_AFTER=5:0 ");
   EXPECT_NE(k.exit_code, 0) << k.output;
   EXPECT_NE(k.output.find("simulated crash"), std::string::npos) << k.output;
@@ -165,34 +167,52 @@ TEST(Gpt2Checkpoint, KilledWhileReplacingTheLatestCheckpoint) {
 }
 
 // A file of the user's inside a checkpoint that gets saved again (a rerun
-// from an earlier step) is never deleted, and no save fails because of it.
+// from an earlier step) is never deleted, the replaced checkpoint is kept
+// whole beside it (not half-removed), and no save fails because of it.
 TEST(Gpt2Checkpoint, UserFilesInACheckpointAreKeptAndSavesGoOn) {
   const std::string root = TmpDir() + "/userfiles";
   Shell("rm -rf " + root);
   RunResult a = Train(2, " --stage 2 --steps 4 --save-every 2 --save " + root);
   ASSERT_EQ(a.exit_code, 0) << a.output;
+  const std::string old4 = Slurp(root + "/step-00000004/rank-00001.bin");
   Shell("echo keep > " + root + "/step-00000004/notes.txt");
-  RunResult b = Train(2, " --stage 2 --steps 6 --save-every 2 --resume " + root +
-                             "/step-00000002 --save " + root);
+  RunResult b = Train(2, " --stage 2 --steps 6 --save-every 2 --lr 0.002 --resume " +
+                             root + "/step-00000002 --save " + root);
   ASSERT_EQ(b.exit_code, 0) << b.output;
   EXPECT_EQ(Latest(root), "step-00000006");
-  EXPECT_EQ(Slurp(root + "/.old-step-00000004/notes.txt"), "keep\n");
-  EXPECT_NE(b.output.find("old copy stays"), std::string::npos) << b.output;
-  RunResult c = Train(2, " --stage 2 --steps 8 --save-every 2 --resume " + root +
-                             " --save " + root);
-  ASSERT_EQ(c.exit_code, 0) << c.output;
-  EXPECT_EQ(Latest(root), "step-00000008");
-  EXPECT_EQ(Shell(g_ckpt + " inspect " + root + " --verify").exit_code, 0);
-  // Replacing step 4 once more would need `.old-step-00000004`, which holds
-  // the user's file: the save stops before writing anything, saying so.
+  EXPECT_NE(b.output.find("kept whole at"), std::string::npos) << b.output;
+  // The old step 4, every file of it, with the user's file: still a
+  // checkpoint that verifies
+  const std::string kept = root + "/step-00000004.replaced";
+  EXPECT_EQ(Slurp(kept + "/notes.txt"), "keep\n");
+  EXPECT_TRUE(Slurp(kept + "/rank-00001.bin") == old4);
+  RunResult v = Shell(g_ckpt + " inspect " + kept + " --verify");
+  EXPECT_EQ(v.exit_code, 0) << v.output;
+  EXPECT_FALSE(Slurp(root + "/step-00000004/rank-00001.bin") == old4)
+      << "step 4 was not replaced";
+  EXPECT_EQ(Shell("ls -a " + root).output.find(".old-"), std::string::npos);
+  // Replacing step 4 once more, with a file of the user's in it again: a
+  // second kept copy, and the save succeeds.
+  Shell("echo keep2 > " + root + "/step-00000004/notes.txt");
   RunResult d = Train(2, " --stage 2 --steps 4 --resume " + root +
                              "/step-00000002 --save " + root);
-  EXPECT_NE(d.exit_code, 0);
-  EXPECT_NE(d.output.find("is in the way of replacing"), std::string::npos)
-      << d.output;
-  EXPECT_EQ(Slurp(root + "/.old-step-00000004/notes.txt"), "keep\n");
+  ASSERT_EQ(d.exit_code, 0) << d.output;
+  EXPECT_EQ(Latest(root), "step-00000004");
+  EXPECT_EQ(Slurp(kept + "/notes.txt"), "keep\n");
+  EXPECT_EQ(Slurp(kept + ".2/notes.txt"), "keep2\n");
+  // The user removes a checkpoint: the next save puts nothing back (a kept
+  // copy is not taken for an interrupted replacement).
+  Shell("rm -rf " + root + "/step-00000004");
+  RunResult e = Train(2, " --stage 2 --steps 8 --resume " + root +
+                             "/step-00000006 --save " + root);
+  ASSERT_EQ(e.exit_code, 0) << e.output;
+  EXPECT_EQ(e.output.find("restored"), std::string::npos) << e.output;
+  EXPECT_FALSE(std::ifstream(root + "/step-00000004/meta.json").good());
   EXPECT_EQ(Latest(root), "step-00000008");
-  EXPECT_EQ(Shell("ls -a " + root).output.find(".tmp-"), std::string::npos);
+  EXPECT_EQ(Shell(g_ckpt + " inspect " + root + " --verify").exit_code, 0);
+  const std::string left = Shell("ls -a " + root).output;
+  EXPECT_EQ(left.find(".tmp-"), std::string::npos) << left;
+  EXPECT_EQ(left.find(".old-"), std::string::npos) << left;
 }
 
 TEST(Gpt2Checkpoint, ToolsAndBadInput) {
@@ -205,6 +225,11 @@ TEST(Gpt2Checkpoint, ToolsAndBadInput) {
   EXPECT_NE(i.output.find("saved by     3 ranks at ZeRO stage 2"), std::string::npos)
       << i.output;
   EXPECT_NE(i.output.find("h.1.fc_w"), std::string::npos) << i.output;
+  // --json --verify: stdout is one JSON document
+  RunResult j = Shell(g_ckpt + " inspect " + d + " --json --verify 2>/dev/null | "
+                      "python3 -c 'import json,sys; print(json.load(sys.stdin)[\"world_size\"])'");
+  EXPECT_EQ(j.exit_code, 0) << j.output;
+  EXPECT_EQ(j.output, "3\n") << j.output;
   RunResult c = Shell(g_ckpt + " consolidate " + d + " " + d + "/w.safetensors --dtype bf16");
   EXPECT_EQ(c.exit_code, 0) << c.output;
   RunResult py = Shell(
@@ -242,6 +267,16 @@ TEST(Gpt2Checkpoint, ToolsAndBadInput) {
       << into.output;
   RunResult lat = Shell(g_ckpt + " consolidate " + d + " " + d + "/latest");
   EXPECT_NE(lat.exit_code, 0) << lat.output;
+  // ... nor over another checkpoint's files (any checkpoint's file name is
+  // refused), and names the output once, without a doubled prefix.
+  Shell("mkdir -p " + d + "/elsewhere");
+  for (const char* name : {"meta.json", "rank-00001.bin", "extras.bin"}) {
+    RunResult o = Shell(g_ckpt + " consolidate " + d + " " + d + "/elsewhere/" + name);
+    EXPECT_NE(o.exit_code, 0) << o.output;
+    EXPECT_NE(o.output.find("has the name of a checkpoint's file"), std::string::npos)
+        << o.output;
+    EXPECT_EQ(o.output.find("consolidate: consolidate:"), std::string::npos) << o.output;
+  }
   EXPECT_EQ(Shell(g_ckpt + " inspect " + d + " --verify").exit_code, 0);
   // A --save that cannot work fails before training, not at the end.
   Shell("touch " + d + "/afile");
@@ -262,7 +297,17 @@ TEST(Gpt2Checkpoint, ToolsAndBadInput) {
            {" --steps 4 --resume " + d + "/nope", "--resume " + d + "/nope: "},
            {" --steps 4 --resume " + d + "/afile", "--resume " + d + "/afile: "},
            {" --steps 4 --describe " + d + "/afile/x.json", "--describe " + d +
-                                                                "/afile/x.json: cannot write there"}}) {
+                                                                "/afile/x.json: cannot write there"},
+           // a new run into a root of an earlier one would replace its
+           // checkpoints and move `latest` back
+           {" --steps 4 --save " + d, "already holds the checkpoints of an earlier run"},
+           // a root inside a checkpoint would put files into it
+           {" --steps 4 --resume " + d + " --save " + d + "/step-00000002",
+            "is the checkpoint directory"},
+           {" --steps 4 --resume " + d + " --save " + d + "/step-00000002/sub",
+            "is inside the checkpoint directory"},
+           // the files below a root must fit the path limit
+           {" --steps 4 --save " + d + "/" + std::string(3900, 'x'), "path limit"}}) {
     RunResult r = Shell(check + flags);
     EXPECT_EQ(r.exit_code, 2) << flags << ": " << r.output;
     EXPECT_EQ(r.output.rfind("train_sharded: ", 0), 0u) << flags << ": " << r.output;

@@ -12,6 +12,9 @@
 #include <gtest/gtest.h>
 #include <zeroshard.h>
 #include <zs_mpi.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -396,6 +399,23 @@ TEST_F(DamageTest, FlippedByteInTheMetadata) {
                 ZS_ERR_CORRUPT, "meta.json", 3);
 }
 
+// A metadata file far larger than any model's (a sparse 1 GiB here) is
+// refused by its size before anything reads it.
+TEST_F(DamageTest, HugeMetadataRefusedUnread) {
+  SaveGood();
+  ExpectRefused([](const std::string& d) {
+    fs::resize_file(d + "/meta.json", (uintmax_t)1 << 30);
+  }, ZS_ERR_CORRUPT, "meta.json", 0);
+}
+
+// A checksum file that does not hold hex digits is named as damaged.
+TEST_F(DamageTest, MetadataChecksumNotHex) {
+  SaveGood();
+  ExpectRefused([](const std::string& d) {
+    std::ofstream(d + "/meta.json.xxh64", std::ios::trunc) << "zzzz\n";
+  }, ZS_ERR_CORRUPT, "meta.json.xxh64", 0);
+}
+
 TEST_F(DamageTest, TruncatedExtras) {
   SaveGood();
   // The checkpoint has no extras: an extra byte is damage as well.
@@ -525,6 +545,62 @@ TEST_F(CheckpointTest, SaveRefusesMidAccumulationAndBadNames) {
     EXPECT_FALSE(fs::exists(dir_ + "/.old-ok"));
     EXPECT_FALSE(fs::exists(dir_ + "/.tmp-ok"));
   }
+  // A root inside a checkpoint is refused before anything is written.
+  for (const std::string& inner : {dir_ + "/ok", dir_ + "/ok/sub"}) {
+    st = zs_checkpoint_save(zm, inner.c_str(), "x", nullptr, 0);
+    EXPECT_TRUE(st == ZS_ERR_IO || st == ZS_ERR_REMOTE) << zs_status_string(st);
+    EXPECT_NE(std::string(zs_last_error()).find("checkpoint directory"),
+              std::string::npos) << zs_last_error();
+    if (rank_ == 0) {
+      EXPECT_FALSE(fs::exists(dir_ + "/ok/x") || fs::exists(dir_ + "/ok/sub"));
+    }
+  }
+  EXPECT_EQ(zs_checkpoint_check_root((dir_ + "/ok").c_str()), ZS_ERR_IO);
+  EXPECT_EQ(zs_checkpoint_check_root(dir_.c_str()), ZS_OK) << zs_last_error();
+  EXPECT_EQ(zs_checkpoint_check_root((dir_ + "/new/deeper").c_str()), ZS_OK);
+  EXPECT_FALSE(fs::exists(dir_ + "/new"));
+  EXPECT_EQ(zs_checkpoint_check_root(std::string(3900, 'x').c_str()),
+            ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(zs_checkpoint_check_root(""), ZS_ERR_INVALID_ARGUMENT);
+  // A moved-aside copy that a crash left beside its replacement, holding a
+  // file of the user's: the next save keeps it whole under a visible name
+  // (nothing of it removed) instead of half-removing it or stopping on it.
+  if (rank_ == 0) {
+    fs::create_directory(dir_ + "/.old-ok");
+    std::ofstream(dir_ + "/.old-ok/meta.json") << "{}";
+    std::ofstream(dir_ + "/.old-ok/notes.txt") << "mine";
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  ASSERT_EQ(zs_checkpoint_save(zm, dir_.c_str(), "next", nullptr, 0), ZS_OK)
+      << zs_last_error();
+  if (rank_ == 0) {
+    EXPECT_FALSE(fs::exists(dir_ + "/.old-ok"));
+    EXPECT_TRUE(fs::exists(dir_ + "/ok.replaced/notes.txt"));
+    EXPECT_TRUE(fs::exists(dir_ + "/ok.replaced/meta.json"));
+    EXPECT_TRUE(fs::exists(dir_ + "/ok/meta.json"));
+  }
+  // Another save writing into the root (its flock held here on rank 0): this
+  // one fails before clearing or writing anything, on every rank.
+  int held = -1;
+  if (rank_ == 0) {
+    held = open(dir_.c_str(), O_RDONLY | O_DIRECTORY);
+    ASSERT_GE(held, 0);
+    ASSERT_EQ(flock(held, LOCK_EX | LOCK_NB), 0);
+    fs::create_directory(dir_ + "/.tmp-other");  // that save's temporary
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  st = zs_checkpoint_save(zm, dir_.c_str(), "locked", nullptr, 0);
+  EXPECT_TRUE(st == ZS_ERR_IO || st == ZS_ERR_REMOTE) << zs_status_string(st);
+  EXPECT_NE(std::string(zs_last_error()).find("another save is writing into"),
+            std::string::npos) << zs_last_error();
+  if (rank_ == 0) {
+    EXPECT_TRUE(fs::exists(dir_ + "/.tmp-other"));
+    EXPECT_FALSE(fs::exists(dir_ + "/.tmp-locked") || fs::exists(dir_ + "/locked"));
+    close(held);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  ASSERT_EQ(zs_checkpoint_save(zm, dir_.c_str(), "locked", nullptr, 0), ZS_OK)
+      << zs_last_error();
   zs_model_destroy(zm);
   zs_context_destroy(ctx);
 }
