@@ -355,6 +355,7 @@ static zs_status zs__resolve(const char* path, char* dir, size_t cap) {
 static zs_status zs__parse_meta(const char* file, const cJSON* root,
                                 zs__ckpt_meta* m) {
   zs_status st = ZS_OK;
+  size_t* unit_end = NULL; /* per unit: where its last listed tensor ends */
   double v;
   const char* s = NULL;
   const cJSON* fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
@@ -472,7 +473,9 @@ static zs_status zs__parse_meta(const char* file, const cJSON* root,
             file);
   m->ntensors = cJSON_GetArraySize(tensors);
   m->tensors = calloc((size_t)m->ntensors + 1, sizeof *m->tensors);
-  if (m->tensors == NULL) ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "checkpoint metadata");
+  unit_end = calloc((size_t)m->nunits + 1, sizeof *unit_end);
+  if (m->tensors == NULL || unit_end == NULL)
+    ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "checkpoint metadata");
   for (int i = 0; i < m->ntensors; i++) {
     const cJSON* o = cJSON_GetArrayItem(tensors, i);
     zs__ckpt_tensor* t = &m->tensors[i];
@@ -538,6 +541,14 @@ static zs_status zs__parse_meta(const char* file, const cJSON* root,
         ZS_FAIL(ZS_ERR_CORRUPT, "checkpoint metadata '%s': tensor '%s' "
                 "[%zu, +%zu) is outside unit '%s' (%zu elements)", file,
                 t->name, t->offset, t->numel, u->name, u->used);
+      /* the layout places a unit's tensors in registration order (the
+       * order listed), each after the one before: never overlapping */
+      if (t->offset < unit_end[t->unit])
+        ZS_FAIL(ZS_ERR_CORRUPT, "checkpoint metadata '%s': tensor '%s' "
+                "[%zu, +%zu) overlaps the tensor before it in unit '%s' "
+                "(which ends at %zu)", file, t->name, t->offset, t->numel,
+                u->name, unit_end[t->unit]);
+      unit_end[t->unit] = t->offset + t->numel;
     }
     for (int j = 0; j < i; j++)
       if (strcmp(m->tensors[j].name, t->name) == 0)
@@ -578,6 +589,7 @@ static zs_status zs__parse_meta(const char* file, const cJSON* root,
   m->extras_bytes = (uint64_t)v;
   ZS_CHECK(zs__j_hex(file, ex, "xxh64", &m->extras_xxh64));
 cleanup:
+  free(unit_end);
   return st;
 }
 

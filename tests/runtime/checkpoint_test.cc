@@ -15,6 +15,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <cmath>
 #include <cstdio>
@@ -414,6 +415,29 @@ TEST_F(DamageTest, MetadataChecksumNotHex) {
   ExpectRefused([](const std::string& d) {
     std::ofstream(d + "/meta.json.xxh64", std::ios::trunc) << "zzzz\n";
   }, ZS_ERR_CORRUPT, "meta.json.xxh64", 0);
+}
+
+// Metadata edited by hand with a recomputed checksum: a tensor moved onto
+// the one before it (the same elements read for both) is refused.
+TEST_F(DamageTest, OverlappingTensorsWithAValidChecksum) {
+  SaveGood();
+  ExpectRefused([](const std::string& d) {
+    std::ifstream in(d + "/meta.json");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    // the second listed tensor offset set to 0, where the first tensor of
+    // the same unit starts
+    size_t first = text.find("\"offset\":");
+    size_t second = text.find("\"offset\":", first + 1);
+    ASSERT_NE(second, std::string::npos);
+    size_t num = text.find_first_of("0123456789", second);
+    size_t end = text.find_first_not_of("0123456789", num);
+    text.replace(num, end - num, "0");
+    std::ofstream(d + "/meta.json", std::ios::trunc) << text;
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx",
+                  (unsigned long long)XXH64(text.data(), text.size(), 0));
+    std::ofstream(d + "/meta.json.xxh64", std::ios::trunc) << hex << "\n";
+  }, ZS_ERR_CORRUPT, "overlaps the tensor before it", 0);
 }
 
 TEST_F(DamageTest, TruncatedExtras) {
