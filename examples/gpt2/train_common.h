@@ -60,7 +60,6 @@ typedef struct gpt2_args {
                           exit, without MPI (0: train) */
 } gpt2_args;
 
-
 /* --nvme-path DIR: must be an existing directory this process can create
  * files in (each rank makes its swap directory there), so a bad path fails
  * before any rank starts. NULL is accepted. Returns 0, or -1 with a
