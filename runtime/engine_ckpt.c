@@ -734,6 +734,41 @@ zs_status zs_checkpoint_read_extras(const char* path, void* extras,
   return st;
 }
 
+zs_status zs_checkpoint_read_tensors(const char* path,
+                                     zs_checkpoint_tensor* out, int cap,
+                                     int* count) {
+  ZS_REQUIRE(count != NULL, "zs_checkpoint_read_tensors: count is NULL");
+  *count = 0;
+  ZS_REQUIRE(path != NULL, "zs_checkpoint_read_tensors: path is NULL");
+  ZS_REQUIRE(cap >= 0 && (out != NULL || cap == 0),
+             "zs_checkpoint_read_tensors: cap %d with out %s", cap,
+             out != NULL ? "set" : "NULL");
+  zs__ckpt_meta cm;
+  memset(&cm, 0, sizeof cm);
+  zs_status st = zs__ckpt_meta_read(path, &cm);
+  if (st == ZS_OK) {
+    *count = cm.ntensors;
+    if (cm.ntensors > cap && out != NULL)
+      st = zs__error(ZS_ERR_INVALID_ARGUMENT, "zs_checkpoint_read_tensors: "
+                     "the checkpoint has %d tensors, out holds %d",
+                     cm.ntensors, cap);
+  }
+  for (int i = 0; st == ZS_OK && out != NULL && i < cm.ntensors; i++) {
+    const zs__ckpt_tensor* t = &cm.tensors[i];
+    zs_checkpoint_tensor* o = &out[i];
+    memset(o, 0, sizeof *o);
+    snprintf(o->name, sizeof o->name, "%s", t->name);
+    o->ndim = t->ndim;
+    for (int d = 0; d < t->ndim; d++) o->shape[d] = t->shape[d];
+    o->numel = t->numel;
+    o->dtype = t->dtype;
+    o->tied_to = t->tied_to;
+    o->frozen = t->frozen;
+  }
+  zs__ckpt_meta_free(&cm);
+  return st;
+}
+
 zs_status zs_checkpoint_load(zs_model* m, const char* path, unsigned flags,
                              void* extras, size_t extras_cap,
                              size_t* extras_bytes) {

@@ -580,12 +580,58 @@ static int train_state_check(const gpt2_args* a, const train_state* ts,
   return 0;
 }
 
-/* --resume PATH: the checkpoint is there and its state passes
- * train_state_check. Read without a model or MPI
- * (zs_checkpoint_read_extras), so a wrong path or flag fails before the
- * ranks start; zs_checkpoint_load checks the tensors later. Returns 0, or
- * -1 with the message in err. */
-static int resume_check(const gpt2_args* a, char* err, size_t cap) {
+/* The checkpoint's tensors (ct, n of them) against the ones the flags'
+ * model registers (add_unit's names and shapes, in its order). Returns 0,
+ * or -1 with the message in err. */
+static int resume_tensors_check(const gpt2_args* a, const gpt2_config* cfg,
+                                const zs_checkpoint_tensor* ct, int n,
+                                char* err, size_t cap) {
+  const int want = GPT2_EMBED_TENSORS + cfg->layers * GPT2_BLOCK_TENSORS;
+  if (n != want) {
+    snprintf(err, cap, "--resume %s: the checkpoint has %d tensors, the "
+             "model of these flags %d (--layers %d): pass the --layers it "
+             "was trained with", a->resume, n, want, cfg->layers);
+    return -1;
+  }
+  for (int k = 0; k < n; k++) {
+    const int which = k < GPT2_EMBED_TENSORS ? -1
+                      : (k - GPT2_EMBED_TENSORS) / GPT2_BLOCK_TENSORS;
+    const int i = which < 0 ? k : (k - GPT2_EMBED_TENSORS) % GPT2_BLOCK_TENSORS;
+    const char* tname;
+    int ndim, decay;
+    long long s[2];
+    char name[64];
+    if (which < 0) gpt2_embed_tensor(cfg, i, &tname, &ndim, s, &decay);
+    else gpt2_block_tensor(cfg, i, &tname, &ndim, s, &decay);
+    if (which < 0) snprintf(name, sizeof name, "%s", tname);
+    else snprintf(name, sizeof name, "h.%d.%s", which, tname);
+    const zs_checkpoint_tensor* t = &ct[k];
+    const int same = strcmp(t->name, name) == 0 && t->ndim == ndim &&
+                     t->shape[0] == s[0] && (ndim < 2 || t->shape[1] == s[1]);
+    if (!same) {
+      char there[64], here[64];
+      snprintf(there, sizeof there, t->ndim == 2 ? "[%lld, %lld]" : "[%lld]",
+               (long long)t->shape[0], (long long)(t->ndim == 2 ? t->shape[1] : 0));
+      snprintf(here, sizeof here, ndim == 2 ? "[%lld, %lld]" : "[%lld]", s[0],
+               ndim == 2 ? s[1] : 0);
+      snprintf(err, cap, "--resume %s: the checkpoint is of another model: "
+               "tensor %d is '%s' %s there, '%s' %s here (pass the --layers, "
+               "--channels and --seq it was trained with)",
+               a->resume, k, t->name, there, name, here);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* --resume PATH: the checkpoint is there, its state passes
+ * train_state_check and its tensors are this model's. Read without a model
+ * or MPI (zs_checkpoint_read_extras, zs_checkpoint_read_tensors), so a
+ * wrong path or flag fails before the ranks start; zs_checkpoint_load
+ * checks the tensors again later. Returns 0, or -1 with the message in
+ * err. */
+static int resume_check(const gpt2_args* a, const gpt2_config* cfg, char* err,
+                        size_t cap) {
   if (a->resume == NULL) return 0;
   train_state ts;
   size_t got = 0;
@@ -595,7 +641,27 @@ static int resume_check(const gpt2_args* a, char* err, size_t cap) {
     snprintf(err, cap, "--resume %s: %s", a->resume, zs_last_error());
     return -1;
   }
-  return train_state_check(a, &ts, got, err, cap);
+  if (train_state_check(a, &ts, got, err, cap) != 0) return -1;
+  int n = 0;
+  if (zs_checkpoint_read_tensors(a->resume, NULL, 0, &n) != ZS_OK) {
+    snprintf(err, cap, "--resume %s: %s", a->resume, zs_last_error());
+    return -1;
+  }
+  zs_checkpoint_tensor* ct =
+      (zs_checkpoint_tensor*)calloc((size_t)(n > 0 ? n : 1), sizeof *ct);
+  if (ct == NULL) {
+    snprintf(err, cap, "--resume %s: out of memory", a->resume);
+    return -1;
+  }
+  int rc = 0;
+  if (zs_checkpoint_read_tensors(a->resume, ct, n, &n) != ZS_OK) {
+    snprintf(err, cap, "--resume %s: %s", a->resume, zs_last_error());
+    rc = -1;
+  } else {
+    rc = resume_tensors_check(a, cfg, ct, n, err, cap);
+  }
+  free(ct);
+  return rc;
 }
 
 /* --save ROOT: what zs_checkpoint_save needs of the root (creating
@@ -649,7 +715,7 @@ static int precheck(const gpt2_args* a, const gpt2_config* cfg,
                  (rank == 0 && save_check(a, err, cap) != 0) ||
                  (rank == 0 && gpt2_output_check("--describe", a->describe,
                                                  a->data, err, cap) != 0) ||
-                 resume_check(a, err, cap) != 0 ||
+                 resume_check(a, cfg, err, cap) != 0 ||
                  gpt2_nvme_path_check(a->nvme_path, err, cap) != 0 ||
                  gpt2_data_load(a->data, a->seq, data, err, cap) != 0
              ? -1

@@ -1047,6 +1047,34 @@ zs_status zs_checkpoint_load(zs_model* model, const char* path, unsigned flags,
 zs_status zs_checkpoint_read_extras(const char* path, void* extras,
                                     size_t extras_cap, size_t* extras_bytes);
 
+/* One tensor of a checkpoint, as zs_checkpoint_read_tensors gives it. */
+typedef struct zs_checkpoint_tensor {
+  char name[ZS_NAME_MAX];
+  int ndim;
+  int64_t shape[ZS_MAX_DIMS]; /* ndim extents */
+  size_t numel;               /* elements */
+  zs_dtype dtype;             /* the parameters' dtype when saved */
+  int tied_to;                /* index of its owner in this list, or -1 */
+  int frozen;                 /* 1: ZS_TENSOR_FROZEN */
+} zs_checkpoint_tensor;
+
+/* Reads the tensors a checkpoint describes (names, shapes, dtypes, ties,
+ * in registration order) without a model, a context or MPI: e.g. a trainer
+ * checking before it starts its ranks that a checkpoint to resume is of
+ * the model its flags build (zs_checkpoint_load checks the same, later, on
+ * every rank). path: a checkpoint directory, or a root (its `latest` is
+ * followed). The metadata is verified against its checksum first; the
+ * rank files are not read. out: cap entries (may be NULL with cap 0: count
+ * only); *count (not NULL) receives the number of tensors, set also when
+ * they do not fit (then INVALID_ARGUMENT, nothing copied). Only reads;
+ * synchronous; any thread. Errors: INVALID_ARGUMENT (NULL path or count,
+ * cap < 0, too many tensors for cap), IO (no checkpoint there), CORRUPT
+ * (a checksum mismatch, bad metadata: naming the file), UNSUPPORTED (a
+ * newer format). */
+zs_status zs_checkpoint_read_tensors(const char* path,
+                                     zs_checkpoint_tensor* out, int cap,
+                                     int* count);
+
 /* Writes the full weights of a checkpoint (path as for zs_checkpoint_load)
  * to a safetensors file: an 8-byte little-endian header length, a JSON
  * header (per tensor: dtype, shape, data_offsets; __metadata__), padded

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -471,6 +472,49 @@ TEST_F(DamageTest, NotACheckpoint) {
 // zs_checkpoint_read_extras reads rank 0's extras with no model, context or
 // MPI call, after verifying them, and says how large they are when they do
 // not fit; damage and a missing checkpoint are named.
+// zs_checkpoint_read_tensors lists the saved tensors (names, shapes,
+// dtypes, ties) with no model, context or MPI call: exactly the model's
+// registration, count first, and refuses a list too small for them.
+TEST_F(CheckpointTest, ReadTensorsNeedsNoModel) {
+  zs_config c = ZS_CONFIG_INIT;
+  c.stage = 2;
+  zs_context* ctx = nullptr;
+  zs_model* zm = nullptr;
+  auto model = MakeTransformer();
+  ASSERT_EQ(BuildModel(c, *model, &ctx, &zm), ZS_OK) << zs_last_error();
+  ASSERT_EQ(zs_checkpoint_save(zm, dir_.c_str(), "ck", nullptr, 0), ZS_OK)
+      << zs_last_error();
+  const int want = zs_model_tensor_count(zm);
+  std::vector<zs_tensor_desc> descs(want);
+  for (int i = 0; i < want; i++) ASSERT_EQ(zs_model_tensor_desc(zm, i, &descs[i]), ZS_OK);
+  int n = -1;
+  ASSERT_EQ(zs_checkpoint_read_tensors(dir_.c_str(), nullptr, 0, &n), ZS_OK)
+      << zs_last_error();
+  EXPECT_EQ(n, want);
+  std::vector<zs_checkpoint_tensor> got(n);
+  ASSERT_EQ(zs_checkpoint_read_tensors((dir_ + "/ck").c_str(), got.data(), n, &n), ZS_OK);
+  for (int i = 0; i < want; i++) {
+    EXPECT_STREQ(got[i].name, descs[i].name);
+    EXPECT_EQ(got[i].ndim, descs[i].ndim) << descs[i].name;
+    for (int d = 0; d < descs[i].ndim; d++)
+      EXPECT_EQ(got[i].shape[d], descs[i].shape[d]) << descs[i].name;
+    EXPECT_EQ(got[i].numel, descs[i].numel) << descs[i].name;
+    EXPECT_EQ(got[i].dtype, descs[i].dtype) << descs[i].name;
+    EXPECT_EQ(got[i].tied_to, descs[i].tied_to) << descs[i].name;
+  }
+  zs_checkpoint_tensor one;
+  std::memset(&one, 0x5a, sizeof one);
+  EXPECT_EQ(zs_checkpoint_read_tensors(dir_.c_str(), &one, 1, &n), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(n, want) << "the count, so the caller can retry";
+  EXPECT_EQ(((unsigned char*)&one)[0], 0x5a) << "nothing copied";
+  EXPECT_EQ(zs_checkpoint_read_tensors((dir_ + "/nope").c_str(), nullptr, 0, &n),
+            ZS_ERR_IO);
+  EXPECT_EQ(zs_checkpoint_read_tensors(dir_.c_str(), nullptr, 0, nullptr),
+            ZS_ERR_INVALID_ARGUMENT);
+  zs_model_destroy(zm);
+  zs_context_destroy(ctx);
+}
+
 TEST_F(CheckpointTest, ReadExtrasNeedsNoModel) {
   zs_config c = ZS_CONFIG_INIT;
   c.stage = 3;
