@@ -456,30 +456,46 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
     ui++;
   }
   /* Stage 3: the unit in use and `prefetch_depth` prefetched ones, each
-   * with its tie owners: the largest such sums (the working set). */
+   * with its tie owners (the working set). A unit gathered for two reasons
+   * (in use, and the owner of another's tied tensor) is one buffer: the
+   * engine counts references (engine_gather.c), so it is counted once.
+   * The set is chosen greedily, each time the unit adding the most bytes
+   * not yet counted (its own buffer and its owners'). */
   if (c->stage == 3) {
-    /* need: a unit's full buffers with its owners'; src: their shards
-     * (the device copies NCCL reads with offload_params on a GPU) */
-    size_t* need = (size_t*)calloc(2 * (size_t)nunits, sizeof *need);
-    if (need == NULL) ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "model description");
-    size_t* src = need + nunits;
-    for (int i = 0; i < nunits; i++) {
-      need[i] = units[i].padded * units[i].elem;
-      src[i] = units[i].shard * units[i].elem;
-      for (int k = 0; k < units[i].nowners; k++) {
-        const zs__est_unit* o = &units[units[i].owners[k]];
-        need[i] += o->padded * o->elem;
-        src[i] += o->shard * o->elem;
+    unsigned char* counted = (unsigned char*)calloc(2 * (size_t)nunits, 1);
+    if (counted == NULL) ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "model description");
+    unsigned char* picked = counted + nunits;
+    /* full buffer and shard (the device copy NCCL reads with
+     * offload_params on a GPU) of unit i, 0 if already counted */
+#define ZS__EST_FULL(i) (counted[i] ? 0 : units[i].padded * units[i].elem)
+#define ZS__EST_SRC(i) (counted[i] ? 0 : units[i].shard * units[i].elem)
+    for (int k = 0; k <= c->prefetch_depth && k < nunits; k++) {
+      int best = -1;
+      size_t best_gain = 0;
+      for (int i = 0; i < nunits; i++) {
+        if (picked[i]) continue;
+        size_t gain = ZS__EST_FULL(i);
+        for (int j = 0; j < units[i].nowners; j++) {
+          const int o = units[i].owners[j];
+          if (o != i) gain += ZS__EST_FULL(o);
+        }
+        if (best < 0 || gain > best_gain) {
+          best = i;
+          best_gain = gain;
+        }
+      }
+      if (best < 0) break;
+      picked[best] = 1;
+      for (int j = -1; j < units[best].nowners; j++) {
+        const int o = j < 0 ? best : units[best].owners[j];
+        out->bytes[ZS_MEM_PARAMS_GATHERED] += ZS__EST_FULL(o);
+        nv.gather_src_bytes += ZS__EST_SRC(o);
+        counted[o] = 1;
       }
     }
-    for (int k = 0; k <= c->prefetch_depth && k < nunits; k++) {
-      int best = 0;
-      for (int i = 1; i < nunits; i++) if (need[i] > need[best]) best = i;
-      out->bytes[ZS_MEM_PARAMS_GATHERED] += need[best];
-      nv.gather_src_bytes += src[best];
-      need[best] = src[best] = 0;
-    }
-    free(need);
+#undef ZS__EST_FULL
+#undef ZS__EST_SRC
+    free(counted);
   }
   /* Gradient reduction: ZS__MAX_REDUCING units reducing (engine_grad.c
    * finishes the oldest before starting another), each with its bucket

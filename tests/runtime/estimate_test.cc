@@ -66,6 +66,13 @@ TEST(Estimate, ModelDescriptionLayoutTiesFrozenAndActivations) {
   EXPECT_EQ(e.bytes[ZS_MEM_OPTIMIZER_STATES], 2 * 32u * 4);
   // The working set: head with its tie owner embed (64 + 128 elements).
   EXPECT_EQ(e.bytes[ZS_MEM_PARAMS_GATHERED], (64u + 128u) * 4);
+  // One prefetched unit more: embed is already in the set (head's owner),
+  // and gathered for both reasons it is one buffer, so the whole model is
+  // the working set, not head + embed + embed again.
+  c.prefetch_depth = 1;
+  ASSERT_EQ(zs_estimate_model(model, &c, &e), ZS_OK);
+  EXPECT_EQ(e.bytes[ZS_MEM_PARAMS_GATHERED], (64u + 128u) * 4);
+  c.prefetch_depth = 0;
   EXPECT_EQ(e.bytes[ZS_MEM_ACTIVATIONS], 1004u);
   // Twice the sequences per rank: twice the scaled part.
   c.global_batch = 40;  // 40 / 4 ranks = 10 per rank
