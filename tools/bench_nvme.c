@@ -52,9 +52,30 @@ static int cmp(const void* a, const void* b) {
   return x < y ? -1 : x > y;
 }
 
+/* The median of v[0..n) (sorts v): the middle value, or the mean of the
+ * two middle ones for an even n. */
 static double median(double* v, int n) {
   qsort(v, (size_t)n, sizeof *v, cmp);
-  return v[n / 2];
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* s as a JSON string body (quotes, backslashes and control characters
+ * escaped) into out (cap bytes, truncated). */
+static const char* json_escape(const char* s, char* out, size_t cap) {
+  size_t k = 0;
+  for (; *s != '\0' && k + 7 < cap; s++) {
+    const unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\') {
+      out[k++] = '\\';
+      out[k++] = (char)c;
+    } else if (c < 0x20) {
+      k += (size_t)snprintf(out + k, cap - k, "\\u%04x", c);
+    } else {
+      out[k++] = (char)c;
+    }
+  }
+  out[k] = '\0';
+  return out;
 }
 
 /* The median of v[0..n) and its range (sorts v). */
@@ -413,7 +434,8 @@ int main(int argc, char** argv) {
   printf("path %s, %zu parameters (AdamW fp32: %zu bytes of states), "
          "%zu-byte blocks, queue depth %d, %s I/O, %d repetitions "
          "(medians; ratios: the median of each repetition's ratio, its "
-         "range in brackets)\n",
+         "range in brackets, which noise can set apart from the quotient "
+         "of the medians)\n",
          path, params, bytes, block, qd, aio, reps);
   printf("raw O_DIRECT (liburing): write %.3f GB/s, read %.3f GB/s; both "
          "at once %.3f s for the step's bytes (%.3f GB/s each way)\n",
@@ -427,6 +449,7 @@ int main(int argc, char** argv) {
          "%.2fx the serial bound %.3f s\n",
          step, mixed, q_s, lo_s, hi_s, step / ideal, ideal, step / serial,
          serial);
+  char jpath[6 * 4096 + 8];
   printf("{\"bench\": \"nvme\", \"path\": \"%s\", \"params\": %zu, \"bytes\": %zu, "
          "\"block_size\": %zu, \"queue_depth\": %d, \"aio\": \"%s\", "
          "\"reps\": %d, "
@@ -436,8 +459,8 @@ int main(int argc, char** argv) {
          "\"ratio_to_raw_write\": %.4f, \"ratio_to_raw_read\": %.4f, "
          "\"step_s\": %.4f, \"step_bound_s\": %.4f, \"step_vs_bound\": %.4f, "
          "\"step_vs_ideal_overlap\": %.4f, \"step_vs_serial_bound\": %.4f}\n",
-         path, params, bytes, block, qd, aio, reps, raw_w, raw_r, mixed,
-         swp_w, swp_r, q_w, q_r, step, mixed, q_s, step / ideal,
-         step / serial);
+         json_escape(path, jpath, sizeof jpath), params, bytes, block, qd,
+         aio, reps, raw_w, raw_r, mixed, swp_w, swp_r, q_w, q_r, step, mixed,
+         q_s, step / ideal, step / serial);
   return 0;
 }

@@ -28,11 +28,12 @@ using zstest::Shell;
 std::string g_bench;
 
 TEST(BenchNvme, EndsWithOneJsonLineOfEveryFigureAndLeavesNothing) {
-  const std::string dir = zstest::TmpDir() + "/bench-nvme";
-  ASSERT_EQ(Shell("rm -rf " + dir + " && mkdir -p " + dir).exit_code, 0);
+  // a directory name JSON must escape: the last line still parses
+  const std::string dir = zstest::TmpDir() + "/bench-\"nvme\\";
+  ASSERT_EQ(Shell("rm -rf '" + dir + "' && mkdir -p '" + dir + "'").exit_code, 0);
   // 4M parameters: one 16 MiB sub-group per state
-  const RunResult r =
-      Shell("timeout 300 " + g_bench + " --path " + dir + " --params 4194304 --reps 2");
+  const RunResult r = Shell("timeout 300 " + g_bench + " --path '" + dir +
+                            "' --params 4194304 --reps 2");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const size_t nl = r.output.find_last_of('\n', r.output.size() - 2);
   const std::string last = r.output.substr(nl == std::string::npos ? 0 : nl + 1);
@@ -49,6 +50,7 @@ TEST(BenchNvme, EndsWithOneJsonLineOfEveryFigureAndLeavesNothing) {
   }
   EXPECT_EQ(cJSON_GetObjectItem(j, "params")->valuedouble, 4194304.0);
   EXPECT_EQ(cJSON_GetObjectItem(j, "reps")->valuedouble, 2.0);
+  EXPECT_STREQ(cJSON_GetObjectItem(j, "path")->valuestring, dir.c_str());
   EXPECT_NE(r.output.find("our swap-out"), std::string::npos) << r.output;
   cJSON_Delete(j);
   EXPECT_EQ(zstest::DirEntries(dir), 0u) << "files left in " << dir;
