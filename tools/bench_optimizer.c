@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <zeroshard.h>
 
 static double now(void) {
@@ -78,22 +79,40 @@ int main(int argc, char** argv) {
   int reps = 5;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--params") && i + 1 < argc) {
-      double x = atof(argv[++i]);
-      if (!(x >= 1 && x <= 4e9)) {
-        fprintf(stderr, "bench_optimizer: --params: expected 1..4e9\n");
+      char* end = NULL;
+      const char* v = argv[++i];
+      double x = strtod(v, &end);
+      if (end == v || *end != '\0' || !(x >= 1 && x <= 4e9) ||
+          x != (double)(long long)x) {
+        fprintf(stderr, "bench_optimizer: --params: expected a whole number "
+                "1..4e9, got '%s'\n", v);
         return 2;
       }
       n = (size_t)x;
     } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
-      reps = atoi(argv[++i]);
-      if (reps < 1 || reps > 100) {
-        fprintf(stderr, "bench_optimizer: --reps: expected 1..100\n");
+      char* end = NULL;
+      const char* v = argv[++i];
+      long x = strtol(v, &end, 10);
+      if (end == v || *end != '\0' || x < 1 || x > 100) {
+        fprintf(stderr, "bench_optimizer: --reps: expected a whole number "
+                "1..100, got '%s'\n", v);
         return 2;
       }
+      reps = (int)x;
     } else {
       fprintf(stderr, "usage: bench_optimizer [--params N] [--reps R]\n");
       return 2;
     }
+  }
+  /* The four arrays are touched whole: refuse what the machine's memory
+   * cannot hold (the kernel would kill the process part-way instead). */
+  const double need = 4.0 * (double)n * sizeof(float);
+  const double ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+  if (ram > 0 && need > 0.8 * ram) {
+    fprintf(stderr, "bench_optimizer: --params %zu needs %.1f GB (4 fp32 "
+            "arrays), more than 80%% of this machine's %.1f GB of memory\n",
+            n, need / 1e9, ram / 1e9);
+    return 2;
   }
   float* p = (float*)aligned_alloc(64, n * sizeof(float) + 64);
   float* g = (float*)aligned_alloc(64, n * sizeof(float) + 64);
