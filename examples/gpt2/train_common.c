@@ -528,8 +528,12 @@ void gpt2_report_nvme(gpt2_report* r, int rank, const uint64_t counts[3]) {
   cJSON_AddNumberToObject(n, "param_reads_ahead", (double)counts[2]);
 }
 
-void gpt2_report_timing(gpt2_report* r, double tokens_per_s, double wall_s) {
-  cJSON_AddNumberToObject(r->root, "tokens_per_s", tokens_per_s);
+void gpt2_report_timing(gpt2_report* r, int steps, double tokens_per_step,
+                        double train_s, double wall_s) {
+  cJSON_AddNumberToObject(r->root, "tokens_per_s",
+                          train_s > 0 ? steps * tokens_per_step / train_s : 0);
+  cJSON_AddNumberToObject(r->root, "steps_timed", steps);
+  cJSON_AddNumberToObject(r->root, "train_s", train_s);
   cJSON_AddNumberToObject(r->root, "wall_s", wall_s);
 }
 

@@ -96,7 +96,12 @@ void gpt2_report_step(gpt2_report* r, int step, double loss, double lr);
 void gpt2_report_val(gpt2_report* r, int step, double loss);
 /* One row per rank: its accounting snapshot (peaks over the run). */
 void gpt2_report_rank(gpt2_report* r, int rank, const zs_memory_stats* m);
-void gpt2_report_timing(gpt2_report* r, double tokens_per_s, double wall_s);
+/* tokens_per_s = steps x tokens_per_step / train_s: the steps this run
+ * timed (a resumed run's, not the total) over their training time
+ * (seconds, evaluation excluded); also written: steps_timed, train_s and
+ * wall_s (seconds, start-up included). */
+void gpt2_report_timing(gpt2_report* r, int steps, double tokens_per_step,
+                        double train_s, double wall_s);
 /* NVMe offload of one rank (after gpt2_report_rank for every rank): its
  * zs_offload_info's bytes on disk and parameter shards read (of which
  * ahead), as "nvme" in its row. */

@@ -230,7 +230,7 @@ int main(int argc, char** argv) {
   mem.model_state_bytes = 4 * P;
   mem.total_peak = 4 * P + m.acts.bytes;
   gpt2_report_rank(report, 0, &mem);
-  gpt2_report_timing(report, t_train > 0 ? args.steps * (double)B * T / t_train : 0, wall);
+  gpt2_report_timing(report, args.steps, (double)B * T, t_train, wall);
   if (!args.quiet) gpt2_print_memory_table(stdout, &mem, 1);
   if (args.sample_bytes > 0) {
     char* text = model_sample(&m, &args, args.sample_bytes);

@@ -902,10 +902,12 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     for (int r = 0; r < world; r++) gpt2_report_rank(report, r, &rows[r]);
     for (int r = 0; r < world && oi.nvme; r++) gpt2_report_nvme(report, r, nv + 3 * r);
-    gpt2_report_timing(report, t_train > 0 ? args.steps * (double)args.batch * T / t_train : 0, wall);
+    /* this run's steps (a resumed run starts at `start`) */
+    const int ran = args.steps - start;
+    gpt2_report_timing(report, ran, (double)args.batch * T, t_train, wall);
     zs_comm_counters cc;
     CHECK(zs_comm_counters_get(m.ctx, &cc));
-    gpt2_report_comm(report, &cc, world, args.steps);
+    gpt2_report_comm(report, &cc, world, ran);
     /* What the activations would take without (with) checkpointing: the
      * measured peak with the driver's share swapped. */
     size_t with = 0, without = 0;

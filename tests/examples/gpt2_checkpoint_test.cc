@@ -10,6 +10,7 @@
 //    same bytes as the run that was never killed;
 //  - tools: zs_ckpt inspect --verify and consolidate on a real checkpoint;
 //    bad input (resume with another --seed, a missing checkpoint).
+#include <cjson/cJSON.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -82,8 +83,18 @@ TEST(Gpt2Checkpoint, ResumeInNewProcessesIsBitwiseAtEveryStage) {
     RunResult b = Train(2, common + " --steps 5 --save " + d + "/b");
     ASSERT_EQ(b.exit_code, 0) << what << b.output;
     EXPECT_EQ(Latest(d + "/b"), "step-00000005") << what;
-    RunResult c = Train(2, common + " --steps 10 --resume " + d + "/b --save " + d + "/b");
+    RunResult c = Train(2, common + " --steps 10 --resume " + d + "/b --save " + d +
+                               "/b --report " + d + "/c.json");
     ASSERT_EQ(c.exit_code, 0) << what << c.output;
+    // tokens/s counts the steps this run trained (5), not the total (10)
+    cJSON* rep = cJSON_Parse(Slurp(d + "/c.json").c_str());
+    ASSERT_NE(rep, nullptr) << what;
+    const double timed = cJSON_GetObjectItem(rep, "steps_timed")->valuedouble;
+    const double train_s = cJSON_GetObjectItem(rep, "train_s")->valuedouble;
+    EXPECT_EQ(timed, 5) << what;
+    EXPECT_NEAR(cJSON_GetObjectItem(rep, "tokens_per_s")->valuedouble,
+                5.0 * 12 * 16 / train_s, 1e-6 * 5.0 * 12 * 16 / train_s) << what;
+    cJSON_Delete(rep);
     EXPECT_TRUE(SameCheckpoint(d + "/a/step-00000010", d + "/b/step-00000010", 2))
         << what;
   }
