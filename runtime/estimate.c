@@ -281,6 +281,33 @@ static zs_status zs__json_count(const cJSON* obj, const char* key,
   return ZS_OK;
 }
 
+/* obj's keys are among `allowed` (NULL-terminated) and none is given
+ * twice: a misspelled key ("forzen") must not be silently ignored, as in
+ * zs_config_from_json. */
+static zs_status zs__json_keys(const cJSON* obj, const char* const* allowed,
+                               const char* where) {
+  const cJSON* k;
+  cJSON_ArrayForEach(k, obj) {
+    int known = 0;
+    for (int i = 0; allowed[i] != NULL && !known; i++)
+      known = strcmp(k->string, allowed[i]) == 0;
+    if (!known) {
+      char list[256] = "";
+      for (int i = 0; allowed[i] != NULL; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s\"%s\"",
+                 i > 0 ? ", " : "", allowed[i]);
+      return zs__error(ZS_ERR_INVALID_ARGUMENT, "model description: %s: "
+                       "unknown key \"%s\" (known: %s)", where, k->string,
+                       list);
+    }
+    for (const cJSON* j = k->next; j != NULL; j = j->next)
+      if (strcmp(j->string, k->string) == 0)
+        return zs__error(ZS_ERR_INVALID_ARGUMENT, "model description: %s: "
+                         "\"%s\" is given twice", where, k->string);
+  }
+  return ZS_OK;
+}
+
 zs_status zs_estimate_model(const char* description, const zs_estimate_config* c,
                             zs_memory_estimate* out) {
   zs_status st = zs__estimate_check(c);
@@ -288,7 +315,8 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
   ZS_REQUIRE(description != NULL && out != NULL,
              "zs_estimate_model: description and out must not be NULL");
   memset(out, 0, sizeof *out);
-  cJSON* root = cJSON_Parse(description);
+  const char* parse_end = NULL;
+  cJSON* root = cJSON_ParseWithOpts(description, &parse_end, 1);
   zs__est_unit* units = NULL;
   size_t* numels = NULL;
   size_t* offsets = NULL;
@@ -303,7 +331,22 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
   double total_elems = 0;
   if (root == NULL || !cJSON_IsObject(root))
     ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
-            "model description: not a JSON object (truncated or not JSON?)");
+            "model description: not one JSON object (truncated, not JSON, or "
+            "text after it?)");
+  {
+    static const char* const top[] = {"format", "version", "units",
+                                      "activations", NULL};
+    ZS_CHECK(zs__json_keys(root, top, "the top level"));
+    const cJSON* f = cJSON_GetObjectItemCaseSensitive(root, "format");
+    if (f != NULL && (!cJSON_IsString(f) ||
+                      strcmp(f->valuestring, "zeroshard-model-description") != 0))
+      ZS_FAIL(ZS_ERR_INVALID_ARGUMENT, "model description: \"format\" must "
+              "be \"zeroshard-model-description\"");
+    const cJSON* v = cJSON_GetObjectItemCaseSensitive(root, "version");
+    if (v != NULL && (!cJSON_IsNumber(v) || v->valuedouble != 1))
+      ZS_FAIL(ZS_ERR_INVALID_ARGUMENT, "model description: \"version\" must "
+              "be 1 (this estimator's format)");
+  }
   const cJSON* ju = cJSON_GetObjectItemCaseSensitive(root, "units");
   if (!cJSON_IsArray(ju) || cJSON_GetArraySize(ju) == 0)
     ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
@@ -327,6 +370,14 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
    * requires); ties may point forward. */
   int ui = 0;
   cJSON_ArrayForEach(it, ju) {
+    char uwhere[48];
+    snprintf(uwhere, sizeof uwhere, "unit %d", ui);
+    if (!cJSON_IsObject(it))
+      ZS_FAIL(ZS_ERR_INVALID_ARGUMENT, "model description: %s: not an object",
+              uwhere);
+    static const char* const ukeys[] = {"name", "dtype", "grad_dtype",
+                                        "tensors", NULL};
+    ZS_CHECK(zs__json_keys(it, ukeys, uwhere));
     const cJSON* un = cJSON_GetObjectItemCaseSensitive(it, "name");
     if (!cJSON_IsString(un) || un->valuestring[0] == '\0')
       ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
@@ -344,7 +395,16 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
     }
     const cJSON* jt = cJSON_GetObjectItemCaseSensitive(it, "tensors");
     const cJSON* t;
+    int tn = 0;
     cJSON_ArrayForEach(t, jt) {
+      static const char* const tkeys[] = {"name", "numel", "tied_to", "frozen",
+                                          NULL};
+      char twhere[96];
+      snprintf(twhere, sizeof twhere, "unit %d tensor %d", ui, tn++);
+      if (!cJSON_IsObject(t))
+        ZS_FAIL(ZS_ERR_INVALID_ARGUMENT, "model description: %s: not an "
+                "object", twhere);
+      ZS_CHECK(zs__json_keys(t, tkeys, twhere));
       const cJSON* name = cJSON_GetObjectItemCaseSensitive(t, "name");
       if (!cJSON_IsString(name) || name->valuestring[0] == '\0')
         ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
@@ -386,6 +446,14 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
       const cJSON* frozen = cJSON_GetObjectItemCaseSensitive(t, "frozen");
       alias[n] = tied != NULL;
       numels[n] = 0;
+      if (frozen != NULL && !cJSON_IsBool(frozen))
+        ZS_FAIL(ZS_ERR_INVALID_ARGUMENT, "model description: %s: \"frozen\" "
+                "must be true or false", where);
+      if (tied != NULL &&
+          (cJSON_GetObjectItemCaseSensitive(t, "numel") != NULL || frozen != NULL))
+        ZS_FAIL(ZS_ERR_INVALID_ARGUMENT, "model description: %s: a tied tensor "
+                "has its owner's \"numel\" and \"frozen\": give neither",
+                where);
       if (tied != NULL) {
         int owner = -1, oi = -1;
         for (int k = 0; cJSON_IsString(tied) && k < ntn; k++)
@@ -407,6 +475,16 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
                     "model description: %s: tied_to '%s' is itself tied (tie "
                     "to an untied tensor)", where, tnames[oi]);
         }
+        /* one dtype per unit (engine_model.c): the owner's unit has this
+         * unit's (without an override, which sets every unit's) */
+        zs_dtype odt = ZS_FLOAT32;
+        ZS_CHECK(zs__parse_dtype(cJSON_GetObjectItemCaseSensitive(ou, "dtype"),
+                                 where, &odt));
+        if (c->dtype == ZS_DTYPE_COUNT && odt != dt)
+          ZS_FAIL(ZS_ERR_INVALID_ARGUMENT, "model description: %s: tied to "
+                  "'%s', a %s tensor, in a %s unit (a unit is one flat buffer "
+                  "of one dtype)", where, tnames[oi], zs_dtype_name(odt),
+                  zs_dtype_name(dt));
         int seen = owner == ui;
         for (int k = 0; k < u->nowners; k++) seen |= u->owners[k] == owner;
         if (!seen) u->owners[u->nowners++] = owner;
@@ -424,12 +502,15 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
     /* Gradients: reduce_dtype fp32 wins; else the unit's "grad_dtype"
      * ("fp32" or its parameter dtype), else the parameter dtype. */
     zs_dtype gdt = dt;
+    snprintf(where, sizeof where, "unit %d", ui);
     ZS_CHECK(zs__parse_dtype(cJSON_GetObjectItemCaseSensitive(it, "grad_dtype"),
                              where, &gdt));
     if (gdt != ZS_FLOAT32 && gdt != dt)
       ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
-              "model description: %s: grad_dtype must be fp32 or the "
-              "parameter dtype", where);
+              "model description: %s: grad_dtype %s must be fp32 or the "
+              "parameter dtype, %s%s", where, zs_dtype_name(gdt),
+              zs_dtype_name(dt), c->dtype != ZS_DTYPE_COUNT
+                  ? " (set for every unit by the dtype override, --dtype)" : "");
     u->elem = zs_dtype_size(dt);
     u->lowp = dt != ZS_FLOAT32;
     u->gelem = c->reduce_dtype < 0 ? zs_dtype_size(gdt) : 4;
@@ -543,6 +624,12 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
    * sequences per rank and micro-batch, scaled linearly to this one. */
   const cJSON* act = cJSON_GetObjectItemCaseSensitive(root, "activations");
   if (act != NULL) {
+    static const char* const akeys[] = {"bytes_per_rank", "fixed_bytes",
+                                        "sequences_per_rank", NULL};
+    if (!cJSON_IsObject(act))
+      ZS_FAIL(ZS_ERR_INVALID_ARGUMENT, "model description: \"activations\" "
+              "must be an object");
+    ZS_CHECK(zs__json_keys(act, akeys, "activations"));
     size_t bytes = 0, seqs = 0, fixed = 0;
     ZS_CHECK(zs__json_count(act, "bytes_per_rank", "activations", 1, &bytes));
     ZS_CHECK(zs__json_count(act, "fixed_bytes", "activations", 0, &fixed));
@@ -557,6 +644,10 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
                           ((double)c->ranks * (double)c->grad_accum_steps);
       scale = mine / (double)seqs;
     }
+    const double scaled = (double)fixed + (double)(bytes - fixed) * scale;
+    if (scaled > 1e18)
+      ZS_FAIL(ZS_ERR_INVALID_ARGUMENT, "model description: activations: "
+              "%.3g bytes per rank at this batch, more than 1e18", scaled);
     out->bytes[ZS_MEM_ACTIVATIONS] =
         fixed + (size_t)llround((double)(bytes - fixed) * scale);
   }

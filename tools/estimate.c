@@ -121,22 +121,25 @@ static double deepspeed_gpu_bytes(int stage, double psi, double largest,
 
 static void print_json(const zs_estimate_config* c, const zs_memory_estimate* e,
                        double ds, FILE* out) {
+  /* per-node sums in double: a rank's bytes fit size_t, a node's of many
+   * ranks may not (1e15 parameters x 2000 ranks) */
+  const double per_node = (double)(c->ranks / c->nodes);
   fprintf(out, "{\"ranks\":%d,\"nodes\":%d,\"stage\":%d,\"device\":\"%s\","
           "\"model_state_bytes\":%zu,"
-          "\"per_node_model_state_bytes\":%zu,\"peak_bytes\":{",
+          "\"per_node_model_state_bytes\":%.0f,\"peak_bytes\":{",
           c->ranks, c->nodes, c->stage,
           c->device == ZS_DEVICE_CUDA ? "cuda" : "host", e->model_state_bytes,
-          e->model_state_bytes * (size_t)(c->ranks / c->nodes));
+          (double)e->model_state_bytes * per_node);
   for (int k = 0; k < ZS_MEM_CATEGORY_COUNT; k++)
     fprintf(out, "\"%s\":%zu,", zs_mem_category_name((zs_mem_category)k),
             e->bytes[k]);
   fprintf(out, "\"total\":%zu}", e->total);
   const size_t host = e->bytes[ZS_MEM_OFFLOAD_HOST] + e->bytes[ZS_MEM_NVME_STAGING];
-  fprintf(out, ",\"device_bytes\":%zu,\"per_node_host_bytes\":%zu",
-          e->total - host, host * (size_t)(c->ranks / c->nodes));
+  fprintf(out, ",\"device_bytes\":%zu,\"per_node_host_bytes\":%.0f",
+          e->total - host, (double)host * per_node);
   if (c->offload_optimizer == 2 || c->offload_params == 2)
-    fprintf(out, ",\"nvme_bytes\":%zu,\"per_node_nvme_bytes\":%zu",
-            e->nvme_bytes, e->nvme_bytes * (size_t)(c->ranks / c->nodes));
+    fprintf(out, ",\"nvme_bytes\":%zu,\"per_node_nvme_bytes\":%.0f",
+            (size_t)e->nvme_bytes, (double)e->nvme_bytes * per_node);
   if (ds > 0) fprintf(out, ",\"deepspeed_model_states_bytes\":%.0f", ds);
   fprintf(out, "}");
 }
@@ -246,12 +249,12 @@ int main(int argc, char** argv) {
     } else if (!strcmp(f, "--params")) {
       char* end = NULL;
       params = v ? strtod(v, &end) : -1;
-      if (!v || !*v || *end || !isfinite(params) || params < 1 ||
-          params > 1e15 || params != floor(params))
+      if (!v || !*v || *end || strpbrk(v, "xXpP") != NULL || !isfinite(params) ||
+          params < 1 || params > 1e15 || params != floor(params))
         return fail("--params: expected a whole number 1..1e15", v);
     } else if (!strcmp(f, "--model")) {
       model = v;
-      if (!v) return fail("--model: expected a file", NULL);
+      if (!v || strncmp(v, "--", 2) == 0) return fail("--model: expected a file", v);
     } else if (!strcmp(f, "--ranks")) {
       if (parse_int(v, 1, 1 << 24, &c.ranks)) return fail("--ranks: expected an integer >= 1", v);
     } else if (!strcmp(f, "--nodes")) {
@@ -331,8 +334,9 @@ int main(int argc, char** argv) {
     } else if (!strcmp(f, "--largest-layer")) {
       char* end = NULL;
       largest = v ? strtod(v, &end) : -1;
-      if (!v || !*v || *end || !isfinite(largest) || largest < 0 || largest > 1e15)
-        return fail("--largest-layer: expected a number >= 0", v);
+      if (!v || !*v || *end || strpbrk(v, "xXpP") != NULL || !isfinite(largest) ||
+          largest < 1 || largest > 1e15 || largest != floor(largest))
+        return fail("--largest-layer: expected a whole number of elements 1..1e15", v);
       c.largest_unit_elements = (size_t)largest;
     } else if (!strcmp(f, "--json")) {
       json = 1;

@@ -393,6 +393,33 @@ TEST(Estimate, BadInputNamesTheSetting) {
        "itself tied"},
       {R"({"units": [{"name": "u", "tensors": [{"name": "a", "numel": 1e18}]}]})",
        "1e15"},
+      // a misspelled key is not silently ignored (as in zs_config_from_json)
+      {R"({"units": [{"name": "u", "tensors": [{"name": "a", "numel": 1, "forzen": true}]}]})",
+       "unit 0 tensor 0: unknown key \"forzen\""},
+      {R"({"units": [{"name": "u", "dtyp": "bf16", "tensors": [{"name": "a", "numel": 1}]}]})",
+       "unit 0: unknown key \"dtyp\""},
+      {R"({"units": [{"name": "u", "tensors": [{"name": "a", "numel": 1}]}], "activation": {}})",
+       "the top level: unknown key \"activation\""},
+      {R"({"units": [{"name": "u", "tensors": [{"name": "a", "numel": 1, "numel": 2}]}]})",
+       "\"numel\" is given twice"},
+      {R"({"units": [{"name": "u", "tensors": [{"name": "a", "numel": 1, "frozen": 1}]}]})",
+       "\"frozen\" must be true or false"},
+      {R"({"units": [{"name": "u", "tensors": [{"name": "a", "numel": 4},
+                                                {"name": "b", "tied_to": "a", "numel": 4}]}]})",
+       "a tied tensor has its owner's"},
+      {R"({"units": [{"name": "u", "tensors": [{"name": "a", "numel": 1}]}]} trailing)",
+       "text after it"},
+      {R"({"version": 2, "units": [{"name": "u", "tensors": [{"name": "a", "numel": 1}]}]})",
+       "\"version\" must be 1"},
+      {R"({"format": "other", "units": [{"name": "u", "tensors": [{"name": "a", "numel": 1}]}]})",
+       "\"format\" must be"},
+      {R"({"units": [{"name": "u", "tensors": [{"name": "a", "numel": 1}]}], "activations": "lots"})",
+       "\"activations\" must be an object"},
+      // one dtype per unit: a tie may not bring a bf16 tensor into an fp32 unit
+      {R"({"units": [{"name": "a", "dtype": "bf16", "tensors": [{"name": "t", "numel": 5}]},
+                     {"name": "b", "tensors": [{"name": "h", "tied_to": "t"},
+                                               {"name": "x", "numel": 3}]}]})",
+       "tied to 't', a bf16 tensor, in a fp32 unit"},
   };
   for (const auto& r : refused) {
     EXPECT_EQ(zs_estimate_model(r.json, &c, &e), ZS_ERR_INVALID_ARGUMENT) << r.json;
