@@ -98,6 +98,8 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
                     char* err, size_t cap, int print_help) {
   gpt2__defaults(a);
   int sub_group_given = 0, param_buffers_given = 0;
+  const char* seen[128]; /* the flags so far: a repeated one is refused */
+  int nseen = 0;
   for (int i = 1; i < argc; i++) {
     const char* f = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -280,6 +282,14 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
       return -1;
     }
     if (rc != 0) return -1;
+    /* (after its value's own check, which names the problem better) */
+    for (int k = 0; k < nseen; k++)
+      if (strcmp(seen[k], f) == 0) {
+        snprintf(err, cap, "%s given twice (give each flag once: the later "
+                 "value would silently win)", f);
+        return -1;
+      }
+    if (nseen < (int)(sizeof seen / sizeof *seen)) seen[nseen++] = f;
     i += takes;
   }
   if (a->save_every > 0 && a->save == NULL) {

@@ -44,7 +44,8 @@ std::string Slurp(const std::string& path) {
 
 RunResult Train(int ranks, const std::string& flags, const std::string& env = "") {
   return Shell(env + Mpirun(ranks) + (env.empty() ? "" : "-x ZS_CKPT_CRASH_AFTER ") +
-               g_sharded + kFlags + " --data " + g_data + " " + flags);
+               g_sharded + zstest::LastWins(std::string(kFlags) + " --data " +
+                                            g_data + " " + flags));
 }
 
 // The rank files and metadata of two checkpoint directories are equal.
@@ -301,7 +302,9 @@ TEST(Gpt2Checkpoint, ToolsAndBadInput) {
   EXPECT_NE(m.output.find("--resume " + d + "/nope: "), std::string::npos) << m.output;
   // The same checks without MPI (--check-ranks, which tools/zs demo runs
   // before mpirun): one message each, nothing else.
-  const std::string check = g_sharded + kFlags + " --data " + g_data + " --check-ranks 2";
+  const std::string check_flags = std::string(kFlags) + " --data " + g_data +
+                                  " --check-ranks 2";
+  const std::string check = g_sharded + check_flags;
   for (const auto& [flags, expect] : std::vector<std::pair<std::string, std::string>>{
            {" --steps 4 --seed 7 --resume " + d, "--seed 1337"},
            {" --steps 2 --resume " + d, "leaves nothing to train"},
@@ -322,14 +325,15 @@ TEST(Gpt2Checkpoint, ToolsAndBadInput) {
             "is inside the checkpoint directory"},
            // the files below a root must fit the path limit
            {" --steps 4 --save " + d + "/" + std::string(3900, 'x'), "path limit"}}) {
-    RunResult r = Shell(check + flags);
+    RunResult r = Shell(g_sharded + zstest::LastWins(check_flags + flags));
     EXPECT_EQ(r.exit_code, 2) << flags << ": " << r.output;
     EXPECT_EQ(r.output.rfind("train_sharded: ", 0), 0u) << flags << ": " << r.output;
     EXPECT_NE(r.output.find(expect), std::string::npos) << flags << ": " << r.output;
   }
   EXPECT_EQ(Shell(check + " --steps 4 --resume " + d).exit_code, 0);
   // A run refused by its checks creates no --save directory.
-  RunResult ns = Shell(check + " --save " + d + "/new/sub --data /nonexistent");
+  RunResult ns = Shell(g_sharded + zstest::LastWins(check_flags + " --save " + d +
+                                                    "/new/sub --data /nonexistent"));
   EXPECT_EQ(ns.exit_code, 2) << ns.output;
   struct stat st;
   EXPECT_NE(stat((d + "/new").c_str(), &st), 0) << "the --save check made a directory";

@@ -183,8 +183,9 @@ struct FullReport {
 FullReport RunVariant(const std::string& flags, int ranks, const std::string& tag) {
   FullReport out;
   const std::string report = TmpDir() + "/variant_" + tag + ".json";
-  RunResult r = Shell(Mpirun(ranks) + g_sharded + kFlags + " --stage 3 --data " +
-                      g_data + " --report " + report + " " + flags);
+  RunResult r = Shell(Mpirun(ranks) + g_sharded +
+                      zstest::LastWins(std::string(kFlags) + " --stage 3 --data " +
+                                       g_data + " --report " + report + " " + flags));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   std::ifstream in(report);
   std::stringstream ss;
@@ -424,6 +425,9 @@ const BadCase kBad[] = {
     {"heads_not_dividing", "--data @DATA --heads 3", "does not divide", 2},
     {"batch_not_divisible", "--data @DATA --batch 16", "not divisible", 3},
     {"unknown_flag", "--data @DATA --bogus 1", "unknown flag", 0},
+    // a repeated flag is refused, not taken last-wins (as zs_estimate)
+    {"flag_twice_plain", "--data @DATA --lr 0.01 --lr 0.02", "--lr given twice", 0},
+    {"flag_twice_sharded", "--data @DATA --stage 3 --stage 1", "--stage given twice", 2},
     {"bad_number", "--data @DATA --lr abc", "--lr", 2},
     {"bad_stage", "--data @DATA --stage 4", "--stage", 2},
     {"data_is_a_directory", "--data /tmp", "not a regular file", 0},
@@ -525,7 +529,7 @@ TEST(Gpt2Flags, RanksWithDifferentFlagsAreRefused) {
 // report.
 TEST(Gpt2Flags, CheckRanksChecksWithoutTraining) {
   const std::string report = TmpDir() + "/check_ranks.json";
-  const std::string base = g_sharded + " --quiet --report " + report + " --data " + g_data;
+  const std::string base_flags = " --quiet --report " + report + " --data " + g_data;
   struct Case { std::string flags; int exit_code; std::string expect; } cases[] = {
       {" --check-ranks 4 --batch 16", 0, ""},
       {" --check-ranks 3 --batch 16", 2, "--batch 16 is not divisible by the 3 ranks"},
@@ -537,7 +541,7 @@ TEST(Gpt2Flags, CheckRanksChecksWithoutTraining) {
        "--data /nonexistent/x.txt: No such file"},
   };
   for (const Case& c : cases) {
-    RunResult r = Shell(base + c.flags);
+    RunResult r = Shell(g_sharded + zstest::LastWins(base_flags + c.flags));
     EXPECT_EQ(r.exit_code, c.exit_code) << c.flags << ":\n" << r.output;
     if (c.expect.empty()) {
       EXPECT_EQ(r.output, "") << c.flags;

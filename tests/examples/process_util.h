@@ -8,7 +8,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace zstest {
 
@@ -27,6 +30,31 @@ inline RunResult Shell(const std::string& cmd) {
   while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
   int st = pclose(p);
   r.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+// Trainer flags (space-separated, no quoting) with each flag kept once, at
+// its last value: the trainers refuse a repeated flag, and the tests build
+// a run from shared defaults plus overrides ("--batch 12 ... --batch 16").
+// A flag's value is the next token unless that is a flag itself.
+inline std::string LastWins(const std::string& flags) {
+  std::vector<std::pair<std::string, std::string>> out;  // flag, " value"
+  std::istringstream in(flags);
+  std::vector<std::string> tok;
+  for (std::string t; in >> t;) tok.push_back(t);
+  for (size_t i = 0; i < tok.size(); i++) {
+    std::string value;
+    if (i + 1 < tok.size() && tok[i + 1].rfind("--", 0) != 0) value = " " + tok[++i];
+    bool replaced = false;
+    for (auto& [f, v] : out)
+      if (tok[i - (value.empty() ? 0 : 1)] == f) {
+        v = value;
+        replaced = true;
+      }
+    if (!replaced) out.emplace_back(tok[i - (value.empty() ? 0 : 1)], value);
+  }
+  std::string r;
+  for (const auto& [f, v] : out) r += " " + f + v;
   return r;
 }
 
