@@ -1289,8 +1289,13 @@ zs_status zs_estimate_params(double params, const zs_estimate_config* config,
  * default the dtype), "tensors": [{"name": ..,
  * "numel": N, "frozen": false} | {"name": .., "tied_to": NAME}]}, ...],
  * "activations": {"bytes_per_rank": B, "fixed_bytes": F,
- * "sequences_per_rank": S}} (activations optional). Errors:
- * INVALID_ARGUMENT naming what is malformed, OUT_OF_MEMORY. */
+ * "sequences_per_rank": S}} (activations optional; also "format":
+ * "zeroshard-model-description" and "version": 1, as the GPT-2 example's
+ * --describe writes). Read strictly: other keys, a key given twice, text
+ * after the object, numel or frozen on a tied tensor, and a tie bringing a
+ * tensor of another dtype into a unit are errors. Pure computation.
+ * Errors: INVALID_ARGUMENT naming what is malformed and where,
+ * OUT_OF_MEMORY. */
 zs_status zs_estimate_model(const char* description,
                             const zs_estimate_config* config,
                             zs_memory_estimate* out);
