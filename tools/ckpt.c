@@ -2,9 +2,9 @@
  * ckpt.c — `tools/zs consolidate` and `tools/zs inspect`: offline tools over
  * a sharded checkpoint (docs/checkpoint.md). No MPI, no model.
  *
- *   zs_ckpt consolidate CKPT OUT.safetensors [--dtype fp32|bf16]
+ *   tools/zs consolidate CKPT OUT.safetensors [--dtype fp32|bf16]
  *                       [--duplicate-tied]
- *   zs_ckpt inspect CKPT [--json] [--verify]
+ *   tools/zs inspect CKPT [--json] [--verify]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,9 +14,10 @@
 #include "runtime/ckpt.h"
 
 static const char kUsage[] =
-    "usage: zs_ckpt consolidate CKPT OUT.safetensors [--dtype fp32|bf16] "
+    "usage: tools/zs consolidate CKPT OUT.safetensors [--dtype fp32|bf16] "
     "[--duplicate-tied]\n"
-    "       zs_ckpt inspect CKPT [--json] [--verify]\n"
+    "       tools/zs inspect CKPT [--json] [--verify]\n"
+    "       (bazel-bin/tools/zs_ckpt consolidate|inspect: the same)\n"
     "CKPT: a checkpoint directory, or a root whose `latest` names one.\n"
     "consolidate: the full weights (fp32 master, or their bf16 rounding),\n"
     "  padding removed; a tied tensor once under its owner's name (listed in\n"

@@ -16,7 +16,8 @@
 #include <zeroshard.h>
 
 static const char kUsage[] =
-    "usage: zs_estimate (--params N | --model FILE) --ranks W [flags]\n"
+    "usage: tools/zs estimate (--params N | --model FILE) --ranks W [flags]\n"
+    "       (or bazel-bin/tools/zs_estimate with the same flags)\n"
     "  --params N          parameter count (elements; 7.5e9 accepted)\n"
     "  --model FILE        a model description (train_sharded --describe)\n"
     "  --ranks W           data-parallel ranks (>= 1)\n"
