@@ -367,7 +367,7 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
   if (!units || !tnames || !tunit || !numels || !offsets || !alias)
     ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "model description");
   /* Pass 1: every unit and tensor has a unique name (as the engine
-   * requires); ties may point forward. */
+   * requires); pass 2 checks ties against these names. */
   int ui = 0;
   cJSON_ArrayForEach(it, ju) {
     char uwhere[48];
@@ -421,6 +421,7 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
     ui++;
   }
   ui = 0;
+  int gi = 0; /* the tensor's index in the whole description */
   cJSON_ArrayForEach(it, ju) {
     char where[96];
     snprintf(where, sizeof where, "unit %d", ui);
@@ -475,6 +476,13 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
                     "model description: %s: tied_to '%s' is itself tied (tie "
                     "to an untied tensor)", where, tnames[oi]);
         }
+        /* zs_model_add_tied_tensor takes the owner's id: it is registered
+         * first (gi: this tensor's place in the description) */
+        if (oi >= gi)
+          ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+                  "model description: %s: tied_to '%s' comes later (the owner "
+                  "is registered before the tensors tied to it)", where,
+                  tnames[oi]);
         /* one dtype per unit (engine_model.c): the owner's unit has this
          * unit's (without an override, which sets every unit's) */
         zs_dtype odt = ZS_FLOAT32;
@@ -498,6 +506,7 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
         if (!cJSON_IsTrue(frozen)) u->trainable = 1;
       }
       n++;
+      gi++;
     }
     /* Gradients: reduce_dtype fp32 wins; else the unit's "grad_dtype"
      * ("fp32" or its parameter dtype), else the parameter dtype. */

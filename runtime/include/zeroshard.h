@@ -1292,7 +1292,8 @@ zs_status zs_estimate_params(double params, const zs_estimate_config* config,
  * "sequences_per_rank": S}} (activations optional; also "format":
  * "zeroshard-model-description" and "version": 1, as the GPT-2 example's
  * --describe writes). Read strictly: other keys, a key given twice, text
- * after the object, numel or frozen on a tied tensor, and a tie bringing a
+ * after the object, numel or frozen on a tied tensor, a tie to a tensor
+ * listed later (the engine registers the owner first), and a tie bringing a
  * tensor of another dtype into a unit are errors. Pure computation.
  * Errors: INVALID_ARGUMENT naming what is malformed and where,
  * OUT_OF_MEMORY. */

@@ -391,6 +391,14 @@ TEST(Estimate, BadInputNamesTheSetting) {
                                                 {"name": "b", "tied_to": "a"},
                                                 {"name": "c", "tied_to": "b"}]}]})",
        "itself tied"},
+      // the owner comes first (zs_model_add_tied_tensor takes its id), in
+      // the same unit or an earlier one
+      {R"({"units": [{"name": "u", "tensors": [{"name": "b", "tied_to": "a"},
+                                                {"name": "a", "numel": 4}]}]})",
+       "unit 0 tensor 0: tied_to 'a' comes later"},
+      {R"({"units": [{"name": "u", "tensors": [{"name": "h", "tied_to": "w"}]},
+                     {"name": "v", "tensors": [{"name": "w", "numel": 4}]}]})",
+       "unit 0 tensor 0: tied_to 'w' comes later"},
       {R"({"units": [{"name": "u", "tensors": [{"name": "a", "numel": 1e18}]}]})",
        "1e15"},
       // a misspelled key is not silently ignored (as in zs_config_from_json)
