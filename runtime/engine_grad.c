@@ -262,11 +262,6 @@ static zs_status zs__grad_open(zs_model* m, int unit) {
 
 /* Uses per step: the declared count, raised by any step that used the
  * unit more often (recorded). */
-static int zs__expected_uses(const zs__unit* u) {
-  return u->uses_explicit > u->uses_recorded ? u->uses_explicit
-                                             : u->uses_recorded;
-}
-
 /* reduce 0: only the counts (after a failure no reduction may start: the
  * other ranks' collectives would no longer match this rank's) */
 static zs_status zs__grad_close(zs_model* m, int unit, int reduce) {
@@ -274,7 +269,7 @@ static zs_status zs__grad_close(zs_model* m, int unit, int reduce) {
   u->grad_refs--;
   u->releases++;
   if (!reduce) return ZS_OK;
-  int expected = zs__expected_uses(u);
+  const int expected = zs_unit_grad_uses(m, unit);
   /* Local accumulation reduces at the K-th micro-batch only. */
   if (m->ctx->config.grad_accum_local && !zs__accum_boundary(m)) return ZS_OK;
   if (u->trainable && u->grad_refs == 0 && expected > 0 &&

@@ -826,6 +826,13 @@ const char* zs_model_unit_name(const zs_model* m, int unit) {
   return m->units[unit].name;
 }
 
+int zs_unit_grad_uses(const zs_model* m, int unit) {
+  if (m == NULL || unit < 0 || unit >= m->nunits) return -1;
+  const zs__unit* u = &m->units[unit];
+  return u->uses_explicit > u->uses_recorded ? u->uses_explicit
+                                             : u->uses_recorded;
+}
+
 zs_status zs_model_tensor_desc(const zs_model* m, int tensor,
                                zs_tensor_desc* out) {
   ZS_REQUIRE(m != NULL && out != NULL,

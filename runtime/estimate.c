@@ -59,6 +59,9 @@ static zs_status zs__estimate_check(const zs_estimate_config* c) {
   ZS_REQUIRE(c->grad_accum_steps >= 1,
              "zs_estimate: grad_accum_steps must be >= 1, got %d",
              c->grad_accum_steps);
+  ZS_REQUIRE(c->grad_accum_local == 0 || c->grad_accum_local == 1,
+             "zs_estimate: grad_accum_local must be 0 or 1, got %d",
+             c->grad_accum_local);
   ZS_REQUIRE(c->global_batch >= 0 &&
                  c->global_batch % ((long long)c->ranks * c->grad_accum_steps) == 0,
              "zs_estimate: global_batch %d is not divisible by ranks %d x "
@@ -222,18 +225,26 @@ zs_status zs_estimate_params(double params, const zs_estimate_config* c,
      * working set of 1 + prefetch_depth gathered units (and with
      * offload_params their shards' device copies), the reduction's
      * ZS__MAX_REDUCING units with their bucket temporaries and, at stages
-     * 2-3, accumulation buffers, plus the next unit's. */
+     * 2-3, accumulation buffers, plus the next unit's (with micro-batches:
+     * the re-opened units' saved and new shard sums, or with local
+     * accumulation every unit's buffer, as for a description below). */
     const size_t units = (n + lu - 1) / lu;
     const size_t gathered = units < (size_t)c->prefetch_depth + 1
                                 ? units : (size_t)c->prefetch_depth + 1;
     const size_t reducing = units < ZS__MAX_REDUCING ? units : ZS__MAX_REDUCING;
     const size_t g = lu * zs_dtype_size(gdt);
+    const size_t accum = c->stage >= 2, micro = c->grad_accum_steps > 1;
+    const size_t s = (micro && !c->grad_accum_local)
+                         ? (lu + W - 1) / W * zs_dtype_size(gdt) : 0;
     if (c->stage == 3) {
       out->bytes[ZS_MEM_PARAMS_GATHERED] = gathered * lu * zs_dtype_size(dt);
       nv.gather_src_bytes = gathered * ((lu + W - 1) / W) * zs_dtype_size(dt);
     }
     out->bytes[ZS_MEM_COMM_BUFFERS] =
-        reducing * g + (c->stage >= 2 ? (reducing + (units > reducing)) * g : 0);
+        micro && c->grad_accum_local
+            ? reducing * g + accum * units * g
+            : reducing * (g + accum * g + 2 * s) +
+                  (units > reducing) * (accum * g + s);
   }
   return zs__estimate_total(out, c, &nv);
 }
@@ -243,6 +254,7 @@ zs_status zs_estimate_params(double params, const zs_estimate_config* c,
 typedef struct zs__est_unit {
   size_t padded, shard, elem, gelem;
   int lowp, trainable;
+  size_t grad_uses; /* "grad_uses": acquire/release pairs per micro-batch */
   int* owners; /* units owning tensors tied from this one */
   int nowners;
 } zs__est_unit;
@@ -376,7 +388,7 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
       ZS_FAIL(ZS_ERR_INVALID_ARGUMENT, "model description: %s: not an object",
               uwhere);
     static const char* const ukeys[] = {"name", "dtype", "grad_dtype",
-                                        "tensors", NULL};
+                                        "grad_uses", "tensors", NULL};
     ZS_CHECK(zs__json_keys(it, ukeys, uwhere));
     const cJSON* un = cJSON_GetObjectItemCaseSensitive(it, "name");
     if (!cJSON_IsString(un) || un->valuestring[0] == '\0')
@@ -439,6 +451,14 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
     zs__est_unit* u = &units[ui];
     u->owners = (int*)calloc((size_t)cJSON_GetArraySize(jt) + 1, sizeof(int));
     if (u->owners == NULL) ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "model description");
+    /* a unit used twice per micro-batch (zs_unit_grad_uses: shared layers,
+     * or an embedding that also serves the output head) accumulates from
+     * its first use in the backward to its last */
+    ZS_CHECK(zs__json_count(it, "grad_uses", where, 0, &u->grad_uses));
+    if (cJSON_GetObjectItemCaseSensitive(it, "grad_uses") != NULL &&
+        (u->grad_uses < 1 || u->grad_uses > (1u << 20)))
+      ZS_FAIL(ZS_ERR_INVALID_ARGUMENT, "model description: %s: \"grad_uses\" "
+              "must be 1..1048576, got %zu", where, u->grad_uses);
     int n = 0;
     const cJSON* t;
     cJSON_ArrayForEach(t, jt) {
@@ -587,46 +607,59 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
 #undef ZS__EST_SRC
     free(counted);
   }
-  /* Gradient reduction: ZS__MAX_REDUCING units reducing (engine_grad.c
-   * finishes the oldest before starting another), each with its bucket
+  /* Gradient reduction (engine_grad.c): ZS__MAX_REDUCING units reducing
+   * (the oldest is finished before another starts), each with its bucket
    * temporaries (the whole buffer, world x shard) and at stages 2-3 a full
-   * accumulation buffer, while the next unit accumulates and, in a model
-   * with ties across units, every unit owning tied tensors may be
-   * accumulating all along (its gradients come from two places in the
-   * backward). The largest such set: every owner's buffer, then the
-   * ZS__MAX_REDUCING units that add the most by reducing (an owner its
-   * temporaries, another unit both buffers), then the largest other unit
-   * accumulating next. At stages 0-1 the accumulation buffer is the
-   * gradients themselves: the temporaries of the largest units. */
+   * accumulation buffer, while the next unit accumulates. Some units
+   * accumulate all along the backward: those owning tensors tied from
+   * another unit and those with grad_uses > 1 (their gradients come from
+   * two places), and with local accumulation over micro-batches every
+   * unit (its buffer is kept until the K-th). With micro-batches each
+   * reduced (grad_accum_local 0), a unit re-opened in the second and later
+   * micro-batches also holds its saved shard sum from its acquire (s) and
+   * its new one while reducing (s). The largest such set: every unit
+   * accumulating all along, then the ZS__MAX_REDUCING units that add the
+   * most by reducing, then the largest other unit accumulating next. At
+   * stages 0-1 the accumulation buffer is the gradients themselves. */
   {
     size_t* gain = (size_t*)calloc((size_t)nunits, sizeof *gain);
-    int* owner = (int*)calloc((size_t)nunits, sizeof *owner);
-    if (gain == NULL || owner == NULL) {
+    int* along = (int*)calloc((size_t)nunits, sizeof *along);
+    if (gain == NULL || along == NULL) {
       free(gain);
-      free(owner);
+      free(along);
       ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "model description");
     }
-    const int accum = c->stage >= 2;
-    for (int i = 0; i < nunits; i++)
-      for (int k = 0; k < units[i].nowners; k++) owner[units[i].owners[k]] = accum;
+    const int accum = c->stage >= 2, micro = c->grad_accum_steps > 1;
+    const size_t reopen = micro && !c->grad_accum_local;
+    for (int i = 0; i < nunits; i++) {
+      along[i] |= units[i].grad_uses > 1 || (micro && c->grad_accum_local);
+      for (int k = 0; k < units[i].nowners; k++) along[units[i].owners[k]] = 1;
+    }
     size_t sum = 0;
     for (int i = 0; i < nunits; i++) {
       const size_t g = units[i].trainable ? units[i].padded * units[i].gelem : 0;
-      sum += owner[i] ? g : 0;
-      gain[i] = owner[i] || !accum ? g : 2 * g;
+      const size_t s = units[i].trainable ? units[i].shard * units[i].gelem : 0;
+      /* accumulating all along: the buffer and the saved sum; reducing:
+       * the temporaries and the new sum (the rest once, below) */
+      sum += along[i] ? (accum ? g : 0) + reopen * s : 0;
+      gain[i] = along[i] ? g + reopen * s : (accum ? 2 * g : g) + 2 * reopen * s;
     }
     for (int k = 0; k <= ZS__MAX_REDUCING && k < nunits; k++) {
-      if (k == ZS__MAX_REDUCING) { /* the next: accumulating, not an owner */
-        if (!accum) break;
-        for (int i = 0; i < nunits; i++) gain[i] = owner[i] ? 0 : gain[i] / 2;
-      }
+      if (k == ZS__MAX_REDUCING) /* the next: accumulating, not all along */
+        for (int i = 0; i < nunits; i++) {
+          const int trainable = units[i].trainable;
+          gain[i] = along[i] || gain[i] == 0 || !trainable
+                        ? 0
+                        : (accum ? units[i].padded * units[i].gelem : 0) +
+                              reopen * units[i].shard * units[i].gelem;
+        }
       int best = 0;
       for (int i = 1; i < nunits; i++) if (gain[i] > gain[best]) best = i;
       sum += gain[best];
       gain[best] = 0;
     }
     out->bytes[ZS_MEM_COMM_BUFFERS] += sum;
-    free(owner);
+    free(along);
     free(gain);
   }
   /* Activations, when described: measured at the describing run's

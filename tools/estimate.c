@@ -29,7 +29,12 @@ static const char kUsage[] =
     "  --optimizer O       adamw|adam|sgd|sgd-momentum [adamw]\n"
     "  --prefetch-depth N  stage-3 prefetch depth 0..64 [2]\n"
     "  --batch B           global batch to scale described activations to\n"
-    "  --grad-accum K      micro-batches per step, with --batch [1]\n"
+    "  --grad-accum K      micro-batches per step [1]: with --batch, sizes\n"
+    "                      the micro-batch; K > 1 adds re-opened units' saved\n"
+    "                      and new shard sums to the reduction buffers\n"
+    "  --grad-accum-local  with --grad-accum K > 1: accumulate locally,\n"
+    "                      reduce at the K-th (FSDP's no_sync): every unit's\n"
+    "                      accumulation buffer is held across micro-batches\n"
     "  --offload-optimizer none|cpu|nvme  master weights and optimizer\n"
     "                      states in host memory (ZeRO-Offload), or on disk\n"
     "                      through a pinned pool (nvme; ZeRO-Infinity)\n"
@@ -230,8 +235,7 @@ int main(int argc, char** argv) {
   c.stage = 3;
   double params = -1, largest = 0;
   const char* model = NULL;
-  int json = 0, all = 0, have_stage = 0, nvme_param_sizes = 0, have_batch = 0,
-      have_accum = 0;
+  int json = 0, all = 0, have_stage = 0, nvme_param_sizes = 0, have_batch = 0;
   const char* nvme_size_flag = NULL; /* the first NVMe sizing flag given */
   /* The flags given so far: a second one is refused rather than silently
    * winning (every flag's value is a setting, never a list). */
@@ -290,7 +294,9 @@ int main(int argc, char** argv) {
       have_batch = 1;
     } else if (!strcmp(f, "--grad-accum")) {
       if (parse_int(v, 1, 1 << 20, &c.grad_accum_steps)) return fail("--grad-accum: expected an integer >= 1", v);
-      have_accum = 1;
+    } else if (!strcmp(f, "--grad-accum-local")) {
+      c.grad_accum_local = 1;
+      takes = 0;
     } else if (!strcmp(f, "--offload-optimizer") || !strcmp(f, "--offload-param")) {
       int* dst = !strcmp(f, "--offload-param") ? &c.offload_params
                                                : &c.offload_optimizer;
@@ -372,9 +378,9 @@ int main(int argc, char** argv) {
   if (have_batch && model == NULL)
     return fail("--batch scales a model description's activations: it "
                 "needs --model (a count has none)", NULL);
-  if (have_accum && !have_batch)
-    return fail("--grad-accum splits --batch into micro-batches: it needs "
-                "--batch (and --model)", NULL);
+  if (c.grad_accum_local && c.grad_accum_steps < 2)
+    return fail("--grad-accum-local accumulates over micro-batches: it needs "
+                "--grad-accum K > 1", NULL);
   if (c.global_batch > 0 &&
       c.global_batch % ((long long)c.ranks * c.grad_accum_steps) != 0) {
     fprintf(stderr, "zs_estimate: --batch %d is not divisible by --ranks %d x "

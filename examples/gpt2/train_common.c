@@ -121,7 +121,14 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
                          "fp16 (fp32 master weights and gradients; fp16 with "
                          "dynamic loss scaling) [fp32]\n"
                          "  --grad-accum K      micro-batches per step: each "
-                         "rank runs batch/(ranks*K) sequences K times [1]\n"
+                         "rank runs batch/(ranks*K) sequences K times, and "
+                         "each micro-batch's gradients\n"
+                         "                      are reduced (DeepSpeed's "
+                         "way) [1]\n"
+                         "  --grad-accum-local  with --grad-accum K > 1: "
+                         "accumulate locally, reduce at the K-th\n"
+                         "                      (FSDP's no_sync: fewer "
+                         "collectives, every unit's gradients held)\n"
                          "  --clip X            clip the global gradient norm "
                          "to X > 0 [off]\n"
                          "  --offload D         none|cpu|nvme: fp32 master "
@@ -214,6 +221,9 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
       }
     } else if (sharded && strcmp(f, "--grad-accum") == 0) {
       rc = gpt2__int(f, v, 1, 1 << 20, &a->grad_accum, err, cap);
+    } else if (sharded && strcmp(f, "--grad-accum-local") == 0) {
+      a->grad_accum_local = 1;
+      takes = 0;
     } else if (sharded && strcmp(f, "--clip") == 0) {
       rc = gpt2__double(f, v, 0.0, 1e30, &a->clip, err, cap);
       if (rc == 0 && !(a->clip > 0.0)) {
@@ -294,6 +304,11 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
   }
   if (a->save_every > 0 && a->save == NULL) {
     snprintf(err, cap, "--save-every needs --save DIR");
+    return -1;
+  }
+  if (a->grad_accum_local && a->grad_accum < 2) {
+    snprintf(err, cap, "--grad-accum-local accumulates over micro-batches: "
+             "it needs --grad-accum K > 1");
     return -1;
   }
   const int nvme = a->offload == 2 || a->offload_param == 2;
@@ -406,8 +421,9 @@ void gpt2_args_print(const gpt2_args* a, const char* trainer, int ranks,
              a->checkpoint_activations ? ", activation checkpointing" : "");
   if (a->grad_accum > 1)
     snprintf(stage + strlen(stage), sizeof stage - strlen(stage),
-             ", %d micro-batches of %d per rank", a->grad_accum,
-             a->batch / (ranks > 0 ? ranks : 1) / a->grad_accum);
+             ", %d micro-batches of %d per rank%s", a->grad_accum,
+             a->batch / (ranks > 0 ? ranks : 1) / a->grad_accum,
+             a->grad_accum_local ? " (accumulated locally)" : "");
   if (a->clip > 0)
     snprintf(stage + strlen(stage), sizeof stage - strlen(stage),
              ", clip %g", a->clip);
@@ -461,6 +477,7 @@ gpt2_report* gpt2_report_create(const gpt2_args* a, const char* trainer,
   static const char* const dtypes[3] = {"fp32", "bf16", "fp16"};
   cJSON_AddStringToObject(c, "dtype", dtypes[a->dtype % 3]);
   cJSON_AddNumberToObject(c, "grad_accum", a->grad_accum);
+  cJSON_AddBoolToObject(c, "grad_accum_local", a->grad_accum_local);
   cJSON_AddNumberToObject(c, "clip", a->clip);
   cJSON_AddStringToObject(c, "offload", a->offload == 2 ? "nvme"
                                          : a->offload ? "cpu" : "none");

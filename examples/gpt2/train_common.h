@@ -41,6 +41,8 @@ typedef struct gpt2_args {
   int dtype;           /* sharded: parameter dtype (zs_dtype: 0 fp32, 1 bf16,
                           2 fp16); gradients fp32 */
   int grad_accum;      /* sharded: K micro-batches per optimizer step */
+  int grad_accum_local; /* sharded: 1 accumulates the K locally, reducing
+                           at the K-th (zs_config.grad_accum_local) */
   double clip;         /* sharded: max global gradient norm, 0 = off */
   int offload;         /* sharded: optimizer offload: 0 none, 1 cpu, 2 nvme */
   const char* nvme_path; /* sharded, --offload nvme: swap directory */

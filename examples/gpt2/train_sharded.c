@@ -365,6 +365,9 @@ static int model_describe(model* m, const char* path, int Bl,
     /* the trainer's gradients are fp32 whatever the parameters (it sets
      * reduce_dtype to fp32) */
     cJSON_AddStringToObject(ju, "grad_dtype", "fp32");
+    /* the embedding serves the output head too: two uses per micro-batch */
+    if (zs_unit_grad_uses(m->zm, u) > 1)
+      cJSON_AddNumberToObject(ju, "grad_uses", zs_unit_grad_uses(m->zm, u));
     cJSON* ts = cJSON_AddArrayToObject(ju, "tensors");
     for (int t = 0; t < zs_model_tensor_count(m->zm); t++) {
       zs_tensor_desc d;
@@ -534,6 +537,7 @@ static zs_config sharded_config(const gpt2_args* a) {
   z.bucket_elements = (size_t)a->bucket_elements;
   z.progress_thread = a->progress_thread;
   z.grad_accum_steps = a->grad_accum;
+  z.grad_accum_local = a->grad_accum_local;
   z.clip_grad_norm = a->clip > 0;
   if (a->clip > 0) z.max_grad_norm = a->clip;
   /* 16-bit parameters: fp32 gradients (the model code writes fp32) and

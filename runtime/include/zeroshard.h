@@ -735,6 +735,14 @@ zs_status zs_model_find_tensor(const zs_model* model, const char* name,
 /* Name of a unit (owned by the model), or NULL for an unknown id. */
 const char* zs_model_unit_name(const zs_model* model, int unit);
 
+/* How many times a unit's gradients are acquired and released per step (per
+ * micro-batch): the count given by zs_unit_set_grad_uses (or the driver,
+ * which declares it from its layers) or, when larger, the count recorded in
+ * the steps so far; 0 while neither is known. Not collective; any time.
+ * Returns -1 for a NULL model or an unknown unit. The memory estimator's
+ * model description takes it as a unit's "grad_uses". */
+int zs_unit_grad_uses(const zs_model* model, int unit);
+
 /* Layout of a unit after finalize, in elements: used (tensor data plus
  * alignment gaps), padded (a multiple of world size), shard (padded / world
  * size). Errors: INVALID_ARGUMENT, INVALID_STATE (before finalize). */
@@ -1225,7 +1233,10 @@ typedef struct zs_estimate_config {
   int global_batch;   /* sequences per optimizer step to scale described
                          activations to, divisible by ranks x
                          grad_accum_steps; 0: the description's own */
-  int grad_accum_steps; /* >= 1, with global_batch */
+  int grad_accum_steps; /* >= 1: micro-batches per step. With global_batch
+                           it sizes the micro-batch's activations; with
+                           more than one, re-opened units' buffers (below)
+                           are counted */
   int offload_optimizer; /* 1: ZeRO-Offload's split: fp32 master weights
                             and optimizer states in host memory
                             (offload_host), the step on the CPU; 2: NVMe
@@ -1255,11 +1266,19 @@ typedef struct zs_estimate_config {
                             largest trainable span's gradients and
                             parameters; with offload_params, a device copy
                             of each gathered unit's shard (comm_buffers) */
+  int grad_accum_local;  /* as zs_config.grad_accum_local, with
+                            grad_accum_steps > 1: 0 (reduce each
+                            micro-batch) counts each re-opened unit's saved
+                            and new shard sums (comm_buffers); 1
+                            (accumulate locally, FSDP's no_sync) counts
+                            every unit's accumulation buffer held across
+                            the micro-batches (at stages 2-3 the whole
+                            model's gradients, unsharded) */
 } zs_estimate_config;
 
 #define ZS_ESTIMATE_CONFIG_INIT                                          \
   { 1, 1, 0, ZS_DTYPE_COUNT, -1, ZS_OPTIM_ADAMW, 0, 2, 0, 1, 0, 0,       \
-    (size_t)16 << 20, 0, 9, 5, 0, 0, ZS_DEVICE_HOST }
+    (size_t)16 << 20, 0, 9, 5, 0, 0, ZS_DEVICE_HOST, 0 }
 
 typedef struct zs_memory_estimate {
   size_t bytes[ZS_MEM_CATEGORY_COUNT]; /* per rank, peak per category
@@ -1286,7 +1305,8 @@ zs_status zs_estimate_params(double params, const zs_estimate_config* config,
                              zs_memory_estimate* out);
 /* From a model description (JSON text, not retained; docs/profiling.md):
  * {"units": [{"name": .., "dtype": "bf16", "grad_dtype": "fp32" (optional,
- * default the dtype), "tensors": [{"name": ..,
+ * default the dtype), "grad_uses": N (optional, 1..2^20, default 1: as
+ * zs_unit_grad_uses), "tensors": [{"name": ..,
  * "numel": N, "frozen": false} | {"name": .., "tied_to": NAME}]}, ...],
  * "activations": {"bytes_per_rank": B, "fixed_bytes": F,
  * "sequences_per_rank": S}} (activations optional; also "format":

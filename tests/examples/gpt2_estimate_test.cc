@@ -2,11 +2,13 @@
 // the GPT-2 demo describes itself (--describe), tools' zs_estimate
 // predicts each rank's memory from that, and short real runs at 1, 2 and 4
 // ranks x stages 0-3 measure it. Model states must be equal to the byte;
-// the peak total within 10%. Also the CLI's bad input.
+// the peak total within 10% of the largest rank's (no rank more than 10%
+// above the estimate). Also the CLI's bad input.
 #include <gtest/gtest.h>
 
 #include <cjson/cJSON.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -63,12 +65,19 @@ TEST(Gpt2Estimate, ModelStatesExactPeakWithinTenPercent) {
       ASSERT_EQ(cJSON_GetArraySize(rows), ranks);
       const double est_states = Num(est, "model_state_bytes");
       const double est_total = Num(cJSON_GetObjectItem(est, "peak_bytes"), "total");
+      // The estimate is what a device must hold: the peak of the rank whose
+      // reductions are still in flight when the next unit accumulates. A
+      // rank whose reductions finished early (the last to join them) peaks
+      // lower, so the total is checked against the largest rank's, and no
+      // rank may measure more than 10% above the estimate.
+      double max_total = 0;
       const cJSON* row;
       cJSON_ArrayForEach(row, rows) {
         const double states = Num(row, "model_state_bytes");
         const double total = Num(cJSON_GetObjectItem(row, "peak_bytes"), "total");
+        max_total = std::max(max_total, total);
         EXPECT_EQ(est_states, states) << where << " rank " << Num(row, "rank");
-        EXPECT_LE(std::fabs(est_total - total), 0.10 * total)
+        EXPECT_GE(est_total, 0.90 * total)
             << where << " rank " << Num(row, "rank") << ": estimated "
             << est_total << " measured " << total;
         std::printf("%s rank %.0f: model states %.0f (estimated %.0f), peak "
@@ -76,6 +85,61 @@ TEST(Gpt2Estimate, ModelStatesExactPeakWithinTenPercent) {
                     Num(row, "rank"), states, est_states, total, est_total,
                     100.0 * (est_total - total) / total);
       }
+      EXPECT_LE(std::fabs(est_total - max_total), 0.10 * max_total)
+          << where << ": estimated " << est_total << ", the largest rank's peak "
+          << max_total;
+      cJSON_Delete(rep);
+      cJSON_Delete(est);
+    }
+  }
+}
+
+// Micro-batches: reduced each (re-opened units hold their saved and new
+// shard sums) or accumulated locally (every unit's buffer held until the
+// K-th). How many reductions overlap the backward depends on when they
+// finish, so the estimate is the worst case: never below what was
+// measured, and the peak total within 10%. The embedding serves the head
+// too (grad_uses 2 in the description): it accumulates all along.
+TEST(Gpt2Estimate, GradAccumulationBuffers) {
+  const std::string desc = TmpDir() + "/describe_accum.json";
+  RunResult d = Shell(Mpirun(2) + g_sharded + kFlags + " --data " + g_data +
+                      " --describe " + desc);
+  ASSERT_EQ(d.exit_code, 0) << d.output;
+  cJSON* dj = ParseFile(desc);
+  ASSERT_NE(dj, nullptr);
+  const cJSON* embed = cJSON_GetArrayItem(cJSON_GetObjectItem(dj, "units"), 0);
+  EXPECT_EQ(Num(embed, "grad_uses"), 2) << "the tied embedding unit";
+  cJSON_Delete(dj);
+  for (const char* local : {"", " --grad-accum-local"}) {
+    for (int stage : {0, 2, 3}) {
+      const std::string where = std::string("stage ") + std::to_string(stage) + local;
+      RunResult e = Shell(g_estimate + " --model " + desc + " --ranks 2 --stage " +
+                          std::to_string(stage) + " --batch 12 --grad-accum 2" +
+                          local + " --json");
+      ASSERT_EQ(e.exit_code, 0) << e.output;
+      cJSON* est = cJSON_Parse(e.output.c_str());
+      ASSERT_NE(est, nullptr) << e.output;
+      const std::string report = TmpDir() + "/est_accum.json";
+      RunResult r = Shell(Mpirun(2) + g_sharded + kFlags + " --grad-accum 2" +
+                          local + " --data " + g_data + " --stage " +
+                          std::to_string(stage) + " --report " + report);
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      cJSON* rep = ParseFile(report);
+      ASSERT_NE(rep, nullptr);
+      const cJSON* ep = cJSON_GetObjectItem(est, "peak_bytes");
+      double max_total = 0;
+      const cJSON* row;
+      cJSON_ArrayForEach(row, cJSON_GetObjectItem(rep, "ranks")) {
+        const cJSON* mp = cJSON_GetObjectItem(row, "peak_bytes");
+        max_total = std::max(max_total, Num(mp, "total"));
+        EXPECT_GE(Num(ep, "comm_buffers"), Num(mp, "comm_buffers")) << where;
+        std::printf("--grad-accum 2, %s rank %.0f: comm_buffers %.0f "
+                    "(estimated %.0f), peak %.0f (estimated %.0f, %+.1f%%)\n",
+                    where.c_str(), Num(row, "rank"), Num(mp, "comm_buffers"),
+                    Num(ep, "comm_buffers"), Num(mp, "total"), Num(ep, "total"),
+                    100.0 * (Num(ep, "total") - Num(mp, "total")) / Num(mp, "total"));
+      }
+      EXPECT_LE(std::fabs(Num(ep, "total") - max_total), 0.10 * max_total) << where;
       cJSON_Delete(rep);
       cJSON_Delete(est);
     }
@@ -325,8 +389,8 @@ const BadCase kBad[] = {
     // sequences per rank and micro-batch
     {"batch_with_params", "--params 1e9 --ranks 8 --batch 16", "--batch scales a model "
                     "description's activations: it needs --model"},
-    {"grad_accum_without_batch", "--model x.json --ranks 8 --grad-accum 2",
-     "--grad-accum splits --batch into micro-batches: it needs --batch"},
+    {"grad_accum_local_without_accum", "--params 1e9 --ranks 8 --grad-accum-local",
+     "--grad-accum-local accumulates over micro-batches: it needs --grad-accum K > 1"},
     {"batch_not_divisible", "--model x.json --ranks 4 --batch 16 --grad-accum 3",
      "--batch 16 is not divisible by --ranks 4 x --grad-accum 3"},
     {"nvme_sizes_with_only_params_on_nvme", "--params 1e9 --ranks 8 --stage 3 "

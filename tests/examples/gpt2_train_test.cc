@@ -260,16 +260,23 @@ TEST(Gpt2Overlap, CheckpointedActivationMemoryIsExact) {
 // ---- Precision, accumulation, clipping (docs/precision.md) ----------------
 
 // K = 2 micro-batches of 2 sequences per rank equal one batch of 4 per
-// rank: the same global batch, rounded differently (K means of means), so
-// the per-step loss agrees to the foundation issue's 1e-5.
+// rank: the same global batch, rounded differently (K means of means, or
+// with --grad-accum-local one mean of the K local sums), so the per-step
+// loss agrees to the foundation issue's 1e-5.
 TEST(Gpt2Precision, GradAccumulationMatchesTheFullBatch) {
   FullReport full = RunVariant("--batch 16", 4, "acc1");
   FullReport acc = RunVariant("--batch 16 --grad-accum 2", 4, "acc2");
+  FullReport local = RunVariant("--batch 16 --grad-accum 2 --grad-accum-local", 4,
+                                "acc2local");
   ASSERT_EQ(full.losses.size(), 20u);
   ASSERT_EQ(acc.losses.size(), 20u);
-  for (size_t s = 0; s < full.losses.size(); s++)
+  ASSERT_EQ(local.losses.size(), 20u);
+  for (size_t s = 0; s < full.losses.size(); s++) {
     EXPECT_NEAR(acc.losses[s], full.losses[s], 1e-5 * full.losses[s])
         << "step " << s + 1;
+    EXPECT_NEAR(local.losses[s], full.losses[s], 1e-5 * full.losses[s])
+        << "--grad-accum-local, step " << s + 1;
+  }
 }
 
 // 16-bit parameters with fp32 master weights track fp32 training over 20
@@ -433,6 +440,8 @@ const BadCase kBad[] = {
     {"data_is_a_directory", "--data /tmp", "not a regular file", 0},
     {"report_swallows_a_flag", "--data @DATA --report --quiet", "expected a path", 0},
     {"grad_accum_zero", "--data @DATA --grad-accum 0", "--grad-accum", 2},
+    {"grad_accum_local_alone", "--data @DATA --grad-accum-local",
+     "--grad-accum-local accumulates over micro-batches: it needs --grad-accum K > 1", 2},
     {"clip_zero", "--data @DATA --clip 0", "--clip: expected a max norm > 0", 2},
     {"bad_dtype", "--data @DATA --dtype fp8", "--dtype", 2},
     {"bad_offload", "--data @DATA --offload gpu", "--offload", 2},

@@ -836,7 +836,22 @@ TEST_F(EngineTest, GradUsesAreRegistrationTimeOnly) {
   const int u = o.u, t = o.t;
   EXPECT_EQ(zs_unit_set_grad_uses(m, u, 1), ZS_ERR_INVALID_STATE);
   EXPECT_EQ(zs_model_add_tied_tensor(m, u, "x", t, nullptr), ZS_ERR_INVALID_STATE);
+  // the declared count stays, and reads back (the estimator's grad_uses)
+  EXPECT_EQ(zs_unit_grad_uses(m, u), 2);
+  EXPECT_EQ(zs_unit_grad_uses(m, u + 1), -1);
+  EXPECT_EQ(zs_unit_grad_uses(nullptr, u), -1);
   Destroy(o);
+  // undeclared: unknown until a step records it (one use here)
+  OneUnit r = MakeOneUnit(2, "r", 4, 0);
+  ASSERT_NE(r.m, nullptr);
+  EXPECT_EQ(zs_unit_grad_uses(r.m, r.u), 0);
+  ASSERT_EQ(zs_unit_gather(r.m, r.u), ZS_OK) << zs_last_error();
+  ASSERT_EQ(zs_unit_grad_acquire(r.m, r.u), ZS_OK) << zs_last_error();
+  ASSERT_EQ(zs_unit_grad_release(r.m, r.u), ZS_OK) << zs_last_error();
+  ASSERT_EQ(zs_unit_release(r.m, r.u), ZS_OK) << zs_last_error();
+  ASSERT_EQ(zs_step(r.m, nullptr), ZS_OK) << zs_last_error();
+  EXPECT_EQ(zs_unit_grad_uses(r.m, r.u), 1);
+  Destroy(r);
 }
 
 // A unit whose byte size overflows, or whose shard exceeds what one MPI call

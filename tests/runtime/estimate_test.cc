@@ -126,6 +126,69 @@ TEST(Estimate, ReductionBuffersCountATieOwnerAccumulating) {
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], (1600u + 800u) * 4);
 }
 
+// A unit used twice per micro-batch (grad_uses 2) accumulates all along,
+// as a tie owner does. With micro-batches each reduced, the second and
+// later re-open every unit: a unit holds its saved shard sum (s) from its
+// acquire and its new one while reducing; with local accumulation every
+// unit's buffer is held until the K-th micro-batch. At 2 ranks each unit's
+// shard is half its buffer (the sizes are multiples of the alignment).
+TEST(Estimate, ReductionBuffersWithGradUsesAndMicroBatches) {
+  const char* model = R"({"units": [
+      {"name": "a", "tensors": [{"name": "w", "numel": 1600}]},
+      {"name": "b", "tensors": [{"name": "x", "numel": 800}]},
+      {"name": "c", "tensors": [{"name": "y", "numel": 480}]},
+      {"name": "d", "grad_uses": 2, "tensors": [{"name": "v", "numel": 160}]}]})";
+  const char* plain = R"({"units": [
+      {"name": "a", "tensors": [{"name": "w", "numel": 1600}]},
+      {"name": "b", "tensors": [{"name": "x", "numel": 800}]},
+      {"name": "c", "tensors": [{"name": "y", "numel": 480}]},
+      {"name": "d", "tensors": [{"name": "v", "numel": 160}]}]})";
+  zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
+  c.ranks = 2;
+  c.stage = 2;
+  zs_memory_estimate e;
+  // d all along, a and b reducing (buffer and temporaries), c next
+  ASSERT_EQ(zs_estimate_model(model, &c, &e), ZS_OK) << zs_last_error();
+  EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], (160u + 2 * 1600u + 2 * 800u + 480u) * 4);
+  // re-opened: a and b add 2 s each, the next (c) its saved s
+  c.grad_accum_steps = 2;
+  ASSERT_EQ(zs_estimate_model(plain, &c, &e), ZS_OK);
+  EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS],
+            ((2 * 1600u + 1600u) + (2 * 800u + 800u) + (480u + 240u)) * 4);
+  // ... and d, all along, its buffer and saved sum
+  ASSERT_EQ(zs_estimate_model(model, &c, &e), ZS_OK);
+  EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS],
+            ((160u + 80u) + (2 * 1600u + 1600u) + (2 * 800u + 800u) + (480u + 240u)) * 4);
+  // local: every buffer all along, the two largest with temporaries
+  c.grad_accum_local = 1;
+  ASSERT_EQ(zs_estimate_model(plain, &c, &e), ZS_OK);
+  EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], ((1600u + 800u + 480u + 160u) + 1600u + 800u) * 4);
+  // stage 1: the gradients are the buffer; re-opened units still save
+  c.stage = 1;
+  ASSERT_EQ(zs_estimate_model(plain, &c, &e), ZS_OK);
+  EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], (1600u + 800u) * 4);
+  c.grad_accum_local = 0;
+  ASSERT_EQ(zs_estimate_model(plain, &c, &e), ZS_OK);
+  EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], ((1600u + 1600u) + (800u + 800u) + 240u) * 4);
+  // a count with --largest-layer: 20 units of 4e8 at 8 ranks (s = 5e7)
+  zs_estimate_config p = ZS_ESTIMATE_CONFIG_INIT;
+  p.ranks = 8;
+  p.stage = 3;
+  p.dtype = ZS_BFLOAT16;
+  p.reduce_dtype = ZS_FLOAT32;
+  p.largest_unit_elements = 400000000;
+  p.grad_accum_steps = 4;
+  ASSERT_EQ(zs_estimate_params(8e9, &p, &e), ZS_OK) << zs_last_error();
+  EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS],
+            (2ull * (2 * 400000000ull + 2 * 50000000ull) + 400000000ull + 50000000ull) * 4);
+  p.grad_accum_local = 1;
+  ASSERT_EQ(zs_estimate_params(8e9, &p, &e), ZS_OK);
+  EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], (2ull + 20ull) * 400000000ull * 4);
+  p.grad_accum_local = 2;
+  EXPECT_EQ(zs_estimate_params(8e9, &p, &e), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_LAST_ERROR_HAS("grad_accum_local must be 0 or 1, got 2");
+}
+
 // ZeRO-Offload's split: master weights and optimizer states in host
 // memory; with parameter offload at stage 3 the parameter shards too.
 TEST(Estimate, OffloadMovesStatesToTheHost) {
@@ -401,6 +464,12 @@ TEST(Estimate, BadInputNamesTheSetting) {
        "unit 0 tensor 0: tied_to 'w' comes later"},
       {R"({"units": [{"name": "u", "tensors": [{"name": "a", "numel": 1e18}]}]})",
        "1e15"},
+      {R"({"units": [{"name": "u", "grad_uses": 0, "tensors": [{"name": "a", "numel": 1}]}]})",
+       "unit 0: \"grad_uses\" must be 1..1048576, got 0"},
+      {R"({"units": [{"name": "u", "grad_uses": 1.5, "tensors": [{"name": "a", "numel": 1}]}]})",
+       "unit 0: \"grad_uses\" must be a whole number"},
+      {R"({"units": [{"name": "u", "grad_uses": "2", "tensors": [{"name": "a", "numel": 1}]}]})",
+       "unit 0: \"grad_uses\" must be a whole number"},
       // a misspelled key is not silently ignored (as in zs_config_from_json)
       {R"({"units": [{"name": "u", "tensors": [{"name": "a", "numel": 1, "forzen": true}]}]})",
        "unit 0 tensor 0: unknown key \"forzen\""},
