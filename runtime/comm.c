@@ -135,6 +135,10 @@ static int zs__comm_notices(zs__comm* c) {
   return c->notice_from >= 0;
 }
 
+void zs__comm_break(zs__comm* c, zs_status st, const char* why) {
+  zs__comm_fail(c, st, why, 0, 0);
+}
+
 zs_status zs__comm_abandon(zs__comm* c, zs_status st) {
   /* (failed already on another rank's notice: this rank's own failure may
    * be at an earlier collective, so it is sent too) */

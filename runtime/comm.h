@@ -284,6 +284,14 @@ zs_status zs__comm_check_same(zs__comm* c, const char* what, const char* desc,
  * already, returns st untouched. Local, never blocks. */
 zs_status zs__comm_abandon(zs__comm* c, zs_status st);
 
+/* Every rank found (with one collective, so all alike) that their
+ * collective sequences no longer pair up: some rank issued a collective the
+ * others never will. Marks the communicator failed as a timeout does
+ * (nothing new starts; later calls return st naming `why`; the buffers of
+ * collectives in flight are kept, and destroy does not wait for them), and
+ * tells no one: the others know. Local, never blocks. */
+void zs__comm_break(zs__comm* c, zs_status st, const char* why);
+
 /* free() for host blocks that a collective used: after a timeout the block
  * is kept (leaked), because the abandoned collective may still write it. */
 void zs__comm_free(const zs__comm* c, void* p);

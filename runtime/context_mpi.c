@@ -17,6 +17,30 @@ static zs_status zs__comm_for_device(const zs_config* config, zs__comm** c) {
   return zs__comm_nccl_create(*c, c);
 }
 
+/* Open MPI reports some failures of non-blocking collectives (a message
+ * truncated when ranks' collectives no longer pair up) on MPI_COMM_WORLD,
+ * whatever communicator they ran on; with its default handler that ends
+ * the job. The caller owns MPI here, so its handler is not changed; it is
+ * told once per process (by the communicator's rank 0). */
+static void zs__mpi_check_world_errhandler(MPI_Comm comm) {
+  static int told;
+  MPI_Errhandler h = MPI_ERRHANDLER_NULL;
+  if (told || MPI_Comm_get_errhandler(MPI_COMM_WORLD, &h) != MPI_SUCCESS)
+    return;
+  const int fatal = h == MPI_ERRORS_ARE_FATAL;
+  if (h != MPI_ERRHANDLER_NULL) MPI_Errhandler_free(&h);
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  told = 1;
+  if (fatal && rank == 0)
+    zs__log(ZS_LOG_WARN,
+            "MPI_COMM_WORLD's error handler is MPI_ERRORS_ARE_FATAL: Open MPI "
+            "reports some failures of non-blocking collectives there, which "
+            "would end the job instead of coming back as ZS_ERR_COMM; call "
+            "MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN) after "
+            "MPI_Init_thread (docs/wrapping.md)");
+}
+
 zs_status zs_context_create_mpi(const zs_config* config, MPI_Comm comm,
                                 zs_context** out) {
   ZS_REQUIRE(config != NULL && out != NULL,
@@ -35,7 +59,9 @@ zs_status zs_context_create_mpi(const zs_config* config, MPI_Comm comm,
   zs_status st = zs__comm_mpi_create(comm, &c);
   if (st == ZS_OK) st = zs__comm_for_device(config, &c);
   if (st != ZS_OK) return st;
-  return zs__context_create(config, c, out);
+  st = zs__context_create(config, c, out);
+  if (st == ZS_OK) zs__mpi_check_world_errhandler(comm);
+  return st;
 }
 
 /* MPI that ZeroShard initialized but no context owns at exit (every

@@ -11,7 +11,9 @@
 #include "runtime/engine.h"
 
 struct zs_driver {
-  zs_model* m;
+  zs_model* m;      /* NULL once the model was destroyed first */
+  zs_driver* next;  /* in m->drivers */
+  int forwarded;    /* a training forward ran, its backward not yet */
   int checkpoint;
   size_t input_bytes;
   zs_layer_desc* layers;
@@ -40,16 +42,38 @@ zs_status zs_driver_create(zs_model* m, size_t input_bytes,
   d->m = m;
   d->checkpoint = checkpoint_activations;
   d->input_bytes = input_bytes;
+  d->next = m->drivers;
+  m->drivers = d;
   *out = d;
   return ZS_OK;
 }
 
+void zs__driver_detach(zs_driver* d) {
+  if (d->m == NULL) return;
+  zs__driver_free(d);
+  for (zs_driver** p = &d->m->drivers; *p != NULL; p = &(*p)->next)
+    if (*p == d) {
+      *p = d->next;
+      break;
+    }
+  d->m = NULL;
+  d->next = NULL;
+}
+
 void zs_driver_destroy(zs_driver* d) {
   if (d == NULL) return;
-  zs__driver_free(d);
+  zs__driver_detach(d);
   free(d->layers);
   free(d);
 }
+
+/* Every call but destroy needs the model: one destroyed first (a misuse the
+ * header warns of) leaves the driver detached, not dangling. */
+#define ZS__DRIVER_LIVE(d, fn)                                              \
+  ZS_REQUIRE((d) != NULL, fn ": driver is NULL");                           \
+  if ((d)->m == NULL)                                                       \
+    return zs__error(ZS_ERR_INVALID_STATE, fn ": the driver's model was "   \
+                     "destroyed (destroy the driver first)")
 
 /* Whether a layer on unit `lu` uses unit `u`: its own, or the unit of the
  * owner of one of its tied tensors. */
@@ -79,8 +103,8 @@ static zs_status zs__driver_declare_uses(zs_driver* d, int lu) {
 
 zs_status zs_driver_add_layer(zs_driver* d, const zs_layer_desc* desc,
                               int* layer) {
-  ZS_REQUIRE(d != NULL && desc != NULL,
-             "zs_driver_add_layer: driver and desc must not be NULL");
+  ZS__DRIVER_LIVE(d, "zs_driver_add_layer");
+  ZS_REQUIRE(desc != NULL, "zs_driver_add_layer: desc must not be NULL");
   ZS_REQUIRE(desc->unit >= 0 && desc->unit < d->m->nunits,
              "zs_driver_add_layer: unit %d does not exist (%d units)",
              desc->unit, d->m->nunits);
@@ -199,16 +223,16 @@ cleanup:
 }
 
 zs_status zs_driver_input(zs_driver* d, void** input) {
-  ZS_REQUIRE(d != NULL && input != NULL,
-             "zs_driver_input: driver and input must not be NULL");
+  ZS__DRIVER_LIVE(d, "zs_driver_input");
+  ZS_REQUIRE(input != NULL, "zs_driver_input: input must not be NULL");
   zs_status st = zs__driver_alloc(d);
   if (st == ZS_OK) *input = d->input;
   return st;
 }
 
 zs_status zs_driver_output(zs_driver* d, int layer, void** output) {
-  ZS_REQUIRE(d != NULL && output != NULL,
-             "zs_driver_output: driver and output must not be NULL");
+  ZS__DRIVER_LIVE(d, "zs_driver_output");
+  ZS_REQUIRE(output != NULL, "zs_driver_output: output must not be NULL");
   ZS_REQUIRE(layer >= 0 && layer < d->n,
              "zs_driver_output: layer %d does not exist (%d layers)", layer,
              d->n);
@@ -228,14 +252,20 @@ static zs_layer_io zs__driver_io(const zs_driver* d, int l) {
   return io;
 }
 
-/* Calls a layer callback, naming the layer in its error. */
+/* Calls a layer callback, naming the layer in its error. The message is
+ * the callback's own only if it set one (a ZeroShard call that failed in
+ * it): the last error is cleared first, so an older message is never
+ * passed off as the callback's. */
 static zs_status zs__driver_call(zs_driver* d, zs_layer_fn fn,
                                  const zs_layer_io* io, const char* what) {
+  (void)zs__error(ZS_OK, "%s", "");
   zs_status st = fn(d->layers[io->layer].user, d->m, io);
-  if (st != ZS_OK)
-    st = zs__error_prefix(st, "layer %d (unit '%s') %s: ", io->layer,
+  if (st == ZS_OK) return ZS_OK;
+  if (zs__error_body()[0] == '\0')
+    return zs__error(st, "layer %d (unit '%s') %s returned %s", io->layer,
+                     d->m->units[io->unit].name, what, zs_status_string(st));
+  return zs__error_prefix(st, "layer %d (unit '%s') %s: ", io->layer,
                           d->m->units[io->unit].name, what);
-  return st;
 }
 
 /* A callback that fails on one rank must not hang the others: the failing
@@ -252,7 +282,10 @@ static zs_status zs__driver_agree(zs_driver* d, zs_status engine,
 }
 
 zs_status zs_driver_forward(zs_driver* d) {
-  ZS_REQUIRE(d != NULL, "zs_driver_forward: driver is NULL");
+  ZS__DRIVER_LIVE(d, "zs_driver_forward");
+  ZS_REQUIRE(d->m->finalized, "zs_driver_forward: call zs_model_finalize "
+             "first");
+  d->forwarded = 0;
   zs_status st = zs__driver_alloc(d);   /* engine status */
   zs_status cb = ZS_OK;                 /* first callback error */
   for (int l = 0; l < d->n && st == ZS_OK; l++) {
@@ -265,11 +298,22 @@ zs_status zs_driver_forward(zs_driver* d) {
     }
     st = zs_unit_release(d->m, unit);
   }
-  return zs__driver_agree(d, st, cb, "zs_driver_forward");
+  st = zs__driver_agree(d, st, cb, "zs_driver_forward");
+  /* (in eval mode there is no backward to follow) */
+  d->forwarded = st == ZS_OK && !d->m->eval;
+  return st;
 }
 
 zs_status zs_driver_backward(zs_driver* d) {
-  ZS_REQUIRE(d != NULL, "zs_driver_backward: driver is NULL");
+  ZS__DRIVER_LIVE(d, "zs_driver_backward");
+  /* Local, as every rank runs the same control flow: the backward reads
+   * the outputs and scratch of this micro-batch's forward, once. */
+  if (!d->forwarded)
+    return zs__error(ZS_ERR_INVALID_STATE,
+                     "zs_driver_backward: no zs_driver_forward since the last "
+                     "backward (a backward needs its micro-batch's forward, "
+                     "in training mode, and runs once per forward)");
+  d->forwarded = 0;
   zs_status st = zs__driver_alloc(d);
   if (st != ZS_OK) return st;
   zs__device* dev = d->m->ctx->device;

@@ -125,6 +125,7 @@ struct zs_model {
   double* group_wd;
   int ngroups;
   zs_model* next; /* in ctx->models; NULL ctx: detached (ctx destroyed) */
+  struct zs_driver* drivers; /* detached when the model is destroyed */
   int finalized;
   int finalize_failed; /* zs_model_finalize returned an error: later calls
                           say so, not "call zs_model_finalize first" */
@@ -185,6 +186,10 @@ struct zs_model {
 /* Frees a model's storage and unlinks it from its context, leaving only
  * what zs_model_destroy frees (used when the context goes first). */
 void zs__model_detach(zs_model* m);
+/* driver.c: frees a driver's activation buffers and unlinks it from its
+ * model (zs_model_destroy before zs_driver_destroy); later driver calls
+ * return INVALID_STATE. */
+void zs__driver_detach(struct zs_driver* d);
 /* The unit whose buffer holds tensor t (its owner's unit for a tie). */
 static inline int zs__storage_unit(const zs_model* m, int t) {
   const zs__tensor* x = &m->tensors[t];

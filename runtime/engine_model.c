@@ -212,6 +212,9 @@ void zs__model_detach(zs_model* m) {
 
 void zs_model_destroy(zs_model* m) {
   if (m == NULL) return;
+  /* drivers destroyed after their model (a misuse) are left detached:
+   * their buffers freed now, their later calls refused */
+  while (m->drivers != NULL) zs__driver_detach(m->drivers);
   zs__model_detach(m);
   for (int i = 0; i < m->nunits; i++) {
     zs__unit* u = &m->units[i];

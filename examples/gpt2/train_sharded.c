@@ -753,6 +753,9 @@ int main(int argc, char** argv) {
     if (strcmp(argv[i], "--check-ranks") == 0) return check_only(argc, argv);
   int provided = 0, rank = 0, world = 1;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  /* Open MPI reports some collective failures on MPI_COMM_WORLD: returned,
+   * they reach ZeroShard's error messages instead of ending the job */
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   gpt2_args args;

@@ -908,7 +908,9 @@ typedef struct zs_step_info {
  * rank; only after differing learning rates can the caller set them and
  * call again: otherwise reductions were paired across different units, so
  * zs_step refuses (INVALID_STATE) until zs_step_discard on every rank drops
- * the step's gradients, and the micro-batch is redone). Then it
+ * the step's gradients, and the micro-batch is redone; if the ranks issued
+ * different numbers of collectives, one has no partner: the context cannot
+ * go on, later calls fail at once and destroy does not wait for it). Then it
  * reduces every unit not reduced yet (a unit not used this step contributes
  * zero gradients, as torch 1.13's zero_grad() leaves zeros: AdamW still
  * decays and moves it), runs the optimizer on this rank's part (the whole
@@ -1140,7 +1142,9 @@ typedef struct zs_layer_io {
 /* A layer callback. Parameters and gradients come from zs_tensor_data /
  * zs_tensor_grad of the layer's unit's tensors (gathered and acquired by the
  * driver). Return ZS_OK or an error, which the driver returns after
- * releasing what it holds. */
+ * releasing what it holds, prefixed with the layer and unit: with the
+ * message of a ZeroShard call that failed inside the callback, else "layer
+ * L (unit 'U') forward returned <status>". */
 typedef zs_status (*zs_layer_fn)(void* user, zs_model* model,
                                  const zs_layer_io* io);
 
@@ -1170,8 +1174,10 @@ zs_status zs_driver_create(zs_model* model, size_t input_bytes,
                            int checkpoint_activations, zs_driver** out);
 /* Frees the driver, its layer table and its activation buffers (NULL
  * accepted). Not collective, no communication, never fails; the model and
- * its units are untouched (destroy the driver before the model: the
- * buffers are accounted on the model's context). */
+ * its units are untouched. Destroy the driver before the model (the
+ * buffers are accounted on the model's context); a model destroyed first
+ * frees its drivers' buffers and leaves them detached: their calls then
+ * return INVALID_STATE, and this still frees the rest. */
 void zs_driver_destroy(zs_driver* driver);
 
 /* Appends a layer; *layer receives its index (may be NULL). Before the
@@ -1196,13 +1202,20 @@ zs_status zs_driver_activation_bytes(const zs_driver* driver, int checkpoint,
                                      size_t* bytes);
 
 /* Runs every layer's forward in order: gather (at stage 3 an all-gather,
- * with the next units prefetched), forward, release. Collective. Errors:
- * the callback's, prefixed with the layer and unit; those of the gathers. */
+ * with the next units prefetched), forward, release. Collective. In
+ * training mode its backward follows (a second forward first replaces it).
+ * Errors: the callback's, prefixed with the layer and unit (REMOTE on the
+ * other ranks); those of the gathers; INVALID_ARGUMENT before
+ * zs_model_finalize; INVALID_STATE (the model was destroyed). */
 zs_status zs_driver_forward(zs_driver* driver);
 /* Runs the backward in reverse order: gather, acquire gradients, recompute
  * the forward (checkpointing), backward, release gradients (starting the
- * unit's reduce-scatter after its last use), release. Collective. Call
- * zs_step afterwards. */
+ * unit's reduce-scatter after its last use), release. Collective. Once per
+ * training-mode zs_driver_forward that succeeded: without one since the
+ * last backward (none yet, a second backward, an eval-mode or failed
+ * forward) it returns INVALID_STATE at once, running nothing (checked on
+ * each rank: every rank running the same control flow gets it alike).
+ * Call zs_step afterwards. Errors: as zs_driver_forward, INVALID_STATE. */
 zs_status zs_driver_backward(zs_driver* driver);
 
 /* ==== Memory estimator (docs/profiling.md) =============================== */

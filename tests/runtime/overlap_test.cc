@@ -751,6 +751,104 @@ TEST_F(OverlapTest, DriverDeclaresUsesOfTieOwners) {
   zs_context_destroy(ctx);
 }
 
+// Callbacks of the order test: count the calls; `fail` makes forward
+// return an error without a message of its own.
+struct OrderNet {
+  int forwards = 0, backwards = 0;
+  bool fail = false;
+};
+zs_status OrderForward(void* user, zs_model*, const zs_layer_io*) {
+  OrderNet* n = static_cast<OrderNet*>(user);
+  n->forwards++;
+  return n->fail ? ZS_ERR_IO : ZS_OK;
+}
+zs_status OrderBackward(void* user, zs_model*, const zs_layer_io*) {
+  static_cast<OrderNet*>(user)->backwards++;
+  return ZS_OK;
+}
+
+// Out-of-order passes are refused on every rank alike, before anything
+// runs: a backward without its forward (it would read another micro-batch's
+// activations) or twice for one forward (it would add the gradients twice
+// and raise the unit's use count); an eval-mode forward has no backward. A
+// callback's error without a message says which layer returned what, not
+// an older error's text, and does not grow on retries. A model destroyed
+// before its driver (a misuse) leaves the driver refusing calls, not
+// reading freed memory (ASan run).
+TEST_F(OverlapTest, DriverRefusesOutOfOrderPassesAndNamesCallbackErrors) {
+  for (int stage : {0, 3}) {
+    zs_config cfg = ZS_CONFIG_INIT;
+    cfg.stage = stage;
+    zs_context* ctx = nullptr;
+    zs_model* m = nullptr;
+    zs_driver* d = nullptr;
+    ASSERT_EQ(zs_context_create_mpi(&cfg, MPI_COMM_WORLD, &ctx), ZS_OK);
+    ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+    int u = -1, t = -1;
+    const int64_t n = 8;
+    ASSERT_EQ(zs_model_add_unit(m, "blk", &u), ZS_OK);
+    ASSERT_EQ(zs_model_add_tensor(m, u, "w", 1, &n, ZS_FLOAT32, 0, &t), ZS_OK);
+    ASSERT_EQ(zs_driver_create(m, 16, 1, &d), ZS_OK);
+    OrderNet net;
+    zs_layer_desc l = {u, OrderForward, OrderBackward, &net, 16, 16, 0};
+    ASSERT_EQ(zs_driver_add_layer(d, &l, nullptr), ZS_OK);
+    EXPECT_EQ(zs_driver_forward(d), ZS_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(zs_last_error()).find(
+                  "zs_driver_forward: call zs_model_finalize first"),
+              std::string::npos) << zs_last_error();
+    ASSERT_EQ(zs_model_finalize(m), ZS_OK);
+    auto refused = [&](const char* when) {
+      EXPECT_EQ(zs_driver_backward(d), ZS_ERR_INVALID_STATE) << when;
+      EXPECT_NE(std::string(zs_last_error()).find("no zs_driver_forward since "
+                                                  "the last backward"),
+                std::string::npos) << when << ": " << zs_last_error();
+    };
+    refused("before any forward");
+    ASSERT_EQ(zs_driver_forward(d), ZS_OK) << zs_last_error();
+    ASSERT_EQ(zs_driver_backward(d), ZS_OK) << zs_last_error();
+    refused("a second backward");
+    EXPECT_EQ(net.backwards, 1);
+    ASSERT_EQ(zs_step(m, nullptr), ZS_OK) << zs_last_error();
+    ASSERT_EQ(zs_model_set_eval(m, 1), ZS_OK) << zs_last_error();
+    ASSERT_EQ(zs_driver_forward(d), ZS_OK) << zs_last_error();
+    ASSERT_EQ(zs_model_set_eval(m, 0), ZS_OK);
+    refused("after an eval-mode forward");
+    // a forward run again before its backward replaces the first: fine
+    ASSERT_EQ(zs_driver_forward(d), ZS_OK);
+    ASSERT_EQ(zs_driver_forward(d), ZS_OK);
+    ASSERT_EQ(zs_driver_backward(d), ZS_OK);
+    zs_step_info info{};
+    ASSERT_EQ(zs_step(m, &info), ZS_OK) << zs_last_error();
+    EXPECT_EQ(info.applied, 1);
+    // a callback error with no message, after an unrelated older error
+    EXPECT_EQ(zs_model_set_lr(m, 9, 0.1), ZS_ERR_INVALID_ARGUMENT);
+    net.fail = true;
+    for (int retry = 0; retry < 2; retry++) {
+      EXPECT_EQ(zs_driver_forward(d), ZS_ERR_IO);
+      const std::string e = zs_last_error();
+      EXPECT_NE(e.find("layer 0 (unit 'blk') forward returned"), std::string::npos) << e;
+      EXPECT_EQ(e.find("zs_model_set_lr"), std::string::npos) << e;
+      EXPECT_EQ(e.find("forward: layer"), std::string::npos) << "grew: " << e;
+    }
+    net.fail = false;
+    refused("after a failed forward");
+    ASSERT_EQ(zs_step_discard(m, nullptr), ZS_OK) << zs_last_error();
+    // the model destroyed first: the driver is detached, its calls refused
+    zs_model_destroy(m);
+    EXPECT_EQ(zs_driver_forward(d), ZS_ERR_INVALID_STATE);
+    EXPECT_NE(std::string(zs_last_error()).find("the driver's model was destroyed"),
+              std::string::npos) << zs_last_error();
+    void* in = nullptr;
+    EXPECT_EQ(zs_driver_input(d, &in), ZS_ERR_INVALID_STATE);
+    zs_driver_destroy(d);
+    zs_memory_stats stats{};
+    ASSERT_EQ(zs_memory_stats_get(ctx, &stats), ZS_OK);
+    EXPECT_EQ(stats.current[ZS_MEM_ACTIVATIONS], 0u)
+        << "the driver's buffers were freed with its model";
+    zs_context_destroy(ctx);
+  }
+}
+
 // The driver at W ranks equals the driver at one rank (a single-process
 // run of the same layers) within the foundation issue's tolerance.
 TEST_F(OverlapTest, DriverMatchesSingleRank) {
