@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -166,17 +167,20 @@ zs_status zs_config_validate(const zs_config* c) {
              "config.loss_scaler.mode: expected ZS_LOSS_SCALE_NONE (0), "
              "STATIC (1) or DYNAMIC (2), got %d", ls->mode);
   if (ls->mode != ZS_LOSS_SCALE_NONE) {
-    ZS_REQUIRE(isfinite(ls->min_scale) && ls->min_scale > 0.0,
-               "config.loss_scaler.min_scale: expected a finite value > 0, "
-               "got %g", ls->min_scale);
-    ZS_REQUIRE(isfinite(ls->init_scale) && ls->init_scale > 0.0 &&
-                   ls->init_scale <= 3.4028234663852886e38 &&
+    /* The scale and its reciprocal (the unscale coefficient) are fp32
+     * numbers: fp32's normal range keeps both finite and non-zero (1e-39
+     * unscaled by an infinite coefficient, silently NaN everywhere). */
+    ZS_REQUIRE(ls->min_scale >= FLT_MIN && ls->min_scale <= FLT_MAX,
+               "config.loss_scaler.min_scale: expected a value in fp32's "
+               "normal range [%g, %g] (it and its reciprocal fit in fp32), "
+               "got %g", (double)FLT_MIN, (double)FLT_MAX, ls->min_scale);
+    ZS_REQUIRE(ls->init_scale >= FLT_MIN && ls->init_scale <= FLT_MAX &&
                    (ls->mode == ZS_LOSS_SCALE_STATIC ||
                     ls->init_scale >= ls->min_scale),
-               "config.loss_scaler.init_scale: expected a finite value > 0 "
-               "that fits in fp32 (and >= min_scale %g when dynamic), got %g",
-               ls->min_scale,
-               ls->init_scale);
+               "config.loss_scaler.init_scale: expected a value in fp32's "
+               "normal range [%g, %g] (it and its reciprocal fit in fp32; "
+               ">= min_scale %g when dynamic), got %g", (double)FLT_MIN,
+               (double)FLT_MAX, ls->min_scale, ls->init_scale);
     ZS_REQUIRE(isfinite(ls->growth_factor) && ls->growth_factor > 1.0,
                "config.loss_scaler.growth_factor: expected a finite value "
                "> 1, got %g", ls->growth_factor);
@@ -249,8 +253,9 @@ size_t zs__config_describe(const zs_config* c, char* buf, size_t cap) {
 
 /* ==== JSON ================================================================ */
 
-/* Checks that every key of obj is in `allowed` (NULL-terminated), so a typo
- * is an error rather than a silently ignored setting. */
+/* Checks that every key of obj is in `allowed` (NULL-terminated) and none
+ * is given twice, so a typo or a repeated setting is an error rather than
+ * silently ignored (cJSON keeps both and its lookups see the first). */
 static zs_status zs__json_known_keys(const cJSON* obj, const char* path,
                                      const char* const* allowed) {
   for (const cJSON* it = obj->child; it != NULL; it = it->next) {
@@ -261,6 +266,12 @@ static zs_status zs__json_known_keys(const cJSON* obj, const char* path,
       return zs__error(ZS_ERR_INVALID_ARGUMENT,
                        "config JSON: unknown key \"%s%s%s\"", path,
                        path[0] != '\0' ? "." : "", it->string);
+    for (const cJSON* e = obj->child; e != it; e = e->next)
+      if (strcmp(e->string, it->string) == 0)
+        return zs__error(ZS_ERR_INVALID_ARGUMENT,
+                         "config JSON: \"%s%s%s\" is given twice (give each "
+                         "key once: one value would be silently ignored)",
+                         path, path[0] != '\0' ? "." : "", it->string);
   }
   return ZS_OK;
 }
@@ -346,6 +357,12 @@ static zs_status zs__json_optimizer(const cJSON* opt, zs_optimizer_config* o) {
   ZS_CHECK(zs__json_number(p, "lr", path, &o->lr));
   ZS_CHECK(zs__json_number(p, "eps", path, &o->eps));
   ZS_CHECK(zs__json_number(p, "weight_decay", path, &o->weight_decay));
+  /* (-1 is the C API's "the optimizer's default"; JSON has no sentinel) */
+  if (cJSON_GetObjectItemCaseSensitive(p, "weight_decay") != NULL &&
+      !(o->weight_decay >= 0))
+    ZS_FAIL(ZS_ERR_INVALID_ARGUMENT, "config JSON: "
+            "optimizer.params.weight_decay: expected a number >= 0, got %g "
+            "(leave it out for the optimizer's default)", o->weight_decay);
   ZS_CHECK(zs__json_number(p, "momentum", path, &o->momentum));
   ZS_CHECK(zs__json_number(p, "dampening", path, &o->dampening));
   ZS_CHECK(zs__json_int(p, "nesterov", path, 0, 1, &o->nesterov));

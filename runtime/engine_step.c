@@ -5,6 +5,7 @@
  * next step's gather of each unit waits for. Gathers live in
  * engine_gather.c, gradients in engine_grad.c.
  */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -413,8 +414,10 @@ static void zs__scaler_update(zs_model* m, int overflow) {
   if (++m->scale_clean_steps >= c->growth_interval) {
     m->scale_clean_steps = 0;
     m->scale_hysteresis = c->hysteresis;
+    /* the scale stays an fp32 number (torch keeps it in an fp32 tensor):
+     * callers multiply an fp32 loss by it */
     const double grown = m->loss_scale * c->growth_factor;
-    if (isfinite(grown)) m->loss_scale = grown;
+    if (grown <= FLT_MAX) m->loss_scale = grown;
   }
 }
 

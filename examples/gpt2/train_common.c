@@ -225,9 +225,12 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
       a->grad_accum_local = 1;
       takes = 0;
     } else if (sharded && strcmp(f, "--clip") == 0) {
+      /* one message for every refused value: the range's low end, 0,
+       * is itself refused */
       rc = gpt2__double(f, v, 0.0, 1e30, &a->clip, err, cap);
-      if (rc == 0 && !(a->clip > 0.0)) {
-        snprintf(err, cap, "--clip: expected a max norm > 0, got '%s'", v);
+      if (rc != 0 || !(a->clip > 0.0)) {
+        snprintf(err, cap, "--clip: expected a max norm in (0, 1e+30], got "
+                 "'%s'", v != NULL ? v : "(missing)");
         return -1;
       }
     } else if (sharded && strcmp(f, "--progress-thread") == 0) {
@@ -514,6 +517,21 @@ void gpt2_report_step(gpt2_report* r, int step, double loss, double lr) {
   cJSON_AddNumberToObject(s, "loss", loss);
   cJSON_AddNumberToObject(s, "lr", lr);
   cJSON_AddItemToArray(r->steps, s);
+}
+
+void gpt2_report_step_info(gpt2_report* r, const zs_step_info* info,
+                           int loss_scaling) {
+  cJSON* s = cJSON_GetArrayItem(r->steps, cJSON_GetArraySize(r->steps) - 1);
+  if (s == NULL) return;
+  cJSON_AddBoolToObject(s, "applied", info->applied);
+  if (loss_scaling) cJSON_AddNumberToObject(s, "loss_scale", info->loss_scale);
+  /* (JSON has no inf: an overflow's norm is null) */
+  if (info->grad_norm >= 0 || !isfinite(info->grad_norm)) {
+    if (isfinite(info->grad_norm))
+      cJSON_AddNumberToObject(s, "grad_norm", info->grad_norm);
+    else
+      cJSON_AddNullToObject(s, "grad_norm");
+  }
 }
 
 void gpt2_report_val(gpt2_report* r, int step, double loss) {

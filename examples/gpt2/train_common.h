@@ -95,6 +95,13 @@ typedef struct gpt2_report gpt2_report;
 gpt2_report* gpt2_report_create(const gpt2_args* a, const char* trainer,
                                 int ranks, int threads, size_t params);
 void gpt2_report_step(gpt2_report* r, int step, double loss, double lr);
+/* The sharded trainer's optimizer outcome of the step just reported
+ * (its K-th zs_step): "applied" (false: skipped on inf/NaN gradients),
+ * "loss_scale" for the next step (with fp16's loss scaling) and
+ * "grad_norm" (the unscaled global norm, when clipping or loss scaling
+ * computed it). */
+void gpt2_report_step_info(gpt2_report* r, const zs_step_info* info,
+                           int loss_scaling);
 void gpt2_report_val(gpt2_report* r, int step, double loss);
 /* One row per rank: its accounting snapshot (peaks over the run). */
 void gpt2_report_rank(gpt2_report* r, int rank, const zs_memory_stats* m);

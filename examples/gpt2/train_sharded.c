@@ -868,6 +868,7 @@ int main(int argc, char** argv) {
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
     gpt2_report_step(report, step + 1, loss, args.lr);
+    gpt2_report_step_info(report, &info, args.dtype == ZS_FLOAT16);
     double tps = (double)(step + 1 - start) * args.batch * T / t_train;
     if (rank == 0 && !args.quiet && ((step + 1) % args.log_every == 0 || step == 0))
       gpt2_print_progress(stdout, step + 1, args.steps, loss, args.lr, tps,

@@ -40,7 +40,11 @@
  *    a message naming what failed (unit, tensor, rank, file) and what to do.
  *  - "Collective" means every rank of the context must make the same call in
  *    the same order (as with MPI); a collective call returns the same status
- *    on every rank unless the comment says otherwise.
+ *    on every rank unless the comment says otherwise. A rank whose calls
+ *    diverged (it gathered a unit the others did not) can make the call
+ *    where it happens end differently on each rank (one completes while
+ *    another's collective is truncated); the context then fails every
+ *    later call on every rank, naming the first failure.
  *  - Calls are blocking and synchronous on the host unless marked otherwise.
  *    With ZS_DEVICE_CUDA, "synchronous" is stream order: GPU work a call
  *    queued on device memory (the optimizer's kernels, a gradient buffer's
@@ -210,12 +214,15 @@ typedef enum zs_loss_scaling {
 
 typedef struct zs_loss_scaler_config {
   int mode;              /* zs_loss_scaling */
-  double init_scale;     /* the (initial) scale, finite, >= min_scale;
-                            default 65536 = 2^16 */
+  double init_scale;     /* the (initial) scale, in fp32's normal range
+                            [FLT_MIN, FLT_MAX] (so its reciprocal fits
+                            too), >= min_scale; default 65536 = 2^16; the
+                            dynamic scale never grows past FLT_MAX */
   double growth_factor;  /* > 1, default 2 */
   double backoff_factor; /* in (0, 1), default 0.5 */
   int growth_interval;   /* clean steps before growing, >= 1, default 2000 */
-  double min_scale;      /* > 0, default 1; an overflow at this scale is
+  double min_scale;      /* in [FLT_MIN, FLT_MAX], default 1; an overflow
+                            at this scale is
                             ZS_ERR_DIVERGED */
   int hysteresis;        /* overflows tolerated before backing off (DeepSpeed's
                             hysteresis), >= 1, default 1 */
@@ -703,8 +710,11 @@ zs_status zs_unit_set_grad_uses(zs_model* model, int unit, int uses);
  * dtypes, flags, ties, groups) and configuration, with one all-gather of a
  * hash; on a difference every rank returns ZS_ERR_MISMATCH naming the first
  * differing tensor and the rank, before any data collective. A model
- * poisoned by a registration error fails on every rank the same way.
- * Errors: MISMATCH, OUT_OF_MEMORY, COMM, INVALID_STATE (twice). */
+ * poisoned by a failed registration call fails on every rank naming that
+ * call's error: INVALID_ARGUMENT when the same call failed on every rank
+ * (always so with one rank), MISMATCH when only some ranks' failed (their
+ * registrations differ). Errors: MISMATCH, INVALID_ARGUMENT (a poisoned
+ * model), OUT_OF_MEMORY, COMM, INVALID_STATE (twice). */
 zs_status zs_model_finalize(zs_model* model);
 
 /* ==== Model queries (any time after registration) ======================= */
@@ -773,9 +783,12 @@ zs_status zs_tensor_set(zs_model* model, int tensor, const void* data);
 /* What zs_tensor_get reads. */
 typedef enum zs_field {
   ZS_FIELD_PARAM = 0,      /* parameters (the updated values after a step) */
-  ZS_FIELD_GRAD = 1,       /* the last reduced gradient (mean over ranks):
-                              valid from zs_step until the next step's first
-                              gradient acquire */
+  ZS_FIELD_GRAD = 1,       /* the last reduced gradient (mean over ranks
+                              and micro-batches) as reduced: still
+                              multiplied by the loss scale, before
+                              clipping, and after an overflow skip with
+                              its inf/NaN; valid from zs_step until the
+                              next step's first gradient acquire */
   ZS_FIELD_EXP_AVG = 2,    /* Adam/AdamW first moment */
   ZS_FIELD_EXP_AVG_SQ = 3, /* Adam/AdamW second moment */
   ZS_FIELD_MOMENTUM = 4,   /* SGD momentum buffer */

@@ -175,6 +175,10 @@ TEST(Gpt2Memory, Stage3AtFourRanksHoldsAQuarterOfStage0) {
 
 struct FullReport {
   std::vector<double> losses;
+  // per step: "applied", "grad_norm" (-1 when absent), "loss_scale" (0 when
+  // absent)
+  std::vector<int> applied;
+  std::vector<double> grad_norms, loss_scales;
   double act_peak = 0, act_unchecked = 0;
   // per rank, with NVMe offload: {file_bytes, param_reads, param_reads_ahead}
   std::vector<std::vector<double>> nvme;
@@ -193,8 +197,14 @@ FullReport RunVariant(const std::string& flags, int ranks, const std::string& ta
   cJSON* root = cJSON_Parse(ss.str().c_str());
   if (root == nullptr) return out;
   cJSON* it;
-  cJSON_ArrayForEach(it, cJSON_GetObjectItem(root, "steps"))
-      out.losses.push_back(cJSON_GetObjectItem(it, "loss")->valuedouble);
+  cJSON_ArrayForEach(it, cJSON_GetObjectItem(root, "steps")) {
+    out.losses.push_back(cJSON_GetObjectItem(it, "loss")->valuedouble);
+    out.applied.push_back(cJSON_IsTrue(cJSON_GetObjectItem(it, "applied")));
+    const cJSON* g = cJSON_GetObjectItem(it, "grad_norm");
+    out.grad_norms.push_back(cJSON_IsNumber(g) ? g->valuedouble : -1);
+    const cJSON* ls = cJSON_GetObjectItem(it, "loss_scale");
+    out.loss_scales.push_back(cJSON_IsNumber(ls) ? ls->valuedouble : 0);
+  }
   cJSON* act = cJSON_GetObjectItem(root, "activations");
   if (act != nullptr) {
     out.act_peak = cJSON_GetObjectItem(act, "peak_bytes")->valuedouble;
@@ -293,6 +303,15 @@ TEST(Gpt2Precision, Bf16AndFp16TrackFp32) {
   EXPECT_LT(f32.losses.back(), f32.losses.front() - 1.0);
   EXPECT_NEAR(b16.losses.back(), f32.losses.back(), 0.03 * f32.losses.back());
   EXPECT_NEAR(h16.losses.back(), f32.losses.back(), 0.03 * f32.losses.back());
+  // the report: every step applied; fp16 reports its scale (DeepSpeed's
+  // 2^16, no overflow or growth in 20 steps) and, clipping, the norm
+  for (size_t s = 0; s < 20; s++) {
+    EXPECT_TRUE(f32.applied[s] && b16.applied[s] && h16.applied[s]) << s;
+    EXPECT_EQ(f32.loss_scales[s], 0) << "fp32 has no loss scale";
+    EXPECT_EQ(f32.grad_norms[s], -1) << "fp32 without clipping has no norm";
+    EXPECT_EQ(h16.loss_scales[s], 65536.0) << s;
+    EXPECT_GT(h16.grad_norms[s], 0) << s;
+  }
 }
 
 // CPU offload changes where the optimizer runs, never a bit (stages 1-3).
@@ -442,7 +461,8 @@ const BadCase kBad[] = {
     {"grad_accum_zero", "--data @DATA --grad-accum 0", "--grad-accum", 2},
     {"grad_accum_local_alone", "--data @DATA --grad-accum-local",
      "--grad-accum-local accumulates over micro-batches: it needs --grad-accum K > 1", 2},
-    {"clip_zero", "--data @DATA --clip 0", "--clip: expected a max norm > 0", 2},
+    {"clip_zero", "--data @DATA --clip 0", "--clip: expected a max norm in (0, 1e+30], got '0'", 2},
+    {"clip_negative", "--data @DATA --clip -1", "--clip: expected a max norm in (0, 1e+30], got '-1'", 2},
     {"bad_dtype", "--data @DATA --dtype fp8", "--dtype", 2},
     {"bad_offload", "--data @DATA --offload gpu", "--offload", 2},
     {"offload_param_alone", "--data @DATA --offload-param cpu",

@@ -285,6 +285,21 @@ TEST(Config, PrecisionDefaultsAndRanges) {
          x->loss_scaler.mode = ZS_LOSS_SCALE_DYNAMIC;
          x->loss_scaler.init_scale = 0.5;
        }, "init_scale"},
+      // below fp32's normal range the unscale coefficient 1/scale is inf:
+      // every parameter NaN after a step that reported success
+      {[](zs_config* x) {
+         x->loss_scaler.mode = ZS_LOSS_SCALE_STATIC;
+         x->loss_scaler.init_scale = 1e-39;
+       }, "init_scale: expected a value in fp32's normal range"},
+      {[](zs_config* x) {
+         x->loss_scaler.mode = ZS_LOSS_SCALE_DYNAMIC;
+         x->loss_scaler.min_scale = 1e-60;
+         x->loss_scaler.init_scale = 1e-50;
+       }, "min_scale: expected a value in fp32's normal range"},
+      {[](zs_config* x) {
+         x->loss_scaler.mode = ZS_LOSS_SCALE_STATIC;
+         x->loss_scaler.init_scale = 1e39;
+       }, "init_scale"},
       {[](zs_config* x) {
          x->loss_scaler.mode = ZS_LOSS_SCALE_DYNAMIC;
          x->loss_scaler.hysteresis = 0;
@@ -823,6 +838,17 @@ TEST(ConfigJson, UnknownKeysNameTheFullPath) {
 
 // DeepSpeed keys without a counterpart here (docs/config.md lists them)
 // are unknown keys, never silently ignored.
+// A key given twice: cJSON keeps both and its lookups see the first, so
+// the second would be silently ignored.
+TEST(ConfigJson, KeysGivenTwiceAreRefused) {
+  ExpectJsonError(R"({"zero_optimization": {"stage": 1, "stage": 2}})",
+                  {"\"zero_optimization.stage\" is given twice"});
+  ExpectJsonError(R"({"zero_optimization": {"stage": 1}, "zero_optimization": {"stage": 2}})",
+                  {"\"zero_optimization\" is given twice"});
+  ExpectJsonError(R"({"optimizer": {"params": {"lr": 0.1, "lr": 0.2}}})",
+                  {"optimizer.params.lr\" is given twice"});
+}
+
 TEST(ConfigJson, DeepSpeedKeysWithoutACounterpartAreRefused) {
   for (const char* key : {"thread_count", "single_submit", "overlap_events"})
     ExpectJsonError((std::string(R"({"aio": {")") + key + R"(": 1}})").c_str(),
@@ -891,6 +917,9 @@ TEST(ConfigJson, WrongTypesNameTheKey) {
 }
 
 TEST(ConfigJson, OutOfRangeValues) {
+  // (-1 is the C sentinel for the optimizer's default: not a JSON value)
+  ExpectJsonError(R"({"optimizer": {"type": "AdamW", "params": {"weight_decay": -1}}})",
+                  {"optimizer.params.weight_decay", ">= 0", "got -1"});
   ExpectJsonError(R"({"zero_optimization": {"stage": 5}})",
                   {"zero_optimization.stage", "0..3"});
   ExpectJsonError(R"({"zero_optimization": {"stage": -1}})",

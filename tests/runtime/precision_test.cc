@@ -420,6 +420,22 @@ TEST_F(PrecisionTest, HysteresisDelaysTheBackoff) {
   EXPECT_EQ(r.infos[3].step, 2);
 }
 
+// The dynamic scale stays an fp32 number: from 2^100, a growth by 2^30
+// after every clean step would reach 2^130, past fp32 (an fp32 loss times
+// it is inf, and every other step would be skipped); it stays at 2^100.
+TEST_F(PrecisionTest, DynamicScaleNeverGrowsPastFp32) {
+  zs_loss_scaler_config ls = Dynamic(std::ldexp(1.0, 100));
+  ls.growth_interval = 1;
+  ls.growth_factor = std::ldexp(1.0, 30);
+  OverflowRun r = RunOverflow(1, -1, 0, 3, ls, ZS_FLOAT32);
+  ASSERT_EQ(r.status, ZS_OK) << r.error;
+  ASSERT_EQ(r.infos.size(), 3u);
+  for (int s = 0; s < 3; s++) {
+    EXPECT_EQ(r.infos[s].applied, 1) << "step " << s;
+    EXPECT_EQ(r.infos[s].loss_scale, std::ldexp(1.0, 100)) << "step " << s;
+  }
+}
+
 // Bad input: an overflow at the minimum scale is divergence, on every rank
 // at the same step; without a loss scaler an inf gradient is divergence
 // too (nothing applied).
