@@ -14,7 +14,8 @@ struct zs_driver {
   zs_model* m;      /* NULL once the model was destroyed first */
   zs_driver* next;  /* in m->drivers */
   int forwarded;    /* a training forward ran, its backward not yet */
-  int checkpoint;
+  int checkpoint;    /* 1: recompute in backward */
+  int verify;        /* with checkpoint: compare each recomputed output */
   size_t input_bytes;
   zs_layer_desc* layers;
   int n, cap;
@@ -24,6 +25,7 @@ struct zs_driver {
   void** scratch; /* per layer (the same pointer when checkpointing) */
   void* grad[2];  /* ping-pong gradients of layer outputs / inputs */
   size_t grad_bytes;
+  void* kept[2];  /* verify: host copies of the kept and recomputed output */
 };
 
 static void zs__driver_free(zs_driver* d);
@@ -34,13 +36,15 @@ zs_status zs_driver_create(zs_model* m, size_t input_bytes,
              "zs_driver_create: model and out must not be NULL");
   ZS_REQUIRE(m->ctx != NULL, "zs_driver_create: the model's context was "
              "destroyed");
-  ZS_REQUIRE(checkpoint_activations == 0 || checkpoint_activations == 1,
-             "zs_driver_create: checkpoint_activations must be 0 or 1, got %d",
-             checkpoint_activations);
+  ZS_REQUIRE(checkpoint_activations >= 0 &&
+                 checkpoint_activations <= ZS_CHECKPOINT_VERIFY,
+             "zs_driver_create: checkpoint_activations must be 0, 1 or "
+             "ZS_CHECKPOINT_VERIFY (2), got %d", checkpoint_activations);
   zs_driver* d = (zs_driver*)calloc(1, sizeof *d);
   if (d == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "zs_driver_create");
   d->m = m;
-  d->checkpoint = checkpoint_activations;
+  d->checkpoint = checkpoint_activations != 0;
+  d->verify = checkpoint_activations == ZS_CHECKPOINT_VERIFY;
   d->input_bytes = input_bytes;
   d->next = m->drivers;
   m->drivers = d;
@@ -174,6 +178,12 @@ static void zs__driver_free(zs_driver* d) {
       if (!d->checkpoint || l == 0) zs__dev_free(dev, d->scratch[l]);
     }
   }
+  zs__device* host = d->m->ctx != NULL ? d->m->ctx->host : NULL;
+  if (host != NULL) {
+    zs__dev_free(host, d->kept[0]);
+    zs__dev_free(host, d->kept[1]);
+  }
+  d->kept[0] = d->kept[1] = NULL;
   free(d->outputs);
   free(d->scratch);
   d->outputs = d->scratch = NULL;
@@ -216,10 +226,41 @@ static zs_status zs__driver_alloc(zs_driver* d) {
                            1, d->checkpoint ? "shared scratch" : "layer scratch",
                            &d->scratch[l]));
   }
+  if (d->verify) {
+    size_t omax = 0;
+    for (int l = 0; l < d->n; l++)
+      if (d->layers[l].output_bytes > omax) omax = d->layers[l].output_bytes;
+    for (int k = 0; k < 2; k++)
+      ZS_CHECK(zs__dev_alloc(d->m->ctx->host, ZS_MEM_OTHER, omax, 0,
+                             "recompute check", &d->kept[k]));
+  }
   d->allocated = 1;
 cleanup:
   if (st != ZS_OK) zs__driver_free(d);
   return st;
+}
+
+/* ZS_CHECKPOINT_VERIFY: the recomputed output of layer l (in
+ * d->outputs[l]) against the first run's, saved in d->kept[0] before the
+ * recompute. A difference is the callback's error (agreed across ranks). */
+static zs_status zs__driver_verify(zs_driver* d, int l) {
+  zs__device* dev = d->m->ctx->device;
+  const size_t n = d->layers[l].output_bytes;
+  zs_status st = dev->ops->copy(dev, d->kept[1], d->outputs[l], n, NULL);
+  if (st == ZS_OK) st = dev->ops->stream_sync(dev, NULL);
+  if (st != ZS_OK) return st;
+  const unsigned char* a = (const unsigned char*)d->kept[0];
+  const unsigned char* b = (const unsigned char*)d->kept[1];
+  size_t i = 0;
+  while (i < n && a[i] == b[i]) i++;
+  if (i == n) return ZS_OK;
+  return zs__error(ZS_ERR_MISMATCH,
+                   "layer %d (unit '%s'): the recomputed forward's output "
+                   "differs from the first run's at byte %zu of %zu: with "
+                   "activation checkpointing the forward must be "
+                   "deterministic (the same bits from the same input: no "
+                   "random numbers drawn per call, no sums whose order "
+                   "varies)", l, d->m->units[d->layers[l].unit].name, i, n);
 }
 
 zs_status zs_driver_input(zs_driver* d, void** input) {
@@ -332,10 +373,20 @@ zs_status zs_driver_backward(zs_driver* d) {
     if (st != ZS_OK) break;
     zs_layer_io io = zs__driver_io(d, l);
     st = zs_unit_grad_acquire(d->m, unit);
+    if (st == ZS_OK && cb == ZS_OK && recompute && d->verify)
+      st = dev->ops->copy(dev, d->kept[0], d->outputs[l],
+                          d->layers[l].output_bytes, NULL);
     if (st == ZS_OK && cb == ZS_OK && recompute) {
       io.recompute = 1;
       cb = zs__driver_call(d, d->layers[l].forward, &io, "recomputed forward");
       io.recompute = 0;
+      if (cb == ZS_OK && d->verify) {
+        /* (a difference is the layer's error; a copy's failure the
+         * engine's) */
+        const zs_status v = zs__driver_verify(d, l);
+        if (v == ZS_ERR_MISMATCH) cb = v;
+        else st = v;
+      }
     }
     const size_t in_bytes = l == 0 ? d->input_bytes : d->layers[l - 1].output_bytes;
     if (st == ZS_OK) st = dev->ops->memset(dev, d->grad[1 - cur], 0, in_bytes, NULL);

@@ -1177,8 +1177,20 @@ typedef struct zs_layer_desc {
   unsigned int flags;    /* 0 or ZS_LAYER_BACKWARD_NO_PARAMS */
 } zs_layer_desc;
 
+/* zs_driver_create's checkpoint_activations: checkpointing that also checks
+ * each recomputed layer output against the first run's, bitwise, and fails
+ * the backward (MISMATCH naming the layer and the first differing byte;
+ * REMOTE on the other ranks) when they differ: the forward was not
+ * deterministic (torch.utils.checkpoint's determinism_check plays this
+ * role, comparing shapes). Costs two host buffers of the largest layer
+ * output (accounted as "other") and two copies per recomputed layer: a
+ * debugging aid. */
+#define ZS_CHECKPOINT_VERIFY 2
+
 /* Creates a driver over `model`. input_bytes: the size of the buffer layer
- * 0 reads (zs_driver_input). checkpoint_activations: 0 or 1. Layers added
+ * 0 reads (zs_driver_input). checkpoint_activations: 0 (keep every layer's
+ * activations), 1 (keep each layer's output, recompute the rest before its
+ * backward) or ZS_CHECKPOINT_VERIFY (1, checking the recomputes). Layers added
  * before zs_model_finalize also declare their units' gradient use counts
  * (a unit backing k layers is used k times per step); added after, the
  * counts are recorded in the first step. Not collective. *out: owned by the

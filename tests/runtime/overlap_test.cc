@@ -644,6 +644,13 @@ TEST_F(OverlapTest, DriverReducesSharedUnitOnceAndCheckpointingIsExact) {
     for (size_t u = 0; u < plain.params.size(); u++)
       EXPECT_TRUE(Bitwise(ck.params[u], plain.params[u])) << "stage " << stage
                                                           << " unit " << u;
+    // ZS_CHECKPOINT_VERIFY: every recompute of these deterministic layers
+    // matches its first run, so the results are the same bits
+    DriverRun verified = RunDriverNet(stage, ZS_CHECKPOINT_VERIFY, MPI_COMM_WORLD, 5);
+    ASSERT_EQ(verified.status, ZS_OK) << verified.error;
+    for (size_t u = 0; u < plain.params.size(); u++)
+      EXPECT_TRUE(Bitwise(verified.params[u], plain.params[u]))
+          << "stage " << stage << " unit " << u;
     // Without checkpointing each of the 4 layers has its own scratch; with
     // it, one scratch of the largest.
     const size_t act = (size_t)(kGlobalBatch / world_) * DriverNet::kD * sizeof(float);
@@ -756,10 +763,14 @@ TEST_F(OverlapTest, DriverDeclaresUsesOfTieOwners) {
 struct OrderNet {
   int forwards = 0, backwards = 0;
   bool fail = false;
+  bool nondeterministic = false;  // the output counts the calls
 };
-zs_status OrderForward(void* user, zs_model*, const zs_layer_io*) {
+zs_status OrderForward(void* user, zs_model*, const zs_layer_io* io) {
   OrderNet* n = static_cast<OrderNet*>(user);
   n->forwards++;
+  float* out = static_cast<float*>(io->output);
+  for (int k = 0; k < 4; k++)
+    out[k] = n->nondeterministic && k == 3 ? (float)n->forwards : 1.0f + k;
   return n->fail ? ZS_ERR_IO : ZS_OK;
 }
 zs_status OrderBackward(void* user, zs_model*, const zs_layer_io*) {
@@ -847,6 +858,52 @@ TEST_F(OverlapTest, DriverRefusesOutOfOrderPassesAndNamesCallbackErrors) {
         << "the driver's buffers were freed with its model";
     zs_context_destroy(ctx);
   }
+}
+
+// ZS_CHECKPOINT_VERIFY catches a forward that is not deterministic (its
+// recompute differs from the first run): the backward fails on the rank
+// that saw it, naming the layer and the byte, and REMOTE on the others
+// (here every rank sees it); zs_step_discard then drops the step.
+TEST_F(OverlapTest, CheckpointVerifyCatchesANonDeterministicForward) {
+  zs_config cfg = ZS_CONFIG_INIT;
+  cfg.stage = 3;
+  zs_context* ctx = nullptr;
+  zs_model* m = nullptr;
+  zs_driver* d = nullptr;
+  ASSERT_EQ(zs_context_create_mpi(&cfg, MPI_COMM_WORLD, &ctx), ZS_OK);
+  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+  int u[2], t = -1;
+  const int64_t n = 8;
+  for (int k = 0; k < 2; k++) {
+    ASSERT_EQ(zs_model_add_unit(m, k ? "b" : "a", &u[k]), ZS_OK);
+    ASSERT_EQ(zs_model_add_tensor(m, u[k], k ? "wb" : "wa", 1, &n, ZS_FLOAT32,
+                                  0, &t), ZS_OK);
+  }
+  ASSERT_EQ(zs_driver_create(m, 16, ZS_CHECKPOINT_VERIFY, &d), ZS_OK);
+  EXPECT_EQ(zs_driver_create(m, 16, 3, &d), ZS_ERR_INVALID_ARGUMENT);
+  OrderNet net;
+  for (int k = 0; k < 2; k++) {
+    zs_layer_desc l = {u[k], OrderForward, OrderBackward, &net, 16, 16, 0};
+    ASSERT_EQ(zs_driver_add_layer(d, &l, nullptr), ZS_OK);
+  }
+  ASSERT_EQ(zs_model_finalize(m), ZS_OK);
+  ASSERT_EQ(zs_driver_forward(d), ZS_OK);
+  ASSERT_EQ(zs_driver_backward(d), ZS_OK) << zs_last_error();
+  ASSERT_EQ(zs_step(m, nullptr), ZS_OK);
+  net.nondeterministic = true;
+  ASSERT_EQ(zs_driver_forward(d), ZS_OK);
+  EXPECT_EQ(zs_driver_backward(d), ZS_ERR_MISMATCH);
+  const std::string e = zs_last_error();
+  // (the 4th float differs: bytes 12-15, the first differing one of them)
+  EXPECT_NE(e.find("layer 0 (unit 'a'): the recomputed forward's output "
+                   "differs from the first run's at byte 1"),
+            std::string::npos) << e;
+  EXPECT_NE(e.find(" of 16"), std::string::npos) << e;
+  EXPECT_NE(e.find("deterministic"), std::string::npos) << e;
+  ASSERT_EQ(zs_step_discard(m, nullptr), ZS_OK) << zs_last_error();
+  zs_driver_destroy(d);
+  zs_model_destroy(m);
+  zs_context_destroy(ctx);
 }
 
 // The driver at W ranks equals the driver at one rank (a single-process
