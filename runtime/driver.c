@@ -324,8 +324,9 @@ static zs_status zs__driver_agree(zs_driver* d, zs_status engine,
 
 zs_status zs_driver_forward(zs_driver* d) {
   ZS__DRIVER_LIVE(d, "zs_driver_forward");
-  ZS_REQUIRE(d->m->finalized, "zs_driver_forward: call zs_model_finalize "
-             "first");
+  if (!d->m->finalized)
+    return zs__error(ZS_ERR_INVALID_STATE,
+                     "zs_driver_forward: call zs_model_finalize first");
   d->forwarded = 0;
   zs_status st = zs__driver_alloc(d);   /* engine status */
   zs_status cb = ZS_OK;                 /* first callback error */

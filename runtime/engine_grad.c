@@ -260,9 +260,9 @@ static zs_status zs__grad_open(zs_model* m, int unit) {
   return ZS_OK;
 }
 
-/* Uses per step: the declared count, raised by any step that used the
- * unit more often (recorded). */
-/* reduce 0: only the counts (after a failure no reduction may start: the
+/* Uses per step (zs_unit_grad_uses): the declared count, raised by any
+ * step that used the unit more often (recorded).
+ * reduce 0: only the counts (after a failure no reduction may start: the
  * other ranks' collectives would no longer match this rank's) */
 static zs_status zs__grad_close(zs_model* m, int unit, int reduce) {
   zs__unit* u = &m->units[unit];

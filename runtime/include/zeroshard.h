@@ -1230,8 +1230,8 @@ zs_status zs_driver_activation_bytes(const zs_driver* driver, int checkpoint,
  * with the next units prefetched), forward, release. Collective. In
  * training mode its backward follows (a second forward first replaces it).
  * Errors: the callback's, prefixed with the layer and unit (REMOTE on the
- * other ranks); those of the gathers; INVALID_ARGUMENT before
- * zs_model_finalize; INVALID_STATE (the model was destroyed). */
+ * other ranks); those of the gathers; INVALID_STATE (before
+ * zs_model_finalize, or the model was destroyed). */
 zs_status zs_driver_forward(zs_driver* driver);
 /* Runs the backward in reverse order: gather, acquire gradients, recompute
  * the forward (checkpointing), backward, release gradients (starting the

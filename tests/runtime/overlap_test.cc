@@ -803,7 +803,7 @@ TEST_F(OverlapTest, DriverRefusesOutOfOrderPassesAndNamesCallbackErrors) {
     OrderNet net;
     zs_layer_desc l = {u, OrderForward, OrderBackward, &net, 16, 16, 0};
     ASSERT_EQ(zs_driver_add_layer(d, &l, nullptr), ZS_OK);
-    EXPECT_EQ(zs_driver_forward(d), ZS_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(zs_driver_forward(d), ZS_ERR_INVALID_STATE);
     EXPECT_NE(std::string(zs_last_error()).find(
                   "zs_driver_forward: call zs_model_finalize first"),
               std::string::npos) << zs_last_error();
