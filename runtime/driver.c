@@ -5,6 +5,7 @@
  * checkpointing (keep each layer's output, recompute its internal
  * activations into one shared scratch before its backward).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -318,8 +319,19 @@ static zs_status zs__driver_call(zs_driver* d, zs_layer_fn fn,
  * failures already, or the rank cannot go on. */
 static zs_status zs__driver_agree(zs_driver* d, zs_status engine,
                                   zs_status callback, const char* what) {
-  if (engine != ZS_OK) return engine;
-  return zs__comm_agree(d->m->ctx->comm, callback, what);
+  zs_status st = engine != ZS_OK
+                     ? engine
+                     : zs__comm_agree(d->m->ctx->comm, callback, what);
+  /* A failed training pass left this micro-batch's gradients partial (the
+   * layers before the failure) or its forward unfinished: zs_step refuses
+   * until zs_step_discard drops them (as after a mismatch), on every rank
+   * alike, since the outcome was agreed. */
+  if (st != ZS_OK && !d->m->eval) {
+    d->m->must_discard = 1;
+    snprintf(d->m->must_discard_msg, sizeof d->m->must_discard_msg,
+             "%s failed in this micro-batch", what);
+  }
+  return st;
 }
 
 zs_status zs_driver_forward(zs_driver* d) {

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/comm.h"
 #include "runtime/core.h"
 #include "runtime/layout.h"
 
@@ -166,6 +167,8 @@ static zs_status zs__estimate_total(zs_memory_estimate* out,
     out->bytes[ZS_MEM_OFFLOAD_HOST] += out->bytes[ZS_MEM_PARAMS];
     out->bytes[ZS_MEM_PARAMS] = 0;
   }
+  /* every context's communication log (context.c), on every rank */
+  out->bytes[ZS_MEM_OTHER] += (size_t)ZS__COMM_LOG_CAP * sizeof(zs__comm_log_entry);
   if (c->device == ZS_DEVICE_CUDA) {
     /* The optimizer steps on the host while parameters and gradients stay
      * in device memory: two slots of page-locked staging, each the largest
@@ -231,7 +234,9 @@ zs_status zs_estimate_params(double params, const zs_estimate_config* c,
     const size_t units = (n + lu - 1) / lu;
     const size_t gathered = units < (size_t)c->prefetch_depth + 1
                                 ? units : (size_t)c->prefetch_depth + 1;
-    const size_t reducing = units < ZS__MAX_REDUCING ? units : ZS__MAX_REDUCING;
+    /* (one rank: one reduction at a time, as for a description below) */
+    const size_t maxred = c->ranks == 1 ? 1 : ZS__MAX_REDUCING;
+    const size_t reducing = units < maxred ? units : maxred;
     const size_t g = lu * zs_dtype_size(gdt);
     const size_t accum = c->stage >= 2, micro = c->grad_accum_steps > 1;
     const size_t s = (micro && !c->grad_accum_local)
@@ -244,7 +249,7 @@ zs_status zs_estimate_params(double params, const zs_estimate_config* c,
         micro && c->grad_accum_local
             ? reducing * g + accum * units * g
             : reducing * (g + accum * g + 2 * s) +
-                  (units > reducing) * (accum * g + s);
+                  (c->ranks > 1 && units > reducing) * (accum * g + s);
   }
   return zs__estimate_total(out, c, &nv);
 }
@@ -347,8 +352,17 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
             "text after it?)");
   {
     static const char* const top[] = {"format", "version", "units",
-                                      "activations", NULL};
+                                      "activations", "other_bytes", NULL};
     ZS_CHECK(zs__json_keys(root, top, "the top level"));
+    /* what the model code itself registers per rank outside activations
+     * (zs_memory_register as "other", e.g. an fp32 copy of a 16-bit unit's
+     * parameters) */
+    size_t other = 0;
+    ZS_CHECK(zs__json_count(root, "other_bytes", "the top level", 0, &other));
+    if (other > 1e18)
+      ZS_FAIL(ZS_ERR_INVALID_ARGUMENT, "model description: \"other_bytes\" "
+              "must be at most 1e18");
+    out->bytes[ZS_MEM_OTHER] += other;
     const cJSON* f = cJSON_GetObjectItemCaseSensitive(root, "format");
     if (f != NULL && (!cJSON_IsString(f) ||
                       strcmp(f->valuestring, "zeroshard-model-description") != 0))
@@ -454,11 +468,13 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
     /* a unit used twice per micro-batch (zs_unit_grad_uses: shared layers,
      * or an embedding that also serves the output head) accumulates from
      * its first use in the backward to its last */
-    ZS_CHECK(zs__json_count(it, "grad_uses", where, 0, &u->grad_uses));
-    if (cJSON_GetObjectItemCaseSensitive(it, "grad_uses") != NULL &&
-        (u->grad_uses < 1 || u->grad_uses > (1u << 20)))
+    const cJSON* jg = cJSON_GetObjectItemCaseSensitive(it, "grad_uses");
+    if (jg != NULL &&
+        (!cJSON_IsNumber(jg) || !(jg->valuedouble >= 1) ||
+         jg->valuedouble > (1u << 20) || jg->valuedouble != floor(jg->valuedouble)))
       ZS_FAIL(ZS_ERR_INVALID_ARGUMENT, "model description: %s: \"grad_uses\" "
-              "must be 1..1048576, got %zu", where, u->grad_uses);
+              "must be a whole number 1..1048576", where);
+    u->grad_uses = jg != NULL ? (size_t)jg->valuedouble : 1;
     int n = 0;
     const cJSON* t;
     cJSON_ArrayForEach(t, jt) {
@@ -631,6 +647,10 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
     }
     const int accum = c->stage >= 2, micro = c->grad_accum_steps > 1;
     const size_t reopen = micro && !c->grad_accum_local;
+    /* One rank: a reduction is a local copy, complete before the next
+     * unit's acquire finishes it (engine_grad.c polls there), so one unit
+     * reduces at a time and none accumulates beside it. */
+    const int reducing = c->ranks == 1 ? 1 : ZS__MAX_REDUCING;
     for (int i = 0; i < nunits; i++) {
       along[i] |= units[i].grad_uses > 1 || (micro && c->grad_accum_local);
       for (int k = 0; k < units[i].nowners; k++) along[units[i].owners[k]] = 1;
@@ -644,8 +664,9 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
       sum += along[i] ? (accum ? g : 0) + reopen * s : 0;
       gain[i] = along[i] ? g + reopen * s : (accum ? 2 * g : g) + 2 * reopen * s;
     }
-    for (int k = 0; k <= ZS__MAX_REDUCING && k < nunits; k++) {
-      if (k == ZS__MAX_REDUCING) /* the next: accumulating, not all along */
+    for (int k = 0; k <= reducing && k < nunits; k++) {
+      if (k == reducing) { /* the next: accumulating, not all along */
+        if (c->ranks == 1) break;
         for (int i = 0; i < nunits; i++) {
           const int trainable = units[i].trainable;
           gain[i] = along[i] || gain[i] == 0 || !trainable
@@ -653,6 +674,7 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
                         : (accum ? units[i].padded * units[i].gelem : 0) +
                               reopen * units[i].shard * units[i].gelem;
         }
+      }
       int best = 0;
       for (int i = 1; i < nunits; i++) if (gain[i] > gain[best]) best = i;
       sum += gain[best];

@@ -387,6 +387,10 @@ static int model_describe(model* m, const char* path, int Bl,
     }
     cJSON_AddItemToArray(units, ju);
   }
+  /* 16-bit parameters: the fp32 copy of one unit's registered as "other" */
+  if (m->pcopy != NULL)
+    cJSON_AddNumberToObject(root, "other_bytes",
+                            (double)(m->pcopy_elems * sizeof(float)));
   size_t drv = 0;
   CHECK(zs_driver_activation_bytes(m->drv, checkpoint, &drv));
   cJSON* act = cJSON_AddObjectToObject(root, "activations");

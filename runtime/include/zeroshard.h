@@ -1201,8 +1201,9 @@ zs_status zs_driver_create(zs_model* model, size_t input_bytes,
  * accepted). Not collective, no communication, never fails; the model and
  * its units are untouched. Destroy the driver before the model (the
  * buffers are accounted on the model's context); a model destroyed first
- * frees its drivers' buffers and leaves them detached: their calls then
- * return INVALID_STATE, and this still frees the rest. */
+ * frees its drivers' buffers and leaves them detached: their calls that
+ * need the model (add_layer, input, output, forward, backward) then return
+ * INVALID_STATE, and this still frees the rest. */
 void zs_driver_destroy(zs_driver* driver);
 
 /* Appends a layer; *layer receives its index (may be NULL). Before the
@@ -1240,7 +1241,10 @@ zs_status zs_driver_forward(zs_driver* driver);
  * last backward (none yet, a second backward, an eval-mode or failed
  * forward) it returns INVALID_STATE at once, running nothing (checked on
  * each rank: every rank running the same control flow gets it alike).
- * Call zs_step afterwards. Errors: as zs_driver_forward, INVALID_STATE. */
+ * Call zs_step afterwards. After a failed training-mode forward or
+ * backward, zs_step refuses (INVALID_STATE) until zs_step_discard drops the
+ * micro-batch's partial gradients. Errors: as zs_driver_forward,
+ * INVALID_STATE. */
 zs_status zs_driver_backward(zs_driver* driver);
 
 /* ==== Memory estimator (docs/profiling.md) =============================== */
@@ -1347,7 +1351,9 @@ zs_status zs_estimate_params(double params, const zs_estimate_config* config,
  * zs_unit_grad_uses), "tensors": [{"name": ..,
  * "numel": N, "frozen": false} | {"name": .., "tied_to": NAME}]}, ...],
  * "activations": {"bytes_per_rank": B, "fixed_bytes": F,
- * "sequences_per_rank": S}} (activations optional; also "format":
+ * "sequences_per_rank": S}, "other_bytes": O} (activations optional;
+ * other_bytes, optional, what the model code registers per rank as
+ * "other", added to the context's own communication log; also "format":
  * "zeroshard-model-description" and "version": 1, as the GPT-2 example's
  * --describe writes). Read strictly: other keys, a key given twice, text
  * after the object, numel or frozen on a tied tensor, a tie to a tensor

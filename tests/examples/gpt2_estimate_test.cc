@@ -110,17 +110,20 @@ TEST(Gpt2Estimate, GradAccumulationBuffers) {
   const cJSON* embed = cJSON_GetArrayItem(cJSON_GetObjectItem(dj, "units"), 0);
   EXPECT_EQ(Num(embed, "grad_uses"), 2) << "the tied embedding unit";
   cJSON_Delete(dj);
+  for (int ranks : {1, 2})
   for (const char* local : {"", " --grad-accum-local"}) {
     for (int stage : {0, 2, 3}) {
-      const std::string where = std::string("stage ") + std::to_string(stage) + local;
-      RunResult e = Shell(g_estimate + " --model " + desc + " --ranks 2 --stage " +
+      const std::string where = std::to_string(ranks) + " ranks, stage " +
+                                std::to_string(stage) + local;
+      RunResult e = Shell(g_estimate + " --model " + desc + " --ranks " +
+                          std::to_string(ranks) + " --stage " +
                           std::to_string(stage) + " --batch 12 --grad-accum 2" +
                           local + " --json");
       ASSERT_EQ(e.exit_code, 0) << e.output;
       cJSON* est = cJSON_Parse(e.output.c_str());
       ASSERT_NE(est, nullptr) << e.output;
       const std::string report = TmpDir() + "/est_accum.json";
-      RunResult r = Shell(Mpirun(2) + g_sharded + kFlags + " --grad-accum 2" +
+      RunResult r = Shell(Mpirun(ranks) + g_sharded + kFlags + " --grad-accum 2" +
                           local + " --data " + g_data + " --stage " +
                           std::to_string(stage) + " --report " + report);
       ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -153,6 +156,10 @@ TEST(Gpt2Estimate, Bf16ModelStatesExact) {
   RunResult d = Shell(Mpirun(2) + g_sharded + kFlags + " --dtype bf16 --data " +
                       g_data + " --describe " + desc);
   ASSERT_EQ(d.exit_code, 0) << d.output;
+  cJSON* dj = ParseFile(desc);
+  ASSERT_NE(dj, nullptr);
+  const double described_other = Num(dj, "other_bytes");
+  cJSON_Delete(dj);
   for (int stage : {0, 3}) {
     RunResult e = Shell(g_estimate + " --model " + desc + " --ranks 2 --stage " +
                         std::to_string(stage) + " --json");
@@ -172,6 +179,17 @@ TEST(Gpt2Estimate, Bf16ModelStatesExact) {
           << "stage " << stage;
       EXPECT_EQ(Num(cJSON_GetObjectItem(est, "peak_bytes"), "master_weights"),
                 Num(cJSON_GetObjectItem(row, "peak_bytes"), "master_weights"));
+      // "other": the context's log and the trainer's fp32 copy of a unit
+      // (the description's other_bytes); the measured peak of "other" is
+      // the one-off initialization buffer's, at least as large
+      const double est_other = Num(cJSON_GetObjectItem(est, "peak_bytes"), "other");
+      EXPECT_GT(described_other, 0) << "the fp32 copy is described";
+      EXPECT_GT(est_other, described_other) << "and the context's log added";
+      EXPECT_LE(est_other, Num(cJSON_GetObjectItem(row, "peak_bytes"), "other"));
+      EXPECT_LE(std::fabs(Num(cJSON_GetObjectItem(est, "peak_bytes"), "total") -
+                          Num(cJSON_GetObjectItem(row, "peak_bytes"), "total")),
+                0.10 * Num(cJSON_GetObjectItem(row, "peak_bytes"), "total"))
+          << "stage " << stage;
     }
     cJSON_Delete(rep);
     cJSON_Delete(est);

@@ -14,9 +14,23 @@ namespace {
   EXPECT_NE(std::string(zs_last_error()).find(text), std::string::npos)    \
       << "last error: " << zs_last_error()
 
+// What a context itself holds on every rank ("other": its communication
+// log), measured on a real one: the estimate's "other" without a model.
+size_t ContextOtherBytes() {
+  zs_config cfg = ZS_CONFIG_INIT;
+  zs_context* ctx = nullptr;
+  if (zs_context_create_local(&cfg, &ctx) != ZS_OK) return 0;
+  zs_memory_stats st{};
+  zs_memory_stats_get(ctx, &st);
+  zs_context_destroy(ctx);
+  return st.current[ZS_MEM_OTHER];
+}
+
 // Rajbhandari et al., "ZeRO", Figure 1: Psi = 7.5B parameters, K = 12
 // (mixed-precision Adam), Nd = 64: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB.
 TEST(Estimate, ReproducesTheZeroPaperFigureOne) {
+  const size_t other = ContextOtherBytes();
+  ASSERT_GT(other, 0u);
   const double expect[4] = {120e9, 31.40625e9, 16.640625e9, 1.875e9};
   const char* printed[4] = {"120.0", "31.4", "16.6", "1.9"};
   for (int stage = 0; stage <= 3; stage++) {
@@ -30,7 +44,9 @@ TEST(Estimate, ReproducesTheZeroPaperFigureOne) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.1f", e.model_state_bytes / 1e9);
     EXPECT_EQ(std::string(buf), printed[stage]) << "stage " << stage;
-    EXPECT_EQ(e.total, e.model_state_bytes);  // nothing else without a model
+    // nothing else without a model but what every context holds
+    EXPECT_EQ(e.bytes[ZS_MEM_OTHER], other);
+    EXPECT_EQ(e.total, e.model_state_bytes + other);
   }
   // fp32 training (K = 12 less the master copy: 4 + 4 + 8 bytes).
   zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
@@ -115,6 +131,7 @@ TEST(Estimate, ReductionBuffersCountATieOwnerAccumulating) {
       {"name": "c", "tensors": [{"name": "y", "numel": 480}]},
       {"name": "d", "tensors": [{"name": "v", "numel": 160}]}]})";
   zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
+  c.ranks = 2;  // (one rank reduces one unit at a time: below)
   c.stage = 2;
   zs_memory_estimate e;
   ASSERT_EQ(zs_estimate_model(model, &c, &e), ZS_OK) << zs_last_error();
@@ -124,6 +141,19 @@ TEST(Estimate, ReductionBuffersCountATieOwnerAccumulating) {
   c.stage = 1;  // the gradients accumulate in place: temporaries only
   ASSERT_EQ(zs_estimate_model(model, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], (1600u + 800u) * 4);
+  // One rank: a reduction is a local copy, finished before the next unit
+  // accumulates: the owner all along and the largest unit reducing.
+  c.ranks = 1;
+  c.stage = 2;
+  ASSERT_EQ(zs_estimate_model(model, &c, &e), ZS_OK);
+  EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], (480u + 2 * 1600u) * 4);
+  // A description's own "other" (e.g. an fp32 copy of a 16-bit unit) adds
+  // to the context's.
+  const size_t base = e.bytes[ZS_MEM_OTHER];
+  ASSERT_EQ(zs_estimate_model(R"({"other_bytes": 4096, "units": [
+      {"name": "a", "tensors": [{"name": "w", "numel": 16}]}]})", &c, &e), ZS_OK)
+      << zs_last_error();
+  EXPECT_EQ(e.bytes[ZS_MEM_OTHER], base + 4096);
 }
 
 // A unit used twice per micro-batch (grad_uses 2) accumulates all along,
@@ -202,10 +232,11 @@ TEST(Estimate, OffloadMovesStatesToTheHost) {
   EXPECT_EQ(e.bytes[ZS_MEM_OFFLOAD_HOST], 12ull * 1000000000ull);  // 12 Psi / 8
   EXPECT_EQ(e.bytes[ZS_MEM_MASTER_WEIGHTS] + e.bytes[ZS_MEM_OPTIMIZER_STATES], 0u);
   // On the device: 2 Psi + 2 Psi / 8; in all: plus the 12 Psi / 8 offloaded.
-  EXPECT_EQ(e.total - e.bytes[ZS_MEM_OFFLOAD_HOST],
+  EXPECT_EQ(e.total - e.bytes[ZS_MEM_OFFLOAD_HOST] - e.bytes[ZS_MEM_OTHER],
             16ull * 1000000000ull + 2ull * 1000000000ull);
   EXPECT_EQ(e.model_state_bytes, 16ull * 1000000000ull + 2ull * 1000000000ull);
-  EXPECT_EQ(e.total, 16ull * 1000000000ull + 14ull * 1000000000ull);
+  EXPECT_EQ(e.total - e.bytes[ZS_MEM_OTHER],
+            16ull * 1000000000ull + 14ull * 1000000000ull);
   c.stage = 3;
   c.offload_params = 1;
   ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
@@ -465,11 +496,13 @@ TEST(Estimate, BadInputNamesTheSetting) {
       {R"({"units": [{"name": "u", "tensors": [{"name": "a", "numel": 1e18}]}]})",
        "1e15"},
       {R"({"units": [{"name": "u", "grad_uses": 0, "tensors": [{"name": "a", "numel": 1}]}]})",
-       "unit 0: \"grad_uses\" must be 1..1048576, got 0"},
+       "unit 0: \"grad_uses\" must be a whole number 1..1048576"},
       {R"({"units": [{"name": "u", "grad_uses": 1.5, "tensors": [{"name": "a", "numel": 1}]}]})",
-       "unit 0: \"grad_uses\" must be a whole number"},
+       "unit 0: \"grad_uses\" must be a whole number 1..1048576"},
       {R"({"units": [{"name": "u", "grad_uses": "2", "tensors": [{"name": "a", "numel": 1}]}]})",
-       "unit 0: \"grad_uses\" must be a whole number"},
+       "unit 0: \"grad_uses\" must be a whole number 1..1048576"},
+      {R"({"units": [{"name": "u", "grad_uses": -1, "tensors": [{"name": "a", "numel": 1}]}]})",
+       "unit 0: \"grad_uses\" must be a whole number 1..1048576"},
       // a misspelled key is not silently ignored (as in zs_config_from_json)
       {R"({"units": [{"name": "u", "tensors": [{"name": "a", "numel": 1, "forzen": true}]}]})",
        "unit 0 tensor 0: unknown key \"forzen\""},

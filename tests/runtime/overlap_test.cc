@@ -843,6 +843,12 @@ TEST_F(OverlapTest, DriverRefusesOutOfOrderPassesAndNamesCallbackErrors) {
     }
     net.fail = false;
     refused("after a failed forward");
+    // the failed pass must be dropped, not stepped (AdamW would still
+    // decay the weights)
+    EXPECT_EQ(zs_step(m, nullptr), ZS_ERR_INVALID_STATE);
+    EXPECT_NE(std::string(zs_last_error()).find("zs_driver_forward failed in "
+                                                "this micro-batch"),
+              std::string::npos) << zs_last_error();
     ASSERT_EQ(zs_step_discard(m, nullptr), ZS_OK) << zs_last_error();
     // the model destroyed first: the driver is detached, its calls refused
     zs_model_destroy(m);
@@ -900,7 +906,20 @@ TEST_F(OverlapTest, CheckpointVerifyCatchesANonDeterministicForward) {
             std::string::npos) << e;
   EXPECT_NE(e.find(" of 16"), std::string::npos) << e;
   EXPECT_NE(e.find("deterministic"), std::string::npos) << e;
+  // the layers before the failure left partial gradients: not steppable
+  EXPECT_EQ(zs_step(m, nullptr), ZS_ERR_INVALID_STATE);
+  EXPECT_NE(std::string(zs_last_error()).find("zs_driver_backward failed"),
+            std::string::npos) << zs_last_error();
   ASSERT_EQ(zs_step_discard(m, nullptr), ZS_OK) << zs_last_error();
+  ASSERT_EQ(zs_driver_forward(d), ZS_OK);
+  EXPECT_EQ(zs_driver_backward(d), ZS_ERR_MISMATCH);  // (still not deterministic)
+  ASSERT_EQ(zs_step_discard(m, nullptr), ZS_OK);
+  net.nondeterministic = false;
+  ASSERT_EQ(zs_driver_forward(d), ZS_OK);
+  ASSERT_EQ(zs_driver_backward(d), ZS_OK) << zs_last_error();
+  zs_step_info info{};
+  ASSERT_EQ(zs_step(m, &info), ZS_OK) << zs_last_error();
+  EXPECT_EQ(info.applied, 1);
   zs_driver_destroy(d);
   zs_model_destroy(m);
   zs_context_destroy(ctx);
