@@ -234,8 +234,10 @@ zs_status zs_estimate_params(double params, const zs_estimate_config* c,
     const size_t units = (n + lu - 1) / lu;
     const size_t gathered = units < (size_t)c->prefetch_depth + 1
                                 ? units : (size_t)c->prefetch_depth + 1;
-    /* (one rank: one reduction at a time, as for a description below) */
-    const size_t maxred = c->ranks == 1 ? 1 : ZS__MAX_REDUCING;
+    /* (one rank on the host: one reduction at a time, as for a
+     * description below) */
+    const int serial = c->ranks == 1 && c->device != ZS_DEVICE_CUDA;
+    const size_t maxred = serial ? 1 : ZS__MAX_REDUCING;
     const size_t reducing = units < maxred ? units : maxred;
     const size_t g = lu * zs_dtype_size(gdt);
     const size_t accum = c->stage >= 2, micro = c->grad_accum_steps > 1;
@@ -249,7 +251,7 @@ zs_status zs_estimate_params(double params, const zs_estimate_config* c,
         micro && c->grad_accum_local
             ? reducing * g + accum * units * g
             : reducing * (g + accum * g + 2 * s) +
-                  (c->ranks > 1 && units > reducing) * (accum * g + s);
+                  (!serial && units > reducing) * (accum * g + s);
   }
   return zs__estimate_total(out, c, &nv);
 }
@@ -647,10 +649,13 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
     }
     const int accum = c->stage >= 2, micro = c->grad_accum_steps > 1;
     const size_t reopen = micro && !c->grad_accum_local;
-    /* One rank: a reduction is a local copy, complete before the next
-     * unit's acquire finishes it (engine_grad.c polls there), so one unit
-     * reduces at a time and none accumulates beside it. */
-    const int reducing = c->ranks == 1 ? 1 : ZS__MAX_REDUCING;
+    /* One rank on the host: a reduction is a local copy, complete before
+     * the next unit's acquire finishes it (engine_grad.c polls there), so
+     * one unit reduces at a time and none accumulates beside it. (With
+     * CUDA it runs on the communication stream, and may still be in
+     * flight.) */
+    const int serial = c->ranks == 1 && c->device != ZS_DEVICE_CUDA;
+    const int reducing = serial ? 1 : ZS__MAX_REDUCING;
     for (int i = 0; i < nunits; i++) {
       along[i] |= units[i].grad_uses > 1 || (micro && c->grad_accum_local);
       for (int k = 0; k < units[i].nowners; k++) along[units[i].owners[k]] = 1;
@@ -666,7 +671,7 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
     }
     for (int k = 0; k <= reducing && k < nunits; k++) {
       if (k == reducing) { /* the next: accumulating, not all along */
-        if (c->ranks == 1) break;
+        if (serial) break;
         for (int i = 0; i < nunits; i++) {
           const int trainable = units[i].trainable;
           gain[i] = along[i] || gain[i] == 0 || !trainable
