@@ -444,7 +444,8 @@ static zs_status zs__step_consistency(zs_model* m, zs_status local,
   }
   lrs = zs__hash_bytes(lrs, m->group_lr, sizeof(double) * (size_t)m->ngroups);
   lrs = zs__hash_bytes(lrs, m->group_wd, sizeof(double) * (size_t)m->ngroups);
-  enum { K = 5 };
+  /* what every rank must agree on; COUNT is compared first, alone */
+  enum { STEP, COUNT, SEQ, USES, LRS, K };
   uint64_t mine[K] = {((uint64_t)m->steps_called << 1) | (uint64_t)discard,
                       m->ctx->comm->seq_count, m->ctx->comm->seq_hash, uses,
                       lrs};
@@ -470,7 +471,7 @@ static zs_status zs__step_consistency(zs_model* m, zs_status local,
   if (local != ZS_OK) zs__error(local, "%s", saved);
   st = zs__comm_agree_finish(m->ctx->comm, local, r[2 * K], "zs_step");
   if (st != ZS_OK) return st;
-  if (r[2] != ~r[3]) {
+  if (r[2 * COUNT] != ~r[2 * COUNT + 1]) {
     /* Different numbers of collectives (the check's own all-reduce paired
      * up, but some rank issued one the others never will: a unit gathered
      * or reduced on some ranks only). That collective can only pair with a
@@ -483,20 +484,22 @@ static zs_status zs__step_consistency(zs_model* m, zs_status local,
              "gathered, released or had its gradients acquired on some ranks "
              "only (control flow must not depend on the rank's data), so a "
              "collective has no partner on the other ranks",
-             (long long)m->steps_called, (unsigned long long)~r[3],
-             (unsigned long long)r[2]);
+             (long long)m->steps_called, (unsigned long long)~r[2 * COUNT + 1],
+             (unsigned long long)r[2 * COUNT]);
     zs__comm_break(m->ctx->comm, ZS_ERR_MISMATCH, why);
     return zs__error(ZS_ERR_MISMATCH, "%s; this context cannot go on: destroy "
                      "the model and the context (they do not wait for that "
                      "collective) and resume from a checkpoint", why);
   }
   static const char* const what[K] = {
-      "step counters (or some called zs_step, others zs_step_discard)", "",
-      "collective sequences (which units were gathered and reduced, in "
-      "which order)",
-      "gradient use counts", "learning rates or weight decays"};
+      [STEP] = "step counters (or some called zs_step, others "
+               "zs_step_discard)",
+      [SEQ] = "collective sequences (which units were gathered and reduced, "
+              "in which order)",
+      [USES] = "gradient use counts",
+      [LRS] = "learning rates or weight decays"};
   for (int k = 0; k < K; k++)
-    if (k != 1 && r[2 * k] != ~r[2 * k + 1]) {
+    if (k != COUNT && r[2 * k] != ~r[2 * k + 1]) {
       /* Every rank sees the same result and fails here. The sequence hash
        * restarts from the same value everywhere, so a caller that brings
        * its ranks back in line (the collectives themselves matched, only
@@ -507,7 +510,7 @@ static zs_status zs__step_consistency(zs_model* m, zs_status local,
       /* Only differing learning rates leave the reduced gradients right;
        * otherwise reductions were paired across different units (or one
        * rank's had no partner): they must be dropped, not applied. */
-      if (k < 4) { /* on every rank, whichever it called: all refuse alike */
+      if (k != LRS) { /* on every rank, whichever it called: all refuse alike */
         m->must_discard = 1;
         snprintf(m->must_discard_msg, sizeof m->must_discard_msg,
                  "zs_step %lld: the ranks disagreed on their %s",
@@ -519,7 +522,7 @@ static zs_status zs__step_consistency(zs_model* m, zs_status local,
                        "the same order and set the same learning rates "
                        "(control flow must not depend on the rank's data)%s",
                        (long long)m->steps_called, what[k],
-                       k < 4
+                       k != LRS
                            ? "; the gradients reduced so far are wrong: drop "
                              "them with zs_step_discard on every rank and "
                              "redo the micro-batch"

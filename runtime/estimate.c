@@ -113,6 +113,15 @@ typedef struct zs__est_offload {
   size_t gather_src_bytes; /* stage 3: the working set's shards */
 } zs__est_offload;
 
+/* Whether reductions run one at a time, none beside the next unit's
+ * accumulation: with one rank on the host a reduction is a local copy,
+ * complete before the next unit's acquire finishes it (engine_grad.c polls
+ * there). With CUDA it runs on the communication stream and may still be
+ * in flight; with more ranks ZS__MAX_REDUCING of them may be. */
+static int zs__est_serial_reductions(const zs_estimate_config* c) {
+  return c->ranks == 1 && c->device != ZS_DEVICE_CUDA;
+}
+
 /* ZeRO-Offload (Ren et al., arXiv:2101.06840): master weights and
  * optimizer states move to host memory (offload_host); with parameter
  * offload (ZeRO-Infinity's CPU tier) the parameter shards too; NVMe
@@ -234,9 +243,7 @@ zs_status zs_estimate_params(double params, const zs_estimate_config* c,
     const size_t units = (n + lu - 1) / lu;
     const size_t gathered = units < (size_t)c->prefetch_depth + 1
                                 ? units : (size_t)c->prefetch_depth + 1;
-    /* (one rank on the host: one reduction at a time, as for a
-     * description below) */
-    const int serial = c->ranks == 1 && c->device != ZS_DEVICE_CUDA;
+    const int serial = zs__est_serial_reductions(c);
     const size_t maxred = serial ? 1 : ZS__MAX_REDUCING;
     const size_t reducing = units < maxred ? units : maxred;
     const size_t g = lu * zs_dtype_size(gdt);
@@ -649,12 +656,7 @@ zs_status zs_estimate_model(const char* description, const zs_estimate_config* c
     }
     const int accum = c->stage >= 2, micro = c->grad_accum_steps > 1;
     const size_t reopen = micro && !c->grad_accum_local;
-    /* One rank on the host: a reduction is a local copy, complete before
-     * the next unit's acquire finishes it (engine_grad.c polls there), so
-     * one unit reduces at a time and none accumulates beside it. (With
-     * CUDA it runs on the communication stream, and may still be in
-     * flight.) */
-    const int serial = c->ranks == 1 && c->device != ZS_DEVICE_CUDA;
+    const int serial = zs__est_serial_reductions(c);
     const int reducing = serial ? 1 : ZS__MAX_REDUCING;
     for (int i = 0; i < nunits; i++) {
       along[i] |= units[i].grad_uses > 1 || (micro && c->grad_accum_local);

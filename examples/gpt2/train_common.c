@@ -525,13 +525,11 @@ void gpt2_report_step_info(gpt2_report* r, const zs_step_info* info,
   if (s == NULL) return;
   cJSON_AddBoolToObject(s, "applied", info->applied);
   if (loss_scaling) cJSON_AddNumberToObject(s, "loss_scale", info->loss_scale);
-  /* (JSON has no inf: an overflow's norm is null) */
-  if (info->grad_norm >= 0 || !isfinite(info->grad_norm)) {
-    if (isfinite(info->grad_norm))
-      cJSON_AddNumberToObject(s, "grad_norm", info->grad_norm);
-    else
-      cJSON_AddNullToObject(s, "grad_norm");
-  }
+  /* (JSON has no inf: an overflow's norm is null; -1: not computed) */
+  if (!isfinite(info->grad_norm))
+    cJSON_AddNullToObject(s, "grad_norm");
+  else if (info->grad_norm >= 0)
+    cJSON_AddNumberToObject(s, "grad_norm", info->grad_norm);
 }
 
 void gpt2_report_val(gpt2_report* r, int step, double loss) {

@@ -778,6 +778,39 @@ zs_status OrderBackward(void* user, zs_model*, const zs_layer_io*) {
   return ZS_OK;
 }
 
+// A context at `stage`, a model with one unit per name (one fp32 tensor of
+// 8 elements each) and a driver with one OrderNet layer per unit (16-byte
+// output and scratch), not finalized. The test destroys them.
+struct OrderModel {
+  zs_context* ctx = nullptr;
+  zs_model* m = nullptr;
+  zs_driver* d = nullptr;
+  std::vector<int> units;
+  OrderNet net;
+  zs_status Build(int stage, const std::vector<std::string>& names,
+                  int checkpoint) {
+    zs_config cfg = ZS_CONFIG_INIT;
+    cfg.stage = stage;
+    zs_status st = zs_context_create_mpi(&cfg, MPI_COMM_WORLD, &ctx);
+    if (st == ZS_OK) st = zs_model_create(ctx, &m);
+    const int64_t n = 8;
+    for (size_t k = 0; k < names.size() && st == ZS_OK; k++) {
+      int u = -1, t = -1;
+      st = zs_model_add_unit(m, names[k].c_str(), &u);
+      if (st == ZS_OK)
+        st = zs_model_add_tensor(m, u, ("w" + names[k]).c_str(), 1, &n,
+                                 ZS_FLOAT32, 0, &t);
+      units.push_back(u);
+    }
+    if (st == ZS_OK) st = zs_driver_create(m, 16, checkpoint, &d);
+    for (size_t k = 0; k < units.size() && st == ZS_OK; k++) {
+      zs_layer_desc l = {units[k], OrderForward, OrderBackward, &net, 16, 16, 0};
+      st = zs_driver_add_layer(d, &l, nullptr);
+    }
+    return st;
+  }
+};
+
 // Out-of-order passes are refused on every rank alike, before anything
 // runs: a backward without its forward (it would read another micro-batch's
 // activations) or twice for one forward (it would add the gradients twice
@@ -788,21 +821,12 @@ zs_status OrderBackward(void* user, zs_model*, const zs_layer_io*) {
 // reading freed memory (ASan run).
 TEST_F(OverlapTest, DriverRefusesOutOfOrderPassesAndNamesCallbackErrors) {
   for (int stage : {0, 3}) {
-    zs_config cfg = ZS_CONFIG_INIT;
-    cfg.stage = stage;
-    zs_context* ctx = nullptr;
-    zs_model* m = nullptr;
-    zs_driver* d = nullptr;
-    ASSERT_EQ(zs_context_create_mpi(&cfg, MPI_COMM_WORLD, &ctx), ZS_OK);
-    ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
-    int u = -1, t = -1;
-    const int64_t n = 8;
-    ASSERT_EQ(zs_model_add_unit(m, "blk", &u), ZS_OK);
-    ASSERT_EQ(zs_model_add_tensor(m, u, "w", 1, &n, ZS_FLOAT32, 0, &t), ZS_OK);
-    ASSERT_EQ(zs_driver_create(m, 16, 1, &d), ZS_OK);
-    OrderNet net;
-    zs_layer_desc l = {u, OrderForward, OrderBackward, &net, 16, 16, 0};
-    ASSERT_EQ(zs_driver_add_layer(d, &l, nullptr), ZS_OK);
+    OrderModel om;
+    ASSERT_EQ(om.Build(stage, {"blk"}, 1), ZS_OK) << zs_last_error();
+    zs_context* ctx = om.ctx;
+    zs_model* m = om.m;
+    zs_driver* d = om.d;
+    OrderNet& net = om.net;
     EXPECT_EQ(zs_driver_forward(d), ZS_ERR_INVALID_STATE);
     EXPECT_NE(std::string(zs_last_error()).find(
                   "zs_driver_forward: call zs_model_finalize first"),
@@ -871,27 +895,14 @@ TEST_F(OverlapTest, DriverRefusesOutOfOrderPassesAndNamesCallbackErrors) {
 // that saw it, naming the layer and the byte, and REMOTE on the others
 // (here every rank sees it); zs_step_discard then drops the step.
 TEST_F(OverlapTest, CheckpointVerifyCatchesANonDeterministicForward) {
-  zs_config cfg = ZS_CONFIG_INIT;
-  cfg.stage = 3;
-  zs_context* ctx = nullptr;
-  zs_model* m = nullptr;
-  zs_driver* d = nullptr;
-  ASSERT_EQ(zs_context_create_mpi(&cfg, MPI_COMM_WORLD, &ctx), ZS_OK);
-  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
-  int u[2], t = -1;
-  const int64_t n = 8;
-  for (int k = 0; k < 2; k++) {
-    ASSERT_EQ(zs_model_add_unit(m, k ? "b" : "a", &u[k]), ZS_OK);
-    ASSERT_EQ(zs_model_add_tensor(m, u[k], k ? "wb" : "wa", 1, &n, ZS_FLOAT32,
-                                  0, &t), ZS_OK);
-  }
-  ASSERT_EQ(zs_driver_create(m, 16, ZS_CHECKPOINT_VERIFY, &d), ZS_OK);
-  EXPECT_EQ(zs_driver_create(m, 16, 3, &d), ZS_ERR_INVALID_ARGUMENT);
-  OrderNet net;
-  for (int k = 0; k < 2; k++) {
-    zs_layer_desc l = {u[k], OrderForward, OrderBackward, &net, 16, 16, 0};
-    ASSERT_EQ(zs_driver_add_layer(d, &l, nullptr), ZS_OK);
-  }
+  OrderModel om;
+  ASSERT_EQ(om.Build(3, {"a", "b"}, ZS_CHECKPOINT_VERIFY), ZS_OK) << zs_last_error();
+  zs_context* ctx = om.ctx;
+  zs_model* m = om.m;
+  zs_driver* d = om.d;
+  OrderNet& net = om.net;
+  zs_driver* other = nullptr;
+  EXPECT_EQ(zs_driver_create(m, 16, 3, &other), ZS_ERR_INVALID_ARGUMENT);
   ASSERT_EQ(zs_model_finalize(m), ZS_OK);
   ASSERT_EQ(zs_driver_forward(d), ZS_OK);
   ASSERT_EQ(zs_driver_backward(d), ZS_OK) << zs_last_error();
