@@ -100,20 +100,30 @@ void gpt2_layernorm_backward(float *dinp, float *dweight, float *dbias,
                                          rstd[n], C);
     }
 
-    /* dweight, dbias (C): sums down the N rows, one tile of channels per
-     * iteration so rows are read contiguously. */
+    /* dweight, dbias (C): sums down the N rows in chunks of
+     * GPT2_LN_CHUNK_ROWS (the CUDA kernels' order), one tile of channels
+     * per iteration so rows are read contiguously. */
 #pragma omp parallel for
     for (int c0 = 0; c0 < C; c0 += GPT2_TILE) {
         const int cn = gpt2__min(GPT2_TILE, C - c0);
         float dw[GPT2_TILE] = {0.0f};
         float db[GPT2_TILE] = {0.0f};
-        for (int n = 0; n < N; n++) {
-            const float *x = inp + (size_t)n * C + c0;
-            const float *dy = dout + (size_t)n * C + c0;
+        for (int n0 = 0; n0 < N; n0 += GPT2_LN_CHUNK_ROWS) {
+            const int n1 = gpt2__min(N, n0 + GPT2_LN_CHUNK_ROWS);
+            float pw[GPT2_TILE] = {0.0f};
+            float pb[GPT2_TILE] = {0.0f};
+            for (int n = n0; n < n1; n++) {
+                const float *x = inp + (size_t)n * C + c0;
+                const float *dy = dout + (size_t)n * C + c0;
+                for (int k = 0; k < cn; k++) {
+                    const float xhat = (x[k] - mean[n]) * rstd[n];
+                    pw[k] += dy[k] * xhat;
+                    pb[k] += dy[k];
+                }
+            }
             for (int k = 0; k < cn; k++) {
-                const float xhat = (x[k] - mean[n]) * rstd[n];
-                dw[k] += dy[k] * xhat;
-                db[k] += dy[k];
+                dw[k] += pw[k];
+                db[k] += pb[k];
             }
         }
         for (int k = 0; k < cn; k++) {

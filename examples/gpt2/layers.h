@@ -120,8 +120,10 @@ void gpt2_layernorm_forward(float *out, float *mean, float *rstd,
  * Backward of gpt2_layernorm_forward. With xhat = (x - mean)*rstd and
  * g = weight * dout (per row):
  *   dinp[n, c]  += rstd * (g[c] - mean_c(g) - xhat[c] * mean_c(g * xhat))
- *   dweight[c]  += sum over n (ascending) of dout[n, c] * xhat[n, c]
- *   dbias[c]    += sum over n (ascending) of dout[n, c]
+ *   dweight[c]  += sum over n of dout[n, c] * xhat[n, c]
+ *   dbias[c]    += sum over n of dout[n, c]
+ *   (each sum over n in chunks of GPT2_LN_CHUNK_ROWS rows, layers_math.h:
+ *   every chunk's sum in ascending n, then the chunks' in ascending order)
  *
  * dinp (N, C), dweight (C), dbias (C): ACCUMULATED.
  * dout (N, C) upstream gradient; inp, weight as given to the forward;

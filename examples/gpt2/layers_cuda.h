@@ -50,6 +50,30 @@ int gpt2_cuda_init(char* err, size_t cap);
  * used afterwards (until gpt2_cuda_init). NULL-safe to call twice. */
 void gpt2_cuda_shutdown(void);
 
+/* GPU time of one kernel (or cuBLAS call) kind, summed over its calls. */
+typedef struct gpt2_kernel_time {
+  const char* name;  /* e.g. "gemm (matmul)", "layernorm forward" (static) */
+  long calls;        /* launches timed */
+  double seconds;    /* sum of their GPU times (CUDA events), seconds */
+} gpt2_kernel_time;
+
+/* Starts (on != 0) or pauses (0) timing every kernel launch and cuBLAS
+ * call of gpt2_cuda_ops: a pair of CUDA events on stream 0 around each,
+ * added to per-kind totals (which a pause keeps). Costs two event records
+ * per launch and, every 4096 launches, a wait for the device (the events
+ * are read back); the tokens/s of a timed run are therefore not the
+ * benchmark's. Not thread-safe; off until enabled. */
+void gpt2_cuda_kernel_times_enable(int on);
+
+/* Sets the totals to zero (waits for the device to finish the timed
+ * launches queued). */
+void gpt2_cuda_kernel_times_reset(void);
+
+/* Waits for the timed launches to finish, then writes the totals since the
+ * last reset, one row per kind with calls > 0 (at most cap rows, in a fixed
+ * order), into rows. Returns the number of such kinds (may exceed cap). */
+int gpt2_cuda_kernel_times(gpt2_kernel_time* rows, int cap);
+
 /* The layers on the GPU. `error` reports the first failed launch, CUDA
  * call or cuBLAS call since gpt2_cuda_init, naming the layer. */
 extern const gpt2_layer_ops gpt2_cuda_ops;

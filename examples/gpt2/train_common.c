@@ -151,6 +151,10 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
                          "ZeroShard's buffers on the CPU or on one\n"
                          "                      GPU per rank (cuBLAS, NCCL) "
                          "[cpu]\n"
+                         "  --kernel-times      with --device cuda: GPU time "
+                         "per kernel kind over the steps after\n"
+                         "                      the first (CUDA events; slows "
+                         "the run a little), in the log and report\n"
                          "  --save DIR          checkpoint root: save at the "
                          "end (and every --save-every steps); DIR/latest\n"
                          "                      names the newest\n"
@@ -219,6 +223,9 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
                  v != NULL ? v : "(missing)");
         return -1;
       }
+    } else if (sharded && strcmp(f, "--kernel-times") == 0) {
+      a->kernel_times = 1;
+      takes = 0;
     } else if (sharded && strcmp(f, "--grad-accum") == 0) {
       rc = gpt2__int(f, v, 1, 1 << 20, &a->grad_accum, err, cap);
     } else if (sharded && strcmp(f, "--grad-accum-local") == 0) {
@@ -304,6 +311,11 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
       }
     if (nseen < (int)(sizeof seen / sizeof *seen)) seen[nseen++] = f;
     i += takes;
+  }
+  if (a->kernel_times && !a->device) {
+    snprintf(err, cap, "--kernel-times times the GPU's kernels: it needs "
+             "--device cuda");
+    return -1;
   }
   if (a->save_every > 0 && a->save == NULL) {
     snprintf(err, cap, "--save-every needs --save DIR");
@@ -492,6 +504,7 @@ gpt2_report* gpt2_report_create(const gpt2_args* a, const char* trainer,
     cJSON_AddNumberToObject(c, "nvme_param_buffers", a->nvme_param_buffers);
   }
   cJSON_AddStringToObject(c, "device", a->device ? "cuda" : "cpu");
+  cJSON_AddBoolToObject(c, "kernel_times", a->kernel_times);
   cJSON_AddNumberToObject(c, "steps", a->steps);
   cJSON_AddNumberToObject(c, "seed", (double)a->seed);
   cJSON_AddNumberToObject(c, "batch", a->batch);
@@ -578,6 +591,31 @@ void gpt2_report_timing(gpt2_report* r, int steps, double tokens_per_step,
   cJSON_AddNumberToObject(r->root, "steps_timed", steps);
   cJSON_AddNumberToObject(r->root, "train_s", train_s);
   cJSON_AddNumberToObject(r->root, "wall_s", wall_s);
+}
+
+void gpt2_report_step_seconds(gpt2_report* r, double seconds) {
+  cJSON* s = cJSON_GetArrayItem(r->steps, cJSON_GetArraySize(r->steps) - 1);
+  if (s != NULL) cJSON_AddNumberToObject(s, "seconds", seconds);
+}
+
+void gpt2_report_kernel_times(gpt2_report* r, int steps, double train_s,
+                              int n, const char* const* names,
+                              const long* calls, const double* seconds) {
+  cJSON* k = cJSON_AddObjectToObject(r->root, "kernel_times");
+  cJSON_AddNumberToObject(k, "steps", steps);
+  cJSON_AddNumberToObject(k, "train_s", train_s);
+  double sum = 0;
+  for (int i = 0; i < n; i++) sum += seconds[i];
+  cJSON_AddNumberToObject(k, "kernel_s", sum);
+  cJSON* rows = cJSON_AddArrayToObject(k, "kernels");
+  for (int i = 0; i < n; i++) {
+    cJSON* row = cJSON_CreateObject();
+    cJSON_AddStringToObject(row, "name", names[i]);
+    cJSON_AddNumberToObject(row, "calls", (double)calls[i]);
+    cJSON_AddNumberToObject(row, "seconds", seconds[i]);
+    cJSON_AddNumberToObject(row, "share", train_s > 0 ? seconds[i] / train_s : 0);
+    cJSON_AddItemToArray(rows, row);
+  }
 }
 
 void gpt2_report_activations(gpt2_report* r, int checkpointing,

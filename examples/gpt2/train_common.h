@@ -53,6 +53,8 @@ typedef struct gpt2_args {
   int nvme_param_buffers; /* sharded, --offload-param nvme: pinned buffers
                              (zs_config.nvme.param_buffer_count) [5] */
   int device;          /* sharded: 0 cpu, 1 cuda (one GPU per rank) */
+  int kernel_times;    /* sharded, --device cuda: time every kernel (rank 0's
+                          totals in the report and the log) */
   const char* save;    /* sharded: checkpoint root to save into, or NULL */
   int save_every;      /* sharded: save every N steps (0: at the end only) */
   const char* resume;  /* sharded: checkpoint (or root) to resume from */
@@ -111,6 +113,17 @@ void gpt2_report_rank(gpt2_report* r, int rank, const zs_memory_stats* m);
  * wall_s (seconds, start-up included). */
 void gpt2_report_timing(gpt2_report* r, int steps, double tokens_per_step,
                         double train_s, double wall_s);
+/* The seconds of the step just reported (gpt2_report_step), as its
+ * "seconds": host wall time from the first micro-batch to the return of
+ * the K-th zs_step. */
+void gpt2_report_step_seconds(gpt2_report* r, double seconds);
+/* GPU time per kernel kind over the last `steps` steps (--kernel-times):
+ * "kernel_times" with steps, train_s (their training time, seconds),
+ * kernel_s (the kinds' sum) and one row per kind (name, calls, seconds,
+ * share = seconds / train_s), n rows from names/calls/seconds. */
+void gpt2_report_kernel_times(gpt2_report* r, int steps, double train_s,
+                              int n, const char* const* names,
+                              const long* calls, const double* seconds);
 /* NVMe offload of one rank (after gpt2_report_rank for every rank): its
  * zs_offload_info's bytes on disk and parameter shards read (of which
  * ahead), as "nvme" in its row. */

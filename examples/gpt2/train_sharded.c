@@ -752,6 +752,44 @@ static int check_only(int argc, char** argv) {
   return bad ? 2 : 0;
 }
 
+/* --kernel-times: rank 0's GPU time per kernel kind over `steps` steps of
+ * train_s seconds, into the report and (unless quiet) a table, longest
+ * first. */
+static void report_kernel_times(gpt2_report* report, int steps, double train_s,
+                                int quiet) {
+  gpt2_kernel_time rows[64];
+  int n = gpt2_cuda_kernel_times(rows, 64);
+  if (n > 64) n = 64;
+  const char* names[64];
+  long calls[64];
+  double secs[64];
+  for (int i = 0; i < n; i++) {
+    names[i] = rows[i].name;
+    calls[i] = rows[i].calls;
+    secs[i] = rows[i].seconds;
+  }
+  gpt2_report_kernel_times(report, steps, train_s, n, names, calls, secs);
+  if (quiet) return;
+  /* longest first (insertion sort of at most 64 rows) */
+  for (int i = 1; i < n; i++)
+    for (int j = i; j > 0 && rows[j].seconds > rows[j - 1].seconds; j--) {
+      gpt2_kernel_time t = rows[j];
+      rows[j] = rows[j - 1];
+      rows[j - 1] = t;
+    }
+  double sum = 0;
+  for (int i = 0; i < n; i++) sum += rows[i].seconds;
+  printf("GPU time per kernel, %d step%s of %.3f s (rank 0):\n", steps,
+         steps == 1 ? "" : "s", train_s);
+  printf("  %-36s %8s %10s %7s\n", "kernel", "calls", "ms/step", "share");
+  for (int i = 0; i < n; i++)
+    printf("  %-36s %8ld %10.3f %6.1f%%\n", rows[i].name, rows[i].calls,
+           steps > 0 ? 1e3 * rows[i].seconds / steps : 0,
+           train_s > 0 ? 100 * rows[i].seconds / train_s : 0);
+  printf("  %-36s %8s %10.3f %6.1f%%\n", "(all kernels)", "",
+         steps > 0 ? 1e3 * sum / steps : 0, train_s > 0 ? 100 * sum / train_s : 0);
+}
+
 int main(int argc, char** argv) {
   for (int i = 1; i < argc; i++)
     if (strcmp(argv[i], "--check-ranks") == 0) return check_only(argc, argv);
@@ -843,7 +881,16 @@ int main(int argc, char** argv) {
   gpt2_report* report = gpt2_report_create(&args, "sharded", world, threads,
                                            gpt2_num_params(&cfg));
   double t_start = gpt2_now(), t_train = 0;
+  /* --kernel-times: the steps after this run's first (its cuBLAS set-up
+   * and first allocations are not the steady state), or the only one */
+  const int times_from = args.steps - start > 1 ? start + 1 : start;
+  double times_t0 = 0;
   for (int step = start; step < args.steps; step++) {
+    if (args.kernel_times && step == times_from) {
+      gpt2_cuda_kernel_times_reset();
+      times_t0 = t_train;
+    }
+    if (args.kernel_times && step >= times_from) gpt2_cuda_kernel_times_enable(1);
     double t0 = gpt2_now();
     /* Micro-batch k of the global batch: sequences [k*batch/K, +batch/K),
      * split across the ranks; zs_step after each, the optimizer after the
@@ -858,7 +905,9 @@ int main(int argc, char** argv) {
       CHECK(zs_driver_backward(m.drv));
       CHECK(zs_step(m.zm, &info));
     }
-    t_train += gpt2_now() - t0;
+    const double step_s = gpt2_now() - t0;
+    t_train += step_s;
+    if (args.kernel_times) gpt2_cuda_kernel_times_enable(0); /* not eval's */
     if (info.overflow && rank == 0 && !args.quiet)
       printf("step %d: inf/NaN gradients, skipped; loss scale now %g\n",
              step + 1, info.loss_scale);
@@ -872,6 +921,7 @@ int main(int argc, char** argv) {
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
     gpt2_report_step(report, step + 1, loss, args.lr);
+    gpt2_report_step_seconds(report, step_s);
     gpt2_report_step_info(report, &info, args.dtype == ZS_FLOAT16);
     double tps = (double)(step + 1 - start) * args.batch * T / t_train;
     if (rank == 0 && !args.quiet && ((step + 1) % args.log_every == 0 || step == 0))
@@ -922,6 +972,8 @@ int main(int argc, char** argv) {
     zs_comm_counters cc;
     CHECK(zs_comm_counters_get(m.ctx, &cc));
     gpt2_report_comm(report, &cc, world, ran);
+    if (args.kernel_times) report_kernel_times(report, args.steps - times_from,
+                                               t_train - times_t0, args.quiet);
     /* What the activations would take without (with) checkpointing: the
      * measured peak with the driver's share swapped. */
     size_t with = 0, without = 0;

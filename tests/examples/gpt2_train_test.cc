@@ -179,6 +179,8 @@ struct FullReport {
   // absent)
   std::vector<int> applied;
   std::vector<double> grad_norms, loss_scales;
+  std::vector<double> step_seconds;  // per step: "seconds" (-1 when absent)
+  double train_s = -1;               // "train_s"
   double act_peak = 0, act_unchecked = 0;
   // per rank, with NVMe offload: {file_bytes, param_reads, param_reads_ahead}
   std::vector<std::vector<double>> nvme;
@@ -204,7 +206,11 @@ FullReport RunVariant(const std::string& flags, int ranks, const std::string& ta
     out.grad_norms.push_back(cJSON_IsNumber(g) ? g->valuedouble : -1);
     const cJSON* ls = cJSON_GetObjectItem(it, "loss_scale");
     out.loss_scales.push_back(cJSON_IsNumber(ls) ? ls->valuedouble : 0);
+    const cJSON* sec = cJSON_GetObjectItem(it, "seconds");
+    out.step_seconds.push_back(cJSON_IsNumber(sec) ? sec->valuedouble : -1);
   }
+  const cJSON* train_s = cJSON_GetObjectItem(root, "train_s");
+  if (cJSON_IsNumber(train_s)) out.train_s = train_s->valuedouble;
   cJSON* act = cJSON_GetObjectItem(root, "activations");
   if (act != nullptr) {
     out.act_peak = cJSON_GetObjectItem(act, "peak_bytes")->valuedouble;
@@ -226,6 +232,13 @@ FullReport RunVariant(const std::string& flags, int ranks, const std::string& ta
 TEST(Gpt2Overlap, KnobsAndCheckpointingAreBitwiseIdentical) {
   FullReport base = RunVariant("--prefetch-depth 0", 4, "base");
   ASSERT_EQ(base.losses.size(), 20u);
+  // each step's seconds are reported, and they add up to train_s
+  double sum = 0;
+  for (double sec : base.step_seconds) {
+    EXPECT_GT(sec, 0);
+    sum += sec;
+  }
+  EXPECT_NEAR(sum, base.train_s, 1e-6 * base.train_s);
   const char* variants[] = {"--prefetch-depth 2", "--prefetch-depth 5",
                             "--checkpoint-activations",
                             "--checkpoint-activations --prefetch-depth 3",
@@ -461,6 +474,8 @@ const BadCase kBad[] = {
     {"grad_accum_zero", "--data @DATA --grad-accum 0", "--grad-accum", 2},
     {"grad_accum_local_alone", "--data @DATA --grad-accum-local",
      "--grad-accum-local accumulates over micro-batches: it needs --grad-accum K > 1", 2},
+    {"kernel_times_on_cpu", "--data @DATA --kernel-times",
+     "--kernel-times times the GPU's kernels: it needs --device cuda", 2},
     {"clip_zero", "--data @DATA --clip 0", "--clip: expected a max norm in (0, 1e+30], got '0'", 2},
     {"clip_negative", "--data @DATA --clip -1", "--clip: expected a max norm in (0, 1e+30], got '-1'", 2},
     {"bad_dtype", "--data @DATA --dtype fp8", "--dtype", 2},

@@ -8,6 +8,10 @@
 #          files, config) at their Debian paths, for MPI singletons
 #   data/  Tiny Shakespeare
 #   run.sh the checks (tools/gpu/run.sh)
+#   base/train_sharded  with BASE_BIN=FILE: the GPT-2 trainer of another
+#          build (it links the layers statically), which run.sh's bench
+#          runs as a baseline beside this build's; it must load the same
+#          shared libraries
 # Not carried: the NVIDIA driver (the machine's), cuBLAS and NCCL (hundreds
 # of MiB; run.sh takes them from the machine's nvidia-* Python wheels).
 # The bundle must stay under the device tool's 64 MiB; this prints its size.
@@ -45,6 +49,10 @@ done | sort -u | while IFS= read -r lib; do
   cp -L "$lib" "$out/lib/"
 done
 cp -L /lib64/ld-linux-x86-64.so.2 "$out/lib/"
+if [ -n "${BASE_BIN:-}" ]; then
+  mkdir -p "$out/base"
+  cp -L "$BASE_BIN" "$out/base/train_sharded"
+fi
 cp tools/gpu/run.sh "$out/run.sh"
 chmod +x "$out/run.sh"
 du -sh "$out"

@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# run.sh [tests] [bench] [offload] — the GPU checks, run on a bare GPU
+# run.sh [tests] [bench] [offload] [profile] — the GPU checks, run on a bare GPU
 # machine from the bundle that tools/gpu/bundle.sh made (this file is
 # copied into it). Writes logs, the tests' XML and a summary under $OUT (or
 # the bundle's out/). Phases (default: all three, in one device call of at
 # most BUDGET_S seconds, default 570: each phase's time limit is cut to
-# what is left, and offload, last, runs only with 120 s or more left):
+# what is left, and offload runs only with 120 s or more left; profile,
+# not run by default, runs after bench):
 #   tests    the GPU tests (kernels, the engine on CUDA with and without
 #            CPU offload, the GPT-2 layers, 20-step CPU-vs-GPU parity);
 #   bench    GPT-2 at 124M size (L=12, C=768, H=12, T=1024; byte
-#            vocabulary): tokens/s at ZeRO stage 0 and stage 3;
+#            vocabulary): tokens/s at ZeRO stage 0 and stage 3, over all
+#            8 steps and over the 7 after the first (warm-up); when the
+#            bundle holds base/train_sharded (bundle.sh with BASE_BIN:
+#            the trainer of another build), the same runs with it too,
+#            each stage's baseline run just before ours, and the ratio;
+#   profile  the same two runs with --kernel-times: GPU time per kernel
+#            kind, as a share of the step;
 #   offload  CPU offload: the largest model the estimator says fits this
 #            machine (GPU and host memory), 3 steps, predicted vs measured.
 # Every binary runs under the bundle's own dynamic loader and glibc.
@@ -76,6 +83,13 @@ cat >"$B/bin/train_sharded.sh" <<EOF
 exec "$LOADER" --library-path "$LIBS" "$B/bin/train_sharded" "\$@"
 EOF
 chmod +x "$B/bin/train_sharded.sh"
+if [ -x "$B/base/train_sharded" ]; then
+  cat >"$B/bin/train_sharded_base.sh" <<EOF
+#!/bin/sh
+exec "$LOADER" --library-path "$LIBS" "$B/base/train_sharded" "\$@"
+EOF
+  chmod +x "$B/bin/train_sharded_base.sh"
+fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_ess_singleton_isolated=1 NVIDIA_TF32_OVERRIDE=0
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
@@ -114,15 +128,47 @@ figures() {
 
 # ---- 2. GPT-2 124M-size tokens/s ------------------------------------------
 common="--device cuda --data $B/data/tinyshakespeare.txt --eval-every 0 --val-batches 1 --sample-bytes 0 --quiet"
+# tokens/s of a report over the steps after the first (empty if none)
+steady='import json,sys; r=json.load(open(sys.argv[1])); s=r["steps"]; t=r["config"]["batch"]*r["config"]["seq"]; print("%.0f" % (t*(len(s)-1)/sum(x["seconds"] for x in s[1:])))'
+bench_run() {  # bench_run WRAPPER STAGE NAME: one 8-step run, its report
+  timeout "$(limit 75)" "$B/bin/$1" $common --layers 12 --channels 768 \
+    --heads 12 --seq 1024 --batch 8 --steps 8 --stage "$2" \
+    --report "$OUT/$3.json" >"$OUT/$3.log" 2>&1
+}
 for stage in 0 3; do
   want bench || break
+  base_tps=""
+  if [ -x "$B/bin/train_sharded_base.sh" ]; then
+    if bench_run train_sharded_base.sh $stage bench_base_stage$stage; then
+      base_tps=$(python3 -c "$steady" "$OUT/bench_base_stage$stage.json" 2>/dev/null)
+      log "bench baseline stage $stage: ${base_tps:-?} tokens/s (steps 2-8)"
+    else
+      log "bench baseline stage $stage: FAILED: $(grep -m3 -A1 'train_sharded' "$OUT/bench_base_stage$stage.log" | tr '\n' ' ')"
+    fi
+  fi
   r="$OUT/bench_stage$stage.json"
-  if timeout "$(limit 75)" "$B/bin/train_sharded.sh" $common --layers 12 --channels 768 \
-      --heads 12 --seq 1024 --batch 8 --steps 8 --stage $stage --report "$r" \
-      >"$OUT/bench_stage$stage.log" 2>&1; then
-    log "bench gpt2-124M-size stage $stage: $(figures "$r" "import json,sys; r=json.load(open(sys.argv[1])); print('%.0f tokens/s, loss %.4f -> %.4f' % (r['tokens_per_s'], r['steps'][0]['loss'], r['steps'][-1]['loss']))")"
+  if bench_run train_sharded.sh $stage bench_stage$stage; then
+    log "bench gpt2-124M-size stage $stage: $(figures "$r" "import json,sys; r=json.load(open(sys.argv[1])); s=r['steps']; t=r['config']['batch']*r['config']['seq']; print('%.0f tokens/s (8 steps), %.0f tokens/s (steps 2-8), loss %.4f -> %.4f' % (r['tokens_per_s'], t*(len(s)-1)/sum(x['seconds'] for x in s[1:]), s[0]['loss'], s[-1]['loss']))")"
+    tps=$(python3 -c "$steady" "$r" 2>/dev/null)
+    [ -n "$base_tps" ] && [ -n "$tps" ] &&
+      log "bench stage $stage: ours / baseline = $(python3 -c "print('%.2f' % ($tps / $base_tps))")"
   else
     log "bench stage $stage: FAILED: $(grep -m3 -A1 'train_sharded' "$OUT/bench_stage$stage.log" | tr '\n' ' ')"
+  fi
+done
+
+for stage in 0 3; do
+  want profile || break
+  r="$OUT/profile_stage$stage.json"
+  if timeout "$(limit 75)" "$B/bin/train_sharded.sh" $common --layers 12 --channels 768 \
+      --heads 12 --seq 1024 --batch 8 --steps 8 --stage $stage --kernel-times \
+      --report "$r" >"$OUT/profile_stage$stage.log" 2>&1; then
+    log "profile stage $stage: $(figures "$r" "
+import json, sys; k=json.load(open(sys.argv[1]))['kernel_times']
+print('%d steps, %.1f ms/step, kernels %.1f%% of it:' % (k['steps'], 1e3*k['train_s']/k['steps'], 100*k['kernel_s']/k['train_s']),
+      '; '.join('%s %.1f%%' % (x['name'], 100*x['share']) for x in sorted(k['kernels'], key=lambda x: -x['seconds'])))")"
+  else
+    log "profile stage $stage: FAILED: $(grep -m3 -A1 'train_sharded' "$OUT/profile_stage$stage.log" | tr '\n' ' ')"
   fi
 done
 
