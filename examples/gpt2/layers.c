@@ -101,15 +101,15 @@ void gpt2_layernorm_backward(float *dinp, float *dweight, float *dbias,
     }
 
     /* dweight, dbias (C): sums down the N rows in chunks of
-     * GPT2_LN_CHUNK_ROWS (the CUDA kernels' order), one tile of channels
+     * GPT2_SUM_CHUNK_ROWS (the CUDA kernels' order), one tile of channels
      * per iteration so rows are read contiguously. */
 #pragma omp parallel for
     for (int c0 = 0; c0 < C; c0 += GPT2_TILE) {
         const int cn = gpt2__min(GPT2_TILE, C - c0);
         float dw[GPT2_TILE] = {0.0f};
         float db[GPT2_TILE] = {0.0f};
-        for (int n0 = 0; n0 < N; n0 += GPT2_LN_CHUNK_ROWS) {
-            const int n1 = gpt2__min(N, n0 + GPT2_LN_CHUNK_ROWS);
+        for (int n0 = 0; n0 < N; n0 += GPT2_SUM_CHUNK_ROWS) {
+            const int n1 = gpt2__min(N, n0 + GPT2_SUM_CHUNK_ROWS);
             float pw[GPT2_TILE] = {0.0f};
             float pb[GPT2_TILE] = {0.0f};
             for (int n = n0; n < n1; n++) {
@@ -443,12 +443,18 @@ ATTR static void gpt2__mm_dweight_##sfx(const gpt2__mm *m, int tile) {       \
     if (c0 > 0 || m->dbias == NULL) {                                        \
         return;                                                              \
     }                                                                        \
+    /* in chunks of GPT2_SUM_CHUNK_ROWS rows (layers_math.h) */              \
     for (int j = 0; j < on; j += L) {                                        \
         const int bw = gpt2__min(L, on - j);                                 \
         V s = {0.0f}, d;                                                     \
-        for (int n = 0; n < N; n++) {                                        \
-            gpt2__ldn_##sfx(&d, m->dout + (size_t)n * OC + o0 + j, bw);      \
-            s += d;                                                          \
+        for (int n0 = 0; n0 < N; n0 += GPT2_SUM_CHUNK_ROWS) {                \
+            const int n1 = gpt2__min(N, n0 + GPT2_SUM_CHUNK_ROWS);           \
+            V p = {0.0f};                                                    \
+            for (int n = n0; n < n1; n++) {                                  \
+                gpt2__ldn_##sfx(&d, m->dout + (size_t)n * OC + o0 + j, bw);  \
+                p += d;                                                      \
+            }                                                                \
+            s += p;                                                          \
         }                                                                    \
         gpt2__mm_add_##sfx(m->dbias + o0 + j, &s, bw, 0);                    \
     }                                                                        \

@@ -122,7 +122,7 @@ void gpt2_layernorm_forward(float *out, float *mean, float *rstd,
  *   dinp[n, c]  += rstd * (g[c] - mean_c(g) - xhat[c] * mean_c(g * xhat))
  *   dweight[c]  += sum over n of dout[n, c] * xhat[n, c]
  *   dbias[c]    += sum over n of dout[n, c]
- *   (each sum over n in chunks of GPT2_LN_CHUNK_ROWS rows, layers_math.h:
+ *   (each sum over n in chunks of GPT2_SUM_CHUNK_ROWS rows, layers_math.h:
  *   every chunk's sum in ascending n, then the chunks' in ascending order)
  *
  * dinp (N, C), dweight (C), dbias (C): ACCUMULATED.
@@ -170,7 +170,8 @@ void gpt2_matmul_forward(float *out, const float *inp, const float *weight,
  * Backward of gpt2_matmul_forward.
  *   dinp[n, c]    += sum over o (ascending) of dout[n, o] * weight[o, c]
  *   dweight[o, c] += sum over n (ascending) of dout[n, o] * inp[n, c]
- *   dbias[o]      += sum over n (ascending) of dout[n, o]
+ *   dbias[o]      += sum over n of dout[n, o] (in chunks of
+ *                    GPT2_SUM_CHUNK_ROWS rows, as LayerNorm's)
  *
  * Order of summation, exactly (the same bits as the plain loops): each sum
  * starts at s = 0 and adds s = s + (product) for the index ascending, the

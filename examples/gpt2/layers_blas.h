@@ -39,7 +39,9 @@ typedef struct gpt2_blas {
   /* out[n, o] = out[n, o] + bias[o] for n < N, o < OC. */
   void (*bias_forward)(void* ctx, float* out, const float* bias, int N,
                        int OC);
-  /* dbias[o] += sum over n (ascending, from 0) of dout[n, o]. */
+  /* dbias[o] += sum over n of dout[n, o], in chunks of
+   * GPT2_SUM_CHUNK_ROWS rows (layers_math.h): each chunk's sum from 0 in
+   * ascending n, then the chunks' sums in ascending order. */
   void (*bias_backward)(void* ctx, float* dbias, const float* dout, int N,
                         int OC);
   /* For each of `rows` rows r (query position t = r % T) of (rows, T)

@@ -39,7 +39,7 @@ struct Cublas {
       const float*, const float*, int, long long, const float*, int,
       long long, const float*, float*, int, long long, int) = nullptr;
   double* sum = nullptr;  // device scratch of gpt2_cuda_ops.sum
-  float* scratch = nullptr;  // device scratch of the layernorm backward
+  float* scratch = nullptr;  // device scratch of the gradient chunk sums
   size_t scratch_n = 0;      // its capacity, floats
 };
 Cublas g_blas;
@@ -75,8 +75,8 @@ float* Scratch(size_t n) {
   if (cudaMalloc((void**)&g_blas.scratch, n * sizeof(float)) != cudaSuccess) {
     cudaGetLastError();
     g_blas.scratch = nullptr;
-    Fail("gpt2 CUDA layers: out of GPU memory for %zu bytes of layernorm "
-         "backward scratch", n * sizeof(float));
+    Fail("gpt2 CUDA layers: out of GPU memory for %zu bytes of scratch "
+         "(gradient chunk sums)", n * sizeof(float));
     return nullptr;
   }
   g_blas.scratch_n = n;
@@ -264,7 +264,7 @@ __global__ void LayernormBackwardInput(float* dinp, const float* dout,
 }
 
 // LayerNorm's dweight and dbias in layers.c's order, in two kernels: one
-// thread per (chunk of GPT2_LN_CHUNK_ROWS rows, channel) sums its chunk
+// thread per (chunk of GPT2_SUM_CHUNK_ROWS rows, channel) sums its chunk
 // into part_w/part_b (chunks x C), then one thread per channel adds the
 // chunks' sums in order.
 __global__ void LayernormBackwardParamsChunks(float* __restrict__ part_w,
@@ -277,8 +277,8 @@ __global__ void LayernormBackwardParamsChunks(float* __restrict__ part_w,
   const size_t i = ThreadIndex();
   if (i >= (size_t)chunks * C) return;
   const int chunk = (int)(i / C), c = (int)(i % C);
-  const int n0 = chunk * GPT2_LN_CHUNK_ROWS;
-  const int n1 = min(N, n0 + GPT2_LN_CHUNK_ROWS);
+  const int n0 = chunk * GPT2_SUM_CHUNK_ROWS;
+  const int n1 = min(N, n0 + GPT2_SUM_CHUNK_ROWS);
   float pw = 0.0f, pb = 0.0f;
   int n = n0;
   for (; n + kUnroll <= n1; n += kUnroll) {
@@ -304,41 +304,43 @@ __global__ void LayernormBackwardParamsChunks(float* __restrict__ part_w,
   part_b[i] = pb;
 }
 
-__global__ void LayernormBackwardParamsSum(float* __restrict__ dweight,
-                                           float* __restrict__ dbias,
-                                           const float* __restrict__ part_w,
-                                           const float* __restrict__ part_b,
-                                           int C, int chunks) {
+// dst[c] += the chunks' sums part[k, c] (chunks x C), in chunk order.
+__global__ void AddChunkSums(float* __restrict__ dst,
+                             const float* __restrict__ part, int C,
+                             int chunks) {
   const size_t c = ThreadIndex();
   if (c >= (size_t)C) return;
-  float dw = 0.0f, db = 0.0f;
-  for (int k = 0; k < chunks; k++) {
-    dw += part_w[(size_t)k * C + c];
-    db += part_b[(size_t)k * C + c];
-  }
-  dweight[c] += dw;
-  dbias[c] += db;
+  float s = 0.0f;
+  for (int k = 0; k < chunks; k++) s += part[(size_t)k * C + c];
+  dst[c] += s;
 }
 
 __global__ void BiasForward(float* out, const float* bias, int OC, size_t n) {
   GPT2_GRID_LOOP(i, n) out[i] = out[i] + bias[i % OC];
 }
 
-__global__ void BiasBackward(float* __restrict__ dbias,
-                             const float* __restrict__ dout, int N, int OC) {
-  const size_t o = ThreadIndex();
-  if (o >= (size_t)OC) return;
+// The bias gradient's chunk sums (layers.c's order, as LayerNorm's
+// above): part[k, o] = sum of dout[n, o] over chunk k's rows; then
+// AddChunkSums adds them to dbias.
+__global__ void BiasBackwardChunks(float* __restrict__ part,
+                                   const float* __restrict__ dout, int N,
+                                   int OC, int chunks) {
+  const size_t i = ThreadIndex();
+  if (i >= (size_t)chunks * OC) return;
+  const int chunk = (int)(i / OC), o = (int)(i % OC);
+  const int n0 = chunk * GPT2_SUM_CHUNK_ROWS;
+  const int n1 = min(N, n0 + GPT2_SUM_CHUNK_ROWS);
   float s = 0.0f;
-  int n = 0;
-  for (; n + kUnroll <= N; n += kUnroll) {
+  int n = n0;
+  for (; n + kUnroll <= n1; n += kUnroll) {
     float v[kUnroll];
 #pragma unroll
     for (int j = 0; j < kUnroll; j++) v[j] = dout[(size_t)(n + j) * OC + o];
 #pragma unroll
     for (int j = 0; j < kUnroll; j++) s += v[j];
   }
-  for (; n < N; n++) s += dout[(size_t)n * OC + o];
-  dbias[o] += s;
+  for (; n < n1; n++) s += dout[(size_t)n * OC + o];
+  part[i] = s;
 }
 
 __device__ float WarpMax(float v) {
@@ -472,7 +474,13 @@ void BlasBiasForward(void*, float* out, const float* bias, int N, int OC) {
 
 void BlasBiasBackward(void*, float* dbias, const float* dout, int N, int OC) {
   Timer timer(kBiasBackward);
-  BiasBackward<<<RowBlocks(OC), kRowThreads>>>(dbias, dout, N, OC);
+  const int chunks = (N + GPT2_SUM_CHUNK_ROWS - 1) / GPT2_SUM_CHUNK_ROWS;
+  float* part = Scratch((size_t)chunks * OC);
+  if (part == nullptr) return;
+  const size_t parts = (size_t)chunks * OC;
+  BiasBackwardChunks<<<(int)((parts + kThreads - 1) / kThreads), kThreads>>>(
+      part, dout, N, OC, chunks);
+  AddChunkSums<<<RowBlocks(OC), kRowThreads>>>(dbias, part, OC, chunks);
   CheckLaunch("bias backward");
 }
 
@@ -534,15 +542,15 @@ void OpLayernormBackward(float* dinp, float* dweight, float* dbias,
                                                        mean, rstd, N, C);
   }
   Timer timer(kLayernormBackwardParams);
-  const int chunks = (N + GPT2_LN_CHUNK_ROWS - 1) / GPT2_LN_CHUNK_ROWS;
+  const int chunks = (N + GPT2_SUM_CHUNK_ROWS - 1) / GPT2_SUM_CHUNK_ROWS;
   float* part = Scratch((size_t)2 * chunks * C);
   if (part == nullptr) return;
   const size_t parts = (size_t)chunks * C;
   LayernormBackwardParamsChunks<<<(int)((parts + kThreads - 1) / kThreads),
                                   kThreads>>>(part, part + parts, dout, inp,
                                               mean, rstd, N, C, chunks);
-  LayernormBackwardParamsSum<<<RowBlocks(C), kRowThreads>>>(
-      dweight, dbias, part, part + parts, C, chunks);
+  AddChunkSums<<<RowBlocks(C), kRowThreads>>>(dweight, part, C, chunks);
+  AddChunkSums<<<RowBlocks(C), kRowThreads>>>(dbias, part + parts, C, chunks);
   CheckLaunch("layernorm backward");
 }
 
@@ -770,6 +778,22 @@ int gpt2_cuda_init(char* err, size_t cap) {
                     "out of GPU memory for 8 bytes of scratch");
   }
   g_error[0] = '\0';
+  return 0;
+}
+
+int gpt2_cuda_set_tf32(int on, char* err, size_t cap) {
+  if (g_blas.handle == nullptr) {
+    if (cap > 0) snprintf(err, cap, "--tf32: the GPU layers are not set up");
+    return -1;
+  }
+  const cublasStatus_t st = g_blas.set_math_mode(
+      g_blas.handle, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    if (cap > 0)
+      snprintf(err, cap, "--tf32: cublasSetMathMode failed (status %d)",
+               (int)st);
+    return -1;
+  }
   return 0;
 }
 

@@ -50,6 +50,15 @@ int gpt2_cuda_init(char* err, size_t cap);
  * used afterwards (until gpt2_cuda_init). NULL-safe to call twice. */
 void gpt2_cuda_shutdown(void);
 
+/* on != 0: cuBLAS may run the fp32 GEMMs on TF32 tensor cores
+ * (CUBLAS_TF32_TENSOR_OP_MATH: inputs rounded to a 10-bit mantissa, fp32
+ * accumulation; PyTorch's allow_tf32); 0: plain fp32 (the default, and
+ * what the CPU parity test needs: TF32 results differ from the CPU's by
+ * about 1e-3 relative, not fp32 rounding). NVIDIA_TF32_OVERRIDE=0 in the
+ * environment keeps fp32 whatever this says. After gpt2_cuda_init.
+ * Returns 0, or -1 with a message in err (cap bytes). */
+int gpt2_cuda_set_tf32(int on, char* err, size_t cap);
+
 /* GPU time of one kernel (or cuBLAS call) kind, summed over its calls. */
 typedef struct gpt2_kernel_time {
   const char* name;  /* e.g. "gemm (matmul)", "layernorm forward" (static) */

@@ -26,11 +26,12 @@
 #define GPT2_HD static inline
 #endif
 
-/* LayerNorm's dweight and dbias sum down the rows in chunks of this many
- * rows: each chunk's sum from 0 in row order, then the chunks' sums in
- * chunk order. layers.c and the CUDA kernels both sum so (same bits); the
- * GPU runs one thread per (chunk, channel) instead of one per channel. */
-#define GPT2_LN_CHUNK_ROWS 64
+/* The parameter-gradient sums down the rows (LayerNorm's dweight and
+ * dbias, the matmul's dbias) go in chunks of this many rows: each chunk's
+ * sum from 0 in row order, then the chunks' sums in chunk order. layers.c
+ * and the CUDA kernels both sum so (same bits); the GPU runs one thread
+ * per (chunk, channel) instead of one per channel. */
+#define GPT2_SUM_CHUNK_ROWS 64
 
 #define GPT2_SQRT_2_OVER_PI 0.7978845608028654f /* sqrt(2/pi) */
 #define GPT2_GELU_CUBIC 0.044715f

@@ -155,6 +155,10 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
                          "per kernel kind over the steps after\n"
                          "                      the first (CUDA events; slows "
                          "the run a little), in the log and report\n"
+                         "  --tf32              with --device cuda: GEMMs on "
+                         "TF32 tensor cores (faster; ~1e-3\n"
+                         "                      relative from fp32, so not for "
+                         "CPU parity) [off]\n"
                          "  --save DIR          checkpoint root: save at the "
                          "end (and every --save-every steps); DIR/latest\n"
                          "                      names the newest\n"
@@ -225,6 +229,9 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
       }
     } else if (sharded && strcmp(f, "--kernel-times") == 0) {
       a->kernel_times = 1;
+      takes = 0;
+    } else if (sharded && strcmp(f, "--tf32") == 0) {
+      a->tf32 = 1;
       takes = 0;
     } else if (sharded && strcmp(f, "--grad-accum") == 0) {
       rc = gpt2__int(f, v, 1, 1 << 20, &a->grad_accum, err, cap);
@@ -315,6 +322,11 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
   if (a->kernel_times && !a->device) {
     snprintf(err, cap, "--kernel-times times the GPU's kernels: it needs "
              "--device cuda");
+    return -1;
+  }
+  if (a->tf32 && !a->device) {
+    snprintf(err, cap, "--tf32 sets how cuBLAS multiplies on the GPU: it "
+             "needs --device cuda");
     return -1;
   }
   if (a->save_every > 0 && a->save == NULL) {
@@ -449,7 +461,7 @@ void gpt2_args_print(const gpt2_args* a, const char* trainer, int ranks,
              : a->offload_param ? " (+params on the CPU)" : "");
   if (a->device)
     snprintf(stage + strlen(stage), sizeof stage - strlen(stage),
-             ", on CUDA GPUs");
+             ", on CUDA GPUs%s", a->tf32 ? " (TF32 GEMMs)" : "");
   char eval[64];
   if (a->eval_every > 0) snprintf(eval, sizeof eval, "every %d steps", a->eval_every);
   else snprintf(eval, sizeof eval, "at the end");
@@ -505,6 +517,7 @@ gpt2_report* gpt2_report_create(const gpt2_args* a, const char* trainer,
   }
   cJSON_AddStringToObject(c, "device", a->device ? "cuda" : "cpu");
   cJSON_AddBoolToObject(c, "kernel_times", a->kernel_times);
+  cJSON_AddBoolToObject(c, "tf32", a->tf32);
   cJSON_AddNumberToObject(c, "steps", a->steps);
   cJSON_AddNumberToObject(c, "seed", (double)a->seed);
   cJSON_AddNumberToObject(c, "batch", a->batch);

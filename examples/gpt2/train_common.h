@@ -55,6 +55,7 @@ typedef struct gpt2_args {
   int device;          /* sharded: 0 cpu, 1 cuda (one GPU per rank) */
   int kernel_times;    /* sharded, --device cuda: time every kernel (rank 0's
                           totals in the report and the log) */
+  int tf32;            /* sharded, --device cuda: GEMMs on TF32 tensor cores */
   const char* save;    /* sharded: checkpoint root to save into, or NULL */
   int save_every;      /* sharded: save every N steps (0: at the end only) */
   const char* resume;  /* sharded: checkpoint (or root) to resume from */

@@ -832,7 +832,10 @@ int main(int argc, char** argv) {
   signal(SIGTERM, on_signal);
   signal(SIGINT, on_signal);
   if (args.device &&
-      agree(gpt2_cuda_init(err, sizeof err) != 0, err, rank, world)) {
+      agree(gpt2_cuda_init(err, sizeof err) != 0 ||
+                (args.tf32 && gpt2_cuda_set_tf32(1, err, sizeof err) != 0),
+            err, rank, world)) {
+    gpt2_cuda_shutdown(); /* (NULL-safe after a failed init) */
     g_ctx = NULL;
     zs_context_destroy(m.ctx);
     gpt2_data_free(&data);

@@ -8,8 +8,9 @@
 // alpha*s + beta*C with alpha, beta in {1, scale} rounds as layers.c's
 // s*scale and g + s do. A wrong transpose, leading dimension or batch
 // stride changes the values, so every argument of every GEMM is checked.
-// Odd sizes (N = 35, C = 12, OC = 9, T = 7, NH = 3) catch stride bugs that
-// square shapes hide.
+// Odd sizes (N = 141, C = 12, OC = 9, T = 7, NH = 3) catch stride bugs that
+// square shapes hide; N = 141 rows are two full chunks of the bias
+// gradient's GPT2_SUM_CHUNK_ROWS and a partial one.
 #include "examples/gpt2/layers_blas.h"
 
 #include <cstring>
@@ -53,10 +54,16 @@ void RefBiasForward(void*, float* out, const float* bias, int N, int OC) {
     for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
 }
 
+// In chunks of GPT2_SUM_CHUNK_ROWS rows, as the bias_backward contract says.
 void RefBiasBackward(void*, float* dbias, const float* dout, int N, int OC) {
   for (int o = 0; o < OC; o++) {
     float s = 0.0f;
-    for (int n = 0; n < N; n++) s += dout[(size_t)n * OC + o];
+    for (int n0 = 0; n0 < N; n0 += GPT2_SUM_CHUNK_ROWS) {
+      float p = 0.0f;
+      for (int n = n0; n < N && n < n0 + GPT2_SUM_CHUNK_ROWS; n++)
+        p += dout[(size_t)n * OC + o];
+      s += p;
+    }
     dbias[o] += s;
   }
 }
@@ -96,7 +103,7 @@ void ExpectBitwise(const std::vector<float>& want, const std::vector<float>& got
 }
 
 TEST(Gpt2Blas, MatmulForwardBackwardEqualLayersBitwise) {
-  const int N = 35, C = 12, OC = 9;
+  const int N = 141, C = 12, OC = 9;
   for (int with_bias = 0; with_bias < 2; with_bias++) {
     auto inp = Random((size_t)N * C, 1), w = Random((size_t)OC * C, 2);
     auto bias = Random(OC, 3), dout = Random((size_t)N * OC, 4);

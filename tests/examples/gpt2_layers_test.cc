@@ -14,6 +14,7 @@
 //
 // Finite-difference tolerances and their derivation: see ExpectGradNear.
 #include "examples/gpt2/layers.h"
+#include "examples/gpt2/layers_math.h"
 
 #include <omp.h>
 
@@ -449,9 +450,14 @@ void EmulateMatmulBackward(float* dinp, float* dweight, float* dbias,
       }
       dweight[(size_t)o * C + c] = dweight[(size_t)o * C + c] + s;
     }
-    if (dbias != nullptr) {
+    if (dbias != nullptr) {  // in chunks of GPT2_SUM_CHUNK_ROWS rows
       float s = 0.0f;
-      for (int n = 0; n < N; n++) s = s + dout[(size_t)n * OC + o];
+      for (int n0 = 0; n0 < N; n0 += GPT2_SUM_CHUNK_ROWS) {
+        float p = 0.0f;
+        for (int n = n0; n < N && n < n0 + GPT2_SUM_CHUNK_ROWS; n++)
+          p = p + dout[(size_t)n * OC + o];
+        s = s + p;
+      }
       dbias[o] = dbias[o] + s;
     }
   }

@@ -476,6 +476,8 @@ const BadCase kBad[] = {
      "--grad-accum-local accumulates over micro-batches: it needs --grad-accum K > 1", 2},
     {"kernel_times_on_cpu", "--data @DATA --kernel-times",
      "--kernel-times times the GPU's kernels: it needs --device cuda", 2},
+    {"tf32_on_cpu", "--data @DATA --tf32",
+     "--tf32 sets how cuBLAS multiplies on the GPU: it needs --device cuda", 2},
     {"clip_zero", "--data @DATA --clip 0", "--clip: expected a max norm in (0, 1e+30], got '0'", 2},
     {"clip_negative", "--data @DATA --clip -1", "--clip: expected a max norm in (0, 1e+30], got '-1'", 2},
     {"bad_dtype", "--data @DATA --dtype fp8", "--dtype", 2},

@@ -14,6 +14,8 @@
 #            bundle holds base/train_sharded (bundle.sh with BASE_BIN:
 #            the trainer of another build), the same runs with it too,
 #            each stage's baseline run just before ours, and the ratio;
+#            then ours with --tf32 (TF32 tensor-core GEMMs), and its ratio
+#            to fp32;
 #   profile  the same two runs with --kernel-times: GPU time per kernel
 #            kind, as a share of the step;
 #   offload  CPU offload: the largest model the estimator says fits this
@@ -130,9 +132,9 @@ figures() {
 common="--device cuda --data $B/data/tinyshakespeare.txt --eval-every 0 --val-batches 1 --sample-bytes 0 --quiet"
 # tokens/s of a report over the steps after the first (empty if none)
 steady='import json,sys; r=json.load(open(sys.argv[1])); s=r["steps"]; t=r["config"]["batch"]*r["config"]["seq"]; print("%.0f" % (t*(len(s)-1)/sum(x["seconds"] for x in s[1:])))'
-bench_run() {  # bench_run WRAPPER STAGE NAME: one 8-step run, its report
-  timeout "$(limit 75)" "$B/bin/$1" $common --layers 12 --channels 768 \
-    --heads 12 --seq 1024 --batch 8 --steps 8 --stage "$2" \
+bench_run() {  # bench_run WRAPPER STAGE NAME [FLAGS]: one 8-step run, its report
+  ${RUNENV:-} timeout "$(limit 75)" "$B/bin/$1" $common --layers 12 --channels 768 \
+    --heads 12 --seq 1024 --batch 8 --steps 8 --stage "$2" ${4:-} \
     --report "$OUT/$3.json" >"$OUT/$3.log" 2>&1
 }
 for stage in 0 3; do
@@ -154,6 +156,13 @@ for stage in 0 3; do
       log "bench stage $stage: ours / baseline = $(python3 -c "print('%.2f' % ($tps / $base_tps))")"
   else
     log "bench stage $stage: FAILED: $(grep -m3 -A1 'train_sharded' "$OUT/bench_stage$stage.log" | tr '\n' ' ')"
+  fi
+  # TF32 (the override that keeps the tests in fp32 lifted for this run)
+  if RUNENV="env -u NVIDIA_TF32_OVERRIDE" bench_run train_sharded.sh $stage bench_tf32_stage$stage --tf32; then
+    tf=$(python3 -c "$steady" "$OUT/bench_tf32_stage$stage.json" 2>/dev/null)
+    log "bench stage $stage --tf32: ${tf:-?} tokens/s (steps 2-8), loss $(figures "$OUT/bench_tf32_stage$stage.json" "import json,sys; s=json.load(open(sys.argv[1]))['steps']; print('%.4f -> %.4f' % (s[0]['loss'], s[-1]['loss']))")$([ -n "$tf" ] && [ -n "${tps:-}" ] && echo "; tf32 / fp32 = $(python3 -c "print('%.2f' % ($tf / $tps))")")"
+  else
+    log "bench stage $stage --tf32: FAILED: $(grep -m3 -A1 'train_sharded' "$OUT/bench_tf32_stage$stage.log" | tr '\n' ' ')"
   fi
 done
 
