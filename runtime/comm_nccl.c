@@ -540,8 +540,11 @@ zs_status zs__comm_nccl_create(zs__comm* host, zs__comm** out) {
                       n->device, host->rank,
                       cudaGetErrorString(cudaGetLastError()));
   }
-  /* One rank: no NCCL at all. Otherwise NCCL must load on every rank. */
-  n->local = host->world == 1;
+  /* One rank: no NCCL at all (unless ZS_NCCL_ONE_RANK=1 asks for it, to
+   * check the NCCL path on a one-GPU machine). Otherwise NCCL must load on
+   * every rank. */
+  const char* one = getenv("ZS_NCCL_ONE_RANK");
+  n->local = host->world == 1 && !(one != NULL && strcmp(one, "1") == 0);
   if (local == ZS_OK && !n->local) {
     pthread_once(&zs__nccl_once, zs__nccl_load);
     if (zs__nccl_fn.Send == NULL)

@@ -16,7 +16,10 @@ extern "C" {
  * communicator, whose ownership it takes, also on failure): selects GPU
  * host->local_rank, loads libnccl.so.2 (dlopen), rank 0's ncclGetUniqueId
  * broadcast over MPI, ncclCommInitRank. With one rank no NCCL is loaded:
- * collectives are device copies. Collective. Errors (agreed on every
+ * collectives are device copies (the environment variable
+ * ZS_NCCL_ONE_RANK=1 makes one rank use NCCL all the same, a one-rank
+ * NCCL communicator: how a machine with one GPU checks the NCCL path).
+ * Collective. Errors (agreed on every
  * rank): UNSUPPORTED (no usable GPU; NCCL not loadable with several ranks,
  * with dlopen's reason), INVALID_ARGUMENT (more ranks on the node than
  * GPUs, naming the rank), DEVICE, COMM (a NCCL error, named),

@@ -2,12 +2,15 @@
 # run.sh [tests] [bench] [offload] [profile] — the GPU checks, run on a bare GPU
 # machine from the bundle that tools/gpu/bundle.sh made (this file is
 # copied into it). Writes logs, the tests' XML and a summary under $OUT (or
-# the bundle's out/). Phases (default: all three, in one device call of at
+# the bundle's out/). Phases (default: the first three, in one device call of at
 # most BUDGET_S seconds, default 570: each phase's time limit is cut to
 # what is left, and offload runs only with 120 s or more left; profile,
 # not run by default, runs after bench):
 #   tests    the GPU tests (kernels, the engine on CUDA with and without
 #            CPU offload, the GPT-2 layers, 20-step CPU-vs-GPU parity);
+#            the engine's and the parity's again through a one-rank NCCL
+#            communicator (ZS_NCCL_ONE_RANK=1: one GPU allows one rank,
+#            which otherwise runs its collectives as device copies);
 #   bench    GPT-2 at 124M size (L=12, C=768, H=12, T=1024; byte
 #            vocabulary): tokens/s at ZeRO stage 0 and stage 3, over all
 #            8 steps and over the 7 after the first (warm-up); when the
@@ -100,28 +103,31 @@ log "cuBLAS/NCCL from: wheels ${pylibs:-none}; elsewhere ${syslibs:-none}"
 
 # ---- 1. GPU tests --------------------------------------------------------
 fails=0
-t() {
-  local name=$1 lim rc
+t() {  # t BINARY LIMIT [ARGS]; TLOG names its log and XML (default BINARY)
+  local name=$1 tlog=${TLOG:-$1} lim rc
   lim=$(limit "$2")
   shift 2
   timeout "$lim" "$LOADER" --library-path "$LIBS" "$B/bin/$name" "$@" \
-    --gtest_output="xml:$OUT/$name.xml" >"$OUT/$name.log" 2>&1
+    --gtest_output="xml:$OUT/$tlog.xml" >"$OUT/$tlog.log" 2>&1
   rc=$?
   local ok skip
-  ok=$(grep -cE '^\[       OK \].*\([0-9]+ ms\)' "$OUT/$name.log")
-  skip=$(grep -cE '^\[  SKIPPED \].*\([0-9]+ ms\)' "$OUT/$name.log")
+  ok=$(grep -cE '^\[       OK \].*\([0-9]+ ms\)' "$OUT/$tlog.log")
+  skip=$(grep -cE '^\[  SKIPPED \].*\([0-9]+ ms\)' "$OUT/$tlog.log")
   if [ $rc = 0 ]; then
-    log "test $name: passed ($ok ok, $skip skipped)"
+    log "test $tlog: passed ($ok ok, $skip skipped)"
   else
     fails=$((fails + 1))
-    log "test $name: FAILED (exit $rc): $(grep -m3 -E 'Failure|FAILED|rror' "$OUT/$name.log" | tr '\n' ' ')"
+    log "test $tlog: FAILED (exit $rc): $(grep -m3 -E 'Failure|FAILED|rror' "$OUT/$tlog.log" | tr '\n' ' ')"
   fi
 }
 if want tests; then
   t cuda_test 45
   t gpt2_cuda_layers_test 45
   t engine_cuda_test_bin 90
+  TLOG=engine_cuda_test_nccl1 ZS_NCCL_ONE_RANK=1 t engine_cuda_test_bin 90
   t gpt2_parity_test 150 "$B/bin/train_sharded.sh" "$B/data/tinyshakespeare.txt"
+  TLOG=gpt2_parity_test_nccl1 ZS_NCCL_ONE_RANK=1 t gpt2_parity_test 150 \
+    "$B/bin/train_sharded.sh" "$B/data/tinyshakespeare.txt"
 fi
 # a report's figures: python3 when the machine has it, else the raw JSON
 figures() {
