@@ -548,9 +548,11 @@ zs_status zs__comm_nccl_create(zs__comm* host, zs__comm** out) {
   if (local == ZS_OK && !n->local) {
     pthread_once(&zs__nccl_once, zs__nccl_load);
     if (zs__nccl_fn.Send == NULL)
-      local = zs__error(ZS_ERR_UNSUPPORTED, "NCCL is needed for %d ranks on "
-                        "CUDA but cannot be loaded (%s) on rank %d",
-                        host->world, zs__nccl_why, host->rank);
+      local = zs__error(ZS_ERR_UNSUPPORTED, "NCCL is needed for %d rank%s on "
+                        "CUDA%s but cannot be loaded (%s) on rank %d",
+                        host->world, host->world == 1 ? "" : "s",
+                        host->world == 1 ? " (ZS_NCCL_ONE_RANK=1)" : "",
+                        zs__nccl_why, host->rank);
   }
   zs_status st = zs__comm_agree(host, local, "NCCL setup");
   if (st == ZS_OK && !n->local)

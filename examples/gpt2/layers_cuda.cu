@@ -69,7 +69,12 @@ void CheckCuda(cudaError_t e, const char* what) {
 // recording the error.
 float* Scratch(size_t n) {
   if (n <= g_blas.scratch_n) return g_blas.scratch;
-  if (g_blas.scratch != nullptr) cudaFree(g_blas.scratch);
+  // Kernels queued on stream 0 may still read the old buffer: wait for
+  // them before freeing it (only when the buffer grows).
+  if (g_blas.scratch != nullptr) {
+    CheckCuda(cudaStreamSynchronize(0), "cudaStreamSynchronize (scratch)");
+    cudaFree(g_blas.scratch);
+  }
   g_blas.scratch = nullptr;
   g_blas.scratch_n = 0;
   if (cudaMalloc((void**)&g_blas.scratch, n * sizeof(float)) != cudaSuccess) {

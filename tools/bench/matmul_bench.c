@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "examples/gpt2/layers.h"
+#include "examples/gpt2/layers_math.h"
 
 /* ------------------------------------------------------------------------- */
 /* Baseline: the loops of layers.c before the register-blocked kernels       */
@@ -90,10 +91,14 @@ static void ref_matmul_backward(float *dinp, float *dweight, float *dbias,
                 dw[c0 + k] += s[k];
             }
         }
-        if (dbias != NULL) {
+        if (dbias != NULL) { /* in chunks of GPT2_SUM_CHUNK_ROWS rows */
             float sb = 0.0f;
-            for (int n = 0; n < N; n++) {
-                sb += dout[(size_t)n * OC + o];
+            for (int n0 = 0; n0 < N; n0 += GPT2_SUM_CHUNK_ROWS) {
+                float p = 0.0f;
+                for (int n = n0; n < N && n < n0 + GPT2_SUM_CHUNK_ROWS; n++) {
+                    p += dout[(size_t)n * OC + o];
+                }
+                sb += p;
             }
             dbias[o] += sb;
         }

@@ -10,12 +10,15 @@
 #   run.sh the checks (tools/gpu/run.sh)
 #   base/train_sharded  with BASE_BIN=FILE: the GPT-2 trainer of another
 #          build (it links the layers statically), which run.sh's bench
-#          runs as a baseline beside this build's; it must load the same
-#          shared libraries
+#          runs as a baseline beside this build's (its libraries join
+#          lib/; it must write per-step "seconds" in its report, as builds
+#          from 8cf3129 on do, for the ratio)
 # Not carried: the NVIDIA driver (the machine's), cuBLAS and NCCL (hundreds
 # of MiB; run.sh takes them from the machine's nvidia-* Python wheels).
 # The bundle must stay under the device tool's 64 MiB; this prints its size.
 set -euo pipefail
+# BASE_BIN as given, from where this was started
+[ -z "${BASE_BIN:-}" ] || BASE_BIN=$(realpath "$BASE_BIN")
 cd "$(dirname "$0")/../.."
 out=${1:-.gpu-bundle}
 bazel build //tests/gpu:all //examples/gpt2:train_sharded //tools:zs_estimate \
@@ -37,6 +40,7 @@ tar -C / -cf "$out/ompi.tar" "${present[@]}"
 # (ldd on Bazel's copies: their run paths find Bazel's own libraries)
 objs=()
 for b in "${bins[@]}"; do objs+=("bazel-bin/$b"); done
+[ -z "${BASE_BIN:-}" ] || objs+=("$BASE_BIN")
 while IFS= read -r so; do objs+=("$so"); done < <(
   find /usr/lib/x86_64-linux-gnu/openmpi /usr/lib/x86_64-linux-gnu/pmix2 \
     -name '*.so*' -type f 2>/dev/null)

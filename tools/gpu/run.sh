@@ -23,7 +23,9 @@
 #            kind, as a share of the step;
 #   offload  CPU offload: the largest model the estimator says fits this
 #            machine (GPU and host memory), 3 steps, predicted vs measured.
-# Every binary runs under the bundle's own dynamic loader and glibc.
+# Every binary runs under the bundle's own dynamic loader and glibc. The
+# exit status (and the summary's last line) counts the failed tests and
+# runs.
 set -u
 T0=$(date +%s)
 BUDGET_S=${BUDGET_S:-570}
@@ -124,7 +126,9 @@ if want tests; then
   t cuda_test 45
   t gpt2_cuda_layers_test 45
   t engine_cuda_test_bin 90
-  TLOG=engine_cuda_test_nccl1 ZS_NCCL_ONE_RANK=1 t engine_cuda_test_bin 90
+  TLOG=engine_cuda_test_nccl1 ZS_NCCL_ONE_RANK=1 NCCL_DEBUG=VERSION \
+    t engine_cuda_test_bin 90
+  log "NCCL in those: $(grep -m1 -o 'NCCL version [^ ]*' "$OUT/engine_cuda_test_nccl1.log" || echo 'no version line (NCCL not loaded?)')"
   t gpt2_parity_test 150 "$B/bin/train_sharded.sh" "$B/data/tinyshakespeare.txt"
   TLOG=gpt2_parity_test_nccl1 ZS_NCCL_ONE_RANK=1 t gpt2_parity_test 150 \
     "$B/bin/train_sharded.sh" "$B/data/tinyshakespeare.txt"
@@ -145,12 +149,13 @@ bench_run() {  # bench_run WRAPPER STAGE NAME [FLAGS]: one 8-step run, its repor
 }
 for stage in 0 3; do
   want bench || break
-  base_tps=""
+  base_tps="" tps=""
   if [ -x "$B/bin/train_sharded_base.sh" ]; then
     if bench_run train_sharded_base.sh $stage bench_base_stage$stage; then
       base_tps=$(python3 -c "$steady" "$OUT/bench_base_stage$stage.json" 2>/dev/null)
       log "bench baseline stage $stage: ${base_tps:-?} tokens/s (steps 2-8)"
     else
+      fails=$((fails + 1))
       log "bench baseline stage $stage: FAILED: $(grep -m3 -A1 'train_sharded' "$OUT/bench_base_stage$stage.log" | tr '\n' ' ')"
     fi
   fi
@@ -161,6 +166,7 @@ for stage in 0 3; do
     [ -n "$base_tps" ] && [ -n "$tps" ] &&
       log "bench stage $stage: ours / baseline = $(python3 -c "print('%.2f' % ($tps / $base_tps))")"
   else
+    fails=$((fails + 1))
     log "bench stage $stage: FAILED: $(grep -m3 -A1 'train_sharded' "$OUT/bench_stage$stage.log" | tr '\n' ' ')"
   fi
   # TF32 (the override that keeps the tests in fp32 lifted for this run)
@@ -168,6 +174,7 @@ for stage in 0 3; do
     tf=$(python3 -c "$steady" "$OUT/bench_tf32_stage$stage.json" 2>/dev/null)
     log "bench stage $stage --tf32: ${tf:-?} tokens/s (steps 2-8), loss $(figures "$OUT/bench_tf32_stage$stage.json" "import json,sys; s=json.load(open(sys.argv[1]))['steps']; print('%.4f -> %.4f' % (s[0]['loss'], s[-1]['loss']))")$([ -n "$tf" ] && [ -n "${tps:-}" ] && echo "; tf32 / fp32 = $(python3 -c "print('%.2f' % ($tf / $tps))")")"
   else
+    fails=$((fails + 1))
     log "bench stage $stage --tf32: FAILED: $(grep -m3 -A1 'train_sharded' "$OUT/bench_tf32_stage$stage.log" | tr '\n' ' ')"
   fi
 done
@@ -183,6 +190,7 @@ import json, sys; k=json.load(open(sys.argv[1]))['kernel_times']
 print('%d steps, %.1f ms/step, kernels %.1f%% of it:' % (k['steps'], 1e3*k['train_s']/k['steps'], 100*k['kernel_s']/k['train_s']),
       '; '.join('%s %.1f%%' % (x['name'], 100*x['share']) for x in sorted(k['kernels'], key=lambda x: -x['seconds'])))")"
   else
+    fails=$((fails + 1))
     log "profile stage $stage: FAILED: $(grep -m3 -A1 'train_sharded' "$OUT/profile_stage$stage.log" | tr '\n' ' ')"
   fi
 done
@@ -259,6 +267,7 @@ if timeout "$(limit 540)" "$B/bin/train_sharded.sh" $common --layers "$L" --chan
 import json, sys; r=json.load(open(sys.argv[1])); k=r['ranks'][0]
 print('ok; losses', [round(s['loss'],4) for s in r['steps']], '; measured', json.dumps(k)[:600])")"
 else
+  fails=$((fails + 1))
   log "offload 3 steps: FAILED: $(grep -m3 -A1 'train_sharded' "$OUT/offload.log" | tr '\n' ' ')"
 fi
 log "failed: $fails"
