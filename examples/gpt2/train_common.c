@@ -111,6 +111,10 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
                          "  --checkpoint-activations\n"
                          "                      recompute each block's "
                          "activations in backward\n"
+                         "  --checkpoint-verify with --checkpoint-activations: "
+                         "fail a backward whose recompute\n"
+                         "                      differs from the first "
+                         "forward by a bit (a debugging aid)\n"
                          "  --prefetch-depth N  stage 3: units all-gathered "
                          "ahead of use, 0..64 [2]\n"
                          "  --bucket-elements N reduce-scatter bucket size "
@@ -179,6 +183,9 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
                        : "",
                kUsage);
       return 1;
+    } else if (sharded && strcmp(f, "--checkpoint-verify") == 0) {
+      a->checkpoint_verify = 1;
+      takes = 0;
     } else if (sharded && strcmp(f, "--checkpoint-activations") == 0) {
       a->checkpoint_activations = 1;
       takes = 0;
@@ -318,6 +325,11 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
       }
     if (nseen < (int)(sizeof seen / sizeof *seen)) seen[nseen++] = f;
     i += takes;
+  }
+  if (a->checkpoint_verify && !a->checkpoint_activations) {
+    snprintf(err, cap, "--checkpoint-verify checks the recomputes of "
+             "activation checkpointing: it needs --checkpoint-activations");
+    return -1;
   }
   if (a->kernel_times && !a->device) {
     snprintf(err, cap, "--kernel-times times the GPU's kernels: it needs "
@@ -498,6 +510,7 @@ gpt2_report* gpt2_report_create(const gpt2_args* a, const char* trainer,
   cJSON_AddNumberToObject(c, "threads_per_rank", threads);
   cJSON_AddNumberToObject(c, "stage", a->stage);
   cJSON_AddBoolToObject(c, "checkpoint_activations", a->checkpoint_activations);
+  cJSON_AddBoolToObject(c, "checkpoint_verify", a->checkpoint_verify);
   cJSON_AddNumberToObject(c, "prefetch_depth", a->prefetch_depth);
   cJSON_AddNumberToObject(c, "bucket_elements", (double)a->bucket_elements);
   cJSON_AddNumberToObject(c, "progress_thread", a->progress_thread);

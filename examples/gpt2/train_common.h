@@ -35,6 +35,9 @@ typedef struct gpt2_args {
   const char* report;  /* JSON report path, or NULL */
   int quiet;           /* no progress lines */
   int checkpoint_activations; /* sharded: recompute blocks in backward */
+  int checkpoint_verify; /* sharded, with checkpoint_activations: compare
+                            each recompute with the first forward, bitwise
+                            (ZS_CHECKPOINT_VERIFY) */
   int prefetch_depth;  /* sharded: zs_config.prefetch_depth */
   long bucket_elements; /* sharded: zs_config.bucket_elements */
   int progress_thread; /* sharded: zs_config.progress_thread */

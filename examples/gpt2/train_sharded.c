@@ -306,7 +306,9 @@ static void model_build(model* m, const gpt2_args* a, int Bl) {
   int no_decay;
   CHECK(zs_model_add_param_group(m->zm, a->lr, 0.0, &no_decay));
   CHECK(zs_driver_create(m->zm, (size_t)Bl * T * sizeof(int),
-                         a->checkpoint_activations, &m->drv));
+                         a->checkpoint_verify ? ZS_CHECKPOINT_VERIFY
+                                              : a->checkpoint_activations,
+                         &m->drv));
   m->embed = add_unit(m, -1, no_decay);
   const size_t stream = stream_bytes(m);
   /* The encoder's backward needs no parameters: no gather for it. */

@@ -241,6 +241,7 @@ TEST(Gpt2Overlap, KnobsAndCheckpointingAreBitwiseIdentical) {
   EXPECT_NEAR(sum, base.train_s, 1e-6 * base.train_s);
   const char* variants[] = {"--prefetch-depth 2", "--prefetch-depth 5",
                             "--checkpoint-activations",
+                            "--checkpoint-activations --checkpoint-verify",
                             "--checkpoint-activations --prefetch-depth 3",
                             "--bucket-elements 4099", "--progress-thread 0"};
   int k = 0;
@@ -474,6 +475,9 @@ const BadCase kBad[] = {
     {"grad_accum_zero", "--data @DATA --grad-accum 0", "--grad-accum", 2},
     {"grad_accum_local_alone", "--data @DATA --grad-accum-local",
      "--grad-accum-local accumulates over micro-batches: it needs --grad-accum K > 1", 2},
+    {"checkpoint_verify_alone", "--data @DATA --checkpoint-verify",
+     "--checkpoint-verify checks the recomputes of activation checkpointing: "
+     "it needs --checkpoint-activations", 2},
     {"kernel_times_on_cpu", "--data @DATA --kernel-times",
      "--kernel-times times the GPU's kernels: it needs --device cuda", 2},
     {"tf32_on_cpu", "--data @DATA --tf32",
