@@ -94,6 +94,14 @@ int Blocks(size_t n) {
   return b > (size_t)kMaxBlocks ? kMaxBlocks : (int)b;
 }
 
+// One thread per item, every block needed (kernels without a grid loop).
+int BlocksAll(size_t n) { return (int)((n + kThreads - 1) / kThreads); }
+
+// Chunks of GPT2_SUM_CHUNK_ROWS rows in N rows (the gradient sums).
+int SumChunks(int N) {
+  return (N + GPT2_SUM_CHUNK_ROWS - 1) / GPT2_SUM_CHUNK_ROWS;
+}
+
 // One thread per row or column (kernels that sum sequentially): blocks of
 // one warp, so that a few thousand threads spread over every
 // multiprocessor instead of filling a dozen.
@@ -479,12 +487,12 @@ void BlasBiasForward(void*, float* out, const float* bias, int N, int OC) {
 
 void BlasBiasBackward(void*, float* dbias, const float* dout, int N, int OC) {
   Timer timer(kBiasBackward);
-  const int chunks = (N + GPT2_SUM_CHUNK_ROWS - 1) / GPT2_SUM_CHUNK_ROWS;
+  const int chunks = SumChunks(N);
   float* part = Scratch((size_t)chunks * OC);
   if (part == nullptr) return;
   const size_t parts = (size_t)chunks * OC;
-  BiasBackwardChunks<<<(int)((parts + kThreads - 1) / kThreads), kThreads>>>(
-      part, dout, N, OC, chunks);
+  BiasBackwardChunks<<<BlocksAll(parts), kThreads>>>(part, dout, N, OC,
+                                                     chunks);
   AddChunkSums<<<RowBlocks(OC), kRowThreads>>>(dbias, part, OC, chunks);
   CheckLaunch("bias backward");
 }
@@ -524,8 +532,8 @@ void OpEncoderBackward(float* dwte, float* dwpe, const float* dout,
                                                       B * T, C);
   }
   Timer timer(kEncoderBackwardWpe);
-  const int wpe_blocks = (int)(((size_t)T * C + kThreads - 1) / kThreads);
-  EncoderBackwardWpe<<<wpe_blocks, kThreads>>>(dwpe, dout, B, T, C);
+  EncoderBackwardWpe<<<BlocksAll((size_t)T * C), kThreads>>>(dwpe, dout, B, T,
+                                                             C);
   CheckLaunch("encoder backward");
 }
 
@@ -547,13 +555,12 @@ void OpLayernormBackward(float* dinp, float* dweight, float* dbias,
                                                        mean, rstd, N, C);
   }
   Timer timer(kLayernormBackwardParams);
-  const int chunks = (N + GPT2_SUM_CHUNK_ROWS - 1) / GPT2_SUM_CHUNK_ROWS;
+  const int chunks = SumChunks(N);
   float* part = Scratch((size_t)2 * chunks * C);
   if (part == nullptr) return;
   const size_t parts = (size_t)chunks * C;
-  LayernormBackwardParamsChunks<<<(int)((parts + kThreads - 1) / kThreads),
-                                  kThreads>>>(part, part + parts, dout, inp,
-                                              mean, rstd, N, C, chunks);
+  LayernormBackwardParamsChunks<<<BlocksAll(parts), kThreads>>>(
+      part, part + parts, dout, inp, mean, rstd, N, C, chunks);
   AddChunkSums<<<RowBlocks(C), kRowThreads>>>(dweight, part, C, chunks);
   AddChunkSums<<<RowBlocks(C), kRowThreads>>>(dbias, part + parts, C, chunks);
   CheckLaunch("layernorm backward");

@@ -140,7 +140,9 @@ figures() {
 
 # ---- 2. GPT-2 124M-size tokens/s ------------------------------------------
 common="--device cuda --data $B/data/tinyshakespeare.txt --eval-every 0 --val-batches 1 --sample-bytes 0 --quiet"
-# tokens/s of a report over the steps after the first (empty if none)
+# a report's tokens/s over the steps after the first; its first and last
+# loss
+losses='import json,sys; s=json.load(open(sys.argv[1]))["steps"]; print("%.4f -> %.4f" % (s[0]["loss"], s[-1]["loss"]))'
 steady='import json,sys; r=json.load(open(sys.argv[1])); s=r["steps"]; t=r["config"]["batch"]*r["config"]["seq"]; print("%.0f" % (t*(len(s)-1)/sum(x["seconds"] for x in s[1:])))'
 bench_run() {  # bench_run WRAPPER STAGE NAME [FLAGS]: one 8-step run, its report
   ${RUNENV:-} timeout "$(limit 75)" "$B/bin/$1" $common --layers 12 --channels 768 \
@@ -161,8 +163,8 @@ for stage in 0 3; do
   fi
   r="$OUT/bench_stage$stage.json"
   if bench_run train_sharded.sh $stage bench_stage$stage; then
-    log "bench gpt2-124M-size stage $stage: $(figures "$r" "import json,sys; r=json.load(open(sys.argv[1])); s=r['steps']; t=r['config']['batch']*r['config']['seq']; print('%.0f tokens/s (8 steps), %.0f tokens/s (steps 2-8), loss %.4f -> %.4f' % (r['tokens_per_s'], t*(len(s)-1)/sum(x['seconds'] for x in s[1:]), s[0]['loss'], s[-1]['loss']))")"
     tps=$(python3 -c "$steady" "$r" 2>/dev/null)
+    log "bench gpt2-124M-size stage $stage: $(figures "$r" "import json,sys; print('%.0f' % json.load(open(sys.argv[1]))['tokens_per_s'])") tokens/s (8 steps), ${tps:-?} tokens/s (steps 2-8), loss $(figures "$r" "$losses")"
     [ -n "$base_tps" ] && [ -n "$tps" ] &&
       log "bench stage $stage: ours / baseline = $(python3 -c "print('%.2f' % ($tps / $base_tps))")"
   else
@@ -172,7 +174,7 @@ for stage in 0 3; do
   # TF32 (the override that keeps the tests in fp32 lifted for this run)
   if RUNENV="env -u NVIDIA_TF32_OVERRIDE" bench_run train_sharded.sh $stage bench_tf32_stage$stage --tf32; then
     tf=$(python3 -c "$steady" "$OUT/bench_tf32_stage$stage.json" 2>/dev/null)
-    log "bench stage $stage --tf32: ${tf:-?} tokens/s (steps 2-8), loss $(figures "$OUT/bench_tf32_stage$stage.json" "import json,sys; s=json.load(open(sys.argv[1]))['steps']; print('%.4f -> %.4f' % (s[0]['loss'], s[-1]['loss']))")$([ -n "$tf" ] && [ -n "${tps:-}" ] && echo "; tf32 / fp32 = $(python3 -c "print('%.2f' % ($tf / $tps))")")"
+    log "bench stage $stage --tf32: ${tf:-?} tokens/s (steps 2-8), loss $(figures "$OUT/bench_tf32_stage$stage.json" "$losses")$([ -n "$tf" ] && [ -n "${tps:-}" ] && echo "; tf32 / fp32 = $(python3 -c "print('%.2f' % ($tf / $tps))")")"
   else
     fails=$((fails + 1))
     log "bench stage $stage --tf32: FAILED: $(grep -m3 -A1 'train_sharded' "$OUT/bench_tf32_stage$stage.log" | tr '\n' ' ')"
@@ -182,9 +184,7 @@ done
 for stage in 0 3; do
   want profile || break
   r="$OUT/profile_stage$stage.json"
-  if timeout "$(limit 75)" "$B/bin/train_sharded.sh" $common --layers 12 --channels 768 \
-      --heads 12 --seq 1024 --batch 8 --steps 8 --stage $stage --kernel-times \
-      --report "$r" >"$OUT/profile_stage$stage.log" 2>&1; then
+  if bench_run train_sharded.sh $stage profile_stage$stage --kernel-times; then
     log "profile stage $stage: $(figures "$r" "
 import json, sys; k=json.load(open(sys.argv[1]))['kernel_times']
 print('%d steps, %.1f ms/step, kernels %.1f%% of it:' % (k['steps'], 1e3*k['train_s']/k['steps'], 100*k['kernel_s']/k['train_s']),
