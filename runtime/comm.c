@@ -15,6 +15,13 @@
 struct zs__coll {
   zs__comm_req* req;  /* the backend's request */
   zs_coll_op op;
+  zs__call call;      /* the backend call (its partners must make it) */
+  zs__red_op redop;
+  int root;           /* broadcast: the root, else -1 */
+  int lane;
+  uint64_t lane_seq;  /* position in its lane */
+  zs__coll* prev;     /* c->pending_head list: in flight, issue order */
+  zs__coll* next;
   zs__coll_tag tag;
   size_t count;       /* elements per rank */
   zs_dtype dtype;
@@ -25,6 +32,8 @@ struct zs__coll {
   void* dst;          /* fixed-order reduce-scatter: the sum goes here */
   void* div_dst;      /* backend reduce-scatter: divided at completion */
   float divisor;      /* reduce-scatter: the sum is divided by this */
+  void* host_tmp;     /* a catch-up's scratch in host memory (accounted
+                         in the device's accounting), freed at completion */
 };
 
 const char* zs__purpose_name(int purpose) {
@@ -32,7 +41,7 @@ const char* zs__purpose_name(int purpose) {
       "other",          "consistency check", "agreement",
       "param gather",   "grad reduce",       "grad gather (stage 0)",
       "param update gather", "init broadcast", "tensor set",
-      "tensor get",     "grad norm"};
+      "tensor get",     "grad norm",         "discard catch-up"};
   if (purpose < 0 || purpose >= (int)(sizeof names / sizeof *names))
     return "other";
   return names[purpose];
@@ -51,6 +60,13 @@ static size_t zs__coll_bytes(const zs__comm* c, const zs__coll* op) {
  * issue order, which is what ranks must agree on) and the log. */
 static void zs__comm_note(zs__comm* c, zs__coll* op, int root) {
   const size_t bytes = zs__coll_bytes(c, op);
+  op->root = root;
+  op->lane_seq = c->lane_count[op->lane]++;
+  op->prev = c->pending_tail;
+  op->next = NULL;
+  if (c->pending_tail != NULL) c->pending_tail->next = op;
+  else c->pending_head = op;
+  c->pending_tail = op;
   c->counters.calls[op->op]++;
   c->counters.bytes[op->op] += bytes;
   uint64_t rec[6] = {(uint64_t)op->op,         (uint64_t)op->count,
@@ -68,9 +84,6 @@ static void zs__comm_note(zs__comm* c, zs__coll* op, int root) {
   if (op->is_param_gather && ++c->gathers_in_flight > c->max_in_flight_gathers)
     c->max_in_flight_gathers = c->gathers_in_flight;
 }
-
-static void zs__comm_fail(zs__comm* c, zs_status st, const char* why,
-                          int notify, uint64_t from_seq);
 
 /* 1 (and c failed, telling no one: that too would be a call) when the
  * backend can run nothing more: MPI was finalized under a live context. */
@@ -96,32 +109,57 @@ static zs_status zs__comm_usable(zs__comm* c) {
  * in flight on the device, and with notify tells the other ranks once that
  * this rank will complete no collective from its `from_seq`-th on. The
  * notice's text is "<from_seq> <why>". */
-static void zs__comm_fail(zs__comm* c, zs_status st, const char* why,
-                          int notify, uint64_t from_seq) {
+void zs__comm_fail(zs__comm* c, zs_status st, const char* why, int notify,
+                   uint64_t from_seq) {
   if (!c->failed) {
     c->failed = 1;
     c->failed_status = st;
     snprintf(c->failed_why, sizeof c->failed_why, "%s", why);
   }
   /* (not when the backend is gone: sending would be a call too) */
-  if (notify && !c->notified && c->ops->notify_failure != NULL &&
+  if (notify && !c->notified && c->ops->notify != NULL &&
       (c->ops->alive == NULL || c->ops->alive(c))) {
     c->notified = 1;
     char msg[ZS__NOTICE_BYTES];
     snprintf(msg, sizeof msg, "%llu %s", (unsigned long long)from_seq, why);
-    c->ops->notify_failure(c, msg);
+    c->ops->notify(c, msg);
   }
   if (c->ops->abort != NULL) c->ops->abort(c);
 }
 
-/* Takes in the notices that have arrived and keeps the one naming the
- * earliest collective (several ranks may fail at different points). 1 when
- * any notice came: c->notice_from, notice_seq, notice_msg. */
-static int zs__comm_notices(zs__comm* c) {
+/* A discard notice: "D <epoch> <count of lane 0> <lane 1> <lane 2>", sent
+ * by a rank in zs_step_discard whose reconciliation the others have not
+ * joined yet. One of this epoch is kept (the lowest count per lane: that
+ * rank joins nothing from there on); older ones are stale (the reconcile
+ * they asked for is over). */
+static void zs__comm_discard_notice(zs__comm* c, int from, const char* text) {
+  unsigned long long e = 0, n[ZS__LANES] = {0};
+  if (sscanf(text, "D %llu %llu %llu %llu", &e, &n[0], &n[1], &n[2]) !=
+          1 + ZS__LANES ||
+      e != c->epoch)
+    return;
+  if (c->discard_from < 0) {
+    c->discard_from = from;
+    for (int l = 0; l < ZS__LANES; l++) c->discard_lane[l] = n[l];
+    return;
+  }
+  for (int l = 0; l < ZS__LANES; l++)
+    if (n[l] < c->discard_lane[l]) c->discard_lane[l] = n[l];
+}
+
+/* Takes in the notices that have arrived: discard notices (above), and of
+ * the failure notices the one naming the earliest collective (several
+ * ranks may fail at different points). 1 when any failure notice came:
+ * c->notice_from, notice_seq, notice_msg. */
+int zs__comm_poll_notices(zs__comm* c) {
   char text[ZS__NOTICE_BYTES];
   int from = -1;
-  while (c->ops->poll_failure != NULL &&
-         c->ops->poll_failure(c, &from, text, sizeof text)) {
+  while (c->ops->poll_notice != NULL &&
+         c->ops->poll_notice(c, &from, text, sizeof text)) {
+    if (text[0] == 'D') {
+      zs__comm_discard_notice(c, from, text);
+      continue;
+    }
     char* rest = NULL;
     uint64_t seq = strtoull(text, &rest, 10);
     if (rest == NULL || rest == text) rest = text; /* no number: from 0 */
@@ -133,10 +171,6 @@ static int zs__comm_notices(zs__comm* c) {
     }
   }
   return c->notice_from >= 0;
-}
-
-void zs__comm_break(zs__comm* c, zs_status st, const char* why) {
-  zs__comm_fail(c, st, why, 0, 0);
 }
 
 zs_status zs__comm_abandon(zs__comm* c, zs_status st) {
@@ -198,7 +232,17 @@ static zs_status zs__coll_finish(zs__comm* c, zs__coll* op) {
   }
   __atomic_sub_fetch(&c->in_flight, 1, __ATOMIC_RELAXED);
   if (op->is_param_gather) c->gathers_in_flight--;
+  if (op->prev != NULL) op->prev->next = op->next;
+  else c->pending_head = op->next;
+  if (op->next != NULL) op->next->prev = op->prev;
+  else c->pending_tail = op->prev;
   zs__dev_free(c->dev, op->tmp);
+  if (op->host_tmp != NULL) {
+    if (c->dev != NULL)
+      (void)zs__accounting_remove(c->dev->acct, ZS__OWNER_RUNTIME,
+                                  op->host_tmp, NULL, NULL);
+    free(op->host_tmp);
+  }
   free(op);
   return st;
 }
@@ -264,12 +308,22 @@ zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
   const double t0 = zs__now();
   const zs_coll_op kind = op->op;
   double warn_at = t0 + 60.0;
+  int dropped_by = -1; /* a rank that discarded without issuing op */
+  char what[160];
+  what[0] = '\0';
   for (unsigned spins = 0;; spins++) {
     int done = 0;
     zs_status st = zs__coll_test(c, op, &done);
     if (st != ZS_OK || done) {
       c->counters.wait_seconds[kind] += zs__now() - t0;
-      return st;
+      if (st != ZS_OK || dropped_by < 0) return st;
+      return zs__error(ZS_ERR_REMOTE,
+                       "%s: rank %d dropped this micro-batch (zs_step_discard) "
+                       "without issuing it; it completed against an empty "
+                       "partner, so this rank's micro-batch is wrong too: "
+                       "call zs_step_discard here as well (every rank does; "
+                       "it restores the state from before the micro-batch)",
+                       what, dropped_by);
     }
     if (spins < 256) continue;
     sched_yield();
@@ -279,7 +333,20 @@ zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
     /* Another rank failed and will not join this collective (one it
      * issued before failing still completes: wait for that): give up
      * now. The request stays pending, so every buffer is kept. */
-    if (zs__comm_notices(c) && op->seq >= c->notice_seq) {
+    const int failure = zs__comm_poll_notices(c);
+    /* Another rank is in zs_step_discard and never issued this one: join
+     * its reconciliation, which gives op its partners (once). */
+    if (!failure && !c->reconciling && c->discard_from >= 0 &&
+        op->lane_seq >= c->discard_lane[op->lane]) {
+      dropped_by = c->discard_from;
+      snprintf(what, sizeof what, "%s of %zu %s elements for unit %s (%s)",
+               zs_coll_op_name(op->op), op->count, zs_dtype_name(op->dtype),
+               name, zs__purpose_name(op->tag.purpose));
+      zs_status rs = zs__comm_reconcile(c, NULL);
+      if (rs != ZS_OK) return rs; /* failed: op stays pending, as above */
+      continue;
+    }
+    if (failure && op->seq >= c->notice_seq) {
       const int from = c->notice_from;
       const char* notice = c->notice_msg;
       char report[600], devname[96], why[160];
@@ -345,10 +412,20 @@ static zs_status zs__coll_started(zs__comm* c, zs_status st, zs__coll* op,
   zs__coll* op = zs__coll_new(c, (kind), tag, (count), (dtype));            \
   if (op == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "collective");
 
+/* The backend call and lane of op (buf: a buffer it works on, which
+ * decides the lane where a backend serves host and device memory apart). */
+static void zs__coll_call(zs__comm* c, zs__coll* op, zs__call call,
+                          zs__red_op redop, const void* buf) {
+  op->call = call;
+  op->redop = redop;
+  op->lane = c->ops->lane != NULL ? c->ops->lane(c, call, buf) : 0;
+}
+
 zs_status zs__comm_iall_gather(zs__comm* c, zs__coll_tag tag, const void* send,
                                void* recv, size_t count, zs_dtype dtype,
                                zs__coll** out) {
   ZS__COLL_BEGIN(ZS_COLL_ALL_GATHER, count, dtype);
+  zs__coll_call(c, op, ZS__CALL_ALL_GATHER, ZS__RED_SUM, recv);
   st = c->ops->all_gather(c, send, recv, count, dtype, NULL, &op->req);
   return zs__coll_started(c, st, op, -1, out);
 }
@@ -358,6 +435,7 @@ zs_status zs__comm_iall_gather_strided(zs__comm* c, zs__coll_tag tag,
                                        size_t stride, size_t chunk,
                                        zs_dtype dtype, zs__coll** out) {
   ZS__COLL_BEGIN(ZS_COLL_ALL_GATHER, chunk, dtype);
+  zs__coll_call(c, op, ZS__CALL_ALL_GATHER_STRIDED, ZS__RED_SUM, buf);
   st = c->ops->all_gather_strided(c, buf, offset, stride, chunk, dtype, NULL,
                                   &op->req);
   return zs__coll_started(c, st, op, -1, out);
@@ -381,6 +459,7 @@ zs_status zs__comm_ireduce_scatter(zs__comm* c, zs__coll_tag tag,
     /* Each rank receives every rank's chunk of its shard, then sums them in
      * rank order at completion. */
     op->dst = dst;
+    zs__coll_call(c, op, ZS__CALL_EXCHANGE, ZS__RED_SUM, op->tmp);
     st = c->ops->exchange(c, send, offsets, op->tmp, chunk, dtype, NULL,
                           &op->req);
   } else if (st == ZS_OK) {
@@ -390,6 +469,7 @@ zs_status zs__comm_ireduce_scatter(zs__comm* c, zs__coll_tag tag,
       st = c->dev->ops->copy(c->dev, (char*)op->tmp + r * chunk * elem,
                              s + offsets[r] * elem, chunk * elem, NULL);
     op->div_dst = dst;
+    zs__coll_call(c, op, ZS__CALL_REDUCE_SCATTER, ZS__RED_SUM, op->tmp);
     if (st == ZS_OK)
       st = c->ops->reduce_scatter(c, op->tmp, dst, chunk, dtype, ZS__RED_SUM,
                                   NULL, &op->req);
@@ -411,6 +491,7 @@ zs_status zs__comm_all_reduce(zs__comm* c, zs__coll_tag tag, const void* send,
                               void* recv, size_t count, zs_dtype dtype,
                               zs__red_op rop) {
   ZS__COLL_BEGIN(ZS_COLL_ALL_REDUCE, count, dtype);
+  zs__coll_call(c, op, ZS__CALL_ALL_REDUCE, rop, recv);
   st = c->ops->all_reduce(c, send, recv, count, dtype, rop, NULL, &op->req);
   st = zs__coll_started(c, st, op, -1, &op);
   return st == ZS_OK ? zs__coll_wait(c, op) : st;
@@ -419,9 +500,128 @@ zs_status zs__comm_all_reduce(zs__comm* c, zs__coll_tag tag, const void* send,
 zs_status zs__comm_broadcast(zs__comm* c, zs__coll_tag tag, void* buf,
                              size_t count, zs_dtype dtype, int root) {
   ZS__COLL_BEGIN(ZS_COLL_BROADCAST, count, dtype);
+  zs__coll_call(c, op, ZS__CALL_BROADCAST, ZS__RED_SUM, buf);
   st = c->ops->broadcast(c, buf, count, dtype, root, NULL, &op->req);
   st = zs__coll_started(c, st, op, root, &op);
   return st == ZS_OK ? zs__coll_wait(c, op) : st;
+}
+
+/* ==== Partners for collectives other ranks issued (comm_reconcile.c) ===== */
+
+size_t zs__comm_pending(const zs__comm* c, int lane, uint64_t from,
+                        zs__coll_desc* out, size_t cap) {
+  size_t n = 0;
+  for (const zs__coll* op = c->pending_head; op != NULL; op = op->next) {
+    if (op->lane != lane || op->lane_seq < from) continue;
+    if (n < cap)
+      out[n] = (zs__coll_desc){(uint8_t)op->call,  (uint8_t)op->dtype,
+                               (uint8_t)op->redop, (uint8_t)op->tag.purpose,
+                               (uint8_t)op->lane,  op->root,
+                               op->tag.unit,       op->lane_seq,
+                               op->count};
+    n++;
+  }
+  return n;
+}
+
+/* Zeroed scratch of `bytes` (at least one) for a catch-up on lane `lane`:
+ * device memory on the device lane, else host memory, accounted as comm
+ * buffers either way. */
+static zs_status zs__catch_up_scratch(zs__comm* c, zs__coll* op, int lane,
+                                      size_t bytes, void** out) {
+  if (bytes == 0) bytes = 1;
+  if (lane == 2) {
+    zs_status st = zs__dev_alloc(c->dev, ZS_MEM_COMM_BUFFERS, bytes, 1,
+                                 "discard catch-up", &op->tmp);
+    *out = op->tmp;
+    return st;
+  }
+  op->host_tmp = calloc(1, bytes);
+  if (op->host_tmp == NULL)
+    return zs__error(ZS_ERR_OUT_OF_MEMORY, "discard catch-up: %zu bytes",
+                     bytes);
+  if (c->dev != NULL) {
+    zs_status st = zs__accounting_add(c->dev->acct, ZS__OWNER_RUNTIME,
+                                      ZS_MEM_COMM_BUFFERS, op->host_tmp,
+                                      bytes, "discard catch-up");
+    if (st != ZS_OK) {
+      free(op->host_tmp);
+      op->host_tmp = NULL;
+      return st;
+    }
+  }
+  *out = op->host_tmp;
+  return ZS_OK;
+}
+
+zs_status zs__comm_icatch_up(zs__comm* c, const zs__coll_desc* d,
+                             zs__coll** out) {
+  const zs__coll_tag tag = zs__tag(ZS__P_CATCH_UP, -1, NULL);
+  const zs__call call = (zs__call)d->call;
+  const zs_dtype dtype = (zs_dtype)d->dtype;
+  const zs_coll_op kind =
+      call == ZS__CALL_ALL_GATHER || call == ZS__CALL_ALL_GATHER_STRIDED
+          ? ZS_COLL_ALL_GATHER
+      : call == ZS__CALL_ALL_REDUCE ? ZS_COLL_ALL_REDUCE
+      : call == ZS__CALL_BROADCAST  ? ZS_COLL_BROADCAST
+                                    : ZS_COLL_REDUCE_SCATTER;
+  ZS__COLL_BEGIN(kind, (size_t)d->count, dtype);
+  op->call = call;
+  op->redop = (zs__red_op)d->redop;
+  op->lane = d->lane;
+  const size_t n = (size_t)d->count, W = (size_t)c->world;
+  const size_t e = zs_dtype_size(dtype);
+  char* b = NULL;
+  size_t* offsets = NULL;
+  switch (call) {
+    case ZS__CALL_ALL_GATHER:
+      st = zs__catch_up_scratch(c, op, d->lane, W * n * e, (void**)&b);
+      if (st == ZS_OK)
+        st = c->ops->all_gather(c, ZS__IN_PLACE, b, n, dtype, NULL, &op->req);
+      break;
+    case ZS__CALL_ALL_GATHER_STRIDED:
+      st = zs__catch_up_scratch(c, op, d->lane, W * n * e, (void**)&b);
+      if (st == ZS_OK)
+        st = c->ops->all_gather_strided(c, b, 0, n, n, dtype, NULL, &op->req);
+      break;
+    case ZS__CALL_EXCHANGE:
+      st = zs__catch_up_scratch(c, op, d->lane, 2 * W * n * e, (void**)&b);
+      offsets = st == ZS_OK ? (size_t*)malloc(W * sizeof *offsets) : NULL;
+      if (st == ZS_OK && offsets == NULL)
+        st = zs__error(ZS_ERR_OUT_OF_MEMORY, "discard catch-up offsets");
+      for (size_t r = 0; st == ZS_OK && r < W; r++) offsets[r] = r * n;
+      if (st == ZS_OK)
+        st = c->ops->exchange(c, b, offsets, b + W * n * e, n, dtype, NULL,
+                              &op->req);
+      free(offsets);
+      break;
+    case ZS__CALL_REDUCE_SCATTER:
+      st = zs__catch_up_scratch(c, op, d->lane, (W + 1) * n * e, (void**)&b);
+      if (st == ZS_OK)
+        st = c->ops->reduce_scatter(c, b, b + W * n * e, n, dtype,
+                                    (zs__red_op)d->redop, NULL, &op->req);
+      break;
+    case ZS__CALL_ALL_REDUCE:
+      st = zs__catch_up_scratch(c, op, d->lane, n * e, (void**)&b);
+      if (st == ZS_OK)
+        st = c->ops->all_reduce(c, ZS__IN_PLACE, b, n, dtype,
+                                (zs__red_op)d->redop, NULL, &op->req);
+      break;
+    case ZS__CALL_BROADCAST:
+      st = zs__catch_up_scratch(c, op, d->lane, n * e, (void**)&b);
+      if (st == ZS_OK)
+        st = c->ops->broadcast(c, b, n, dtype, d->root, NULL, &op->req);
+      break;
+    default:
+      st = zs__error(ZS_ERR_INTERNAL, "discard catch-up: call %d", d->call);
+  }
+  if (st != ZS_OK && op->host_tmp != NULL) {
+    if (c->dev != NULL)
+      (void)zs__accounting_remove(c->dev->acct, ZS__OWNER_RUNTIME,
+                                  op->host_tmp, NULL, NULL);
+    free(op->host_tmp);
+  }
+  return zs__coll_started(c, st, op, d->root, out);
 }
 
 size_t zs__comm_log_read(const zs__comm* c, zs__comm_log_entry* out,

@@ -28,6 +28,24 @@ typedef enum zs__red_op { ZS__RED_SUM = 0, ZS__RED_MAX = 1, ZS__RED_MIN = 2 } zs
 typedef struct zs__comm zs__comm;
 typedef struct zs__comm_req zs__comm_req;
 
+/* The backend call a collective went through (what another rank must call
+ * to be its partner). */
+typedef enum zs__call {
+  ZS__CALL_ALL_GATHER = 0,
+  ZS__CALL_REDUCE_SCATTER = 1,
+  ZS__CALL_ALL_REDUCE = 2,
+  ZS__CALL_BROADCAST = 3,
+  ZS__CALL_EXCHANGE = 4,
+  ZS__CALL_ALL_GATHER_STRIDED = 5
+} zs__call;
+
+/* Lanes: a backend pairs the collectives of one lane across ranks in issue
+ * order, each lane independently of the others (MPI: its collectives, and
+ * its point-to-point operations by tag; NCCL: everything on device
+ * memory). zs_step_discard matches what some rank issued and others did
+ * not lane by lane (zs__comm_reconcile). */
+#define ZS__LANES 3
+
 typedef struct zs__comm_ops {
   const char* name;
   /* recv: count * world elements; send: count elements or ZS__IN_PLACE. */
@@ -66,14 +84,16 @@ typedef struct zs__comm_ops {
    * Returns UNSUPPORTED (with the reason) when the backend cannot. */
   zs_status (*start_progress)(zs__comm* c);
   void (*destroy)(zs__comm* c);
-  /* Failure notices between ranks (NULL where there is no other rank).
-   * notify_failure sends msg (NUL-terminated, cut to ZS__NOTICE_BYTES - 1
-   * bytes) to every other rank and returns at once: it never waits for
-   * them, and sends at most once per communicator. poll_failure never
-   * blocks: it returns 1 and sets *rank and msg (cap bytes) for each notice
-   * from another rank, once, in arrival order; 0 when none is waiting. */
-  void (*notify_failure)(zs__comm* c, const char* msg);
-  int (*poll_failure)(zs__comm* c, int* rank, char* msg, size_t cap);
+  /* Notices between ranks (NULL where there is no other rank): notify
+   * sends msg (NUL-terminated, cut to ZS__NOTICE_BYTES - 1 bytes) to every
+   * other rank and returns at once (it never waits for them; its buffers
+   * are freed once MPI is done with them); comm.c sends a failure notice at
+   * most once per communicator and a discard notice once per discard.
+   * poll_notice never blocks: it returns 1 and sets *rank and msg (cap
+   * bytes) for each notice from another rank, once, in arrival order; 0
+   * when none is waiting. */
+  void (*notify)(zs__comm* c, const char* msg);
+  int (*poll_notice)(zs__comm* c, int* rank, char* msg, size_t cap);
   /* Gives up the collectives in flight after a failure, so none keeps the
    * device busy (NCCL: ncclCommAbort); NULL where nothing is needed. */
   void (*abort)(zs__comm* c);
@@ -81,6 +101,19 @@ typedef struct zs__comm_ops {
    * MPI_Finalize came before zs_context_destroy, after which any MPI call
    * would end the process); NULL where that cannot happen. */
   int (*alive)(const zs__comm* c);
+  /* The lane (0 .. ZS__LANES-1) of a call on buffer buf; NULL: lane 0. */
+  int (*lane)(zs__comm* c, zs__call call, const void* buf);
+  /* Control collectives on a communicator of their own, which never pair
+   * with the collectives above (zs__comm_reconcile agrees through them
+   * while some ranks have collectives in flight that others never issued):
+   * an in-place all-reduce and a broadcast of host memory, non-blocking,
+   * completed by wait/test; not counted, logged or hashed. NULL where
+   * there is no other rank. */
+  zs_status (*ctrl_all_reduce)(zs__comm* c, void* buf, size_t count,
+                               zs_dtype dtype, zs__red_op op,
+                               zs__comm_req** req);
+  zs_status (*ctrl_broadcast)(zs__comm* c, void* buf, size_t count,
+                              zs_dtype dtype, int root, zs__comm_req** req);
 } zs__comm_ops;
 
 /* Bytes of one failure notice (the failing rank's error message). */
@@ -137,6 +170,17 @@ struct zs__comm {
   uint64_t agreed_failures; /* agreements that ended in a failure: every
                          rank knows of those (zs__comm_agree_finish) */
   size_t max_count;   /* most elements per rank one collective can move */
+  /* Reconciliation (zs__comm_reconcile). */
+  uint64_t lane_count[ZS__LANES]; /* collectives issued per lane */
+  struct zs__coll* pending_head;  /* collectives in flight, oldest first */
+  struct zs__coll* pending_tail;
+  uint64_t epoch;       /* reconciliations completed (the same everywhere) */
+  uint64_t dirty_epoch; /* ... of which matched missing collectives */
+  int reconciling;      /* inside zs__comm_reconcile */
+  int discard_from;     /* -1, or a rank whose discard notice for this
+                           epoch arrived: it joins no collective of lane L
+                           from discard_lane[L] on until the reconcile */
+  uint64_t discard_lane[ZS__LANES];
 };
 
 /* The communicator of one process without MPI (comm_local.c): world size
@@ -158,7 +202,9 @@ typedef enum zs__purpose {
   ZS__P_INIT = 7,         /* initialization broadcasts */
   ZS__P_SET = 8,          /* zs_tensor_set */
   ZS__P_GET = 9,          /* zs_tensor_get */
-  ZS__P_NORM = 10         /* zs_step: gradient norm / overflow agreement */
+  ZS__P_NORM = 10,        /* zs_step: gradient norm / overflow agreement */
+  ZS__P_CATCH_UP = 11     /* zs__comm_reconcile: a partner for a collective
+                             this rank never issued */
 } zs__purpose;
 
 typedef struct zs__coll_tag {
@@ -233,7 +279,11 @@ zs_status zs__comm_ireduce_scatter(zs__comm* c, zs__coll_tag tag,
                                    zs__coll** out);
 
 /* Waits (polling, with the timeout of the blocking wrappers) and completes:
- * finishes a reduce-scatter's sum, logs the completion, frees op. */
+ * finishes a reduce-scatter's sum, logs the completion, frees op. When
+ * another rank dropped the micro-batch (zs_step_discard) without issuing
+ * op, this rank joins the reconciliation from here, op completes against
+ * an empty partner, and the wait returns ZS_ERR_REMOTE naming that rank
+ * (the caller's micro-batch must be dropped too). */
 zs_status zs__coll_wait(zs__comm* c, zs__coll* op);
 /* Completes op if it is done (then *done = 1 and op is freed). */
 zs_status zs__coll_test(zs__comm* c, zs__coll* op, int* done);
@@ -284,13 +334,71 @@ zs_status zs__comm_check_same(zs__comm* c, const char* what, const char* desc,
  * already, returns st untouched. Local, never blocks. */
 zs_status zs__comm_abandon(zs__comm* c, zs_status st);
 
-/* Every rank found (with one collective, so all alike) that their
- * collective sequences no longer pair up: some rank issued a collective the
- * others never will. Marks the communicator failed as a timeout does
- * (nothing new starts; later calls return st naming `why`; the buffers of
- * collectives in flight are kept, and destroy does not wait for them), and
- * tells no one: the others know. Local, never blocks. */
-void zs__comm_break(zs__comm* c, zs_status st, const char* why);
+/* zs_step_discard's reconciliation. Collective over every rank of c,
+ * which may have issued different collectives since the last time the
+ * ranks agreed (a rank whose pass failed part-way issued fewer; another
+ * waits in one it never joins). Through the control communicator, never
+ * the data lanes:
+ *   1. every rank's count of collectives per lane (one all-reduce; a rank
+ *      still waiting in a data collective is told by a discard notice,
+ *      sent when the others do not arrive within 50 ms, and joins from
+ *      inside its wait, see zs__coll_wait);
+ *   2. where the counts differ, the lowest rank with the most broadcasts
+ *      the descriptions of its collectives the others lack (they are in
+ *      flight there: nobody can complete them), and each rank checks that
+ *      the ones it did issue are the same calls of the same sizes;
+ *   3. each rank issues the collectives it lacks with zeroed scratch
+ *      buffers (purpose "discard catch-up"), so every collective in flight
+ *      has its partners and completes; their results are garbage, dropped
+ *      by the discard. Only collectives of a micro-batch may be matched
+ *      so: gathers, gradient reductions, checks, agreements, tensor reads.
+ * Afterwards every lane count and the sequence hash are equal everywhere.
+ * *matched (may be NULL): 1 when step 3 issued or completed anything here.
+ * Errors: TIMEOUT (a rank never joined within collective_timeout_s; the
+ * others are told), REMOTE (another rank failed), MISMATCH when the
+ * collectives already paired differ in call or size, or one to be matched
+ * would change parameters (an initialization, zs_tensor_set, a step's
+ * update): the communicator is then unusable, as after a timeout. */
+zs_status zs__comm_reconcile(zs__comm* c, int* matched);
+
+/* ---- What the reconciliation needs of comm.c (comm_reconcile.c) ---- */
+
+/* A collective as its partners must make it. Lanes 0 and 1 work on host
+ * memory, lane 2 on the device's. */
+typedef struct zs__coll_desc {
+  uint8_t call;    /* zs__call */
+  uint8_t dtype;   /* zs_dtype */
+  uint8_t redop;   /* zs__red_op */
+  uint8_t purpose; /* zs__purpose */
+  uint8_t lane;
+  int32_t root;    /* broadcast root, else -1 */
+  int32_t unit;    /* -1: not about a unit */
+  uint64_t lane_seq;
+  uint64_t count;  /* elements per rank (all-gather, reduce-scatter, the
+                      exchange's chunk) or in all (all-reduce, broadcast) */
+} zs__coll_desc;
+
+/* Copies the descriptions of this rank's collectives in flight on `lane`
+ * with lane_seq >= from, in issue order, into out (at most cap); returns
+ * how many there are. */
+size_t zs__comm_pending(const zs__comm* c, int lane, uint64_t from,
+                        zs__coll_desc* out, size_t cap);
+/* Starts a partner for d with zeroed scratch buffers of its own (comm
+ * buffers, freed at completion), counted and logged as purpose
+ * ZS__P_CATCH_UP. Errors: OUT_OF_MEMORY, COMM. */
+zs_status zs__comm_icatch_up(zs__comm* c, const zs__coll_desc* d,
+                             struct zs__coll** out);
+/* Takes in the notices that arrived (comm.c); 1 when a failure notice is
+ * among those received so far (c->notice_from, notice_msg). */
+int zs__comm_poll_notices(zs__comm* c);
+/* Marks c failed with st and why, as a timeout does: nothing new starts,
+ * later calls return st naming `why`, the buffers of collectives in flight
+ * are kept, and destroy does not wait for them. With notify, tells the
+ * other ranks that this rank completes no collective from its from_seq-th
+ * on; without, tells no one (every rank found the same, or the others
+ * will time out). Local, never blocks. */
+void zs__comm_fail(zs__comm* c, zs_status st, const char* why, int notify,
+                   uint64_t from_seq);
 
 /* free() for host blocks that a collective used: after a timeout the block
  * is kept (leaked), because the abandoned collective may still write it. */

@@ -124,6 +124,9 @@ static const zs__comm_ops zs__local_ops = {
     NULL,
     NULL,
     NULL, /* no MPI: always usable */
+    NULL, /* one lane */
+    NULL, /* no other rank to agree with */
+    NULL,
 };
 
 zs_status zs__comm_local_create(zs__comm** out) {
@@ -136,6 +139,7 @@ zs_status zs__comm_local_create(zs__comm** out) {
   c->local_size = 1;
   c->seq_hash = ZS__FNV_SEED;
   c->notice_from = -1;
+  c->discard_from = -1;
   c->max_count = SIZE_MAX;
   *out = c;
   return ZS_OK;

@@ -2,9 +2,10 @@
  * comm_mpi.c — the MPI communicator backend over host memory: blocking and
  * non-blocking (MPI-3 I*) all-gather, reduce-scatter (Reduce_scatter_block),
  * all-reduce and broadcast on a duplicate of the caller's communicator with
- * MPI_ERRORS_RETURN, so an MPI failure is a zs_status, not an abort; and
- * the failure notices (comm.h) that let a rank which gives up tell the
- * others at once.
+ * MPI_ERRORS_RETURN, so an MPI failure is a zs_status, not an abort; the
+ * notices (comm.h) that let a rank which gives up, or drops a micro-batch,
+ * tell the others at once; and the control collectives of
+ * zs_step_discard's reconciliation on a second duplicate.
  */
 #define _GNU_SOURCE
 #include "runtime/comm_mpi.h"
@@ -20,6 +21,7 @@ typedef struct zs__mpi_impl {
   MPI_Comm comm;
   int owns_mpi;     /* counted in zs__mpi_owners */
   MPI_Comm probe_comm; /* the progress thread probes here (never used else) */
+  MPI_Comm ctrl_comm;  /* control collectives (comm.h), or MPI_COMM_NULL */
   pthread_t progress;
   int progress_on;
   int progress_stop;   /* atomic */
@@ -34,8 +36,16 @@ typedef struct zs__mpi_impl {
   int notice_tag;
   MPI_Request notice_recv;   /* MPI_REQUEST_NULL once completed */
   char notice_in[ZS__NOTICE_BYTES];
-  MPI_Request* notice_sends; /* world entries once sent, else NULL */
+  struct zs__notice_send* notice_sends; /* sent, oldest first */
 } zs__mpi_impl;
+
+/* One notice sent to every other rank: its text and its requests, freed
+ * once every send completed (tested at the next notice and at destroy). */
+typedef struct zs__notice_send {
+  struct zs__notice_send* next;
+  char* text;
+  MPI_Request* reqs; /* world entries (MPI_REQUEST_NULL for this rank) */
+} zs__notice_send;
 
 /* Contexts alive over an MPI that ZeroShard initialized; the last one
  * destroyed finalizes it (zs__comm_mpi_own). */
@@ -162,39 +172,56 @@ static zs_status zs__mpi_reduce_scatter(zs__comm* c, const void* send,
   return zs__mpi_finish(rc, "reduce-scatter", req);
 }
 
+/* All-reduce and broadcast on `comm`: the data communicator, or the
+ * control one (comm.h, ctrl_*). */
+static zs_status zs__mpi_all_reduce_on(MPI_Comm comm, const void* send,
+                                       void* recv, size_t count,
+                                       zs_dtype dtype, zs__red_op op,
+                                       const char* what, zs__comm_req** req) {
+  MPI_Datatype t;
+  int n = 0;
+  MPI_Request* r;
+  zs_status st = zs__mpi_type(dtype, 1, &t);
+  if (st == ZS_OK) st = zs__mpi_count(count, what, &n);
+  if (st == ZS_OK) st = zs__mpi_req(req, &r);
+  if (st != ZS_OK) return st;
+  const void* s = send == ZS__IN_PLACE ? MPI_IN_PLACE : send;
+  MPI_Op o = zs__mpi_op(op);
+  int rc = r == NULL ? MPI_Allreduce(s, recv, n, t, o, comm)
+                     : MPI_Iallreduce(s, recv, n, t, o, comm, r);
+  return zs__mpi_finish(rc, what, req);
+}
+
+static zs_status zs__mpi_broadcast_on(MPI_Comm comm, void* buf, size_t count,
+                                      zs_dtype dtype, int root,
+                                      const char* what, zs__comm_req** req) {
+  MPI_Datatype t;
+  int n = 0;
+  MPI_Request* r;
+  zs_status st = zs__mpi_type(dtype, 0, &t);
+  if (st == ZS_OK) st = zs__mpi_count(count, what, &n);
+  if (st == ZS_OK) st = zs__mpi_req(req, &r);
+  if (st != ZS_OK) return st;
+  int rc = r == NULL ? MPI_Bcast(buf, n, t, root, comm)
+                     : MPI_Ibcast(buf, n, t, root, comm, r);
+  return zs__mpi_finish(rc, what, req);
+}
+
 static zs_status zs__mpi_all_reduce(zs__comm* c, const void* send, void* recv,
                                     size_t count, zs_dtype dtype,
                                     zs__red_op op, zs__stream* stream,
                                     zs__comm_req** req) {
   (void)stream;
-  MPI_Datatype t;
-  int n = 0;
-  MPI_Request* r;
-  zs_status st = zs__mpi_type(dtype, 1, &t);
-  if (st == ZS_OK) st = zs__mpi_count(count, "all-reduce", &n);
-  if (st == ZS_OK) st = zs__mpi_req(req, &r);
-  if (st != ZS_OK) return st;
-  const void* s = send == ZS__IN_PLACE ? MPI_IN_PLACE : send;
-  MPI_Op o = zs__mpi_op(op);
-  int rc = r == NULL ? MPI_Allreduce(s, recv, n, t, o, zs__mpi_comm(c))
-                     : MPI_Iallreduce(s, recv, n, t, o, zs__mpi_comm(c), r);
-  return zs__mpi_finish(rc, "all-reduce", req);
+  return zs__mpi_all_reduce_on(zs__mpi_comm(c), send, recv, count, dtype, op,
+                               "all-reduce", req);
 }
 
 static zs_status zs__mpi_broadcast(zs__comm* c, void* buf, size_t count,
                                    zs_dtype dtype, int root,
                                    zs__stream* stream, zs__comm_req** req) {
   (void)stream;
-  MPI_Datatype t;
-  int n = 0;
-  MPI_Request* r;
-  zs_status st = zs__mpi_type(dtype, 0, &t);
-  if (st == ZS_OK) st = zs__mpi_count(count, "broadcast", &n);
-  if (st == ZS_OK) st = zs__mpi_req(req, &r);
-  if (st != ZS_OK) return st;
-  int rc = r == NULL ? MPI_Bcast(buf, n, t, root, zs__mpi_comm(c))
-                     : MPI_Ibcast(buf, n, t, root, zs__mpi_comm(c), r);
-  return zs__mpi_finish(rc, "broadcast", req);
+  return zs__mpi_broadcast_on(zs__mpi_comm(c), buf, count, dtype, root,
+                              "broadcast", req);
 }
 
 static void zs__mpi_req_free(zs__comm_req* req) {
@@ -438,10 +465,10 @@ static zs_status zs__mpi_start_progress(zs__comm* c) {
   return ZS_OK;
 }
 
-/* ---- Failure notices (comm.h: notify_failure, poll_failure) -------------
+/* ---- Notices (comm.h: notify, poll_notice) --------------------------------
  * Eager-sized point-to-point messages: the sender never waits (its
- * requests are freed at destroy; MPI delivers them), and a receiver tests
- * its one posted receive while it waits in a collective.
+ * requests are freed once complete, or handed to MPI at destroy), and a
+ * receiver tests its one posted receive while it waits in a collective.
  *
  * A notice nobody receives (a rank stops listening at destroy; several
  * ranks failed and sent theirs) must not sit on a communicator that is
@@ -515,28 +542,55 @@ static int zs__notice_join(MPI_Comm comm, int tag_ub, MPI_Comm* out,
   return MPI_SUCCESS;
 }
 
-static void zs__mpi_notify_failure(zs__comm* c, const char* msg) {
+/* Frees the notices whose sends all completed; with `leave`, hands the
+ * others to MPI (MPI_Request_free: they complete on their own, and their
+ * text, which MPI may still read, is not freed). */
+static void zs__mpi_notice_reap(zs__mpi_impl* impl, int world, int leave) {
+  zs__notice_send** at = &impl->notice_sends;
+  while (*at != NULL) {
+    zs__notice_send* n = *at;
+    int done = 0;
+    if (MPI_Testall(world, n->reqs, &done, MPI_STATUSES_IGNORE) !=
+        MPI_SUCCESS)
+      done = 0;
+    if (!done && !leave) {
+      at = &n->next;
+      continue;
+    }
+    if (!done)
+      for (int p = 0; p < world; p++)
+        if (n->reqs[p] != MPI_REQUEST_NULL) MPI_Request_free(&n->reqs[p]);
+    *at = n->next;
+    if (done) free(n->text);
+    free(n->reqs);
+    free(n);
+  }
+}
+
+static void zs__mpi_notify(zs__comm* c, const char* msg) {
   zs__mpi_impl* impl = (zs__mpi_impl*)c->impl;
-  if (impl->notice_comm == MPI_COMM_NULL || impl->notice_sends != NULL)
-    return;
-  /* the sends are never waited for, so their buffer is never freed (one
-   * per failed context) */
-  char* out = (char*)calloc(1, ZS__NOTICE_BYTES);
-  impl->notice_sends = (MPI_Request*)malloc((size_t)c->world *
-                                            sizeof(MPI_Request));
-  if (out == NULL || impl->notice_sends == NULL) { /* the timeout stays */
-    free(out);
-    free(impl->notice_sends);
-    impl->notice_sends = NULL;
+  if (impl->notice_comm == MPI_COMM_NULL) return;
+  zs__mpi_notice_reap(impl, c->world, 0);
+  zs__notice_send* n = (zs__notice_send*)calloc(1, sizeof *n);
+  const size_t len = strnlen(msg, ZS__NOTICE_BYTES - 1) + 1;
+  if (n != NULL) n->text = (char*)malloc(len);
+  if (n != NULL)
+    n->reqs = (MPI_Request*)malloc((size_t)c->world * sizeof(MPI_Request));
+  if (n == NULL || n->text == NULL || n->reqs == NULL) { /* timeouts stay */
+    if (n != NULL) free(n->text), free(n->reqs);
+    free(n);
     return;
   }
-  snprintf(out, ZS__NOTICE_BYTES, "%s", msg);
+  memcpy(n->text, msg, len - 1);
+  n->text[len - 1] = '\0';
   for (int p = 0; p < c->world; p++) {
-    impl->notice_sends[p] = MPI_REQUEST_NULL;
+    n->reqs[p] = MPI_REQUEST_NULL;
     if (p != c->rank)
-      MPI_Isend(out, ZS__NOTICE_BYTES, MPI_CHAR, p, impl->notice_tag,
-                impl->notice_comm, &impl->notice_sends[p]);
+      MPI_Isend(n->text, (int)len, MPI_CHAR, p, impl->notice_tag,
+                impl->notice_comm, &n->reqs[p]);
   }
+  n->next = impl->notice_sends;
+  impl->notice_sends = n;
 }
 
 /* Posts the receive of the next notice from any rank. */
@@ -546,8 +600,8 @@ static int zs__mpi_notice_listen(zs__mpi_impl* impl) {
                    &impl->notice_recv);
 }
 
-static int zs__mpi_poll_failure(zs__comm* c, int* rank, char* msg,
-                                size_t cap) {
+static int zs__mpi_poll_notice(zs__comm* c, int* rank, char* msg,
+                               size_t cap) {
   zs__mpi_impl* impl = (zs__mpi_impl*)c->impl;
   if (impl->notice_recv == MPI_REQUEST_NULL) return 0;
   int flag = 0;
@@ -570,11 +624,7 @@ static void zs__mpi_notice_end(zs__mpi_impl* impl, int world) {
     MPI_Cancel(&impl->notice_recv);
     MPI_Wait(&impl->notice_recv, MPI_STATUS_IGNORE);
   }
-  for (int p = 0; impl->notice_sends != NULL && p < world; p++)
-    if (impl->notice_sends[p] != MPI_REQUEST_NULL)
-      MPI_Request_free(&impl->notice_sends[p]);
-  free(impl->notice_sends);
-  impl->notice_sends = NULL;
+  zs__mpi_notice_reap(impl, world, 1);
   impl->notice_comm = MPI_COMM_NULL;
 }
 
@@ -586,6 +636,9 @@ static void zs__mpi_destroy(zs__comm* c) {
   if (!finalized) {
     zs__mpi_notice_end(impl, c->world);
     if (impl->probe_live) MPI_Comm_free(&impl->probe_comm);
+    /* (after a failure a control collective may still be pending) */
+    if (impl->ctrl_comm != MPI_COMM_NULL && !c->failed)
+      MPI_Comm_free(&impl->ctrl_comm);
     /* After a failure another rank's messages for a collective this rank
      * never joined may still arrive: freed, the communicator's context id
      * could go to a later one, where Open MPI would deliver them (see the
@@ -612,6 +665,28 @@ static int zs__mpi_alive(const zs__comm* c) {
   return !finalized;
 }
 
+/* Collectives and point-to-point operations pair up independently. */
+static int zs__mpi_lane(zs__comm* c, zs__call call, const void* buf) {
+  (void)c;
+  (void)buf;
+  return call == ZS__CALL_EXCHANGE || call == ZS__CALL_ALL_GATHER_STRIDED;
+}
+
+static zs_status zs__mpi_ctrl_all_reduce(zs__comm* c, void* buf,
+                                         size_t count, zs_dtype dtype,
+                                         zs__red_op op, zs__comm_req** req) {
+  return zs__mpi_all_reduce_on(((zs__mpi_impl*)c->impl)->ctrl_comm,
+                               ZS__IN_PLACE, buf, count, dtype, op,
+                               "control all-reduce", req);
+}
+
+static zs_status zs__mpi_ctrl_broadcast(zs__comm* c, void* buf, size_t count,
+                                        zs_dtype dtype, int root,
+                                        zs__comm_req** req) {
+  return zs__mpi_broadcast_on(((zs__mpi_impl*)c->impl)->ctrl_comm, buf, count,
+                              dtype, root, "control broadcast", req);
+}
+
 static const zs__comm_ops zs__mpi_ops = {
     "mpi",
     zs__mpi_all_gather,
@@ -624,10 +699,13 @@ static const zs__comm_ops zs__mpi_ops = {
     zs__mpi_test,
     zs__mpi_start_progress,
     zs__mpi_destroy,
-    zs__mpi_notify_failure,
-    zs__mpi_poll_failure,
+    zs__mpi_notify,
+    zs__mpi_poll_notice,
     NULL, /* MPI requests need no abort: their buffers are kept */
     zs__mpi_alive,
+    zs__mpi_lane,
+    zs__mpi_ctrl_all_reduce,
+    zs__mpi_ctrl_broadcast,
 };
 
 zs_status zs__comm_mpi_create(MPI_Comm comm, zs__comm** out) {
@@ -664,13 +742,18 @@ zs_status zs__comm_mpi_create(MPI_Comm comm, zs__comm** out) {
   }
   impl->notice_recv = MPI_REQUEST_NULL;
   impl->notice_comm = MPI_COMM_NULL;
+  impl->ctrl_comm = MPI_COMM_NULL;
   if (c->world > 1) {
     rc = zs__notice_join(comm, impl->tag_ub, &impl->notice_comm,
                          &impl->notice_tag);
     if (rc == MPI_SUCCESS) rc = zs__mpi_notice_listen(impl);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_dup(impl->comm, &impl->ctrl_comm);
+    if (rc == MPI_SUCCESS)
+      MPI_Comm_set_errhandler(impl->ctrl_comm, MPI_ERRORS_RETURN);
     if (rc != MPI_SUCCESS) {
       zs_status st = zs__mpi_fail(rc, "failure-notice setup");
       zs__mpi_notice_end(impl, c->world);
+      if (impl->ctrl_comm != MPI_COMM_NULL) MPI_Comm_free(&impl->ctrl_comm);
       MPI_Comm_free(&impl->comm);
       free(c);
       free(impl);
@@ -681,6 +764,7 @@ zs_status zs__comm_mpi_create(MPI_Comm comm, zs__comm** out) {
   c->impl = impl;
   c->seq_hash = ZS__FNV_SEED;
   c->notice_from = -1;
+  c->discard_from = -1;
   c->max_count = (size_t)INT_MAX; /* MPI counts are ints */
   *out = c;
   return ZS_OK;

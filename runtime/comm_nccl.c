@@ -418,17 +418,42 @@ static zs_status zs__nccl_wait(zs__comm* c, zs__comm_req* req) {
   }
 }
 
-/* Failure notices go through the MPI communicator of the same ranks. */
-static void zs__nccl_notify_failure(zs__comm* c, const char* msg) {
+/* Notices and control collectives go through the MPI communicator of the
+ * same ranks. */
+static void zs__nccl_notify(zs__comm* c, const char* msg) {
   zs__comm* h = zs__nimpl(c)->host;
-  if (h->ops->notify_failure != NULL) h->ops->notify_failure(h, msg);
+  if (h->ops->notify != NULL) h->ops->notify(h, msg);
 }
 
-static int zs__nccl_poll_failure(zs__comm* c, int* rank, char* msg,
-                                 size_t cap) {
+static int zs__nccl_poll_notice(zs__comm* c, int* rank, char* msg,
+                                size_t cap) {
   zs__comm* h = zs__nimpl(c)->host;
-  return h->ops->poll_failure != NULL &&
-         h->ops->poll_failure(h, rank, msg, cap);
+  return h->ops->poll_notice != NULL && h->ops->poll_notice(h, rank, msg, cap);
+}
+
+/* Host memory goes to MPI's two lanes, device memory to NCCL's one. */
+static int zs__nccl_lane(zs__comm* c, zs__call call, const void* buf) {
+  zs__comm* h = zs__nimpl(c)->host;
+  if (!zs__is_host(buf)) return 2;
+  return h->ops->lane != NULL ? h->ops->lane(h, call, buf) : 0;
+}
+
+static zs_status zs__nccl_ctrl_all_reduce(zs__comm* c, void* buf,
+                                          size_t count, zs_dtype dtype,
+                                          zs__red_op op, zs__comm_req** req) {
+  zs__comm* h = zs__nimpl(c)->host;
+  if (h->ops->ctrl_all_reduce == NULL)
+    return zs__error(ZS_ERR_INTERNAL, "NCCL: no control communicator");
+  ZS__NCCL_HOST(h->ops->ctrl_all_reduce(h, buf, count, dtype, op, &q_));
+}
+
+static zs_status zs__nccl_ctrl_broadcast(zs__comm* c, void* buf, size_t count,
+                                         zs_dtype dtype, int root,
+                                         zs__comm_req** req) {
+  zs__comm* h = zs__nimpl(c)->host;
+  if (h->ops->ctrl_broadcast == NULL)
+    return zs__error(ZS_ERR_INTERNAL, "NCCL: no control communicator");
+  ZS__NCCL_HOST(h->ops->ctrl_broadcast(h, buf, count, dtype, root, &q_));
 }
 
 static void zs__nccl_destroy(zs__comm* c) {
@@ -467,10 +492,13 @@ static const zs__comm_ops zs__nccl_ops = {
     zs__nccl_test,
     NULL, /* NCCL progresses on its own */
     zs__nccl_destroy,
-    zs__nccl_notify_failure,
-    zs__nccl_poll_failure,
+    zs__nccl_notify,
+    zs__nccl_poll_notice,
     zs__nccl_abort,
     zs__nccl_alive,
+    zs__nccl_lane,
+    zs__nccl_ctrl_all_reduce,
+    zs__nccl_ctrl_broadcast,
 };
 
 /* One GPU per rank, as NCCL requires: every rank's machine (the kernel's
@@ -520,6 +548,7 @@ zs_status zs__comm_nccl_create(zs__comm* host, zs__comm** out) {
     return zs__error(ZS_ERR_OUT_OF_MEMORY, "NCCL communicator");
   }
   *c = *host; /* rank, world, local rank and size, counters' initial state */
+  c->pending_head = c->pending_tail = NULL; /* (the host's: none in flight) */
   c->ops = &zs__nccl_ops;
   c->impl = n;
   n->host = host;

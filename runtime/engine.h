@@ -180,6 +180,14 @@ struct zs_model {
    * message until zs_step_discard drops them. */
   int must_discard;
   char must_discard_msg[256];
+  /* The communicator's dirty_epoch this model has seen: a reconciliation
+   * since (zs__comm_reconcile) completed collectives of this rank against
+   * empty partners, so this model's micro-batch must be dropped here
+   * (discard_local: by zs_step_discard on this rank alone, the ranks'
+   * collectives being lined up already), and no call that issues a
+   * collective may run before that. */
+  uint64_t dirty_epoch_seen;
+  int discard_local;
 };
 
 /* ---- engine_model.c ---- */
@@ -385,6 +393,10 @@ static inline uint64_t zs__call_begin(const zs_model* m) {
   return m->ctx->comm->agreed_failures;
 }
 zs_status zs__call_end(zs_model* m, uint64_t begin, zs_status st);
+/* Calls that issue collectives start with this: INVALID_STATE (naming fn)
+ * while the model's micro-batch must be dropped on this rank alone because
+ * a reconciliation matched its collectives (see dirty_epoch_seen). */
+zs_status zs__check_discarded(zs_model* m, const char* fn);
 /* The pieces of a unit's storage-owning tensors (frozen ones skipped when
  * skip_frozen) in [begin, end) of its flat buffer, after finalize:
  * malloc'd into *out (free it), *count of them. Errors: OUT_OF_MEMORY. */
@@ -400,10 +412,12 @@ zs_status zs__prefetch_drain(zs_model* m);
 /* Ends the forward hold of a unit (at the end of its backward). */
 void zs__forward_hold_end(zs_model* m, int unit);
 void zs__trace_end_step(zs_model* m);
-/* Forgets the recorded gather order and this step's gathers so far: after
- * the ranks were found to disagree, what each recorded is its own, and a
- * prefetch from it would differ across ranks. */
-void zs__trace_reset(zs_model* m);
+/* Forgets this step's gathers: the trace recorded before the step stays
+ * (zs_step_discard). */
+void zs__trace_drop_step(zs_model* m);
+/* The user's gather of a unit ends without a release (zs_step_discard):
+ * its references are dropped, and a forward hold is not taken. */
+void zs__gather_abandon(zs_model* m, int unit);
 /* Waits for every collective in flight for every unit (reductions are
  * finished), e.g. before reading or freeing buffers outside a step. */
 zs_status zs__quiesce(zs_model* m);
@@ -427,6 +441,9 @@ static inline int zs__accum_boundary(const zs_model* m) {
 void zs__grad_drop(zs_model* m, zs__unit* u);
 /* Makes the accumulation buffer ready (zeroed on the step's first open). */
 zs_status zs__grad_prepare(zs_model* m, zs__unit* u);
+/* The user's gradient acquire of a unit ends without a release
+ * (zs_step_discard): no use is counted and no reduction starts. */
+void zs__grad_abandon(zs_model* m, int unit);
 
 /* ---- in-flight lists ---- */
 /* Appends op to f; when the list cannot grow (OUT_OF_MEMORY) op is waited

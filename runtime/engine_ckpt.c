@@ -457,6 +457,7 @@ cleanup:
 zs_status zs_checkpoint_save(zs_model* m, const char* root, const char* name,
                              const void* extras, size_t extras_bytes) {
   zs_status st = zs__check_finalized(m, "zs_checkpoint_save");
+  if (st == ZS_OK) st = zs__check_discarded(m, "zs_checkpoint_save");
   if (st != ZS_OK) return st;
   zs__comm* comm = m->ctx->comm;
   const int rank = m->ctx->rank, world = m->ctx->world;
@@ -773,6 +774,7 @@ zs_status zs_checkpoint_load(zs_model* m, const char* path, unsigned flags,
                              void* extras, size_t extras_cap,
                              size_t* extras_bytes) {
   zs_status st = zs__check_finalized(m, "zs_checkpoint_load");
+  if (st == ZS_OK) st = zs__check_discarded(m, "zs_checkpoint_load");
   if (st != ZS_OK) return st;
   zs__comm* comm = m->ctx->comm;
   const int rank = m->ctx->rank, world = m->ctx->world;

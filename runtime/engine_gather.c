@@ -261,9 +261,7 @@ void zs__trace_end_step(zs_model* m) {
   m->trace_ok = 1;
 }
 
-void zs__trace_reset(zs_model* m) {
-  m->trace_len = 0;
-  m->trace_valid = 0;
+void zs__trace_drop_step(zs_model* m) {
   m->seen_len = 0;
   m->trace_pos = 0;
   m->trace_ok = 1;
@@ -335,6 +333,7 @@ static zs_status zs__unit_gather(zs_model* m, int unit) {
 
 zs_status zs_unit_gather(zs_model* m, int unit) {
   zs_status st = zs__check_unit(m, unit, "zs_unit_gather");
+  if (st == ZS_OK) st = zs__check_discarded(m, "zs_unit_gather");
   if (st != ZS_OK) return st;
   const uint64_t begin = zs__call_begin(m);
   return zs__call_end(m, begin, zs__unit_gather(m, unit));
@@ -365,6 +364,14 @@ zs_status zs_unit_release(zs_model* m, int unit) {
                       0, 0);
   }
   return ZS_OK;
+}
+
+void zs__gather_abandon(zs_model* m, int unit) {
+  zs__unit* u = &m->units[unit];
+  if (!u->user_gathered) return;
+  for (int k = u->nowners - 1; k >= 0; k--) zs__drop(m, u->owners[k]);
+  zs__drop(m, unit);
+  u->user_gathered = 0;
 }
 
 /* The end of a unit's backward also ends a forward hold. */
@@ -413,6 +420,7 @@ static zs_status zs__unit_prefetch(zs_model* m, int unit) {
 
 zs_status zs_unit_prefetch(zs_model* m, int unit) {
   zs_status st = zs__check_unit(m, unit, "zs_unit_prefetch");
+  if (st == ZS_OK) st = zs__check_discarded(m, "zs_unit_prefetch");
   if (st != ZS_OK) return st;
   const uint64_t begin = zs__call_begin(m);
   return zs__call_end(m, begin, zs__unit_prefetch(m, unit));

@@ -39,8 +39,13 @@ zs_status zs__inflight_push(zs__comm* c, zs__inflight* f, zs__coll* op) {
 
 zs_status zs__inflight_wait(zs__comm* c, zs__inflight* f) {
   zs_status st = ZS_OK;
+  /* After a failure of one op the others are still waited for (each
+   * completes or fails on its own, and their buffers may be freed next),
+   * unless the communicator failed: then nothing completes any more, and
+   * the ops stay pending with their buffers (comm.h). */
   for (int i = 0; i < f->n; i++) {
-    zs_status s2 = st == ZS_OK ? zs__coll_wait(c, f->ops[i]) : ZS_OK;
+    zs_status s2 = st == ZS_OK || !c->failed ? zs__coll_wait(c, f->ops[i])
+                                             : ZS_OK;
     if (st == ZS_OK) st = s2;
   }
   f->n = 0;
@@ -317,6 +322,7 @@ static zs_status zs__unit_grad_acquire(zs_model* m, int unit) {
 
 zs_status zs_unit_grad_acquire(zs_model* m, int unit) {
   zs_status st = zs__check_unit(m, unit, "zs_unit_grad_acquire");
+  if (st == ZS_OK) st = zs__check_discarded(m, "zs_unit_grad_acquire");
   if (st != ZS_OK) return st;
   const uint64_t begin = zs__call_begin(m);
   return zs__call_end(m, begin, zs__unit_grad_acquire(m, unit));
@@ -343,9 +349,19 @@ static zs_status zs__unit_grad_release(zs_model* m, int unit) {
 
 zs_status zs_unit_grad_release(zs_model* m, int unit) {
   zs_status st = zs__check_unit(m, unit, "zs_unit_grad_release");
+  if (st == ZS_OK) st = zs__check_discarded(m, "zs_unit_grad_release");
   if (st != ZS_OK) return st;
   const uint64_t begin = zs__call_begin(m);
   return zs__call_end(m, begin, zs__unit_grad_release(m, unit));
+}
+
+void zs__grad_abandon(zs_model* m, int unit) {
+  zs__unit* u = &m->units[unit];
+  if (!u->user_grad_open) return;
+  u->user_grad_open = 0;
+  zs__forward_hold_end(m, unit);
+  u->grad_refs--;
+  for (int k = 0; k < u->nowners; k++) m->units[u->owners[k]].grad_refs--;
 }
 
 zs_status zs_tensor_grad(zs_model* m, int tensor, void** grad) {

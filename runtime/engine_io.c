@@ -114,6 +114,7 @@ cleanup:
  * the next unit's agreement: zs__call_end tells them. */
 zs_status zs_model_init(zs_model* m, zs_init_fn fn, void* user) {
   zs_status st = zs__check_finalized(m, "zs_model_init");
+  if (st == ZS_OK) st = zs__check_discarded(m, "zs_model_init");
   if (st != ZS_OK) return st;
   const uint64_t begin = zs__call_begin(m);
   return zs__call_end(m, begin, zs__model_init(m, fn, user));
@@ -121,6 +122,7 @@ zs_status zs_model_init(zs_model* m, zs_init_fn fn, void* user) {
 
 zs_status zs_tensor_set(zs_model* m, int tensor, const void* data) {
   zs_status st = zs__check_finalized(m, "zs_tensor_set");
+  if (st == ZS_OK) st = zs__check_discarded(m, "zs_tensor_set");
   if (st != ZS_OK) return st;
   zs_status local = ZS_OK;
   if (tensor < 0 || tensor >= m->ntensors)
@@ -283,6 +285,7 @@ zs_dtype zs_tensor_field_dtype(const zs_model* m, int tensor, zs_field field) {
 
 zs_status zs_tensor_get(zs_model* m, int tensor, zs_field field, void* out) {
   zs_status st = zs__check_finalized(m, "zs_tensor_get");
+  if (st == ZS_OK) st = zs__check_discarded(m, "zs_tensor_get");
   if (st != ZS_OK) return st;
   zs_status local = zs__quiesce(m);
   void* shard = NULL;

@@ -76,6 +76,27 @@ zs_status zs__call_end(zs_model* m, uint64_t begin, zs_status st) {
   }
 }
 
+zs_status zs__check_discarded(zs_model* m, const char* fn) {
+  const zs__comm* c = m->ctx->comm;
+  if (m->dirty_epoch_seen != c->dirty_epoch) {
+    /* (only zs_step_discard's own reconciliation leaves its model out) */
+    m->dirty_epoch_seen = c->dirty_epoch;
+    m->discard_local = 1;
+    m->must_discard = 1;
+    snprintf(m->must_discard_msg, sizeof m->must_discard_msg,
+             "another rank dropped the micro-batch (zs_step_discard) and "
+             "collectives of this rank were completed against empty "
+             "partners");
+  }
+  if (!m->discard_local) return ZS_OK;
+  return zs__error(ZS_ERR_INVALID_STATE,
+                   "%s: another rank dropped the micro-batch "
+                   "(zs_step_discard), and collectives of this rank were "
+                   "completed against empty partners; call zs_step_discard "
+                   "on this rank first (it restores the state from before "
+                   "the micro-batch)", fn);
+}
+
 static zs_status zs__check_name(const zs_model* m, const char* name,
                                 const char* what, int is_unit) {
   ZS_REQUIRE(name != NULL && name[0] != '\0', "%s name is NULL or empty",
@@ -130,6 +151,7 @@ zs_status zs_model_create(zs_context* ctx, zs_model** out) {
   const zs_loss_scaler_config* ls = &ctx->config.loss_scaler;
   m->loss_scale = ls->mode == ZS_LOSS_SCALE_NONE ? 1.0 : ls->init_scale;
   m->scale_hysteresis = ls->hysteresis;
+  m->dirty_epoch_seen = ctx->comm->dirty_epoch;
   m->next = ctx->models;
   ctx->models = m;
   *out = m;

@@ -430,25 +430,19 @@ double zs_model_loss_scale(const zs_model* m) {
  * the same units since the context was created, used every unit the same
  * number of times this step, will schedule reductions the same way, and
  * uses the same learning rates. Runs before anything of the step moves. */
-static zs_status zs__step_consistency(zs_model* m, zs_status local,
-                                      int discard) {
+static zs_status zs__step_consistency(zs_model* m, zs_status local) {
   uint64_t uses = ZS__FNV_SEED, lrs = ZS__FNV_SEED;
   for (int i = 0; i < m->nunits; i++) {
     const zs__unit* u = &m->units[i];
-    /* (a discard drops this micro-batch's uses: only the counts that
-     * schedule later reductions must agree, or a rank that used a unit
-     * once more could never discard) */
-    int64_t rec[3] = {discard ? 0 : u->releases, u->uses_explicit,
-                      u->uses_recorded};
+    int64_t rec[3] = {u->releases, u->uses_explicit, u->uses_recorded};
     uses = zs__hash_bytes(uses, rec, sizeof rec);
   }
   lrs = zs__hash_bytes(lrs, m->group_lr, sizeof(double) * (size_t)m->ngroups);
   lrs = zs__hash_bytes(lrs, m->group_wd, sizeof(double) * (size_t)m->ngroups);
-  /* what every rank must agree on; COUNT is compared first, alone */
+  /* what every rank must agree on */
   enum { STEP, COUNT, SEQ, USES, LRS, K };
-  uint64_t mine[K] = {((uint64_t)m->steps_called << 1) | (uint64_t)discard,
-                      m->ctx->comm->seq_count, m->ctx->comm->seq_hash, uses,
-                      lrs};
+  uint64_t mine[K] = {(uint64_t)m->steps_called, m->ctx->comm->seq_count,
+                      m->ctx->comm->seq_hash, uses, lrs};
   /* Heap, not stack: a collective's buffer (see zs__comm_free). */
   uint64_t* v = (uint64_t*)malloc((2 * K + 1) * sizeof *v);
   if (v == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "zs_step: malloc");
@@ -471,63 +465,54 @@ static zs_status zs__step_consistency(zs_model* m, zs_status local,
   if (local != ZS_OK) zs__error(local, "%s", saved);
   st = zs__comm_agree_finish(m->ctx->comm, local, r[2 * K], "zs_step");
   if (st != ZS_OK) return st;
-  if (r[2 * COUNT] != ~r[2 * COUNT + 1]) {
-    /* Different numbers of collectives (the check's own all-reduce paired
-     * up, but some rank issued one the others never will: a unit gathered
-     * or reduced on some ranks only). That collective can only pair with a
-     * later one of another purpose, so the context cannot go on: every
-     * rank fails it the same way, and destroy does not wait for it. */
-    char why[400];
-    snprintf(why, sizeof why,
-             "zs_step %lld: the ranks issued different numbers of collectives "
-             "(from %llu to %llu since the context was created): a unit was "
-             "gathered, released or had its gradients acquired on some ranks "
-             "only (control flow must not depend on the rank's data), so a "
-             "collective has no partner on the other ranks",
-             (long long)m->steps_called, (unsigned long long)~r[2 * COUNT + 1],
-             (unsigned long long)r[2 * COUNT]);
-    zs__comm_break(m->ctx->comm, ZS_ERR_MISMATCH, why);
-    return zs__error(ZS_ERR_MISMATCH, "%s; this context cannot go on: destroy "
-                     "the model and the context (they do not wait for that "
-                     "collective) and resume from a checkpoint", why);
-  }
   static const char* const what[K] = {
-      [STEP] = "step counters (or some called zs_step, others "
-               "zs_step_discard)",
+      [STEP] = "step counters",
+      [COUNT] = "numbers of collectives (a unit was gathered, released or "
+                "had its gradients acquired on some ranks only, so some "
+                "collective has no partner yet)",
       [SEQ] = "collective sequences (which units were gathered and reduced, "
               "in which order)",
       [USES] = "gradient use counts",
       [LRS] = "learning rates or weight decays"};
-  for (int k = 0; k < K; k++)
-    if (k != COUNT && r[2 * k] != ~r[2 * k + 1]) {
+  /* (different counts first: a different sequence follows from them) */
+  static const int order[K] = {COUNT, STEP, SEQ, USES, LRS};
+  for (int i = 0; i < K; i++) {
+    const int k = order[i];
+    if (r[2 * k] != ~r[2 * k + 1]) {
       /* Every rank sees the same result and fails here. The sequence hash
        * restarts from the same value everywhere, so a caller that brings
-       * its ranks back in line (the collectives themselves matched, only
-       * their units or order differed) can go on: after zs_step_discard
-       * unless only the learning rates differed. */
+       * its ranks back in line can go on: after zs_step_discard (which also
+       * gives every collective without partners its partners) unless only
+       * the learning rates differed. */
       m->ctx->comm->seq_hash = ZS__FNV_SEED;
-      zs__trace_reset(m);
       /* Only differing learning rates leave the reduced gradients right;
        * otherwise reductions were paired across different units (or one
        * rank's had no partner): they must be dropped, not applied. */
-      if (k != LRS) { /* on every rank, whichever it called: all refuse alike */
+      if (k != LRS) { /* on every rank alike */
         m->must_discard = 1;
         snprintf(m->must_discard_msg, sizeof m->must_discard_msg,
                  "zs_step %lld: the ranks disagreed on their %s",
-                 (long long)m->steps_called, what[k]);
+                 (long long)m->steps_called,
+                 k == COUNT ? "numbers of collectives" : what[k]);
       }
+      char range[96] = "";
+      if (k == COUNT)
+        snprintf(range, sizeof range, " (from %llu to %llu since the context "
+                 "was created)", (unsigned long long)~r[2 * COUNT + 1],
+                 (unsigned long long)r[2 * COUNT]);
       return zs__error(ZS_ERR_MISMATCH,
-                       "zs_step %lld: ranks disagree on their %s; every rank "
-                       "must gather, release and acquire the same units in "
-                       "the same order and set the same learning rates "
+                       "zs_step %lld: ranks disagree on their %s%s; every "
+                       "rank must gather, release and acquire the same units "
+                       "in the same order and set the same learning rates "
                        "(control flow must not depend on the rank's data)%s",
-                       (long long)m->steps_called, what[k],
+                       (long long)m->steps_called, what[k], range,
                        k != LRS
                            ? "; the gradients reduced so far are wrong: drop "
                              "them with zs_step_discard on every rank and "
                              "redo the micro-batch"
                            : "");
     }
+  }
   return ZS_OK;
 }
 
@@ -648,22 +633,21 @@ cleanup:
   return st;
 }
 
-/* zs_step and zs_step_discard. A micro-batch before the K-th reduces (or,
- * with local accumulation, keeps) its gradients and returns; the K-th
- * reduces what is left and applies the optimizer; discard drops it all. */
-static zs_status zs__step_run(zs_model* m, zs_step_info* info, int discard) {
-  const char* fn = discard ? "zs_step_discard" : "zs_step";
-  zs_status st = zs__check_finalized(m, fn);
+/* zs_step. A micro-batch before the K-th reduces (or, with local
+ * accumulation, keeps) its gradients and returns; the K-th reduces what is
+ * left and applies the optimizer. */
+static zs_status zs__step_run(zs_model* m, zs_step_info* info) {
+  zs_status st = zs__check_finalized(m, "zs_step");
+  if (st == ZS_OK) st = zs__check_discarded(m, "zs_step");
   if (st != ZS_OK) return st;
-  /* the same on every rank: the failure was agreed; discarding (which
-   * runs no optimizer) stays possible, to drop pending gradients */
-  if (m->broken && !discard)
-    return zs__error(ZS_ERR_INVALID_STATE, "%s: an earlier step failed after "
-                     "updating part of the optimizer states (%s); drop the "
-                     "pending gradients (zs_step_discard) and load a "
-                     "checkpoint (zs_checkpoint_load) to go on", fn,
+  /* the same on every rank: the failure was agreed */
+  if (m->broken)
+    return zs__error(ZS_ERR_INVALID_STATE, "zs_step: an earlier step failed "
+                     "after updating part of the optimizer states (%s); drop "
+                     "the pending gradients (zs_step_discard) and load a "
+                     "checkpoint (zs_checkpoint_load) to go on",
                      m->broken_msg);
-  if (m->must_discard && !discard)
+  if (m->must_discard)
     return zs__error(ZS_ERR_INVALID_STATE, "zs_step: %s, so the gradients "
                      "reduced since the last step are wrong; drop them with "
                      "zs_step_discard (every rank) and redo the micro-batch",
@@ -675,12 +659,12 @@ static zs_status zs__step_run(zs_model* m, zs_step_info* info, int discard) {
   const uint64_t begin = zs__call_begin(m);
   /* Misuse on any rank ends the step on every rank before anything moves;
    * nothing changes, so the caller can fix the order and call again. */
-  st = zs__step_consistency(m, zs__step_check_closed(m), discard);
+  st = zs__step_consistency(m, zs__step_check_closed(m));
   if (st != ZS_OK) goto out;
   zs__accounting_phase(m->ctx->acct, ZS_PHASE_STEP);
   const double t_step = zs__now();
-  const int boundary = discard || zs__accum_boundary(m);
-  const int reduce_now = !discard && (boundary || !m->ctx->config.grad_accum_local);
+  const int boundary = zs__accum_boundary(m);
+  const int reduce_now = boundary || !m->ctx->config.grad_accum_local;
   int applied = 0;
   /* Unused prefetches and forward holds end with the step. */
   ZS_CHECK(zs__prefetch_drain(m));
@@ -701,7 +685,7 @@ static zs_status zs__step_run(zs_model* m, zs_step_info* info, int discard) {
   for (int i = 0; i < m->nunits; i++)
     if (m->units[i].releases > m->units[i].uses_recorded)
       m->units[i].uses_recorded = m->units[i].releases;
-  if (boundary && !discard) ZS_CHECK(zs__step_apply(m, info, &applied));
+  if (boundary) ZS_CHECK(zs__step_apply(m, info, &applied));
 cleanup:
   /* A new step starts whatever happened after the reductions began. */
   if (st != ZS_OK) (void)zs__quiesce(m);
@@ -709,17 +693,16 @@ cleanup:
     zs__unit* u = &m->units[i];
     u->releases = 0;
     /* Between micro-batches the reduced shard (or the local sum) is kept;
-     * at the boundary, on discard and on failure everything goes. */
+     * at the boundary and on failure everything goes. */
     if (boundary || st != ZS_OK) zs__grad_drop(m, u);
   }
   zs__trace_end_step(m);
   zs__accounting_step_done(m->ctx->acct);
   if (m->ctx->prof != NULL)
-    zs__profiler_span(m->ctx->prof, 0, discard ? "zs_step_discard" : "zs_step",
-                      "step", t_step, zs__now(), NULL, 0, 0, 0);
+    zs__profiler_span(m->ctx->prof, 0, "zs_step", "step", t_step, zs__now(),
+                      NULL, 0, 0, 0);
   m->steps_called++;
   m->micro = boundary || st != ZS_OK ? 0 : m->micro + 1;
-  if (discard && st == ZS_OK) m->must_discard = 0; /* the wrong sums are gone */
   info->applied = applied;
 out:
   info->step = m->steps_applied;
@@ -729,9 +712,61 @@ out:
 }
 
 zs_status zs_step(zs_model* m, zs_step_info* info) {
-  return zs__step_run(m, info, 0);
+  return zs__step_run(m, info);
 }
 
+/* zs_step_discard: the ranks' collectives lined up (zs__comm_reconcile;
+ * already done when a reconciliation completed this rank's collectives
+ * from inside a wait), then this rank drops the micro-batch: what the
+ * caller still holds is let go, everything in flight completes (it has
+ * partners now), the gradients of the micro-batches accumulated so far go,
+ * and what the next step's scheduling depends on (recorded use counts, the
+ * prefetch trace) stays as it was before the micro-batch. Parameters,
+ * optimizer states, step counts and the loss scale are not touched. */
 zs_status zs_step_discard(zs_model* m, zs_step_info* info) {
-  return zs__step_run(m, info, 1);
+  zs_status st = zs__check_finalized(m, "zs_step_discard");
+  if (st != ZS_OK) return st;
+  zs_step_info local_info;
+  if (info == NULL) info = &local_info;
+  memset(info, 0, sizeof *info);
+  info->grad_norm = -1.0;
+  const uint64_t begin = zs__call_begin(m);
+  (void)zs__check_discarded(m, "zs_step_discard"); /* sets discard_local */
+  if (!m->discard_local) {
+    int matched = 0;
+    st = zs__comm_reconcile(m->ctx->comm, &matched);
+    if (st != ZS_OK) goto out;
+    /* the others' models learn of it at their next call; this one is
+     * being dropped now */
+    m->dirty_epoch_seen = m->ctx->comm->dirty_epoch;
+  }
+  zs__accounting_phase(m->ctx->acct, ZS_PHASE_STEP);
+  const double t_step = zs__now();
+  for (int i = 0; i < m->nunits; i++) {
+    zs__grad_abandon(m, i);
+    zs__gather_abandon(m, i);
+  }
+  ZS_CHECK(zs__prefetch_drain(m));
+  ZS_CHECK(zs__quiesce(m));
+cleanup:
+  for (int i = 0; i < m->nunits; i++) {
+    m->units[i].releases = 0;
+    zs__grad_drop(m, &m->units[i]);
+  }
+  zs__trace_drop_step(m);
+  zs__accounting_step_done(m->ctx->acct);
+  if (m->ctx->prof != NULL)
+    zs__profiler_span(m->ctx->prof, 0, "zs_step_discard", "step", t_step,
+                      zs__now(), NULL, 0, 0, 0);
+  m->steps_called++;
+  m->micro = 0;
+  if (st == ZS_OK) { /* the wrong sums are gone */
+    m->must_discard = 0;
+    m->discard_local = 0;
+  }
+out:
+  info->step = m->steps_applied;
+  info->loss_scale = m->loss_scale;
+  info->micro_batch = m->micro;
+  return zs__call_end(m, begin, st);
 }

@@ -919,11 +919,10 @@ typedef struct zs_step_info {
  * collectives for the same units since the start, used every unit the same
  * number of times and set the same learning rates (else MISMATCH on every
  * rank; only after differing learning rates can the caller set them and
- * call again: otherwise reductions were paired across different units, so
- * zs_step refuses (INVALID_STATE) until zs_step_discard on every rank drops
- * the step's gradients, and the micro-batch is redone; if the ranks issued
- * different numbers of collectives, one has no partner: the context cannot
- * go on, later calls fail at once and destroy does not wait for it). Then it
+ * call again: otherwise reductions were paired across different units, or
+ * some have no partner yet, so zs_step refuses (INVALID_STATE) until
+ * zs_step_discard on every rank drops the step's gradients, and the
+ * micro-batch is redone). Then it
  * reduces every unit not reduced yet (a unit not used this step contributes
  * zero gradients, as torch 1.13's zero_grad() leaves zeros: AdamW still
  * decays and moves it), runs the optimizer on this rank's part (the whole
@@ -949,12 +948,23 @@ typedef struct zs_step_info {
  * With CPU offload the optimizer runs on the offload worker threads. */
 zs_status zs_step(zs_model* model, zs_step_info* info);
 
-/* Ends the step without applying it: finishes the reductions in flight,
- * drops every gradient of the step (and of the micro-batches accumulated
- * so far), leaves parameters, optimizer states and step counts bitwise
- * unchanged. For recovery after zs_driver_forward/backward or a user's own
- * pass failed on some rank (every rank calls it). Collective. Errors: as
- * zs_step. */
+/* Drops the micro-batch on every rank, whatever each rank did in it.
+ * 1. Collective (every rank calls it): a rank whose pass failed part-way
+ *    calls it at once; another rank waiting in a collective the first never
+ *    issued, or in zs_step's check, gets ZS_ERR_REMOTE naming it, and calls
+ *    it then (a rank in user code must reach a ZeroShard call).
+ * 2. Collectives some rank issued and others did not get empty partners
+ *    (a control communicator agrees on them; docs/api.md, "Dropping a
+ *    micro-batch"), so everything in flight completes.
+ * 3. Restores what the micro-batch changed: held gathers and gradient
+ *    acquires are let go, the gradients of the micro-batches accumulated
+ *    so far dropped; parameters, optimizer states, step and loss-scale
+ *    state, recorded and declared use counts and the prefetch trace are as
+ *    before it.
+ * info may be NULL (info->applied is 0). Errors: TIMEOUT (a rank never
+ * came), REMOTE (another rank failed), MISMATCH when the ranks' collectives
+ * cannot be lined up (different sizes already paired, or one that would
+ * change parameters): the context cannot go on then. */
 zs_status zs_step_discard(zs_model* model, zs_step_info* info);
 
 /* The scale the caller multiplies its loss (or loss gradient) by before
