@@ -6,9 +6,78 @@
 #include <zeroshard.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
+#include <vector>
 
 namespace {
+
+// ==== Every estimate of the cases below, against estimate_golden.txt ====
+// The estimator's outputs must not move when its interface does: each call
+// below goes through Params/Model, whose status and every output field are
+// compared, in call order, with the lines recorded before the config and
+// estimator inputs were reworked (issue 26). ZS_ESTIMATE_GOLDEN_OUT=PATH
+// writes the lines instead (to record an intended change).
+struct Golden {
+  std::vector<std::string> want;
+  size_t next = 0;
+  FILE* out = nullptr;
+  Golden() {
+    const char* path = std::getenv("ZS_ESTIMATE_GOLDEN_OUT");
+    if (path != nullptr && *path != '\0') {
+      out = std::fopen(path, "w");
+      return;
+    }
+    std::string dir = std::getenv("TEST_SRCDIR") != nullptr
+                          ? std::string(std::getenv("TEST_SRCDIR")) + "/" +
+                                (std::getenv("TEST_WORKSPACE") != nullptr
+                                     ? std::getenv("TEST_WORKSPACE")
+                                     : "__main__") + "/"
+                          : std::string();
+    std::ifstream f(dir + "tests/runtime/estimate_golden.txt");
+    for (std::string line; std::getline(f, line);) want.push_back(line);
+  }
+  void Check(zs_status st, const zs_memory_estimate& e) {
+    std::ostringstream line;
+    line << "call " << next << ": status " << (int)st;
+    if (st == ZS_OK) {
+      for (int k = 0; k < ZS_MEM_CATEGORY_COUNT; k++) line << " " << e.bytes[k];
+      line << " model_states " << e.model_state_bytes << " total " << e.total
+           << " largest_unit " << e.largest_unit_elements << " nvme "
+           << e.nvme_bytes;
+    }
+    if (out != nullptr) {
+      std::fprintf(out, "%s\n", line.str().c_str());
+      std::fflush(out);
+    } else if (next >= want.size()) {
+      ADD_FAILURE() << "estimate_golden.txt has no line for " << line.str();
+    } else {
+      EXPECT_EQ(line.str(), want[next]) << "estimate call " << next;
+    }
+    next++;
+  }
+};
+Golden& TheGolden() {
+  static Golden g;
+  return g;
+}
+zs_status Params(double params, const zs_estimate_config* c,
+                 zs_memory_estimate* e) {
+  *e = zs_memory_estimate{};
+  zs_status st = zs_estimate_params(params, c, e);
+  TheGolden().Check(st, *e);
+  return st;
+}
+zs_status Model(const char* desc, const zs_estimate_config* c,
+                zs_memory_estimate* e) {
+  *e = zs_memory_estimate{};
+  zs_status st = zs_estimate_model(desc, c, e);
+  TheGolden().Check(st, *e);
+  return st;
+}
 
 #define EXPECT_LAST_ERROR_HAS(text)                                        \
   EXPECT_NE(std::string(zs_last_error()).find(text), std::string::npos)    \
@@ -39,7 +108,7 @@ TEST(Estimate, ReproducesTheZeroPaperFigureOne) {
     c.stage = stage;
     c.dtype = ZS_BFLOAT16;
     zs_memory_estimate e;
-    ASSERT_EQ(zs_estimate_params(7.5e9, &c, &e), ZS_OK) << zs_last_error();
+    ASSERT_EQ(Params(7.5e9, &c, &e), ZS_OK) << zs_last_error();
     EXPECT_EQ((double)e.model_state_bytes, expect[stage]) << "stage " << stage;
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.1f", e.model_state_bytes / 1e9);
@@ -52,7 +121,7 @@ TEST(Estimate, ReproducesTheZeroPaperFigureOne) {
   zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
   c.ranks = 4;
   zs_memory_estimate e;
-  ASSERT_EQ(zs_estimate_params(1000, &c, &e), ZS_OK);
+  ASSERT_EQ(Params(1000, &c, &e), ZS_OK);
   EXPECT_EQ(e.model_state_bytes, 16000u);
   EXPECT_EQ(e.bytes[ZS_MEM_MASTER_WEIGHTS], 0u);
 }
@@ -74,7 +143,7 @@ TEST(Estimate, ModelDescriptionLayoutTiesFrozenAndActivations) {
   c.stage = 3;
   c.prefetch_depth = 0;
   zs_memory_estimate e;
-  ASSERT_EQ(zs_estimate_model(model, &c, &e), ZS_OK) << zs_last_error();
+  ASSERT_EQ(Model(model, &c, &e), ZS_OK) << zs_last_error();
   // embed: wte at 0, b at 112 (aligned to 16), used 115, padded 128 (a
   // multiple of 64), shard 32. head: f at 0, padded 64, shard 16.
   EXPECT_EQ(e.bytes[ZS_MEM_PARAMS], (32u + 16u) * 4);
@@ -86,27 +155,27 @@ TEST(Estimate, ModelDescriptionLayoutTiesFrozenAndActivations) {
   // and gathered for both reasons it is one buffer, so the whole model is
   // the working set, not head + embed + embed again.
   c.prefetch_depth = 1;
-  ASSERT_EQ(zs_estimate_model(model, &c, &e), ZS_OK);
+  ASSERT_EQ(Model(model, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_PARAMS_GATHERED], (64u + 128u) * 4);
   c.prefetch_depth = 0;
   EXPECT_EQ(e.bytes[ZS_MEM_ACTIVATIONS], 1004u);
   // Twice the sequences per rank: twice the scaled part.
   c.global_batch = 40;  // 40 / 4 ranks = 10 per rank
-  ASSERT_EQ(zs_estimate_model(model, &c, &e), ZS_OK);
+  ASSERT_EQ(Model(model, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_ACTIVATIONS], 2004u);
   // bf16 override: 16-bit params and grads, fp32 master, 32-element
   // alignment: embed padded 4 * 32 * ... = 256? wte 100 -> b at 128 ->
   // used 131 -> padded 256, shard 64.
   c.global_batch = 0;
   c.dtype = ZS_BFLOAT16;
-  ASSERT_EQ(zs_estimate_model(model, &c, &e), ZS_OK);
+  ASSERT_EQ(Model(model, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_MASTER_WEIGHTS], 64u * 4);
   EXPECT_EQ(e.bytes[ZS_MEM_GRADS], 64u * 2);
   // A unit whose gradients are fp32 (the description's grad_dtype).
   const char* fp32_grads = R"({"units": [{"name": "u", "dtype": "bf16",
       "grad_dtype": "fp32", "tensors": [{"name": "w", "numel": 100}]}]})";
   c.dtype = ZS_DTYPE_COUNT;
-  ASSERT_EQ(zs_estimate_model(fp32_grads, &c, &e), ZS_OK) << zs_last_error();
+  ASSERT_EQ(Model(fp32_grads, &c, &e), ZS_OK) << zs_last_error();
   EXPECT_EQ(e.bytes[ZS_MEM_PARAMS], 32u * 2);  // padded 128, shard 32
   EXPECT_EQ(e.bytes[ZS_MEM_GRADS], 32u * 4);
 }
@@ -134,23 +203,23 @@ TEST(Estimate, ReductionBuffersCountATieOwnerAccumulating) {
   c.ranks = 2;  // (one rank reduces one unit at a time: below)
   c.stage = 2;
   zs_memory_estimate e;
-  ASSERT_EQ(zs_estimate_model(model, &c, &e), ZS_OK) << zs_last_error();
+  ASSERT_EQ(Model(model, &c, &e), ZS_OK) << zs_last_error();
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], (2 * 1600u + 2 * 800u + 480u + 160u) * 4);
-  ASSERT_EQ(zs_estimate_model(untied, &c, &e), ZS_OK);
+  ASSERT_EQ(Model(untied, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], (2 * 1600u + 2 * 800u + 480u) * 4);
   c.stage = 1;  // the gradients accumulate in place: temporaries only
-  ASSERT_EQ(zs_estimate_model(model, &c, &e), ZS_OK);
+  ASSERT_EQ(Model(model, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], (1600u + 800u) * 4);
   // One rank: a reduction is a local copy, finished before the next unit
   // accumulates: the owner all along and the largest unit reducing.
   c.ranks = 1;
   c.stage = 2;
-  ASSERT_EQ(zs_estimate_model(model, &c, &e), ZS_OK);
+  ASSERT_EQ(Model(model, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], (480u + 2 * 1600u) * 4);
   // A description's own "other" (e.g. an fp32 copy of a 16-bit unit) adds
   // to the context's.
   const size_t base = e.bytes[ZS_MEM_OTHER];
-  ASSERT_EQ(zs_estimate_model(R"({"other_bytes": 4096, "units": [
+  ASSERT_EQ(Model(R"({"other_bytes": 4096, "units": [
       {"name": "a", "tensors": [{"name": "w", "numel": 16}]}]})", &c, &e), ZS_OK)
       << zs_last_error();
   EXPECT_EQ(e.bytes[ZS_MEM_OTHER], base + 4096);
@@ -178,27 +247,27 @@ TEST(Estimate, ReductionBuffersWithGradUsesAndMicroBatches) {
   c.stage = 2;
   zs_memory_estimate e;
   // d all along, a and b reducing (buffer and temporaries), c next
-  ASSERT_EQ(zs_estimate_model(model, &c, &e), ZS_OK) << zs_last_error();
+  ASSERT_EQ(Model(model, &c, &e), ZS_OK) << zs_last_error();
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], (160u + 2 * 1600u + 2 * 800u + 480u) * 4);
   // re-opened: a and b add 2 s each, the next (c) its saved s
   c.grad_accum_steps = 2;
-  ASSERT_EQ(zs_estimate_model(plain, &c, &e), ZS_OK);
+  ASSERT_EQ(Model(plain, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS],
             ((2 * 1600u + 1600u) + (2 * 800u + 800u) + (480u + 240u)) * 4);
   // ... and d, all along, its buffer and saved sum
-  ASSERT_EQ(zs_estimate_model(model, &c, &e), ZS_OK);
+  ASSERT_EQ(Model(model, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS],
             ((160u + 80u) + (2 * 1600u + 1600u) + (2 * 800u + 800u) + (480u + 240u)) * 4);
   // local: every buffer all along, the two largest with temporaries
   c.grad_accum_local = 1;
-  ASSERT_EQ(zs_estimate_model(plain, &c, &e), ZS_OK);
+  ASSERT_EQ(Model(plain, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], ((1600u + 800u + 480u + 160u) + 1600u + 800u) * 4);
   // stage 1: the gradients are the buffer; re-opened units still save
   c.stage = 1;
-  ASSERT_EQ(zs_estimate_model(plain, &c, &e), ZS_OK);
+  ASSERT_EQ(Model(plain, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], (1600u + 800u) * 4);
   c.grad_accum_local = 0;
-  ASSERT_EQ(zs_estimate_model(plain, &c, &e), ZS_OK);
+  ASSERT_EQ(Model(plain, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], ((1600u + 1600u) + (800u + 800u) + 240u) * 4);
   // a count with --largest-layer: 20 units of 4e8 at 8 ranks (s = 5e7)
   zs_estimate_config p = ZS_ESTIMATE_CONFIG_INIT;
@@ -208,14 +277,14 @@ TEST(Estimate, ReductionBuffersWithGradUsesAndMicroBatches) {
   p.reduce_dtype = ZS_FLOAT32;
   p.largest_unit_elements = 400000000;
   p.grad_accum_steps = 4;
-  ASSERT_EQ(zs_estimate_params(8e9, &p, &e), ZS_OK) << zs_last_error();
+  ASSERT_EQ(Params(8e9, &p, &e), ZS_OK) << zs_last_error();
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS],
             (2ull * (2 * 400000000ull + 2 * 50000000ull) + 400000000ull + 50000000ull) * 4);
   p.grad_accum_local = 1;
-  ASSERT_EQ(zs_estimate_params(8e9, &p, &e), ZS_OK);
+  ASSERT_EQ(Params(8e9, &p, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], (2ull + 20ull) * 400000000ull * 4);
   p.grad_accum_local = 2;
-  EXPECT_EQ(zs_estimate_params(8e9, &p, &e), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(Params(8e9, &p, &e), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("grad_accum_local must be 0 or 1, got 2");
 }
 
@@ -228,7 +297,7 @@ TEST(Estimate, OffloadMovesStatesToTheHost) {
   c.dtype = ZS_BFLOAT16;
   c.offload_optimizer = 1;
   zs_memory_estimate e;
-  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK) << zs_last_error();
+  ASSERT_EQ(Params(8e9, &c, &e), ZS_OK) << zs_last_error();
   EXPECT_EQ(e.bytes[ZS_MEM_OFFLOAD_HOST], 12ull * 1000000000ull);  // 12 Psi / 8
   EXPECT_EQ(e.bytes[ZS_MEM_MASTER_WEIGHTS] + e.bytes[ZS_MEM_OPTIMIZER_STATES], 0u);
   // On the device: 2 Psi + 2 Psi / 8; in all: plus the 12 Psi / 8 offloaded.
@@ -239,11 +308,11 @@ TEST(Estimate, OffloadMovesStatesToTheHost) {
             16ull * 1000000000ull + 14ull * 1000000000ull);
   c.stage = 3;
   c.offload_params = 1;
-  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
+  ASSERT_EQ(Params(8e9, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_OFFLOAD_HOST], 14ull * 1000000000ull);
   EXPECT_EQ(e.bytes[ZS_MEM_PARAMS], 0u);
   c.stage = 2;  // parameter offload is a stage-3 feature
-  EXPECT_EQ(zs_estimate_params(8e9, &c, &e), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(Params(8e9, &c, &e), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("offload_params");
 }
 
@@ -263,9 +332,9 @@ TEST(Estimate, CudaOffloadStagesTheLargestSpan) {
   c.offload_optimizer = 1;
   c.largest_unit_elements = 400000000;  // 50M per rank
   zs_memory_estimate host, gpu;
-  ASSERT_EQ(zs_estimate_params(8e9, &c, &host), ZS_OK) << zs_last_error();
+  ASSERT_EQ(Params(8e9, &c, &host), ZS_OK) << zs_last_error();
   c.device = ZS_DEVICE_CUDA;
-  ASSERT_EQ(zs_estimate_params(8e9, &c, &gpu), ZS_OK) << zs_last_error();
+  ASSERT_EQ(Params(8e9, &c, &gpu), ZS_OK) << zs_last_error();
   // two slots x 50M x (4 bytes of fp32 gradients + 2 of bf16 parameters)
   EXPECT_EQ(gpu.bytes[ZS_MEM_OFFLOAD_HOST] - host.bytes[ZS_MEM_OFFLOAD_HOST],
             2ull * 50000000ull * (4 + 2));
@@ -273,17 +342,17 @@ TEST(Estimate, CudaOffloadStagesTheLargestSpan) {
   EXPECT_EQ(gpu.total - gpu.bytes[ZS_MEM_OFFLOAD_HOST],
             host.total - host.bytes[ZS_MEM_OFFLOAD_HOST]);  // none on the device
   c.stage = 0;  // the whole unit
-  ASSERT_EQ(zs_estimate_params(8e9, &c, &gpu), ZS_OK);
+  ASSERT_EQ(Params(8e9, &c, &gpu), ZS_OK);
   c.device = ZS_DEVICE_HOST;
-  ASSERT_EQ(zs_estimate_params(8e9, &c, &host), ZS_OK);
+  ASSERT_EQ(Params(8e9, &c, &host), ZS_OK);
   EXPECT_EQ(gpu.bytes[ZS_MEM_OFFLOAD_HOST] - host.bytes[ZS_MEM_OFFLOAD_HOST],
             2ull * 400000000ull * (4 + 2));
   c.offload_optimizer = 0;  // nothing staged without offload
   c.device = ZS_DEVICE_CUDA;
-  ASSERT_EQ(zs_estimate_params(8e9, &c, &gpu), ZS_OK);
+  ASSERT_EQ(Params(8e9, &c, &gpu), ZS_OK);
   EXPECT_EQ(gpu.bytes[ZS_MEM_OFFLOAD_HOST], 0u);
   c.device = (zs_device_kind)2;
-  EXPECT_EQ(zs_estimate_params(8e9, &c, &gpu), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(Params(8e9, &c, &gpu), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("device must be");
 }
 
@@ -300,26 +369,26 @@ TEST(Estimate, LargestLayerGivesTheWorkingSetAndReductionBuffers) {
   c.dtype = ZS_BFLOAT16;
   c.reduce_dtype = ZS_FLOAT32;
   zs_memory_estimate e;
-  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK) << zs_last_error();
+  ASSERT_EQ(Params(8e9, &c, &e), ZS_OK) << zs_last_error();
   EXPECT_EQ(e.bytes[ZS_MEM_PARAMS_GATHERED] + e.bytes[ZS_MEM_COMM_BUFFERS], 0u);
   c.largest_unit_elements = 400000000;
-  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
+  ASSERT_EQ(Params(8e9, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_PARAMS_GATHERED], 3ull * 400000000ull * 2);
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], (2ull * 2 + 1) * 400000000ull * 4);
   c.stage = 1;  // the gradients accumulate in place: temporaries only
-  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
+  ASSERT_EQ(Params(8e9, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_PARAMS_GATHERED], 0u);
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], 2ull * 400000000ull * 4);
   c.stage = 3;
   c.offload_optimizer = 1;
   c.offload_params = 1;
   c.device = ZS_DEVICE_CUDA;
-  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
+  ASSERT_EQ(Params(8e9, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS],
             (2ull * 2 + 1) * 400000000ull * 4 + 3ull * 50000000ull * 2);
   c.largest_unit_elements = 8000000000ull;  // one unit: no next one
   c.device = ZS_DEVICE_HOST;
-  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
+  ASSERT_EQ(Params(8e9, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_PARAMS_GATHERED], 8000000000ull * 2);
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], 2ull * 8000000000ull * 4);
 }
@@ -346,7 +415,7 @@ TEST(Estimate, NvmeMovesStatesToDiskThroughThePinnedPool) {
   c.dtype = ZS_BFLOAT16;
   c.offload_optimizer = 2;
   zs_memory_estimate e;
-  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK) << zs_last_error();
+  ASSERT_EQ(Params(8e9, &c, &e), ZS_OK) << zs_last_error();
   // 1e9 elements per rank: 238 whole sub-groups of 4 Mi elements and a
   // last one whose region is rounded up
   EXPECT_EQ(e.nvme_bytes, 3 * SwapField(1000000000, 4194304));
@@ -356,28 +425,28 @@ TEST(Estimate, NvmeMovesStatesToDiskThroughThePinnedPool) {
   EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], 3u * 3u * (16u << 20));
   EXPECT_EQ(e.model_state_bytes, 16ull * 1000000000ull + 2ull * 1000000000ull);
   c.nvme_sub_group_size = 1000;  // 4000 bytes: one 4 KiB region per field
-  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
+  ASSERT_EQ(Params(8e9, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], 3u * 3u * 4096u);
   c.dtype = ZS_FLOAT32;  // fp32: no master weights, two fields: a ring of
                          // 9 / 2 = 4 slots
-  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
+  ASSERT_EQ(Params(8e9, &c, &e), ZS_OK);
   // sub-groups of 1000 elements: 4000 bytes each in 4096 on disk
   EXPECT_EQ(e.nvme_bytes, 2 * SwapField(1000000000, 1000));
   EXPECT_EQ(e.nvme_bytes, 8192000000ull);
   EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], 4u * 2u * 4096u);
   c.nvme_sub_group_size = 1;  // 4096 bytes for every 4: said, not hidden
-  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
+  ASSERT_EQ(Params(8e9, &c, &e), ZS_OK);
   EXPECT_EQ(e.nvme_bytes, 2ull * 1000000000ull * 4096ull);
   c.nvme_sub_group_size = 1000;
   c.nvme_buffer_count = 5;  // fp32 AdamW: 2 fields x 3 sub-groups = 6
-  EXPECT_EQ(zs_estimate_params(8e9, &c, &e), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(Params(8e9, &c, &e), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("nvme_buffer_count 5 is below the 6 buffers");
   c.nvme_buffer_count = 40;  // the ring stops at 16 slots
-  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
+  ASSERT_EQ(Params(8e9, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], 16u * 2u * 4096u);
   c.nvme_buffer_count = 9;
   c.nvme_buffer_size = 1000;
-  EXPECT_EQ(zs_estimate_params(8e9, &c, &e), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(Params(8e9, &c, &e), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("nvme_buffer_size");
 }
 
@@ -396,7 +465,7 @@ TEST(Estimate, NvmeParamsMoveShardsToDiskThroughAPool) {
   c.nvme_sub_group_size = 1000;
   c.offload_params = 2;
   zs_memory_estimate e;
-  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK) << zs_last_error();
+  ASSERT_EQ(Params(8e9, &c, &e), ZS_OK) << zs_last_error();
   // the states in sub-groups of 1000 (4096 bytes each on disk), the shard
   // rounded up to 4 KiB
   const uint64_t shard_file = (2000000000ull + 4095) / 4096 * 4096;
@@ -406,18 +475,18 @@ TEST(Estimate, NvmeParamsMoveShardsToDiskThroughAPool) {
   const size_t shard = (2000000000ull + 4095) / 4096 * 4096;
   EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], 3u * 3u * 4096u + 5u * shard);
   c.largest_unit_elements = 400000000;  // 50M per rank: 100 MB of bf16
-  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
+  ASSERT_EQ(Params(8e9, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], 3u * 3u * 4096u + 5u * ((100000000u + 4095) / 4096 * 4096));
   c.nvme_param_buffer_count = 2;
   c.nvme_param_buffer_elements = (size_t)1 << 30;  // elements: 2 GiB of bf16
-  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
+  ASSERT_EQ(Params(8e9, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], 3u * 3u * 4096u + 2u * ((size_t)2 << 30));
   c.offload_optimizer = 1;  // states in host memory, shards on disk
-  ASSERT_EQ(zs_estimate_params(8e9, &c, &e), ZS_OK);
+  ASSERT_EQ(Params(8e9, &c, &e), ZS_OK);
   EXPECT_EQ(e.nvme_bytes, shard_file);
   EXPECT_EQ(e.bytes[ZS_MEM_OFFLOAD_HOST], 12ull * 1000000000ull);
   c.nvme_param_buffer_count = 0;
-  EXPECT_EQ(zs_estimate_params(8e9, &c, &e), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(Params(8e9, &c, &e), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("nvme_param_buffer_count");
 }
 
@@ -425,45 +494,45 @@ TEST(Estimate, BadInputNamesTheSetting) {
   zs_memory_estimate e;
   zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
   c.ranks = 0;
-  EXPECT_EQ(zs_estimate_params(10, &c, &e), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(Params(10, &c, &e), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("ranks");
   c = ZS_ESTIMATE_CONFIG_INIT;
   c.stage = 4;
-  EXPECT_EQ(zs_estimate_params(10, &c, &e), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(Params(10, &c, &e), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("stage");
   c = ZS_ESTIMATE_CONFIG_INIT;
   c.dtype = ZS_UINT8;
-  EXPECT_EQ(zs_estimate_params(10, &c, &e), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(Params(10, &c, &e), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("dtype");
   c = ZS_ESTIMATE_CONFIG_INIT;
   c.ranks = 6;
   c.nodes = 4;
-  EXPECT_EQ(zs_estimate_params(10, &c, &e), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(Params(10, &c, &e), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("nodes");
   c = ZS_ESTIMATE_CONFIG_INIT;
   c.ranks = 4;
   c.global_batch = 16;
   c.grad_accum_steps = 3;  // 16 sequences are not 4 ranks x 3 micro-batches
-  EXPECT_EQ(zs_estimate_params(10, &c, &e), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(Params(10, &c, &e), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("global_batch 16 is not divisible by ranks 4 x grad_accum_steps 3");
   c.grad_accum_steps = 2;
-  EXPECT_EQ(zs_estimate_params(10, &c, &e), ZS_OK) << zs_last_error();
+  EXPECT_EQ(Params(10, &c, &e), ZS_OK) << zs_last_error();
   c = ZS_ESTIMATE_CONFIG_INIT;
-  EXPECT_EQ(zs_estimate_params(NAN, &c, &e), ZS_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(zs_estimate_params(1.5, &c, &e), ZS_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(zs_estimate_model(R"({"units": [{"tensors": [{"name": "a", )", &c, &e),
+  EXPECT_EQ(Params(NAN, &c, &e), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(Params(1.5, &c, &e), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(Model(R"({"units": [{"tensors": [{"name": "a", )", &c, &e),
             ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("truncated");
-  EXPECT_EQ(zs_estimate_model(R"({"units": []})", &c, &e), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(Model(R"({"units": []})", &c, &e), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("units");
-  EXPECT_EQ(zs_estimate_model(R"({"units": [{"name": "u", "tensors": [{"name": "a"}]}]})", &c, &e),
+  EXPECT_EQ(Model(R"({"units": [{"name": "u", "tensors": [{"name": "a"}]}]})", &c, &e),
             ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("numel");
-  EXPECT_EQ(zs_estimate_model(
+  EXPECT_EQ(Model(
                 R"({"units": [{"name": "u", "tensors": [{"name": "a", "tied_to": "zz"}]}]})", &c, &e),
             ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("tied_to");
-  EXPECT_EQ(zs_estimate_model(
+  EXPECT_EQ(Model(
                 R"({"units": [{"name": "u", "dtype": "fp8", "tensors": []}]})", &c, &e),
             ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("dtype");
@@ -532,10 +601,10 @@ TEST(Estimate, BadInputNamesTheSetting) {
        "tied to 't', a bf16 tensor, in a fp32 unit"},
   };
   for (const auto& r : refused) {
-    EXPECT_EQ(zs_estimate_model(r.json, &c, &e), ZS_ERR_INVALID_ARGUMENT) << r.json;
+    EXPECT_EQ(Model(r.json, &c, &e), ZS_ERR_INVALID_ARGUMENT) << r.json;
     EXPECT_LAST_ERROR_HAS(r.expect);
   }
-  EXPECT_EQ(zs_estimate_params(2e15, &c, &e), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(Params(2e15, &c, &e), ZS_ERR_INVALID_ARGUMENT);
 }
 
 }  // namespace
