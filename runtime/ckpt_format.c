@@ -40,6 +40,7 @@ static const char* zs__optim_name(zs_optimizer_kind k) {
     case ZS_OPTIM_ADAMW: return "adamw";
     case ZS_OPTIM_ADAM: return "adam";
     case ZS_OPTIM_SGD: return "sgd";
+    case ZS_OPTIM_UNSET: break;
   }
   return "unknown";
 }

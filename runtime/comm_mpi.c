@@ -96,7 +96,8 @@ static zs_status zs__mpi_type(zs_dtype dtype, int reducing, MPI_Datatype* out) {
                          "reduce in fp32", zs_dtype_name(dtype));
       *out = MPI_UINT16_T;
       return ZS_OK;
-    case ZS_DTYPE_COUNT: break;
+    case ZS_DTYPE_COUNT:
+    case ZS_DTYPE_AUTO: break;
   }
   return zs__error(ZS_ERR_INVALID_ARGUMENT, "MPI backend: dtype %d", (int)dtype);
 }

@@ -119,7 +119,8 @@ static int zs__nccl_type(zs_dtype d, ncclDataType_t* out) {
     case ZS_INT64: *out = ncclInt64; return 1;
     case ZS_UINT64: *out = ncclUint64; return 1;
     case ZS_FLOAT64: *out = ncclFloat64; return 1;
-    case ZS_DTYPE_COUNT: break;
+    case ZS_DTYPE_COUNT:
+    case ZS_DTYPE_AUTO: break;
   }
   return 0;
 }

@@ -6,6 +6,7 @@
 #include "runtime/context.h"
 
 #include "offload/offload.h"
+#include "runtime/compat.h"
 #include "runtime/engine.h"
 
 #include <stdio.h>
@@ -36,10 +37,9 @@ zs_status zs__context_create(const zs_config* config, zs__comm* comm,
    * rank is not a mismatch), so every rank fails together. */
   char desc[2048];
   zs_config resolved;
-  zs_status valid = zs_config_validate(config);
+  zs_status valid = zs__config_resolved(config, &resolved, &ctx->caller_version);
+  if (valid == ZS_OK) valid = zs__config_check(&resolved);
   if (valid == ZS_OK) {
-    resolved = *config;
-    zs__config_resolve(&resolved);
     zs__config_describe(&resolved, desc, sizeof desc);
   } else {
     snprintf(desc, sizeof desc, "invalid config: %s\n", zs__error_body());
@@ -164,7 +164,13 @@ const zs_config* zs_context_config(const zs_context* ctx) {
 zs_status zs_memory_stats_get(const zs_context* ctx, zs_memory_stats* out) {
   ZS_REQUIRE(ctx != NULL && out != NULL,
              "zs_memory_stats_get: ctx and out must not be NULL");
-  zs__accounting_stats(ctx->acct, out);
+  size_t size = 0;
+  zs_status st = zs__out_size(ZS__OUT_MEMORY_STATS, ctx->caller_version, out,
+                              "zs_memory_stats_get", &size);
+  if (st != ZS_OK) return st;
+  zs_memory_stats full;
+  zs__accounting_stats(ctx->acct, &full);
+  zs__out_write(ZS__OUT_MEMORY_STATS, ctx->caller_version, &full, out, size);
   return ZS_OK;
 }
 
@@ -195,6 +201,11 @@ size_t zs_comm_log_get(const zs_context* ctx, zs_comm_record* out,
                        size_t cap) {
   if (ctx == NULL || ctx->comm == NULL || ctx->comm->log == NULL) return 0;
   const zs__comm* c = ctx->comm;
+  size_t stride = 0; /* the caller's record size */
+  if (out != NULL && cap > 0 &&
+      zs__out_size(ZS__OUT_COMM_RECORD, ctx->caller_version, out,
+                   "zs_comm_log_get", &stride) != ZS_OK)
+    return 0;
   zs__comm_log_entry* tmp =
       (zs__comm_log_entry*)malloc(ZS__COMM_LOG_CAP * sizeof *tmp);
   if (tmp == NULL) return 0;
@@ -206,7 +217,7 @@ size_t zs_comm_log_get(const zs_context* ctx, zs_comm_record* out,
   const size_t first = n > cap ? n - cap : 0; /* the most recent `cap` */
   for (size_t i = first; i < n; i++) {
     const zs__comm_log_entry* e = &tmp[i];
-    zs_comm_record* r = &out[i - first];
+    zs_comm_record rec, *r = &rec;
     memset(r, 0, sizeof *r);
     r->seq = e->seq;
     r->op = (zs_coll_op)e->op;
@@ -218,14 +229,21 @@ size_t zs_comm_log_get(const zs_context* ctx, zs_comm_record* out,
     const double dt = e->t_done > 0 ? e->t_done - e->t_issue : 0.0;
     r->algbw_GBps = dt > 0 ? (double)e->bytes / dt / 1e9 : 0.0;
     r->busbw_GBps = r->algbw_GBps * zs_busbw_factor(r->op, c->world);
+    zs__out_write(ZS__OUT_COMM_RECORD, ctx->caller_version, r,
+                  (char*)out + (i - first) * stride, stride);
   }
   free(tmp);
   return n - first;
 }
 
-zs_status zs_offload_info_get(const zs_context* ctx, zs_offload_info* out) {
-  ZS_REQUIRE(ctx != NULL && out != NULL,
+zs_status zs_offload_info_get(const zs_context* ctx, zs_offload_info* user) {
+  ZS_REQUIRE(ctx != NULL && user != NULL,
              "zs_offload_info_get: ctx and out must not be NULL");
+  size_t size = 0;
+  zs_status st = zs__out_size(ZS__OUT_OFFLOAD_INFO, ctx->caller_version, user,
+                              "zs_offload_info_get", &size);
+  if (st != ZS_OK) return st;
+  zs_offload_info full, *out = &full;
   zs__offload_info(ctx->offload, out);
   if (ctx->nvme != NULL) {
     out->nvme = 1;
@@ -236,12 +254,18 @@ zs_status zs_offload_info_get(const zs_context* ctx, zs_offload_info* out) {
                             &out->nvme_param_reads_ahead);
     }
   }
+  zs__out_write(ZS__OUT_OFFLOAD_INFO, ctx->caller_version, out, user, size);
   return ZS_OK;
 }
 
 zs_status zs_comm_counters_get(const zs_context* ctx, zs_comm_counters* out) {
   ZS_REQUIRE(ctx != NULL && out != NULL,
              "zs_comm_counters_get: ctx and out must not be NULL");
-  *out = ctx->comm->counters;
-  return ZS_OK;
+  size_t size = 0;
+  zs_status st = zs__out_size(ZS__OUT_COMM_COUNTERS, ctx->caller_version, out,
+                              "zs_comm_counters_get", &size);
+  if (st == ZS_OK)
+    zs__out_write(ZS__OUT_COMM_COUNTERS, ctx->caller_version,
+                  &ctx->comm->counters, out, size);
+  return st;
 }

@@ -29,6 +29,10 @@ struct zs_context {
   struct zs__offload* offload; /* owned; NULL: no CPU offload */
   struct zs__nvme* nvme;  /* owned; NULL: no NVMe offload */
   uint64_t run_id;        /* the same on every rank */
+  unsigned int caller_version; /* ZS_VERSION_CODE of the header the caller
+                                  built against (its config's version):
+                                  the layout of the output structs it
+                                  passes (core_compat.c) */
 };
 
 /* Builds a context around an existing communicator (takes ownership of comm

@@ -14,7 +14,7 @@ zs_status zs_context_create_local(const zs_config* config, zs_context** out) {
   *out = NULL;
   zs__comm* c = NULL;
   zs_status st = zs__comm_local_create(&c);
-  if (st == ZS_OK && config->device == ZS_DEVICE_CUDA)
+  if (st == ZS_OK && zs__config_device(config) == ZS_DEVICE_CUDA)
     st = zs__comm_nccl_create(c, &c); /* takes c, also on failure */
   if (st != ZS_OK) return st;
   return zs__context_create(config, c, out);

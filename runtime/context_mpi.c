@@ -13,7 +13,7 @@
 /* With the CUDA device, collectives on device memory run on NCCL: the MPI
  * communicator is wrapped (it keeps serving host-memory collectives). */
 static zs_status zs__comm_for_device(const zs_config* config, zs__comm** c) {
-  if (config->device != ZS_DEVICE_CUDA) return ZS_OK;
+  if (zs__config_device(config) != ZS_DEVICE_CUDA) return ZS_OK;
   return zs__comm_nccl_create(*c, c);
 }
 

@@ -60,7 +60,7 @@ void zs__set_log_rank(int rank);
 
 /* ---- Logging ------------------------------------------------------------- */
 
-enum { ZS_LOG_ERROR = 0, ZS_LOG_WARN = 1, ZS_LOG_INFO = 2, ZS_LOG_DEBUG = 3 };
+/* (levels: zs_log_level, zeroshard.h) */
 
 /* Current threshold: the ZS_LOG_LEVEL environment variable if set, else the
  * last value given to zs__log_set_level (default: warnings). */
@@ -136,9 +136,26 @@ void zs__accounting_reset_peak(zs__accounting* acct);
 
 /* ---- Configuration --------------------------------------------------------- */
 
-/* Replaces "default" values (ZS_WEIGHT_DECAY_DEFAULT) by the optimizer's
- * own default. The config must be valid. */
+/* A caller's config at this library's size (versioned: zeroshard.h, the
+ * rules above zs_config): *out gets its fields, and UNSET for those its
+ * release lacks; *caller_version (may be NULL) its header's version.
+ * Errors: INVALID_ARGUMENT naming a newer, unknown or malformed version or
+ * struct_size. */
+zs_status zs__config_accept(const zs_config* in, zs_config* out,
+                            unsigned int* caller_version);
+/* Replaces every UNSET field (and ZS_WEIGHT_DECAY_DEFAULT) by its
+ * default. */
 void zs__config_resolve(zs_config* c);
+/* accept, then resolve. */
+zs_status zs__config_resolved(const zs_config* in, zs_config* out,
+                              unsigned int* caller_version);
+/* The range checks of zs_config_validate on a resolved config. */
+zs_status zs__config_check(const zs_config* c);
+/* The resolved device of a caller's config (HOST when it is malformed:
+ * context creation reports that). */
+zs_device_kind zs__config_device(const zs_config* config);
+/* The size of zs_config in the release `version` (0: unknown). */
+size_t zs__config_known_size(unsigned int version);
 
 /* A stable text form of the fields that must agree across ranks, one
  * "config.<field>=<value>" line each, for the cross-rank check. Writes

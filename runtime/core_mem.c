@@ -244,6 +244,9 @@ void zs__accounting_stats(const zs__accounting* a_const, zs_memory_stats* out) {
   zs__accounting* a = (zs__accounting*)a_const; /* lock only */
   pthread_mutex_lock(&a->lock);
   memset(out, 0, sizeof *out);
+  _Static_assert(ZS_MEM_CATEGORY_COUNT <= ZS_MEM_CATEGORY_CAP &&
+                     ZS_PHASE_COUNT <= ZS_PHASE_CAP,
+                 "the output arrays' room");
   memcpy(out->current, a->current, sizeof a->current);
   memcpy(out->peak, a->peak, sizeof a->peak);
   out->total_current = a->total_current;
@@ -256,10 +259,11 @@ void zs__accounting_stats(const zs__accounting* a_const, zs_memory_stats* out) {
   out->comm_bucket_peak = a->bucket_peak;
   /* The last completed step's phases; before the first, the one so far. */
   const int done = a->steps_done > 0;
-  memcpy(out->phase_peak, done ? a->last_peak : a->cur_peak,
-         sizeof out->phase_peak);
-  memcpy(out->phase_peak_total, done ? a->last_total : a->cur_total,
-         sizeof out->phase_peak_total);
+  for (int p = 0; p < ZS_PHASE_COUNT; p++) {
+    for (int c = 0; c < ZS_MEM_CATEGORY_COUNT; c++)
+      out->phase_peak[p][c] = done ? a->last_peak[p][c] : a->cur_peak[p][c];
+    out->phase_peak_total[p] = done ? a->last_total[p] : a->cur_total[p];
+  }
   pthread_mutex_unlock(&a->lock);
   out->resident_bytes = zs__resident_bytes();
 }

@@ -95,7 +95,8 @@ size_t zs_dtype_size(zs_dtype dtype) {
     case ZS_INT64: return 8;
     case ZS_UINT64: return 8;
     case ZS_FLOAT64: return 8;
-    case ZS_DTYPE_COUNT: break;
+    case ZS_DTYPE_COUNT:
+    case ZS_DTYPE_AUTO: break;
   }
   return 0;
 }

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "offload/offload.h"
+#include "runtime/compat.h"
 #include "runtime/engine.h"
 
 /* ==== Step ================================================================= */
@@ -652,8 +653,6 @@ static zs_status zs__step_run(zs_model* m, zs_step_info* info) {
                      "reduced since the last step are wrong; drop them with "
                      "zs_step_discard (every rank) and redo the micro-batch",
                      m->must_discard_msg);
-  zs_step_info local_info;
-  if (info == NULL) info = &local_info;
   memset(info, 0, sizeof *info);
   info->grad_norm = -1.0;
   const uint64_t begin = zs__call_begin(m);
@@ -711,8 +710,29 @@ out:
   return zs__call_end(m, begin, st);
 }
 
+/* Runs zs_step or zs_step_discard with the step info in this library's
+ * layout, then gives it to the caller in the layout of its release (a bad
+ * struct_size fails first, changing nothing). */
+static zs_status zs__step_call(zs_model* m, zs_step_info* user,
+                               zs_status (*run)(zs_model*, zs_step_info*),
+                               const char* fn) {
+  size_t size = 0; /* 0: info not written (no caller's struct, or no
+                       context to say its release: run fails then) */
+  if (user != NULL && m != NULL && m->ctx != NULL) {
+    zs_status st = zs__out_size(ZS__OUT_STEP_INFO, m->ctx->caller_version,
+                                user, fn, &size);
+    if (st != ZS_OK) return st;
+  }
+  zs_step_info full;
+  memset(&full, 0, sizeof full);
+  const zs_status st = run(m, &full);
+  if (size != 0)
+    zs__out_write(ZS__OUT_STEP_INFO, m->ctx->caller_version, &full, user, size);
+  return st;
+}
+
 zs_status zs_step(zs_model* m, zs_step_info* info) {
-  return zs__step_run(m, info);
+  return zs__step_call(m, info, zs__step_run, "zs_step");
 }
 
 /* zs_step_discard: the ranks' collectives lined up (zs__comm_reconcile;
@@ -723,11 +743,9 @@ zs_status zs_step(zs_model* m, zs_step_info* info) {
  * and what the next step's scheduling depends on (recorded use counts, the
  * prefetch trace) stays as it was before the micro-batch. Parameters,
  * optimizer states, step counts and the loss scale are not touched. */
-zs_status zs_step_discard(zs_model* m, zs_step_info* info) {
+static zs_status zs__discard_run(zs_model* m, zs_step_info* info) {
   zs_status st = zs__check_finalized(m, "zs_step_discard");
   if (st != ZS_OK) return st;
-  zs_step_info local_info;
-  if (info == NULL) info = &local_info;
   memset(info, 0, sizeof *info);
   info->grad_norm = -1.0;
   const uint64_t begin = zs__call_begin(m);
@@ -769,4 +787,8 @@ out:
   info->loss_scale = m->loss_scale;
   info->micro_batch = m->micro;
   return zs__call_end(m, begin, st);
+}
+
+zs_status zs_step_discard(zs_model* m, zs_step_info* info) {
+  return zs__step_call(m, info, zs__discard_run, "zs_step_discard");
 }

@@ -13,12 +13,39 @@
 #include <string.h>
 
 #include "runtime/comm.h"
+#include "runtime/compat.h"
 #include "runtime/core.h"
 #include "runtime/layout.h"
 
+/* The estimator's view of a configuration and its inputs: flat, as the
+ * engine's allocations need them (zs__estimate_config_of builds it from a
+ * zs_config and a zs_estimate_input). */
+typedef struct zs__estimate_config {
+  int ranks;
+  int nodes;
+  int stage;
+  zs_dtype dtype; /* ZS_DTYPE_COUNT: the description's (fp32 for a count) */
+  int reduce_dtype; /* -1 or ZS_FLOAT32 */
+  zs_optimizer_kind optimizer;
+  int sgd_momentum; /* SGD keeps a momentum buffer */
+  int prefetch_depth;
+  int global_batch;
+  int grad_accum_steps;
+  int offload_optimizer; /* 0 none, 1 cpu, 2 nvme */
+  int offload_params;
+  size_t nvme_buffer_size;
+  size_t nvme_sub_group_size;
+  size_t nvme_buffer_count;
+  size_t nvme_param_buffer_count;
+  size_t nvme_param_buffer_elements;
+  size_t largest_unit_elements;
+  zs_device_kind device;
+  int grad_accum_local;
+} zs__estimate_config;
+
 /* What each rank holds for a unit: the sizes the engine allocates
  * (zs__layout_unit_bytes), added up per category. */
-static void zs__estimate_states(const zs_estimate_config* c,
+static void zs__estimate_states(const zs__estimate_config* c,
                                 const zs__unit_layout* l, size_t elem,
                                 size_t gelem, int lowp, int trainable,
                                 int nstates, zs_memory_estimate* out) {
@@ -30,67 +57,75 @@ static void zs__estimate_states(const zs_estimate_config* c,
   out->bytes[ZS_MEM_OPTIMIZER_STATES] += (size_t)nstates * b.state;
 }
 
-static int zs__estimate_nstates(const zs_estimate_config* c) {
+static int zs__estimate_nstates(const zs__estimate_config* c) {
   if (c->optimizer == ZS_OPTIM_SGD) return c->sgd_momentum ? 1 : 0;
   return 2;
 }
 
-static zs_status zs__estimate_check(const zs_estimate_config* c) {
+static zs_status zs__estimate_check(const zs__estimate_config* c) {
   ZS_REQUIRE(c != NULL, "zs_estimate: config is NULL");
-  ZS_REQUIRE(c->ranks >= 1, "zs_estimate: ranks must be >= 1, got %d",
+  ZS_REQUIRE(c->ranks >= 1, "zs_estimate: input.ranks must be >= 1, got %d",
              c->ranks);
   ZS_REQUIRE(c->nodes >= 1 && c->ranks % c->nodes == 0,
-             "zs_estimate: nodes must be >= 1 and divide ranks %d, got %d",
+             "zs_estimate: input.nodes must be >= 1 and divide ranks %d, got %d",
              c->ranks, c->nodes);
   ZS_REQUIRE(c->stage >= 0 && c->stage <= 3,
-             "zs_estimate: stage must be 0..3, got %d", c->stage);
+             "zs_estimate: config.stage must be 0..3, got %d", c->stage);
   ZS_REQUIRE(c->dtype == ZS_FLOAT32 || c->dtype == ZS_BFLOAT16 ||
                  c->dtype == ZS_FLOAT16 || c->dtype == ZS_DTYPE_COUNT,
-             "zs_estimate: dtype must be fp32, bf16 or fp16, got %d",
+             "zs_estimate: input.param_dtype must be fp32, bf16, fp16 or "
+             "ZS_DTYPE_AUTO, got %d",
              (int)c->dtype);
   ZS_REQUIRE(c->reduce_dtype == -1 || c->reduce_dtype == ZS_FLOAT32,
-             "zs_estimate: reduce_dtype must be -1 or ZS_FLOAT32, got %d",
+             "zs_estimate: config.reduce_dtype must be ZS_DTYPE_AUTO or "
+             "ZS_FLOAT32, got %d",
              c->reduce_dtype);
   ZS_REQUIRE(c->optimizer == ZS_OPTIM_ADAMW || c->optimizer == ZS_OPTIM_ADAM ||
                  c->optimizer == ZS_OPTIM_SGD,
-             "zs_estimate: unknown optimizer %d", (int)c->optimizer);
+             "zs_estimate: unknown config.optimizer.kind %d", (int)c->optimizer);
   ZS_REQUIRE(c->prefetch_depth >= 0 && c->prefetch_depth <= 64,
-             "zs_estimate: prefetch_depth must be 0..64, got %d",
+             "zs_estimate: config.prefetch_depth must be 0..64, got %d",
              c->prefetch_depth);
   ZS_REQUIRE(c->grad_accum_steps >= 1,
-             "zs_estimate: grad_accum_steps must be >= 1, got %d",
+             "zs_estimate: config.grad_accum_steps must be >= 1, got %d",
              c->grad_accum_steps);
   ZS_REQUIRE(c->grad_accum_local == 0 || c->grad_accum_local == 1,
-             "zs_estimate: grad_accum_local must be 0 or 1, got %d",
+             "zs_estimate: config.grad_accum_local must be 0 or 1, got %d",
              c->grad_accum_local);
   ZS_REQUIRE(c->global_batch >= 0 &&
                  c->global_batch % ((long long)c->ranks * c->grad_accum_steps) == 0,
-             "zs_estimate: global_batch %d is not divisible by ranks %d x "
+             "zs_estimate: input.global_batch %d is not divisible by ranks "
+             "%d x "
              "grad_accum_steps %d (each rank takes whole sequences of each "
              "micro-batch)", c->global_batch, c->ranks, c->grad_accum_steps);
   ZS_REQUIRE(c->offload_optimizer >= 0 && c->offload_optimizer <= 2,
-             "zs_estimate: offload_optimizer must be 0, 1 (cpu) or 2 (nvme), "
+             "zs_estimate: config.offload_optimizer.device must be none, "
+             "cpu or nvme, "
              "got %d", c->offload_optimizer);
   ZS_REQUIRE(c->offload_optimizer != 2 || c->nvme_buffer_count >= 3,
-             "zs_estimate: nvme_buffer_count must be >= 3 (three sub-groups "
+             "zs_estimate: config.nvme.buffer_count must be >= 3 (three "
+             "sub-groups "
              "in flight), got %zu", c->nvme_buffer_count);
   ZS_REQUIRE(c->offload_optimizer != 2 ||
                  (c->nvme_buffer_size >= 4096 && c->nvme_buffer_size % 4096 == 0),
-             "zs_estimate: nvme_buffer_size must be a multiple of 4096, got "
+             "zs_estimate: config.nvme.buffer_size must be a multiple of "
+             "4096, got "
              "%zu", c->nvme_buffer_size);
   ZS_REQUIRE(c->offload_params >= 0 && c->offload_params <= 2,
-             "zs_estimate: offload_params must be 0, 1 (cpu) or 2 (nvme), "
+             "zs_estimate: config.offload_param must be none, cpu or nvme, "
              "got %d", c->offload_params);
   ZS_REQUIRE(c->offload_params == 0 || (c->offload_optimizer && c->stage == 3),
-             "zs_estimate: offload_params needs stage 3 and "
-             "offload_optimizer (got offload_params %d, stage %d)",
+             "zs_estimate: config.offload_param needs stage 3 and "
+             "offload_optimizer (got offload_param %d, stage %d)",
              c->offload_params, c->stage);
   ZS_REQUIRE(c->device == ZS_DEVICE_HOST || c->device == ZS_DEVICE_CUDA,
-             "zs_estimate: device must be ZS_DEVICE_HOST or ZS_DEVICE_CUDA, "
+             "zs_estimate: config.device must be ZS_DEVICE_HOST or "
+             "ZS_DEVICE_CUDA, "
              "got %d", (int)c->device);
   ZS_REQUIRE(c->offload_params != 2 || (c->nvme_param_buffer_count >= 1 &&
                                         c->nvme_param_buffer_count <= 4096),
-             "zs_estimate: nvme_param_buffer_count must be 1..4096, got %zu",
+             "zs_estimate: config.nvme.param_buffer_count must be 1..4096, "
+             "got %zu",
              c->nvme_param_buffer_count);
   return ZS_OK;
 }
@@ -118,7 +153,7 @@ typedef struct zs__est_offload {
  * complete before the next unit's acquire finishes it (engine_grad.c polls
  * there). With CUDA it runs on the communication stream and may still be
  * in flight; with more ranks ZS__MAX_REDUCING of them may be. */
-static int zs__est_serial_reductions(const zs_estimate_config* c) {
+static int zs__est_serial_reductions(const zs__estimate_config* c) {
   return c->ranks == 1 && c->device != ZS_DEVICE_CUDA;
 }
 
@@ -131,7 +166,7 @@ static int zs__est_serial_reductions(const zs_estimate_config* c) {
  * categories (not offload_host), total every category. Errors:
  * INVALID_ARGUMENT (too few NVMe buffers for the fields). */
 static zs_status zs__estimate_total(zs_memory_estimate* out,
-                                    const zs_estimate_config* c,
+                                    const zs__estimate_config* c,
                                     const zs__est_offload* nv) {
   if (c->offload_optimizer == 2) {
     /* NVMe: the swap file holds them, each field's span in sub-groups
@@ -195,16 +230,17 @@ static zs_status zs__estimate_total(zs_memory_estimate* out,
   return ZS_OK;
 }
 
-zs_status zs_estimate_params(double params, const zs_estimate_config* c,
-                             zs_memory_estimate* out) {
+static zs_status zs__estimate_params(double params,
+                                     const zs__estimate_config* c,
+                                     zs_memory_estimate* out) {
   zs_status st = zs__estimate_check(c);
   if (st != ZS_OK) return st;
-  ZS_REQUIRE(out != NULL, "zs_estimate_params: out is NULL");
+  ZS_REQUIRE(out != NULL, "zs_estimate_from_params: out is NULL");
   /* 1e15 elements keep every byte count (16 per element at most, times
    * nodes' ranks) far below 2^64. */
   ZS_REQUIRE(isfinite(params) && params >= 0 && params <= 1e15 &&
                  params == floor(params),
-             "zs_estimate_params: params must be a whole number 0..1e15, "
+             "zs_estimate_from_params: params must be a whole number 0..1e15, "
              "got %g", params);
   memset(out, 0, sizeof *out);
   const zs_dtype dt = c->dtype == ZS_DTYPE_COUNT ? ZS_FLOAT32 : c->dtype;
@@ -334,12 +370,13 @@ static zs_status zs__json_keys(const cJSON* obj, const char* const* allowed,
   return ZS_OK;
 }
 
-zs_status zs_estimate_model(const char* description, const zs_estimate_config* c,
-                            zs_memory_estimate* out) {
+static zs_status zs__estimate_model(const char* description,
+                                    const zs__estimate_config* c,
+                                    zs_memory_estimate* out) {
   zs_status st = zs__estimate_check(c);
   if (st != ZS_OK) return st;
   ZS_REQUIRE(description != NULL && out != NULL,
-             "zs_estimate_model: description and out must not be NULL");
+             "zs_estimate_from_model: description and out must not be NULL");
   memset(out, 0, sizeof *out);
   const char* parse_end = NULL;
   cJSON* root = cJSON_ParseWithOpts(description, &parse_end, 1);
@@ -733,4 +770,100 @@ cleanup:
   free(alias);
   cJSON_Delete(root);
   return st;
+}
+
+/* ==== The public entry points ============================================== */
+
+static const struct {
+  unsigned int from_version;
+  size_t size;
+} zs__input_sizes[] = {{200, sizeof(zs_estimate_input)}};
+
+/* The estimator's view of (config, input): the config resolved (its own
+ * rules, docs/profiling.md, are checked by zs__estimate_check), the input's
+ * UNSET fields at their defaults. */
+static zs_status zs__estimate_config_of(const zs_config* config,
+                                        const zs_estimate_input* in,
+                                        const char* fn,
+                                        zs__estimate_config* out,
+                                        unsigned int* version) {
+  ZS_REQUIRE(config != NULL && in != NULL, "%s: config and input must not "
+             "be NULL", fn);
+  zs_config c;
+  zs_status st = zs__config_resolved(config, &c, version);
+  if (st != ZS_OK) return zs__error_prefix(st, "%s: ", fn);
+  size_t want = 0;
+  for (size_t i = 0; i < sizeof zs__input_sizes / sizeof *zs__input_sizes; i++)
+    if (in->version >= zs__input_sizes[i].from_version)
+      want = zs__input_sizes[i].size;
+  ZS_REQUIRE(in->version <= ZS_VERSION_CODE && want != 0 &&
+                 in->struct_size == want,
+             "%s: input.struct_size %zu / version %u is not a zs_estimate_input "
+             "of this library (version %d, %zu bytes): initialize it with "
+             "ZS_ESTIMATE_INPUT_INIT", fn, in->struct_size, in->version,
+             ZS_VERSION_CODE, sizeof(zs_estimate_input));
+  memset(out, 0, sizeof *out);
+  out->ranks = in->ranks == ZS_UNSET_INT ? 1 : in->ranks;
+  out->nodes = in->nodes == ZS_UNSET_INT ? 1 : in->nodes;
+  out->dtype = in->param_dtype == ZS_DTYPE_AUTO ? ZS_DTYPE_COUNT
+                                                : in->param_dtype;
+  out->global_batch = in->global_batch == ZS_UNSET_INT ? 0 : in->global_batch;
+  out->largest_unit_elements =
+      in->largest_unit_elements == ZS_UNSET_SIZE ? 0 : in->largest_unit_elements;
+  out->stage = c.stage;
+  out->reduce_dtype = (int)c.reduce_dtype;
+  out->optimizer = c.optimizer.kind;
+  out->sgd_momentum = c.optimizer.kind == ZS_OPTIM_SGD &&
+                      c.optimizer.momentum != 0.0; /* as the engine */
+  out->prefetch_depth = c.prefetch_depth;
+  out->grad_accum_steps = c.grad_accum_steps;
+  out->grad_accum_local = c.grad_accum_local;
+  out->offload_optimizer = (int)c.offload_optimizer.device;
+  out->offload_params = (int)c.offload_param;
+  out->nvme_buffer_size = c.nvme.buffer_size;
+  out->nvme_sub_group_size = c.nvme.sub_group_size;
+  out->nvme_buffer_count = c.nvme.buffer_count;
+  out->nvme_param_buffer_count = c.nvme.param_buffer_count;
+  out->nvme_param_buffer_elements = c.nvme.param_buffer_elements;
+  out->device = c.device;
+  return ZS_OK;
+}
+
+/* Runs the estimate into this library's layout, then gives the caller
+ * what its release's struct holds. */
+static zs_status zs__estimate_run(double params, const char* description,
+                                  const zs_config* config,
+                                  const zs_estimate_input* input,
+                                  zs_memory_estimate* user, const char* fn) {
+  zs__estimate_config c;
+  unsigned int version = 0;
+  zs_status st = zs__estimate_config_of(config, input, fn, &c, &version);
+  if (st != ZS_OK) return st;
+  ZS_REQUIRE(user != NULL, "%s: out is NULL", fn);
+  size_t size = 0;
+  st = zs__out_size(ZS__OUT_MEMORY_ESTIMATE, version, user, fn, &size);
+  if (st != ZS_OK) return st;
+  zs_memory_estimate full;
+  memset(&full, 0, sizeof full);
+  st = description != NULL ? zs__estimate_model(description, &c, &full)
+                           : zs__estimate_params(params, &c, &full);
+  if (st == ZS_OK) zs__out_write(ZS__OUT_MEMORY_ESTIMATE, version, &full, user, size);
+  return st;
+}
+
+zs_status zs_estimate_from_params(double params, const zs_config* config,
+                                  const zs_estimate_input* input,
+                                  zs_memory_estimate* out) {
+  return zs__estimate_run(params, NULL, config, input, out,
+                          "zs_estimate_from_params");
+}
+
+zs_status zs_estimate_from_model(const char* description,
+                                 const zs_config* config,
+                                 const zs_estimate_input* input,
+                                 zs_memory_estimate* out) {
+  ZS_REQUIRE(description != NULL,
+             "zs_estimate_from_model: description is NULL");
+  return zs__estimate_run(0.0, description, config, input, out,
+                          "zs_estimate_from_model");
 }

@@ -344,7 +344,8 @@ int main(int argc, char** argv) {
   /* the engine's ring for the default pool (zs_config.nvme.buffer_count),
    * from the engine's allocator (NUMA-placed, huge pages, pinned if it
    * can) */
-  const zs_config defaults = ZS_CONFIG_INIT;
+  zs_config defaults; /* readable: the macro leaves the fields UNSET */
+  if (zs_config_init(&defaults) != ZS_OK) die(zs_last_error());
   const int nslots = zs__layout_nvme_slots(defaults.nvme.buffer_count, fields);
   zs__accounting* acct = NULL;
   zs__offload* pool = NULL;
@@ -360,11 +361,11 @@ int main(int argc, char** argv) {
 
   /* ---- the optimizer step with NVMe offload ---- */
   zs_config cfg = ZS_CONFIG_INIT;
-  cfg.offload_optimizer.device = 2;
+  cfg.offload_optimizer.device = ZS_OFFLOAD_NVME;
   cfg.nvme.path = path;
   cfg.nvme.block_size = block;
   cfg.nvme.queue_depth = qd;
-  cfg.log_level = 0;
+  cfg.log_level = ZS_LOG_ERROR;
   int u = -1, t = -1;
   int64_t n = (int64_t)params;
   if (zs_context_create_local(&cfg, &g.ctx) != ZS_OK ||

@@ -1,6 +1,6 @@
 /*
  * estimate.c — `tools/zs estimate`: per-rank memory of a ZeRO stage before
- * running anything (zs_estimate_params / zs_estimate_model,
+ * running anything (zs_estimate_from_params / zs_estimate_from_model,
  * docs/profiling.md).
  *
  *   zs_estimate --params 7.5e9 --ranks 64 --stage 3 --dtype bf16 --json
@@ -125,7 +125,52 @@ static double deepspeed_gpu_bytes(int stage, double psi, double largest,
   return 0;
 }
 
-static void print_json(const zs_estimate_config* c, const zs_memory_estimate* e,
+/* The flags, as the tool prints them; estimate() turns them into a
+ * zs_config and a zs_estimate_input. */
+typedef struct opts {
+  int ranks, nodes, stage;
+  zs_dtype dtype;        /* ZS_DTYPE_AUTO: the description's */
+  zs_dtype reduce_dtype; /* ZS_DTYPE_AUTO or ZS_FLOAT32 */
+  zs_optimizer_kind optimizer;
+  int sgd_momentum;
+  int prefetch_depth, global_batch, grad_accum_steps, grad_accum_local;
+  zs_offload_device offload_optimizer, offload_params;
+  size_t nvme_buffer_size, nvme_sub_group_size, nvme_buffer_count;
+  size_t nvme_param_buffer_count, largest_unit_elements;
+  zs_device_kind device;
+} opts;
+
+/* One estimate of the library (zs_estimate_from_params / _from_model). */
+static zs_status estimate(const opts* c, double params, const char* text,
+                          zs_memory_estimate* e) {
+  zs_config cfg = ZS_CONFIG_INIT;
+  cfg.stage = c->stage;
+  cfg.device = c->device;
+  cfg.optimizer.kind = c->optimizer;
+  if (c->sgd_momentum) cfg.optimizer.momentum = 0.9; /* keeps a buffer */
+  cfg.prefetch_depth = c->prefetch_depth;
+  cfg.reduce_dtype = c->reduce_dtype;
+  cfg.grad_accum_steps = c->grad_accum_steps;
+  cfg.grad_accum_local = c->grad_accum_local;
+  cfg.offload_optimizer.device = c->offload_optimizer;
+  cfg.offload_param = c->offload_params;
+  cfg.nvme.buffer_size = c->nvme_buffer_size;
+  cfg.nvme.sub_group_size = c->nvme_sub_group_size;
+  cfg.nvme.buffer_count = c->nvme_buffer_count;
+  cfg.nvme.param_buffer_count = c->nvme_param_buffer_count;
+  zs_estimate_input in = ZS_ESTIMATE_INPUT_INIT;
+  in.ranks = c->ranks;
+  in.nodes = c->nodes;
+  in.param_dtype = c->dtype;
+  in.global_batch = c->global_batch;
+  in.largest_unit_elements = c->largest_unit_elements;
+  memset(e, 0, sizeof *e);
+  e->struct_size = sizeof *e;
+  return text != NULL ? zs_estimate_from_model(text, &cfg, &in, e)
+                      : zs_estimate_from_params(params, &cfg, &in, e);
+}
+
+static void print_json(const opts* c, const zs_memory_estimate* e,
                        double ds, FILE* out) {
   /* per-node sums in double: a rank's bytes fit size_t, a node's of many
    * ranks may not (1e15 parameters x 2000 ranks) */
@@ -143,7 +188,7 @@ static void print_json(const zs_estimate_config* c, const zs_memory_estimate* e,
   const size_t host = e->bytes[ZS_MEM_OFFLOAD_HOST] + e->bytes[ZS_MEM_NVME_STAGING];
   fprintf(out, ",\"device_bytes\":%zu,\"per_node_host_bytes\":%.0f",
           e->total - host, (double)host * per_node);
-  if (c->offload_optimizer == 2 || c->offload_params == 2)
+  if (c->offload_optimizer == ZS_OFFLOAD_NVME || c->offload_params == ZS_OFFLOAD_NVME)
     fprintf(out, ",\"nvme_bytes\":%zu,\"per_node_nvme_bytes\":%.0f",
             (size_t)e->nvme_bytes, (double)e->nvme_bytes * per_node);
   if (ds > 0) fprintf(out, ",\"deepspeed_model_states_bytes\":%.0f", ds);
@@ -169,7 +214,7 @@ static const char* human(double bytes, char* buf, size_t cap) {
   return buf;
 }
 
-static void print_row(const zs_estimate_config* c, const zs_memory_estimate* e,
+static void print_row(const opts* c, const zs_memory_estimate* e,
                       double ds, FILE* out) {
   const double per_node = (double)(c->ranks / c->nodes);
   const double device =
@@ -188,7 +233,7 @@ static void print_row(const zs_estimate_config* c, const zs_memory_estimate* e,
     fprintf(out, "         offloaded to host memory: %s/rank, %s/node\n",
             human(host, b[0], 24), human(host * per_node, b[1], 24));
   }
-  if (c->offload_optimizer == 2 || c->offload_params == 2) {
+  if (c->offload_optimizer == ZS_OFFLOAD_NVME || c->offload_params == ZS_OFFLOAD_NVME) {
     const double disk = (double)e->nvme_bytes;
     fprintf(out, "         on NVMe: %s/rank, %s/node; pinned staging %s/rank\n",
             human(disk, b[0], 24), human(disk * per_node, b[1], 24),
@@ -201,7 +246,7 @@ static void print_row(const zs_estimate_config* c, const zs_memory_estimate* e,
 
 /* The text output's notes on what the rows assume: the sequences per rank
  * the activations are for, and what a bare count leaves out. */
-static void print_notes(const zs_estimate_config* c, const char* description,
+static void print_notes(const opts* c, const char* description,
                         double largest, FILE* out) {
   if (description == NULL) {
     if (largest <= 0)
@@ -230,9 +275,10 @@ static void print_notes(const zs_estimate_config* c, const char* description,
 }
 
 int main(int argc, char** argv) {
-  zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
-  c.ranks = 0;
-  c.stage = 3;
+  /* the library's defaults, at stage 3 */
+  opts c = {0, 1, 3, ZS_DTYPE_AUTO, ZS_DTYPE_AUTO, ZS_OPTIM_ADAMW, 0, 2, 0, 1,
+            0, ZS_OFFLOAD_NONE, ZS_OFFLOAD_NONE, (size_t)16 << 20, 0, 9, 5,
+            0, ZS_DEVICE_HOST};
   double params = -1, largest = 0;
   const char* model = NULL;
   int json = 0, all = 0, have_stage = 0, nvme_param_sizes = 0, have_batch = 0;
@@ -276,7 +322,7 @@ int main(int argc, char** argv) {
       else if (v && !strcmp(v, "fp16")) c.dtype = ZS_FLOAT16;
       else return fail("--dtype: expected fp32, bf16 or fp16", v);
     } else if (!strcmp(f, "--reduce-dtype")) {
-      if (v && !strcmp(v, "same")) c.reduce_dtype = -1;
+      if (v && !strcmp(v, "same")) c.reduce_dtype = ZS_DTYPE_AUTO;
       else if (v && !strcmp(v, "fp32")) c.reduce_dtype = ZS_FLOAT32;
       else return fail("--reduce-dtype: expected same or fp32", v);
     } else if (!strcmp(f, "--optimizer")) {
@@ -298,11 +344,12 @@ int main(int argc, char** argv) {
       c.grad_accum_local = 1;
       takes = 0;
     } else if (!strcmp(f, "--offload-optimizer") || !strcmp(f, "--offload-param")) {
-      int* dst = !strcmp(f, "--offload-param") ? &c.offload_params
-                                               : &c.offload_optimizer;
-      if (v && !strcmp(v, "none")) *dst = 0;
-      else if (v && !strcmp(v, "cpu")) *dst = 1;
-      else if (v && !strcmp(v, "nvme")) *dst = 2;
+      zs_offload_device* dst = !strcmp(f, "--offload-param")
+                                   ? &c.offload_params
+                                   : &c.offload_optimizer;
+      if (v && !strcmp(v, "none")) *dst = ZS_OFFLOAD_NONE;
+      else if (v && !strcmp(v, "cpu")) *dst = ZS_OFFLOAD_CPU;
+      else if (v && !strcmp(v, "nvme")) *dst = ZS_OFFLOAD_NVME;
       else return fail(!strcmp(f, "--offload-param")
                            ? "--offload-param: expected none, cpu or nvme"
                            : "--offload-optimizer: expected none, cpu or nvme",
@@ -370,7 +417,7 @@ int main(int argc, char** argv) {
   if (all && have_stage)
     return fail("--stage S and --stages: give one (--stages prints every "
                 "stage)", NULL);
-  if (nvme_size_flag != NULL && c.offload_optimizer != 2) {
+  if (nvme_size_flag != NULL && c.offload_optimizer != ZS_OFFLOAD_NVME) {
     fprintf(stderr, "zs_estimate: %s sizes the optimizer states' NVMe "
             "offload: it needs --offload-optimizer nvme\n", nvme_size_flag);
     return 2;
@@ -389,7 +436,7 @@ int main(int argc, char** argv) {
             c.ranks, c.grad_accum_steps);
     return 2;
   }
-  if (nvme_param_sizes && c.offload_params != 2)
+  if (nvme_param_sizes && c.offload_params != ZS_OFFLOAD_NVME)
     return fail("--nvme-param-buffers sizes the parameter shards' NVMe "
                 "buffers: it needs --offload-param nvme", NULL);
   if (c.offload_params && !all && c.stage != 3)
@@ -406,14 +453,13 @@ int main(int argc, char** argv) {
   FILE* out = open_memstream(&buf, &buflen);
   if (out == NULL) return fail("out of memory", NULL);
   if (json && all) fprintf(out, "[");
-  const int offload_params = c.offload_params;
+  const zs_offload_device offload_params = c.offload_params;
   for (int s = first; s <= last && rc == 0; s++) {
     c.stage = s;
     /* parameter offload is a stage-3 feature: the other rows go without */
-    c.offload_params = s == 3 ? offload_params : 0;
+    c.offload_params = s == 3 ? offload_params : ZS_OFFLOAD_NONE;
     zs_memory_estimate e;
-    zs_status st = model != NULL ? zs_estimate_model(text, &c, &e)
-                                 : zs_estimate_params(params, &c, &e);
+    zs_status st = estimate(&c, params, text, &e);
     if (st != ZS_OK) {
       print_library_error(zs_last_error());
       rc = 2;
@@ -423,16 +469,16 @@ int main(int argc, char** argv) {
     double psi = params;
     if (model != NULL) {
       psi = 0;
-      zs_estimate_config one = c;
+      opts one = c;
       one.stage = 0;
       one.ranks = 1;
       one.nodes = 1;
       one.dtype = ZS_FLOAT32;
-      one.reduce_dtype = -1;
-      one.offload_optimizer = one.offload_params = 0; /* params on the device */
-      one.device = ZS_DEVICE_HOST;
+      one.reduce_dtype = ZS_DTYPE_AUTO;
+      one.offload_optimizer = one.offload_params = ZS_OFFLOAD_NONE;
+      one.device = ZS_DEVICE_HOST; /* params on the device */
       zs_memory_estimate e1;
-      if (zs_estimate_model(text, &one, &e1) == ZS_OK)
+      if (estimate(&one, 0, text, &e1) == ZS_OK)
         psi = (double)e1.bytes[ZS_MEM_PARAMS] / 4; /* elements, padded */
     }
     const double big = model != NULL ? (double)e.largest_unit_elements : largest;

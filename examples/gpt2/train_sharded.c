@@ -550,10 +550,10 @@ static zs_config sharded_config(const gpt2_args* a) {
    * fp32 master weights; fp16 needs loss scaling, bf16 does not. */
   z.reduce_dtype = ZS_FLOAT32;
   if (a->dtype == ZS_FLOAT16) z.loss_scaler.mode = ZS_LOSS_SCALE_DYNAMIC;
-  z.offload_optimizer.device = a->offload;
+  z.offload_optimizer.device = (zs_offload_device)a->offload; /* 0, 1, 2 */
   z.nvme.path = a->nvme_path;
   z.nvme.sub_group_size = (size_t)a->nvme_sub_group;
-  z.offload_param = a->offload_param;
+  z.offload_param = (zs_offload_device)a->offload_param;
   z.nvme.param_buffer_count = (size_t)a->nvme_param_buffers;
   if (a->device) z.device = ZS_DEVICE_CUDA;
   return z;
@@ -901,7 +901,7 @@ int main(int argc, char** argv) {
      * split across the ranks; zs_step after each, the optimizer after the
      * K-th. */
     float local = 0;
-    zs_step_info info;
+    zs_step_info info = {0}; /* struct_size 0: this header's */
     for (int k = 0; k < args.grad_accum; k++) {
       gpt2_data_train_batch(&data, args.seed, step,
                             k * (args.batch / args.grad_accum) + rank * Bl, Bl,
@@ -955,12 +955,13 @@ int main(int argc, char** argv) {
   }
   double wall = gpt2_now() - t_start;
   /* Memory of the training (before sampling), from every rank. */
-  zs_memory_stats mine, *rows = (zs_memory_stats*)calloc((size_t)world, sizeof mine);
+  zs_memory_stats mine = {0};
+  zs_memory_stats* rows = (zs_memory_stats*)calloc((size_t)world, sizeof mine);
   CHECK(zs_memory_stats_get(m.ctx, &mine));
   MPI_Gather(&mine, (int)sizeof mine, MPI_BYTE, rows, (int)sizeof mine, MPI_BYTE,
              0, MPI_COMM_WORLD);
   /* ... and NVMe offload's counters */
-  zs_offload_info oi;
+  zs_offload_info oi = {0};
   CHECK(zs_offload_info_get(m.ctx, &oi));
   uint64_t nv_mine[3] = {oi.nvme_file_bytes, oi.nvme_param_reads,
                          oi.nvme_param_reads_ahead};
@@ -974,7 +975,7 @@ int main(int argc, char** argv) {
     /* this run's steps (a resumed run starts at `start`) */
     const int ran = args.steps - start;
     gpt2_report_timing(report, ran, (double)args.batch * T, t_train, wall);
-    zs_comm_counters cc;
+    zs_comm_counters cc = {0};
     CHECK(zs_comm_counters_get(m.ctx, &cc));
     gpt2_report_comm(report, &cc, world, ran);
     if (args.kernel_times) report_kernel_times(report, args.steps - times_from,

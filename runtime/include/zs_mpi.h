@@ -13,23 +13,18 @@
 extern "C" {
 #endif
 
-/* Creates a context over `comm`, the data-parallel group (e.g. one of the
- * sub-communicators of a tensor/pipeline-parallel layout). The communicator
- * is duplicated (MPI_Comm_dup), so ZeroShard's traffic never matches the
- * caller's messages; the caller keeps ownership of `comm` and may free it
- * after this call. MPI must already be initialized, and the caller
- * finalizes it after zs_context_destroy. MPI_THREAD_MULTIPLE (from
- * MPI_Init_thread) lets a progress thread advance collectives while the
- * caller computes; at a lower level ZeroShard makes every MPI call from the
- * calling thread and says once that there is no progress thread.
- * Set MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN) after
- * MPI_Init: Open MPI reports some failures of non-blocking collectives on
- * MPI_COMM_WORLD whatever communicator they ran on, and its default handler
- * would end the job where ZeroShard returns ZS_ERR_COMM (zs_context_create,
- * which starts MPI itself, sets it; this call warns once when it is not
- * set, and leaves the caller's handler alone). Collective over comm.
- * Otherwise as zs_context_create. Errors: INVALID_ARGUMENT (MPI_COMM_NULL,
- * MPI not initialized), and those of zs_context_create. */
+/* Creates a context over `comm`, the data-parallel group (docs/api.md,
+ * "1. Context").
+ *  - comm is duplicated: ZeroShard's traffic never matches the caller's;
+ *    the caller keeps comm, MPI's initialization and its finalization
+ *    (after zs_context_destroy).
+ *  - MPI_THREAD_MULTIPLE lets a progress thread overlap collectives.
+ *  - Set MPI_ERRORS_RETURN on MPI_COMM_WORLD (Open MPI reports some
+ *    collectives' failures there); a warning says so once otherwise.
+ *  - Collective over comm. [experimental] across several hosts: nothing
+ *    multi-host has run yet.
+ * @return as zs_context_create; INVALID_ARGUMENT (MPI_COMM_NULL, MPI not
+ *         initialized). */
 zs_status zs_context_create_mpi(const zs_config* config, MPI_Comm comm,
                                 zs_context** out);
 

@@ -160,7 +160,7 @@ TEST_F(EngineCudaTest, EveryStageTrainsBitwiseAsOnTheHost) {
   }
 }
 
-// The memory estimator for a GPU (zs_estimate_config.device = CUDA)
+// The memory estimator for a GPU (zs_config.device = CUDA)
 // against the run, for every way of offloading: the model states, the host
 // memory of offload (master weights and optimizer states, and the
 // page-locked staging: two slots of the largest span's gradients and
@@ -201,22 +201,19 @@ TEST_F(EngineCudaTest, MemoryEstimateOfOffloadMatchesTheRun) {
         TrainResult r = TrainSharded(*m, cfg);
         ASSERT_EQ(r.status, ZS_OK) << what << ": " << r.error;
 
-        zs_estimate_config ec = ZS_ESTIMATE_CONFIG_INIT;
-        ec.ranks = world;
+        zs_config ec = ZS_CONFIG_INIT;
         ec.stage = stage;
-        ec.dtype = dtype;
         ec.prefetch_depth = cfg.prefetch_depth;
-        ec.offload_optimizer = cfg.offload;
-        ec.offload_params = cfg.offload_param;
-        ec.nvme_buffer_size = cfg.nvme.buffer_size;
-        ec.nvme_buffer_count = cfg.nvme.buffer_count;
-        ec.nvme_sub_group_size = cfg.nvme.sub_group_size;
-        ec.nvme_param_buffer_count = cfg.nvme.param_buffer_count;
-        ec.nvme_param_buffer_elements = cfg.nvme.param_buffer_elements;
+        ec.offload_optimizer.device = (zs_offload_device)cfg.offload;
+        ec.offload_param = (zs_offload_device)cfg.offload_param;
+        ec.nvme = cfg.nvme;
         ec.device = ZS_DEVICE_CUDA;
+        zs_estimate_input in = ZS_ESTIMATE_INPUT_INIT;
+        in.ranks = world;
+        in.param_dtype = dtype;
         const std::string desc = DescribeModel(*m);
-        zs_memory_estimate e, on_host;
-        ASSERT_EQ(zs_estimate_model(desc.c_str(), &ec, &e), ZS_OK)
+        zs_memory_estimate e{}, on_host{};
+        ASSERT_EQ(zs_estimate_from_model(desc.c_str(), &ec, &in, &e), ZS_OK)
             << what << ": " << zs_last_error();
         // the peaks of training (the harness's reads afterwards stage
         // shards through the device too)
@@ -228,7 +225,7 @@ TEST_F(EngineCudaTest, MemoryEstimateOfOffloadMatchesTheRun) {
         EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], got.peak[ZS_MEM_NVME_STAGING]) << what;
         EXPECT_LE(got.peak[ZS_MEM_COMM_BUFFERS], e.bytes[ZS_MEM_COMM_BUFFERS]) << what;
         ec.device = ZS_DEVICE_HOST;
-        ASSERT_EQ(zs_estimate_model(desc.c_str(), &ec, &on_host), ZS_OK);
+        ASSERT_EQ(zs_estimate_from_model(desc.c_str(), &ec, &in, &on_host), ZS_OK);
         EXPECT_LT(on_host.bytes[ZS_MEM_OFFLOAD_HOST], got.peak[ZS_MEM_OFFLOAD_HOST])
             << what;
         if (cfg.offload_param) {

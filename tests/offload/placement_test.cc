@@ -143,15 +143,16 @@ class RealMachine : public ::testing::Test {
 };
 
 TEST_F(RealMachine, PagesLandOnTheChosenNodeAndAreCounted) {
-  zs_config cfg = ZS_CONFIG_INIT;
-  cfg.offload_optimizer.device = 1;
+  zs_config cfg;
+  zs_config_init(&cfg); // the defaults: zs__offload_create takes a resolved config
+  cfg.offload_optimizer.device = ZS_OFFLOAD_CPU;
   cfg.offload_optimizer.numa = 0;
   zs__offload* o = nullptr;
   ASSERT_EQ(zs__offload_create(&cfg, 0, nullptr, acct_, &o), ZS_OK) << zs_last_error();
   void* p = nullptr;
   const size_t bytes = 8u << 20;
   ASSERT_EQ(zs__offload_alloc(o, bytes, "test", &p), ZS_OK);
-  zs_memory_stats ms;
+  zs_memory_stats ms{};
   zs__accounting_stats(acct_, &ms);
   EXPECT_EQ(ms.current[ZS_MEM_OFFLOAD_HOST], bytes);
   if (numa_available() >= 0) {
@@ -163,7 +164,7 @@ TEST_F(RealMachine, PagesLandOnTheChosenNodeAndAreCounted) {
       EXPECT_EQ(node, 0) << "page at offset " << off;
     }
   }
-  zs_offload_info info;
+  zs_offload_info info{};
   zs__offload_info(o, &info);
   EXPECT_EQ(info.enabled, 1);
   EXPECT_EQ(info.numa_node, 0);
@@ -179,8 +180,9 @@ TEST_F(RealMachine, PagesLandOnTheChosenNodeAndAreCounted) {
 // its message (errors are thread-local).
 TEST_F(RealMachine, WorkersRunEveryJobAndReportErrors) {
   if (sysconf(_SC_NPROCESSORS_ONLN) < 2) GTEST_SKIP() << "needs 2 cores";
-  zs_config cfg = ZS_CONFIG_INIT;
-  cfg.offload_optimizer.device = 1;
+  zs_config cfg;
+  zs_config_init(&cfg); // the defaults: zs__offload_create takes a resolved config
+  cfg.offload_optimizer.device = ZS_OFFLOAD_CPU;
   cfg.offload_optimizer.threads = 2;
   zs__offload* o = nullptr;
   ASSERT_EQ(zs__offload_create(&cfg, 0, nullptr, acct_, &o), ZS_OK) << zs_last_error();
@@ -206,8 +208,9 @@ TEST_F(RealMachine, WorkersRunEveryJobAndReportErrors) {
 }
 
 TEST_F(RealMachine, BadInputIsAClearErrorOrAWarnedFallback) {
-  zs_config cfg = ZS_CONFIG_INIT;
-  cfg.offload_optimizer.device = 1;
+  zs_config cfg;
+  zs_config_init(&cfg); // the defaults: zs__offload_create takes a resolved config
+  cfg.offload_optimizer.device = ZS_OFFLOAD_CPU;
   cfg.offload_optimizer.numa = 999;
   zs__offload* o = nullptr;
   EXPECT_EQ(zs__offload_create(&cfg, 0, nullptr, acct_, &o), ZS_ERR_INVALID_ARGUMENT);
@@ -225,7 +228,7 @@ TEST_F(RealMachine, BadInputIsAClearErrorOrAWarnedFallback) {
   ASSERT_EQ(zs__offload_create(&cfg, 0, nullptr, acct_, &o), ZS_OK);
   void* p = nullptr;
   ASSERT_EQ(zs__offload_alloc(o, 4096, "test", &p), ZS_OK);
-  zs_offload_info info;
+  zs_offload_info info{};
   zs__offload_info(o, &info);
   EXPECT_EQ(info.pinned, 0);
   EXPECT_EQ(info.workers, 1);

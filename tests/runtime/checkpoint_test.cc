@@ -577,7 +577,7 @@ TEST_F(CheckpointTest, SaveRefusesMidAccumulationAndBadNames) {
             ZS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(zs_checkpoint_save(zm, nullptr, nullptr, nullptr, 0),
             ZS_ERR_INVALID_ARGUMENT);
-  zs_step_info info;
+  zs_step_info info{};
   ASSERT_EQ(zs_step(zm, &info), ZS_OK);  // micro-batch 1 of 2
   EXPECT_EQ(zs_checkpoint_save(zm, dir_.c_str(), "mid", nullptr, 0),
             ZS_ERR_INVALID_STATE);

@@ -206,6 +206,14 @@ bool SameDouble(double a, double b) {
   return a == b || (std::isnan(a) && std::isnan(b));
 }
 
+// The defaults, readable (zs_config_init; ZS_CONFIG_INIT leaves the
+// fields UNSET for the library to resolve).
+zs_config Defaults() {
+  zs_config c;
+  zs_config_init(&c);
+  return c;
+}
+
 // Field-by-field comparison that prints every differing field.
 template <typename E>
 int RawInt(const E* e) {
@@ -258,7 +266,7 @@ void ExpectConfigEq(const zs_config& a, const zs_config& b) {
 // Precision settings: defaults, ranges (errors name the field) and the
 // DeepSpeed-style JSON keys.
 TEST(Config, PrecisionDefaultsAndRanges) {
-  zs_config c = ZS_CONFIG_INIT;
+  zs_config c = Defaults();
   EXPECT_EQ(c.reduce_dtype, -1);
   EXPECT_EQ(c.grad_accum_steps, 1);
   EXPECT_EQ(c.clip_grad_norm, 0);
@@ -304,15 +312,15 @@ TEST(Config, PrecisionDefaultsAndRanges) {
          x->loss_scaler.mode = ZS_LOSS_SCALE_DYNAMIC;
          x->loss_scaler.hysteresis = 0;
        }, "hysteresis"},
-      {[](zs_config* x) { x->loss_scaler.mode = 7; }, "loss_scaler.mode"},
+      {[](zs_config* x) { x->loss_scaler.mode = (zs_loss_scaling)7; }, "loss_scaler.mode"},
   };
   for (const Bad& b : bad) {
-    zs_config x = ZS_CONFIG_INIT;
+    zs_config x = Defaults();
     b.set(&x);
     EXPECT_EQ(zs_config_validate(&x), ZS_ERR_INVALID_ARGUMENT) << b.field;
     EXPECT_LAST_ERROR_HAS(b.field);
   }
-  zs_config j = ZS_CONFIG_INIT;
+  zs_config j = Defaults();
   ASSERT_EQ(zs_config_from_json(
                 R"({"gradient_accumulation_steps": 4, "gradient_clipping": 1.5,
                     "communication_data_type": "fp32",
@@ -335,7 +343,7 @@ TEST(Config, PrecisionDefaultsAndRanges) {
       << zs_last_error();
   EXPECT_EQ(j.loss_scaler.mode, ZS_LOSS_SCALE_STATIC);
   EXPECT_EQ(j.loss_scaler.init_scale, 128.0);
-  zs_config d = ZS_CONFIG_INIT;
+  zs_config d = Defaults();
   EXPECT_EQ(zs_config_from_json(R"({"fp16": {"loss_scale": 128}})", &d),
             ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("enabled");
@@ -364,14 +372,14 @@ TEST(Config, PrecisionDefaultsAndRanges) {
 // config check; the check's other rules still hold (stage 3, an offloaded
 // optimizer).
 TEST(Config, OffloadWithCudaPassesTheCheck) {
-  zs_config c = ZS_CONFIG_INIT;
+  zs_config c = Defaults();
   c.device = ZS_DEVICE_CUDA;
   c.stage = 3;
   c.nvme.path = "/tmp";
   for (int opt : {1, 2})
     for (int param : {0, 1, 2}) {
-      c.offload_optimizer.device = opt;
-      c.offload_param = param;
+      c.offload_optimizer.device = (zs_offload_device)opt;
+      c.offload_param = (zs_offload_device)param;
       EXPECT_EQ(zs_config_validate(&c), ZS_OK)
           << "optimizer " << opt << " param " << param << ": " << zs_last_error();
     }
@@ -381,12 +389,42 @@ TEST(Config, OffloadWithCudaPassesTheCheck) {
       << zs_last_error();
 }
 
+// zs_config_from_json keeps each distinct nvme_path for the process's
+// life, however many (a fixed table of 64 once made the 65th distinct path
+// OUT_OF_MEMORY): 10,000 configs with distinct paths in one process, each
+// with its own string, and a repeated path gets the string kept for it.
+TEST(Config, JsonKeepsAnyNumberOfDistinctPaths) {
+  const char* first = nullptr;
+  for (int i = 0; i < 10000; i++) {
+    zs_config c = ZS_CONFIG_INIT;
+    const std::string path = "/tmp/zs-json-path-" + std::to_string(i);
+    const std::string json =
+        R"({"zero_optimization": {"offload_optimizer": {"device": "nvme", )"
+        R"("nvme_path": ")" + path + R"("}}})";
+    ASSERT_EQ(zs_config_from_json(json.c_str(), &c), ZS_OK)
+        << "config " << i << ": " << zs_last_error();
+    ASSERT_NE(c.nvme.path, nullptr) << i;
+    ASSERT_STREQ(c.nvme.path, path.c_str()) << i;
+    if (i == 0) first = c.nvme.path;
+  }
+  zs_config c = ZS_CONFIG_INIT;
+  ASSERT_EQ(zs_config_from_json(R"({"zero_optimization": {"offload_optimizer":
+      {"device": "nvme", "nvme_path": "/tmp/zs-json-path-0"}}})", &c), ZS_OK);
+  EXPECT_EQ(c.nvme.path, first);
+  EXPECT_STREQ(first, "/tmp/zs-json-path-0");
+}
+
 TEST(Config, InitEqualsInitializerMacro) {
   zs_config macro = ZS_CONFIG_INIT;
   zs_config init;
   std::memset(&init, 0x5A, sizeof init);
   ASSERT_EQ(zs_config_init(&init), ZS_OK) << zs_last_error();
-  ExpectConfigEq(init, macro);
+  // the macro leaves every field UNSET, init fills the defaults: both
+  // resolve to the same configuration
+  zs_config a = init, b = macro;
+  ASSERT_EQ(zs_config_resolve(&init, &a), ZS_OK) << zs_last_error();
+  ASSERT_EQ(zs_config_resolve(&macro, &b), ZS_OK) << zs_last_error();
+  ExpectConfigEq(a, b);
   // The documented defaults.
   EXPECT_EQ(init.struct_size, sizeof(zs_config));
   EXPECT_EQ(init.version, static_cast<unsigned>(ZS_VERSION_CODE));
@@ -404,30 +442,30 @@ TEST(Config, InitEqualsInitializerMacro) {
 }
 
 TEST(Config, ValidateAcceptsGoodConfigs) {
-  zs_config c = ZS_CONFIG_INIT;
+  zs_config c = Defaults();
   EXPECT_EQ(zs_config_validate(&c), ZS_OK) << zs_last_error();
   for (int stage = 0; stage <= 3; stage++) {
-    c = ZS_CONFIG_INIT;
+    c = Defaults();
     c.stage = stage;
     EXPECT_EQ(zs_config_validate(&c), ZS_OK) << "stage " << stage << ": "
                                              << zs_last_error();
   }
   for (int level = 0; level <= 3; level++) {
-    c = ZS_CONFIG_INIT;
-    c.log_level = level;
+    c = Defaults();
+    c.log_level = (zs_log_level)level;
     EXPECT_EQ(zs_config_validate(&c), ZS_OK) << "log_level " << level << ": "
                                              << zs_last_error();
   }
-  c = ZS_CONFIG_INIT;
+  c = Defaults();
   c.device = ZS_DEVICE_CUDA;
   EXPECT_EQ(zs_config_validate(&c), ZS_OK) << zs_last_error();
-  c = ZS_CONFIG_INIT;
+  c = Defaults();
   c.optimizer.kind = ZS_OPTIM_ADAM;
   c.optimizer.lr = 0.0;
   c.optimizer.beta1 = 0.0;
   c.optimizer.weight_decay = 0.0;
   EXPECT_EQ(zs_config_validate(&c), ZS_OK) << zs_last_error();
-  c = ZS_CONFIG_INIT;
+  c = Defaults();
   c.optimizer.kind = ZS_OPTIM_SGD;
   c.optimizer.momentum = 0.9;
   c.optimizer.nesterov = 1;
@@ -461,7 +499,7 @@ TEST(Config, ValidateRejectsEachBadFieldByName) {
       {"reshard_after_forward 2",
        [](zs_config* c) { c->reshard_after_forward = 2; },
        "config.reshard_after_forward"},
-      {"reduce_order 2", [](zs_config* c) { c->reduce_order = 2; },
+      {"reduce_order 2", [](zs_config* c) { c->reduce_order = (zs_reduce_order)2; },
        "config.reduce_order"},
       {"progress_thread 3", [](zs_config* c) { c->progress_thread = 3; },
        "config.progress_thread"},
@@ -529,13 +567,13 @@ TEST(Config, ValidateRejectsEachBadFieldByName) {
       {"version from another major",
        [](zs_config* c) { c->version = ZS_VERSION_CODE + 10000; },
        "config.version"},
-      {"log_level 5", [](zs_config* c) { c->log_level = 5; },
+      {"log_level 5", [](zs_config* c) { c->log_level = (zs_log_level)5; },
        "config.log_level"},
-      {"log_level -1", [](zs_config* c) { c->log_level = -1; },
+      {"log_level -1", [](zs_config* c) { c->log_level = (zs_log_level)-1; },
        "config.log_level"},
   };
   for (const Case& k : cases) {
-    zs_config c = ZS_CONFIG_INIT;
+    zs_config c = Defaults();
     k.mutate(&c);
     zs_config before = c;
     EXPECT_EQ(zs_config_validate(&c), ZS_ERR_INVALID_ARGUMENT) << k.what;
@@ -552,7 +590,7 @@ TEST(Config, ValidateRejectsEachBadFieldByName) {
 
 // A config with every field away from its default, to detect changes.
 zs_config Distinctive() {
-  zs_config c = ZS_CONFIG_INIT;
+  zs_config c = Defaults();
   c.stage = 1;
   c.optimizer.kind = ZS_OPTIM_ADAM;
   c.optimizer.lr = 0.25;
@@ -562,7 +600,7 @@ zs_config Distinctive() {
   c.optimizer.weight_decay = 0.125;
   c.optimizer.momentum = 0.3;
   c.optimizer.dampening = 0.2;
-  c.log_level = 0;
+  c.log_level = ZS_LOG_ERROR;
   return c;
 }
 
@@ -617,9 +655,9 @@ TEST(ConfigJson, FullDeepSpeedStyleExample) {
     "device": "cuda",
     "log_level": 2
   })";
-  zs_config c = ZS_CONFIG_INIT;
+  zs_config c = Defaults();
   ASSERT_EQ(zs_config_from_json(text, &c), ZS_OK) << zs_last_error();
-  zs_config want = ZS_CONFIG_INIT;
+  zs_config want = Defaults();
   want.stage = 3;
   want.device = ZS_DEVICE_CUDA;
   want.optimizer.kind = ZS_OPTIM_ADAMW;
@@ -628,7 +666,7 @@ TEST(ConfigJson, FullDeepSpeedStyleExample) {
   want.optimizer.beta2 = 0.95;
   want.optimizer.eps = 1e-6;
   want.optimizer.weight_decay = 0.1;
-  want.log_level = 2;
+  want.log_level = ZS_LOG_INFO;
   ExpectConfigEq(c, want);
 }
 
@@ -636,7 +674,7 @@ TEST(ConfigJson, FullDeepSpeedStyleExample) {
 // buffer_count, zero_optimization.sub_group_size, aio.block_size and
 // queue_depth) plus buffer_size and aio.backend.
 TEST(ConfigJson, NvmeOffloadKeys) {
-  zs_config c = ZS_CONFIG_INIT;
+  zs_config c = Defaults();
   ASSERT_EQ(zs_config_from_json(R"({"zero_optimization": {"stage": 3,
       "sub_group_size": 1000000, "offload_optimizer": {"device": "nvme",
       "nvme_path": "/local_nvme", "buffer_count": 12, "buffer_size": 8388608}},
@@ -653,7 +691,7 @@ TEST(ConfigJson, NvmeOffloadKeys) {
   // offload_param: DeepSpeed's device, nvme_path, buffer_count and
   // buffer_size (elements, as DeepSpeed's); one swap directory for both
   // sections
-  zs_config d = ZS_CONFIG_INIT;
+  zs_config d = Defaults();
   ASSERT_EQ(zs_config_from_json(R"({"zero_optimization": {"stage": 3,
       "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "nvme",
       "nvme_path": "/local_nvme", "buffer_count": 7, "buffer_size": 100000000}}})",
@@ -663,7 +701,7 @@ TEST(ConfigJson, NvmeOffloadKeys) {
   EXPECT_STREQ(d.nvme.path, "/local_nvme");
   EXPECT_EQ(d.nvme.param_buffer_count, 7u);
   EXPECT_EQ(d.nvme.param_buffer_elements, 100000000u);  // elements, as DeepSpeed's
-  d = ZS_CONFIG_INIT;
+  d = Defaults();
   EXPECT_EQ(zs_config_from_json(R"({"zero_optimization": {"stage": 3,
       "offload_optimizer": {"device": "nvme", "nvme_path": "/a"},
       "offload_param": {"device": "nvme", "nvme_path": "/b"}}})", &d),
@@ -686,9 +724,9 @@ TEST(ConfigJson, NvmeOffloadKeys) {
   EXPECT_LAST_ERROR_HAS("config.nvme.path");
   EXPECT_EQ(d.offload_optimizer.device, 0);  // unchanged on error
   // a path whose swap files would pass the path limit: refused by validate
-  zs_config lp = ZS_CONFIG_INIT;
+  zs_config lp = Defaults();
   const std::string longpath(4001, 'p');
-  lp.offload_optimizer.device = 2;
+  lp.offload_optimizer.device = ZS_OFFLOAD_NVME;
   lp.nvme.path = longpath.c_str();
   EXPECT_EQ(zs_config_validate(&lp), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("config.nvme.path is 4001 bytes: at most 4000");
@@ -701,7 +739,7 @@ TEST(ConfigJson, NvmeOffloadKeys) {
 // DeepSpeed accepts them, with a warning naming them; a path the other
 // section uses is not warned about.
 TEST(ConfigJson, NvmeKeysOfAnotherDeviceAreWarnedAbout) {
-  zs_config c = ZS_CONFIG_INIT;
+  zs_config c = Defaults();
   ::testing::internal::CaptureStderr();
   ASSERT_EQ(zs_config_from_json(R"({"zero_optimization": {"stage": 3,
       "offload_optimizer": {"device": "cpu", "nvme_path": "/local_nvme",
@@ -711,7 +749,7 @@ TEST(ConfigJson, NvmeKeysOfAnotherDeviceAreWarnedAbout) {
                      "buffer_count and buffer_size apply to \"device\": \"nvme\" "
                      "only and are ignored here (device \"cpu\")"),
             std::string::npos) << err;
-  c = ZS_CONFIG_INIT;
+  c = Defaults();
   ::testing::internal::CaptureStderr();
   ASSERT_EQ(zs_config_from_json(R"({"zero_optimization": {"stage": 3,
       "offload_optimizer": {"device": "cpu", "nvme_path": "/local_nvme"},
@@ -762,7 +800,7 @@ TEST(ConfigJson, OptimizerTypeIsCaseInsensitive) {
   for (const auto& r : rows) {
     std::string text =
         std::string(R"({"optimizer": {"type": ")") + r.type + "\"}}";
-    zs_config c = ZS_CONFIG_INIT;
+    zs_config c = Defaults();
     c.optimizer.kind = static_cast<zs_optimizer_kind>(
         (static_cast<int>(r.kind) + 1) % 3);
     ASSERT_EQ(zs_config_from_json(text.c_str(), &c), ZS_OK)
@@ -789,12 +827,12 @@ TEST(ConfigJson, StageValues) {
   for (int stage = 0; stage <= 3; stage++) {
     std::string text = "{\"zero_optimization\": {\"stage\": " +
                        std::to_string(stage) + "}}";
-    zs_config c = ZS_CONFIG_INIT;
+    zs_config c = Defaults();
     ASSERT_EQ(zs_config_from_json(text.c_str(), &c), ZS_OK) << text;
     EXPECT_EQ(c.stage, stage);
   }
   // 2.0 is an integer in JSON's number model.
-  zs_config c = ZS_CONFIG_INIT;
+  zs_config c = Defaults();
   ASSERT_EQ(zs_config_from_json(R"({"zero_optimization": {"stage": 2.0}})",
                                 &c),
             ZS_OK)
@@ -981,7 +1019,7 @@ TEST(ConfigJson, ParseErrorsGiveTheBytePosition) {
 }
 
 TEST(ConfigJson, NullArguments) {
-  zs_config c = ZS_CONFIG_INIT;
+  zs_config c = Defaults();
   EXPECT_EQ(zs_config_from_json(nullptr, &c), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(zs_config_from_json("{}", nullptr), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(zs_config_from_json_file(nullptr, &c), ZS_ERR_INVALID_ARGUMENT);
@@ -1023,10 +1061,10 @@ TEST(ConfigJsonFile, ReadsARealFile) {
   std::string path = WriteTemp(R"({"zero_optimization": {"stage": 2},
       "optimizer": {"type": "adam", "params": {"lr": 0.002}}})");
   ASSERT_FALSE(path.empty());
-  zs_config c = ZS_CONFIG_INIT;
+  zs_config c = Defaults();
   ASSERT_EQ(zs_config_from_json_file(path.c_str(), &c), ZS_OK)
       << zs_last_error();
-  zs_config want = ZS_CONFIG_INIT;
+  zs_config want = Defaults();
   want.stage = 2;
   want.optimizer.kind = ZS_OPTIM_ADAM;
   want.optimizer.lr = 0.002;
@@ -1068,7 +1106,7 @@ class Accounting : public ::testing::Test {
   }
   void TearDown() override { zs__accounting_destroy(acct_); }
   zs_memory_stats Stats() {
-    zs_memory_stats s;
+    zs_memory_stats s{};
     std::memset(&s, 0xEE, sizeof s);
     zs__accounting_stats(acct_, &s);
     return s;
@@ -1435,7 +1473,7 @@ class HostDevice : public ::testing::Test {
   }
   void TearDown() override {
     if (dev_ != nullptr) {
-      zs_memory_stats s;
+      zs_memory_stats s{};
       zs__accounting_stats(acct_, &s);
       EXPECT_EQ(s.allocations, 0u) << "the test leaked device allocations";
     }
@@ -1443,7 +1481,7 @@ class HostDevice : public ::testing::Test {
     zs__accounting_destroy(acct_);
   }
   zs_memory_stats Stats() {
-    zs_memory_stats s;
+    zs_memory_stats s{};
     zs__accounting_stats(acct_, &s);
     return s;
   }
@@ -1684,7 +1722,7 @@ TEST(AccountingOwners, UserAndRuntimeRegistriesAreSeparate) {
   ASSERT_EQ(zs__accounting_add(a, ZS__OWNER_USER, ZS_MEM_ACTIVATIONS, buf + 8, 4, "u"), ZS_OK);
   // The runtime can use an address the user registered (and forgot).
   EXPECT_EQ(zs__accounting_add(a, ZS__OWNER_RUNTIME, ZS_MEM_GRADS, buf + 8, 2, "g"), ZS_OK);
-  zs_memory_stats st;
+  zs_memory_stats st{};
   zs__accounting_stats(a, &st);
   EXPECT_EQ(st.total_current, 14u);
   EXPECT_EQ(st.allocations, 3u);
@@ -1697,23 +1735,23 @@ TEST(AccountingOwners, UserAndRuntimeRegistriesAreSeparate) {
 }
 
 TEST(Config, WeightDecayDefaultsPerOptimizer) {
-  zs_config c = ZS_CONFIG_INIT;
+  zs_config c = Defaults();
   zs__config_resolve(&c);
   EXPECT_EQ(c.optimizer.weight_decay, 0.01);  // AdamW
   for (zs_optimizer_kind k : {ZS_OPTIM_ADAM, ZS_OPTIM_SGD}) {
-    zs_config d = ZS_CONFIG_INIT;
+    zs_config d = Defaults();
     d.optimizer.kind = k;
     zs__config_resolve(&d);
     EXPECT_EQ(d.optimizer.weight_decay, 0.0) << "kind " << k;
   }
-  zs_config e = ZS_CONFIG_INIT;
+  zs_config e = Defaults();
   e.optimizer.weight_decay = 0.3;
   zs__config_resolve(&e);
   EXPECT_EQ(e.optimizer.weight_decay, 0.3);
 }
 
 TEST(ConfigJson, OverlapKeys) {
-  zs_config c = ZS_CONFIG_INIT;
+  zs_config c = Defaults();
   ASSERT_EQ(zs_config_from_json(R"({
     "zero_optimization": {"stage": 3, "reduce_bucket_size": 1000,
                           "prefetch_depth": 4,
@@ -1729,7 +1767,7 @@ TEST(ConfigJson, OverlapKeys) {
   EXPECT_EQ(c.reduce_order, ZS_REDUCE_BACKEND);
   EXPECT_EQ(c.progress_thread, 0);
   EXPECT_EQ(c.collective_timeout_s, 60.0);
-  zs_config d = ZS_CONFIG_INIT;
+  zs_config d = Defaults();
   EXPECT_EQ(zs_config_from_json(R"({"zero_optimization": {"prefetch_depth": 99}})", &d),
             ZS_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(zs_last_error()).find("zero_optimization.prefetch_depth"),

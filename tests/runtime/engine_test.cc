@@ -115,7 +115,7 @@ TEST_F(EngineTest, ModelStateBytesEqualZeroFormula) {
                                     ZS_FLOAT32, 0, &t),
                 ZS_OK);
     ASSERT_EQ(zs_model_finalize(m), ZS_OK) << zs_last_error();
-    zs_memory_stats st;
+    zs_memory_stats st{};
     ASSERT_EQ(zs_memory_stats_get(ctx, &st), ZS_OK);
     const size_t params = stage == 3 ? 4 * psi / W : 4 * psi;
     const size_t grads = stage >= 2 ? 4 * psi / W : 4 * psi;
@@ -355,7 +355,7 @@ TEST_F(EngineTest, DifferentShapeOnOneRankFailsEveryRankBeforeData) {
   EXPECT_EQ(after.calls[ZS_COLL_REDUCE_SCATTER] - before.calls[ZS_COLL_REDUCE_SCATTER], 0u);
   EXPECT_EQ(after.calls[ZS_COLL_ALL_GATHER] - before.calls[ZS_COLL_ALL_GATHER], 1u);
   EXPECT_EQ(after.calls[ZS_COLL_BROADCAST] - before.calls[ZS_COLL_BROADCAST], 2u);
-  zs_memory_stats ms;
+  zs_memory_stats ms{};
   zs_memory_stats_get(ctx, &ms);
   EXPECT_EQ(ms.total_current, ContextBytes(ctx)) << "no storage after a failed finalize";
   zs_model_destroy(m);
@@ -516,7 +516,7 @@ TEST_F(EngineTest, InitCallbackFailureOnRankZeroReachesEveryRank) {
   zs_status st = zs_model_init(m, FailOnSecond, nullptr);
   EXPECT_EQ(st, rank_ == 0 ? ZS_ERR_IO : ZS_ERR_REMOTE);
   EXPECT_TRUE(Contains(zs_last_error(), "second")) << zs_last_error();
-  zs_memory_stats ms;
+  zs_memory_stats ms{};
   zs_memory_stats_get(ctx, &ms);
   EXPECT_EQ(ms.current[ZS_MEM_OTHER], ContextBytes(ctx)) << "the init buffer is freed";
   zs_model_destroy(m);
@@ -573,7 +573,7 @@ TEST_F(EngineTest, UserRegisteredActivationsAreCounted) {
   zs_context* ctx = MakeContext(0);
   ASSERT_NE(ctx, nullptr);
   std::vector<float> act(1000);
-  zs_memory_stats before, during, after;
+  zs_memory_stats before{}, during{}, after{};
   zs_memory_stats_get(ctx, &before);
   EXPECT_EQ(zs_memory_register(ctx, ZS_MEM_ACTIVATIONS, act.data(), 4000), ZS_OK);
   EXPECT_EQ(zs_memory_register(ctx, ZS_MEM_ACTIVATIONS, act.data(), 4000),
@@ -645,7 +645,7 @@ TEST_F(EngineTest, SameSizedUnitsInDifferentOrderAreAMismatch) {
       EXPECT_EQ(zs_unit_grad_release(m, u[k]), ZS_OK);
       EXPECT_EQ(zs_unit_release(m, u[k]), ZS_OK);
     }
-    zs_step_info info;
+    zs_step_info info{};
     EXPECT_EQ(zs_step(m, &info), ZS_OK) << zs_last_error();
     EXPECT_EQ(info.applied, 1);
     zs_model_destroy(m);
@@ -880,7 +880,7 @@ TEST_F(EngineTest, OversizedUnitsAreRefusedAtFinalizeRepeatably) {
     EXPECT_TRUE(Contains(zs_last_error(), "huge") &&
                 Contains(zs_last_error(), "overflow")) << zs_last_error();
   }
-  zs_memory_stats ms;
+  zs_memory_stats ms{};
   zs_memory_stats_get(ctx, &ms);
   EXPECT_EQ(ms.total_current, ContextBytes(ctx));
   zs_model_destroy(m);
@@ -949,7 +949,7 @@ TEST_F(EngineTest, RuntimeMemoryCannotBeUnregisteredByTheUser) {
   EXPECT_EQ(zs_memory_unregister(o.ctx, p), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(zs_unit_release(m, u), ZS_OK);
   zs_model_destroy(m);
-  zs_memory_stats ms;
+  zs_memory_stats ms{};
   zs_memory_stats_get(o.ctx, &ms);
   EXPECT_EQ(ms.total_current, ContextBytes(o.ctx));
   zs_context_destroy(o.ctx);

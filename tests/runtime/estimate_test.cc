@@ -60,21 +60,27 @@ struct Golden {
     next++;
   }
 };
+// An estimate's inputs: the config and what it cannot hold.
+struct Est {
+  zs_config cfg = ZS_CONFIG_INIT;
+  zs_estimate_input in = ZS_ESTIMATE_INPUT_INIT;
+};
+
 Golden& TheGolden() {
   static Golden g;
   return g;
 }
-zs_status Params(double params, const zs_estimate_config* c,
-                 zs_memory_estimate* e) {
+zs_status Params(double params, const Est* c, zs_memory_estimate* e) {
   *e = zs_memory_estimate{};
-  zs_status st = zs_estimate_params(params, c, e);
+  e->struct_size = sizeof *e;
+  zs_status st = zs_estimate_from_params(params, &c->cfg, &c->in, e);
   TheGolden().Check(st, *e);
   return st;
 }
-zs_status Model(const char* desc, const zs_estimate_config* c,
-                zs_memory_estimate* e) {
+zs_status Model(const char* desc, const Est* c, zs_memory_estimate* e) {
   *e = zs_memory_estimate{};
-  zs_status st = zs_estimate_model(desc, c, e);
+  e->struct_size = sizeof *e;
+  zs_status st = zs_estimate_from_model(desc, &c->cfg, &c->in, e);
   TheGolden().Check(st, *e);
   return st;
 }
@@ -103,11 +109,11 @@ TEST(Estimate, ReproducesTheZeroPaperFigureOne) {
   const double expect[4] = {120e9, 31.40625e9, 16.640625e9, 1.875e9};
   const char* printed[4] = {"120.0", "31.4", "16.6", "1.9"};
   for (int stage = 0; stage <= 3; stage++) {
-    zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
-    c.ranks = 64;
-    c.stage = stage;
-    c.dtype = ZS_BFLOAT16;
-    zs_memory_estimate e;
+    Est c;
+    c.in.ranks = 64;
+    c.cfg.stage = stage;
+    c.in.param_dtype = ZS_BFLOAT16;
+    zs_memory_estimate e{};
     ASSERT_EQ(Params(7.5e9, &c, &e), ZS_OK) << zs_last_error();
     EXPECT_EQ((double)e.model_state_bytes, expect[stage]) << "stage " << stage;
     char buf[32];
@@ -118,9 +124,9 @@ TEST(Estimate, ReproducesTheZeroPaperFigureOne) {
     EXPECT_EQ(e.total, e.model_state_bytes + other);
   }
   // fp32 training (K = 12 less the master copy: 4 + 4 + 8 bytes).
-  zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
-  c.ranks = 4;
-  zs_memory_estimate e;
+  Est c;
+  c.in.ranks = 4;
+  zs_memory_estimate e{};
   ASSERT_EQ(Params(1000, &c, &e), ZS_OK);
   EXPECT_EQ(e.model_state_bytes, 16000u);
   EXPECT_EQ(e.bytes[ZS_MEM_MASTER_WEIGHTS], 0u);
@@ -138,11 +144,11 @@ TEST(Estimate, ModelDescriptionLayoutTiesFrozenAndActivations) {
                                     {"name": "f", "numel": 10, "frozen": true}]}],
     "activations": {"bytes_per_rank": 1004, "fixed_bytes": 4,
                     "sequences_per_rank": 5}})";
-  zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
-  c.ranks = 4;
-  c.stage = 3;
-  c.prefetch_depth = 0;
-  zs_memory_estimate e;
+  Est c;
+  c.in.ranks = 4;
+  c.cfg.stage = 3;
+  c.cfg.prefetch_depth = 0;
+  zs_memory_estimate e{};
   ASSERT_EQ(Model(model, &c, &e), ZS_OK) << zs_last_error();
   // embed: wte at 0, b at 112 (aligned to 16), used 115, padded 128 (a
   // multiple of 64), shard 32. head: f at 0, padded 64, shard 16.
@@ -154,27 +160,27 @@ TEST(Estimate, ModelDescriptionLayoutTiesFrozenAndActivations) {
   // One prefetched unit more: embed is already in the set (head's owner),
   // and gathered for both reasons it is one buffer, so the whole model is
   // the working set, not head + embed + embed again.
-  c.prefetch_depth = 1;
+  c.cfg.prefetch_depth = 1;
   ASSERT_EQ(Model(model, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_PARAMS_GATHERED], (64u + 128u) * 4);
-  c.prefetch_depth = 0;
+  c.cfg.prefetch_depth = 0;
   EXPECT_EQ(e.bytes[ZS_MEM_ACTIVATIONS], 1004u);
   // Twice the sequences per rank: twice the scaled part.
-  c.global_batch = 40;  // 40 / 4 ranks = 10 per rank
+  c.in.global_batch = 40;  // 40 / 4 ranks = 10 per rank
   ASSERT_EQ(Model(model, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_ACTIVATIONS], 2004u);
   // bf16 override: 16-bit params and grads, fp32 master, 32-element
   // alignment: embed padded 4 * 32 * ... = 256? wte 100 -> b at 128 ->
   // used 131 -> padded 256, shard 64.
-  c.global_batch = 0;
-  c.dtype = ZS_BFLOAT16;
+  c.in.global_batch = 0;
+  c.in.param_dtype = ZS_BFLOAT16;
   ASSERT_EQ(Model(model, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_MASTER_WEIGHTS], 64u * 4);
   EXPECT_EQ(e.bytes[ZS_MEM_GRADS], 64u * 2);
   // A unit whose gradients are fp32 (the description's grad_dtype).
   const char* fp32_grads = R"({"units": [{"name": "u", "dtype": "bf16",
       "grad_dtype": "fp32", "tensors": [{"name": "w", "numel": 100}]}]})";
-  c.dtype = ZS_DTYPE_COUNT;
+  c.in.param_dtype = ZS_DTYPE_AUTO;
   ASSERT_EQ(Model(fp32_grads, &c, &e), ZS_OK) << zs_last_error();
   EXPECT_EQ(e.bytes[ZS_MEM_PARAMS], 32u * 2);  // padded 128, shard 32
   EXPECT_EQ(e.bytes[ZS_MEM_GRADS], 32u * 4);
@@ -199,21 +205,21 @@ TEST(Estimate, ReductionBuffersCountATieOwnerAccumulating) {
       {"name": "b", "tensors": [{"name": "x", "numel": 800}]},
       {"name": "c", "tensors": [{"name": "y", "numel": 480}]},
       {"name": "d", "tensors": [{"name": "v", "numel": 160}]}]})";
-  zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
-  c.ranks = 2;  // (one rank reduces one unit at a time: below)
-  c.stage = 2;
-  zs_memory_estimate e;
+  Est c;
+  c.in.ranks = 2;  // (one rank reduces one unit at a time: below)
+  c.cfg.stage = 2;
+  zs_memory_estimate e{};
   ASSERT_EQ(Model(model, &c, &e), ZS_OK) << zs_last_error();
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], (2 * 1600u + 2 * 800u + 480u + 160u) * 4);
   ASSERT_EQ(Model(untied, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], (2 * 1600u + 2 * 800u + 480u) * 4);
-  c.stage = 1;  // the gradients accumulate in place: temporaries only
+  c.cfg.stage = 1;  // the gradients accumulate in place: temporaries only
   ASSERT_EQ(Model(model, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], (1600u + 800u) * 4);
   // One rank: a reduction is a local copy, finished before the next unit
   // accumulates: the owner all along and the largest unit reducing.
-  c.ranks = 1;
-  c.stage = 2;
+  c.in.ranks = 1;
+  c.cfg.stage = 2;
   ASSERT_EQ(Model(model, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], (480u + 2 * 1600u) * 4);
   // A description's own "other" (e.g. an fp32 copy of a 16-bit unit) adds
@@ -242,15 +248,15 @@ TEST(Estimate, ReductionBuffersWithGradUsesAndMicroBatches) {
       {"name": "b", "tensors": [{"name": "x", "numel": 800}]},
       {"name": "c", "tensors": [{"name": "y", "numel": 480}]},
       {"name": "d", "tensors": [{"name": "v", "numel": 160}]}]})";
-  zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
-  c.ranks = 2;
-  c.stage = 2;
-  zs_memory_estimate e;
+  Est c;
+  c.in.ranks = 2;
+  c.cfg.stage = 2;
+  zs_memory_estimate e{};
   // d all along, a and b reducing (buffer and temporaries), c next
   ASSERT_EQ(Model(model, &c, &e), ZS_OK) << zs_last_error();
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], (160u + 2 * 1600u + 2 * 800u + 480u) * 4);
   // re-opened: a and b add 2 s each, the next (c) its saved s
-  c.grad_accum_steps = 2;
+  c.cfg.grad_accum_steps = 2;
   ASSERT_EQ(Model(plain, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS],
             ((2 * 1600u + 1600u) + (2 * 800u + 800u) + (480u + 240u)) * 4);
@@ -259,31 +265,31 @@ TEST(Estimate, ReductionBuffersWithGradUsesAndMicroBatches) {
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS],
             ((160u + 80u) + (2 * 1600u + 1600u) + (2 * 800u + 800u) + (480u + 240u)) * 4);
   // local: every buffer all along, the two largest with temporaries
-  c.grad_accum_local = 1;
+  c.cfg.grad_accum_local = 1;
   ASSERT_EQ(Model(plain, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], ((1600u + 800u + 480u + 160u) + 1600u + 800u) * 4);
   // stage 1: the gradients are the buffer; re-opened units still save
-  c.stage = 1;
+  c.cfg.stage = 1;
   ASSERT_EQ(Model(plain, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], (1600u + 800u) * 4);
-  c.grad_accum_local = 0;
+  c.cfg.grad_accum_local = 0;
   ASSERT_EQ(Model(plain, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], ((1600u + 1600u) + (800u + 800u) + 240u) * 4);
   // a count with --largest-layer: 20 units of 4e8 at 8 ranks (s = 5e7)
-  zs_estimate_config p = ZS_ESTIMATE_CONFIG_INIT;
-  p.ranks = 8;
-  p.stage = 3;
-  p.dtype = ZS_BFLOAT16;
-  p.reduce_dtype = ZS_FLOAT32;
-  p.largest_unit_elements = 400000000;
-  p.grad_accum_steps = 4;
+  Est p;
+  p.in.ranks = 8;
+  p.cfg.stage = 3;
+  p.in.param_dtype = ZS_BFLOAT16;
+  p.cfg.reduce_dtype = ZS_FLOAT32;
+  p.in.largest_unit_elements = 400000000;
+  p.cfg.grad_accum_steps = 4;
   ASSERT_EQ(Params(8e9, &p, &e), ZS_OK) << zs_last_error();
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS],
             (2ull * (2 * 400000000ull + 2 * 50000000ull) + 400000000ull + 50000000ull) * 4);
-  p.grad_accum_local = 1;
+  p.cfg.grad_accum_local = 1;
   ASSERT_EQ(Params(8e9, &p, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], (2ull + 20ull) * 400000000ull * 4);
-  p.grad_accum_local = 2;
+  p.cfg.grad_accum_local = 2;
   EXPECT_EQ(Params(8e9, &p, &e), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("grad_accum_local must be 0 or 1, got 2");
 }
@@ -291,12 +297,12 @@ TEST(Estimate, ReductionBuffersWithGradUsesAndMicroBatches) {
 // ZeRO-Offload's split: master weights and optimizer states in host
 // memory; with parameter offload at stage 3 the parameter shards too.
 TEST(Estimate, OffloadMovesStatesToTheHost) {
-  zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
-  c.ranks = 8;
-  c.stage = 2;
-  c.dtype = ZS_BFLOAT16;
-  c.offload_optimizer = 1;
-  zs_memory_estimate e;
+  Est c;
+  c.in.ranks = 8;
+  c.cfg.stage = 2;
+  c.in.param_dtype = ZS_BFLOAT16;
+  c.cfg.offload_optimizer.device = ZS_OFFLOAD_CPU;
+  zs_memory_estimate e{};
   ASSERT_EQ(Params(8e9, &c, &e), ZS_OK) << zs_last_error();
   EXPECT_EQ(e.bytes[ZS_MEM_OFFLOAD_HOST], 12ull * 1000000000ull);  // 12 Psi / 8
   EXPECT_EQ(e.bytes[ZS_MEM_MASTER_WEIGHTS] + e.bytes[ZS_MEM_OPTIMIZER_STATES], 0u);
@@ -306,14 +312,14 @@ TEST(Estimate, OffloadMovesStatesToTheHost) {
   EXPECT_EQ(e.model_state_bytes, 16ull * 1000000000ull + 2ull * 1000000000ull);
   EXPECT_EQ(e.total - e.bytes[ZS_MEM_OTHER],
             16ull * 1000000000ull + 14ull * 1000000000ull);
-  c.stage = 3;
-  c.offload_params = 1;
+  c.cfg.stage = 3;
+  c.cfg.offload_param = ZS_OFFLOAD_CPU;
   ASSERT_EQ(Params(8e9, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_OFFLOAD_HOST], 14ull * 1000000000ull);
   EXPECT_EQ(e.bytes[ZS_MEM_PARAMS], 0u);
-  c.stage = 2;  // parameter offload is a stage-3 feature
+  c.cfg.stage = 2;  // parameter offload is a stage-3 feature
   EXPECT_EQ(Params(8e9, &c, &e), ZS_ERR_INVALID_ARGUMENT);
-  EXPECT_LAST_ERROR_HAS("offload_params");
+  EXPECT_LAST_ERROR_HAS("config.offload_param needs stage 3");
 }
 
 // With a GPU (device = CUDA) the optimizer's host step goes through two
@@ -324,16 +330,16 @@ TEST(Estimate, OffloadMovesStatesToTheHost) {
 // against runs in tests/gpu/engine_cuda_test). The host backend steps in
 // place: none.
 TEST(Estimate, CudaOffloadStagesTheLargestSpan) {
-  zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
-  c.ranks = 8;
-  c.stage = 3;
-  c.dtype = ZS_BFLOAT16;
-  c.reduce_dtype = ZS_FLOAT32;
-  c.offload_optimizer = 1;
-  c.largest_unit_elements = 400000000;  // 50M per rank
-  zs_memory_estimate host, gpu;
+  Est c;
+  c.in.ranks = 8;
+  c.cfg.stage = 3;
+  c.in.param_dtype = ZS_BFLOAT16;
+  c.cfg.reduce_dtype = ZS_FLOAT32;
+  c.cfg.offload_optimizer.device = ZS_OFFLOAD_CPU;
+  c.in.largest_unit_elements = 400000000;  // 50M per rank
+  zs_memory_estimate host{}, gpu{};
   ASSERT_EQ(Params(8e9, &c, &host), ZS_OK) << zs_last_error();
-  c.device = ZS_DEVICE_CUDA;
+  c.cfg.device = ZS_DEVICE_CUDA;
   ASSERT_EQ(Params(8e9, &c, &gpu), ZS_OK) << zs_last_error();
   // two slots x 50M x (4 bytes of fp32 gradients + 2 of bf16 parameters)
   EXPECT_EQ(gpu.bytes[ZS_MEM_OFFLOAD_HOST] - host.bytes[ZS_MEM_OFFLOAD_HOST],
@@ -341,17 +347,17 @@ TEST(Estimate, CudaOffloadStagesTheLargestSpan) {
   EXPECT_EQ(gpu.model_state_bytes, host.model_state_bytes);
   EXPECT_EQ(gpu.total - gpu.bytes[ZS_MEM_OFFLOAD_HOST],
             host.total - host.bytes[ZS_MEM_OFFLOAD_HOST]);  // none on the device
-  c.stage = 0;  // the whole unit
+  c.cfg.stage = 0;  // the whole unit
   ASSERT_EQ(Params(8e9, &c, &gpu), ZS_OK);
-  c.device = ZS_DEVICE_HOST;
+  c.cfg.device = ZS_DEVICE_HOST;
   ASSERT_EQ(Params(8e9, &c, &host), ZS_OK);
   EXPECT_EQ(gpu.bytes[ZS_MEM_OFFLOAD_HOST] - host.bytes[ZS_MEM_OFFLOAD_HOST],
             2ull * 400000000ull * (4 + 2));
-  c.offload_optimizer = 0;  // nothing staged without offload
-  c.device = ZS_DEVICE_CUDA;
+  c.cfg.offload_optimizer.device = ZS_OFFLOAD_NONE;  // nothing staged without offload
+  c.cfg.device = ZS_DEVICE_CUDA;
   ASSERT_EQ(Params(8e9, &c, &gpu), ZS_OK);
   EXPECT_EQ(gpu.bytes[ZS_MEM_OFFLOAD_HOST], 0u);
-  c.device = (zs_device_kind)2;
+  c.cfg.device = (zs_device_kind)2;
   EXPECT_EQ(Params(8e9, &c, &gpu), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("device must be");
 }
@@ -363,31 +369,31 @@ TEST(Estimate, CudaOffloadStagesTheLargestSpan) {
 // and the next unit's accumulation buffer; with the shards offloaded on a
 // GPU, the three gathered units' shards copied to the device.
 TEST(Estimate, LargestLayerGivesTheWorkingSetAndReductionBuffers) {
-  zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
-  c.ranks = 8;
-  c.stage = 3;
-  c.dtype = ZS_BFLOAT16;
-  c.reduce_dtype = ZS_FLOAT32;
-  zs_memory_estimate e;
+  Est c;
+  c.in.ranks = 8;
+  c.cfg.stage = 3;
+  c.in.param_dtype = ZS_BFLOAT16;
+  c.cfg.reduce_dtype = ZS_FLOAT32;
+  zs_memory_estimate e{};
   ASSERT_EQ(Params(8e9, &c, &e), ZS_OK) << zs_last_error();
   EXPECT_EQ(e.bytes[ZS_MEM_PARAMS_GATHERED] + e.bytes[ZS_MEM_COMM_BUFFERS], 0u);
-  c.largest_unit_elements = 400000000;
+  c.in.largest_unit_elements = 400000000;
   ASSERT_EQ(Params(8e9, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_PARAMS_GATHERED], 3ull * 400000000ull * 2);
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], (2ull * 2 + 1) * 400000000ull * 4);
-  c.stage = 1;  // the gradients accumulate in place: temporaries only
+  c.cfg.stage = 1;  // the gradients accumulate in place: temporaries only
   ASSERT_EQ(Params(8e9, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_PARAMS_GATHERED], 0u);
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], 2ull * 400000000ull * 4);
-  c.stage = 3;
-  c.offload_optimizer = 1;
-  c.offload_params = 1;
-  c.device = ZS_DEVICE_CUDA;
+  c.cfg.stage = 3;
+  c.cfg.offload_optimizer.device = ZS_OFFLOAD_CPU;
+  c.cfg.offload_param = ZS_OFFLOAD_CPU;
+  c.cfg.device = ZS_DEVICE_CUDA;
   ASSERT_EQ(Params(8e9, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS],
             (2ull * 2 + 1) * 400000000ull * 4 + 3ull * 50000000ull * 2);
-  c.largest_unit_elements = 8000000000ull;  // one unit: no next one
-  c.device = ZS_DEVICE_HOST;
+  c.in.largest_unit_elements = 8000000000ull;  // one unit: no next one
+  c.cfg.device = ZS_DEVICE_HOST;
   ASSERT_EQ(Params(8e9, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_PARAMS_GATHERED], 8000000000ull * 2);
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], 2ull * 8000000000ull * 4);
@@ -409,12 +415,12 @@ uint64_t SwapField(uint64_t n, uint64_t sg) {
 // being at most a buffer (or the shard). Too few buffers for the fields
 // are refused, as the engine refuses them.
 TEST(Estimate, NvmeMovesStatesToDiskThroughThePinnedPool) {
-  zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
-  c.ranks = 8;
-  c.stage = 2;
-  c.dtype = ZS_BFLOAT16;
-  c.offload_optimizer = 2;
-  zs_memory_estimate e;
+  Est c;
+  c.in.ranks = 8;
+  c.cfg.stage = 2;
+  c.in.param_dtype = ZS_BFLOAT16;
+  c.cfg.offload_optimizer.device = ZS_OFFLOAD_NVME;
+  zs_memory_estimate e{};
   ASSERT_EQ(Params(8e9, &c, &e), ZS_OK) << zs_last_error();
   // 1e9 elements per rank: 238 whole sub-groups of 4 Mi elements and a
   // last one whose region is rounded up
@@ -424,30 +430,30 @@ TEST(Estimate, NvmeMovesStatesToDiskThroughThePinnedPool) {
                 e.bytes[ZS_MEM_OFFLOAD_HOST], 0u);
   EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], 3u * 3u * (16u << 20));
   EXPECT_EQ(e.model_state_bytes, 16ull * 1000000000ull + 2ull * 1000000000ull);
-  c.nvme_sub_group_size = 1000;  // 4000 bytes: one 4 KiB region per field
+  c.cfg.nvme.sub_group_size = 1000;  // 4000 bytes: one 4 KiB region per field
   ASSERT_EQ(Params(8e9, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], 3u * 3u * 4096u);
-  c.dtype = ZS_FLOAT32;  // fp32: no master weights, two fields: a ring of
+  c.in.param_dtype = ZS_FLOAT32;  // fp32: no master weights, two fields: a ring of
                          // 9 / 2 = 4 slots
   ASSERT_EQ(Params(8e9, &c, &e), ZS_OK);
   // sub-groups of 1000 elements: 4000 bytes each in 4096 on disk
   EXPECT_EQ(e.nvme_bytes, 2 * SwapField(1000000000, 1000));
   EXPECT_EQ(e.nvme_bytes, 8192000000ull);
   EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], 4u * 2u * 4096u);
-  c.nvme_sub_group_size = 1;  // 4096 bytes for every 4: said, not hidden
+  c.cfg.nvme.sub_group_size = 1;  // 4096 bytes for every 4: said, not hidden
   ASSERT_EQ(Params(8e9, &c, &e), ZS_OK);
   EXPECT_EQ(e.nvme_bytes, 2ull * 1000000000ull * 4096ull);
-  c.nvme_sub_group_size = 1000;
-  c.nvme_buffer_count = 5;  // fp32 AdamW: 2 fields x 3 sub-groups = 6
+  c.cfg.nvme.sub_group_size = 1000;
+  c.cfg.nvme.buffer_count = 5;  // fp32 AdamW: 2 fields x 3 sub-groups = 6
   EXPECT_EQ(Params(8e9, &c, &e), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("nvme_buffer_count 5 is below the 6 buffers");
-  c.nvme_buffer_count = 40;  // the ring stops at 16 slots
+  c.cfg.nvme.buffer_count = 40;  // the ring stops at 16 slots
   ASSERT_EQ(Params(8e9, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], 16u * 2u * 4096u);
-  c.nvme_buffer_count = 9;
-  c.nvme_buffer_size = 1000;
+  c.cfg.nvme.buffer_count = 9;
+  c.cfg.nvme.buffer_size = 1000;
   EXPECT_EQ(Params(8e9, &c, &e), ZS_ERR_INVALID_ARGUMENT);
-  EXPECT_LAST_ERROR_HAS("nvme_buffer_size");
+  EXPECT_LAST_ERROR_HAS("config.nvme.buffer_size");
 }
 
 // Stage-3 parameter shards on NVMe too: the 2 Psi / N bf16 shard goes to
@@ -457,14 +463,14 @@ TEST(Estimate, NvmeMovesStatesToDiskThroughThePinnedPool) {
 // 4 KiB (the whole count is one unit unless largest_unit_elements says
 // otherwise), or of nvme_param_buffer_elements elements.
 TEST(Estimate, NvmeParamsMoveShardsToDiskThroughAPool) {
-  zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
-  c.ranks = 8;
-  c.stage = 3;
-  c.dtype = ZS_BFLOAT16;
-  c.offload_optimizer = 2;
-  c.nvme_sub_group_size = 1000;
-  c.offload_params = 2;
-  zs_memory_estimate e;
+  Est c;
+  c.in.ranks = 8;
+  c.cfg.stage = 3;
+  c.in.param_dtype = ZS_BFLOAT16;
+  c.cfg.offload_optimizer.device = ZS_OFFLOAD_NVME;
+  c.cfg.nvme.sub_group_size = 1000;
+  c.cfg.offload_param = ZS_OFFLOAD_NVME;
+  zs_memory_estimate e{};
   ASSERT_EQ(Params(8e9, &c, &e), ZS_OK) << zs_last_error();
   // the states in sub-groups of 1000 (4096 bytes each on disk), the shard
   // rounded up to 4 KiB
@@ -474,50 +480,50 @@ TEST(Estimate, NvmeParamsMoveShardsToDiskThroughAPool) {
   EXPECT_EQ(e.model_state_bytes, 2ull * 1000000000ull);  // the gradient shard
   const size_t shard = (2000000000ull + 4095) / 4096 * 4096;
   EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], 3u * 3u * 4096u + 5u * shard);
-  c.largest_unit_elements = 400000000;  // 50M per rank: 100 MB of bf16
+  c.in.largest_unit_elements = 400000000;  // 50M per rank: 100 MB of bf16
   ASSERT_EQ(Params(8e9, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], 3u * 3u * 4096u + 5u * ((100000000u + 4095) / 4096 * 4096));
-  c.nvme_param_buffer_count = 2;
-  c.nvme_param_buffer_elements = (size_t)1 << 30;  // elements: 2 GiB of bf16
+  c.cfg.nvme.param_buffer_count = 2;
+  c.cfg.nvme.param_buffer_elements = (size_t)1 << 30;  // elements: 2 GiB of bf16
   ASSERT_EQ(Params(8e9, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_NVME_STAGING], 3u * 3u * 4096u + 2u * ((size_t)2 << 30));
-  c.offload_optimizer = 1;  // states in host memory, shards on disk
+  c.cfg.offload_optimizer.device = ZS_OFFLOAD_CPU;  // states in host memory, shards on disk
   ASSERT_EQ(Params(8e9, &c, &e), ZS_OK);
   EXPECT_EQ(e.nvme_bytes, shard_file);
   EXPECT_EQ(e.bytes[ZS_MEM_OFFLOAD_HOST], 12ull * 1000000000ull);
-  c.nvme_param_buffer_count = 0;
+  c.cfg.nvme.param_buffer_count = 0;
   EXPECT_EQ(Params(8e9, &c, &e), ZS_ERR_INVALID_ARGUMENT);
-  EXPECT_LAST_ERROR_HAS("nvme_param_buffer_count");
+  EXPECT_LAST_ERROR_HAS("config.nvme.param_buffer_count");
 }
 
 TEST(Estimate, BadInputNamesTheSetting) {
-  zs_memory_estimate e;
-  zs_estimate_config c = ZS_ESTIMATE_CONFIG_INIT;
-  c.ranks = 0;
+  zs_memory_estimate e{};
+  Est c;
+  c.in.ranks = 0;
   EXPECT_EQ(Params(10, &c, &e), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("ranks");
-  c = ZS_ESTIMATE_CONFIG_INIT;
-  c.stage = 4;
+  c = Est();
+  c.cfg.stage = 4;
   EXPECT_EQ(Params(10, &c, &e), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("stage");
-  c = ZS_ESTIMATE_CONFIG_INIT;
-  c.dtype = ZS_UINT8;
+  c = Est();
+  c.in.param_dtype = ZS_UINT8;
   EXPECT_EQ(Params(10, &c, &e), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("dtype");
-  c = ZS_ESTIMATE_CONFIG_INIT;
-  c.ranks = 6;
-  c.nodes = 4;
+  c = Est();
+  c.in.ranks = 6;
+  c.in.nodes = 4;
   EXPECT_EQ(Params(10, &c, &e), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("nodes");
-  c = ZS_ESTIMATE_CONFIG_INIT;
-  c.ranks = 4;
-  c.global_batch = 16;
-  c.grad_accum_steps = 3;  // 16 sequences are not 4 ranks x 3 micro-batches
+  c = Est();
+  c.in.ranks = 4;
+  c.in.global_batch = 16;
+  c.cfg.grad_accum_steps = 3;  // 16 sequences are not 4 ranks x 3 micro-batches
   EXPECT_EQ(Params(10, &c, &e), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("global_batch 16 is not divisible by ranks 4 x grad_accum_steps 3");
-  c.grad_accum_steps = 2;
+  c.cfg.grad_accum_steps = 2;
   EXPECT_EQ(Params(10, &c, &e), ZS_OK) << zs_last_error();
-  c = ZS_ESTIMATE_CONFIG_INIT;
+  c = Est();
   EXPECT_EQ(Params(NAN, &c, &e), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(Params(1.5, &c, &e), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(Model(R"({"units": [{"tensors": [{"name": "a", )", &c, &e),

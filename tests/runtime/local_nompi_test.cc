@@ -41,7 +41,7 @@ TEST(LocalContext, TrainsAndCheckpointsWithoutMpi) {
     for (int i = 0; i < 15; i++) g[i] += 0.1f * (float)(i + step);
     ASSERT_EQ(zs_unit_grad_release(m, u), ZS_OK);
     ASSERT_EQ(zs_unit_release(m, u), ZS_OK);
-    zs_step_info info;
+    zs_step_info info{};
     ASSERT_EQ(zs_step(m, &info), ZS_OK) << zs_last_error();
     EXPECT_EQ(info.step, step + 1);
   }

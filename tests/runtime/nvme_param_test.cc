@@ -39,8 +39,8 @@ void TwoUnits(const std::string& dir, zs_context** ctx, zs_model** m, int u[2]) 
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   zs_config c = ZS_CONFIG_INIT;
   c.stage = 3;
-  c.offload_optimizer.device = 1;
-  c.offload_param = 2;
+  c.offload_optimizer.device = ZS_OFFLOAD_CPU;
+  c.offload_param = ZS_OFFLOAD_NVME;
   c.nvme.path = dir.c_str();
   c.nvme.param_buffer_count = 1;
   ASSERT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, ctx), ZS_OK) << zs_last_error();
@@ -94,7 +94,7 @@ TEST_F(NvmeParamTest, ParameterShardsOnNvmeTrainBitwiseAsNoOffload) {
           // above the largest shard; otherwise exactly the largest shard
           cfg.nvme.param_buffer_elements = buffers == 64 ? 100000 : 0;
           cfg.nvme.sub_group_size = 7;  // sub-group boundaries inside tensors
-          cfg.nvme.aio = buffers == 2 ? 2 : 0;  // the thread pool too
+          cfg.nvme.aio = buffers == 2 ? ZS_AIO_THREADS : ZS_AIO_AUTO;  // the thread pool too
           auto m2 = Make(model);
           TrainResult nvme = TrainSharded(*m2, cfg);
           ASSERT_EQ(nvme.status, ZS_OK) << where << ": " << nvme.error;
@@ -322,10 +322,10 @@ TEST_F(NvmeParamTest, TinySubGroupsInflatingTheFileAreWarned) {
   const std::string dir = NvmeDir();
   for (size_t sub : {(size_t)1, (size_t)1024}) {
     zs_config c = ZS_CONFIG_INIT;
-    c.offload_optimizer.device = 2;
+    c.offload_optimizer.device = ZS_OFFLOAD_NVME;
     c.nvme.path = dir.c_str();
     c.nvme.sub_group_size = sub;
-    c.log_level = 1;
+    c.log_level = ZS_LOG_WARN;
     zs_context* ctx = nullptr;
     zs_model* m = nullptr;
     ASSERT_EQ(zs_context_create_local(&c, &ctx), ZS_OK) << zs_last_error();
@@ -338,7 +338,7 @@ TEST_F(NvmeParamTest, TinySubGroupsInflatingTheFileAreWarned) {
     const zs_status st = zs_model_finalize(m);
     const std::string err = ::testing::internal::GetCapturedStderr();
     ASSERT_EQ(st, ZS_OK) << zs_last_error();
-    zs_offload_info oi;
+    zs_offload_info oi{};
     ASSERT_EQ(zs_offload_info_get(ctx, &oi), ZS_OK);
     // AdamW on fp32: two fields of 2048 elements
     EXPECT_EQ(oi.nvme_file_bytes, sub == 1 ? 2u * 2048u * 4096u : 2u * 2048u * 4u) << sub;
@@ -431,8 +431,8 @@ TEST_F(NvmeParamTest, BadConfigurationsAreRefusedNamingTheField) {
   const std::string dir = NvmeDir();
   zs_config c = ZS_CONFIG_INIT;
   c.stage = 3;
-  c.offload_optimizer.device = 1;
-  c.offload_param = 2;
+  c.offload_optimizer.device = ZS_OFFLOAD_CPU;
+  c.offload_param = ZS_OFFLOAD_NVME;
   EXPECT_EQ(zs_config_validate(&c), ZS_ERR_INVALID_ARGUMENT);  // no path
   EXPECT_NE(std::string(zs_last_error()).find("config.nvme.path"), std::string::npos)
       << zs_last_error();

@@ -206,7 +206,7 @@ TEST_F(OffloadTest, NvmeIsBitwiseCpuOffloadAndNoOffload) {
           cfg.offload = 2;
           cfg.nvme.path = dir.c_str();
           cfg.nvme.sub_group_size = sub;
-          cfg.nvme.aio = sub == 7 ? 2 : 0;  // the thread pool too
+          cfg.nvme.aio = sub == 7 ? ZS_AIO_THREADS : ZS_AIO_AUTO;  // the thread pool too
           auto m3 = Make(model);
           TrainResult nvme = TrainSharded(*m3, cfg);
           ASSERT_EQ(nvme.status, ZS_OK) << where << ": " << nvme.error;
@@ -378,7 +378,7 @@ TEST_F(OffloadTest, NvmeAfterAFailedStepFurtherStepsAreRefused) {
   const std::string dir = NvmeDir();
   zs_config c = ZS_CONFIG_INIT;
   c.stage = 2;
-  c.offload_optimizer.device = 2;
+  c.offload_optimizer.device = ZS_OFFLOAD_NVME;
   c.nvme.path = dir.c_str();
   zs_context* ctx = nullptr;
   ASSERT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), ZS_OK) << zs_last_error();
@@ -422,7 +422,7 @@ TEST_F(OffloadTest, NvmePathThatIsNotADirectoryFailsEveryRank) {
   if (rank_ == 0) fclose(fopen(file.c_str(), "w"));
   MPI_Barrier(MPI_COMM_WORLD);
   zs_config c = ZS_CONFIG_INIT;
-  c.offload_optimizer.device = 2;
+  c.offload_optimizer.device = ZS_OFFLOAD_NVME;
   c.nvme.path = file.c_str();
   zs_context* ctx = nullptr;
   EXPECT_NE(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), ZS_OK);
@@ -437,7 +437,7 @@ TEST_F(OffloadTest, NvmePathThatIsNotADirectoryFailsEveryRank) {
 
 TEST_F(OffloadTest, MissingNumaNodeFailsEveryRank) {
   zs_config c = ZS_CONFIG_INIT;
-  c.offload_optimizer.device = 1;
+  c.offload_optimizer.device = ZS_OFFLOAD_CPU;
   c.offload_optimizer.numa = 4000;
   zs_context* ctx = nullptr;
   EXPECT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), ZS_ERR_INVALID_ARGUMENT);
@@ -446,7 +446,7 @@ TEST_F(OffloadTest, MissingNumaNodeFailsEveryRank) {
   EXPECT_EQ(ctx, nullptr);
   // offload_param without the optimizer's offload, or below stage 3
   c = ZS_CONFIG_INIT;
-  c.offload_param = 1;
+  c.offload_param = ZS_OFFLOAD_CPU;
   EXPECT_EQ(zs_config_validate(&c), ZS_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(zs_last_error()).find("offload_param"), std::string::npos);
 }

@@ -218,7 +218,7 @@ TEST_F(OverlapTest, PrefetchIssuesTheNextGatherBeforeComputeEnds) {
     EXPECT_LE(comm->max_in_flight_gathers, (uint64_t)depth + 1) << "depth " << depth;
     EXPECT_GE(comm->max_in_flight_gathers, 1u);
     // Nothing remains gathered after the steps.
-    zs_memory_stats ms;
+    zs_memory_stats ms{};
     zs_memory_stats_get(c.ctx, &ms);
     EXPECT_EQ(ms.current[ZS_MEM_PARAMS_GATHERED], 0u);
     zs_model_destroy(c.m);
@@ -270,7 +270,7 @@ TEST_F(OverlapTest, PrefetchDepthCountsTieOwnersAndBoundsHints) {
   ASSERT_EQ(zs_unit_prefetch(m, e), ZS_OK);  // depth reached: a no-op
   EXPECT_EQ(m->prefetches, 1);
   ASSERT_EQ(zs_step(m, nullptr), ZS_OK) << zs_last_error();  // drops it
-  zs_memory_stats ms;
+  zs_memory_stats ms{};
   zs_memory_stats_get(ctx, &ms);
   EXPECT_EQ(ms.current[ZS_MEM_PARAMS_GATHERED], 0u);
   zs_model_destroy(m);
@@ -300,7 +300,7 @@ TEST_F(OverlapTest, CommunicationLogAddsUpToTheCounters) {
   ASSERT_EQ(n, (size_t)c.ctx->comm->seq_count);
   std::vector<zs_comm_record> log(n);
   ASSERT_EQ(zs_comm_log_get(c.ctx, log.data(), log.size()), n);
-  zs_comm_counters cc;
+  zs_comm_counters cc{};
   ASSERT_EQ(zs_comm_counters_get(c.ctx, &cc), ZS_OK);
   uint64_t bytes[ZS_COLL_OP_COUNT] = {0}, calls[ZS_COLL_OP_COUNT] = {0};
   int gathers = 0, reduces = 0;

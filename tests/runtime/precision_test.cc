@@ -487,7 +487,7 @@ TEST_F(PrecisionTest, SixteenBitMemoryFollowsTheZeroFormula) {
       const int t = u.t[0];
       size_t P = 0, S = 0;
       ASSERT_EQ(zs_unit_layout(m, u.unit, nullptr, &P, &S), ZS_OK);
-      zs_memory_stats ms;
+      zs_memory_stats ms{};
       zs_memory_stats_get(u.ctx, &ms);
       const size_t params = stage == 3 ? 2 * S : 2 * P;
       const size_t grads = stage >= 2 ? 2 * S : 2 * P;

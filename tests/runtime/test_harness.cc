@@ -21,7 +21,8 @@ static double BaseLr(const TrainConfig& cfg) {
 }
 
 zs_optimizer_config OptimizerFor(const TrainConfig& cfg) {
-  zs_config c = ZS_CONFIG_INIT;
+  zs_config c;
+  zs_config_init(&c); /* the defaults, readable (the macro leaves them UNSET) */
   zs_optimizer_config o = c.optimizer;
   o.kind = cfg.optimizer;
   o.lr = BaseLr(cfg);
@@ -389,7 +390,7 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
   c.optimizer = OptimizerFor(cfg);
   c.prefetch_depth = cfg.prefetch_depth;
   c.bucket_elements = cfg.bucket_elements;
-  c.reduce_order = cfg.reduce_order;
+  c.reduce_order = (zs_reduce_order)cfg.reduce_order;
   c.reshard_after_forward = cfg.reshard_after_forward;
   c.max_live_elements = cfg.max_live_elements;
   c.progress_thread = cfg.progress_thread;
@@ -397,11 +398,11 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
   c.grad_accum_local = cfg.grad_accum_local;
   c.clip_grad_norm = cfg.max_grad_norm > 0;
   if (cfg.max_grad_norm > 0) c.max_grad_norm = cfg.max_grad_norm;
-  c.reduce_dtype = cfg.reduce_dtype;
-  c.loss_scaler.mode = cfg.loss_scaler;
+  c.reduce_dtype = (zs_dtype)cfg.reduce_dtype;
+  c.loss_scaler.mode = (zs_loss_scaling)cfg.loss_scaler;
   c.loss_scaler.init_scale = cfg.init_scale;
-  c.offload_optimizer.device = cfg.offload;
-  c.offload_param = cfg.offload_param;
+  c.offload_optimizer.device = (zs_offload_device)cfg.offload;
+  c.offload_param = (zs_offload_device)cfg.offload_param;
   c.nvme = cfg.nvme;
   c.device = cfg.device;
   model.dtype = cfg.param_dtype;
@@ -446,7 +447,7 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
     zs_comm_counters_get(ctx, &after);
     r.step_counters.push_back(Diff(after, before));
     r.infos.push_back(info);
-    zs_memory_stats ms;
+    zs_memory_stats ms{};
     zs_memory_stats_get(ctx, &ms);
     r.step_memory.push_back(ms);
     MPI_Allreduce(&sum, &total, 1, MPI_DOUBLE, MPI_SUM, cfg.comm);

@@ -45,7 +45,8 @@ struct TrainConfig {
   int offload = 0;           // zs_config.offload_optimizer.device
   int offload_param = 0;     // zs_config.offload_param
   // NVMe offload (offload or offload_param = 2): zs_config.nvme; nvme.path must be set
-  zs_nvme_config nvme = {nullptr, 9, (size_t)16 << 20, 0, 16, 0, (size_t)1 << 20, 5, 0};
+  zs_nvme_config nvme = {nullptr, 9, (size_t)16 << 20, 0, 16, ZS_AIO_AUTO,
+                         (size_t)1 << 20, 5, 0};
   // Checkpoints (docs/checkpoint.md): steps run are [first_step,
   // first_step + steps) of the same data stream and learning-rate schedule.
   int first_step = 0;

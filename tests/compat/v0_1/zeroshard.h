@@ -1,0 +1,1455 @@
+/*
+ * zeroshard.h — the public C API of ZeroShard: ZeRO / FSDP-style sharded
+ * data-parallel training for existing C (and CUDA) model code.
+ *
+ * One umbrella header, C99, usable from C++. MPI types stay out of it:
+ * zs_mpi.h adds the entry point that takes a caller's MPI communicator.
+ *
+ * The model in one paragraph (docs/design.md has the long form): the user
+ * registers UNITS (the sharding granularity, like an FSDP wrap unit: a layer
+ * or a block), each a list of named TENSORS. After zs_model_finalize the
+ * runtime owns their storage: each unit is one FLAT BUFFER padded to a
+ * multiple of the world size and split into equal SHARDS, one per rank. Per
+ * step the user gathers a unit (all-gather at stage 3), runs its forward,
+ * releases it, acquires its gradient buffers in backward, releases them (the
+ * reduce-scatter starts after the last release of the step), and calls
+ * zs_step (optimizer on the local shard; all-gather of updated parameters
+ * where the stage keeps full parameters).
+ *
+ * Stages follow the ZeRO paper (Rajbhandari et al., "ZeRO: Memory
+ * Optimizations Toward Training Trillion Parameter Models", arXiv:1910.02054,
+ * section 5): 0 replicates everything, 1 shards optimizer states, 2 also
+ * shards gradients, 3 also shards parameters.
+ *
+ * Collectives never hang silently: one that the other ranks do not join
+ * fails with ZS_ERR_TIMEOUT after zs_config.collective_timeout_s (warnings
+ * every minute before that), naming the collective and the unit; the
+ * context is unusable afterwards. A rank that fails on its own where the
+ * ranks go on without an agreement (out of memory, a device, disk or MPI
+ * error in zs_unit_gather, zs_unit_prefetch, zs_unit_grad_acquire,
+ * zs_unit_grad_release, zs_step's work or zs_model_init's store of a unit)
+ * tells the others at once (with
+ * more than one rank): its context becomes unusable, and the others fail
+ * in their next wait with ZS_ERR_REMOTE naming that rank and its error
+ * instead of waiting for the timeout. A rank that times out tells them the
+ * same way.
+ *
+ * Conventions used by every comment below:
+ *  - "elements" and "bytes" are always said explicitly.
+ *  - Every fallible call returns zs_status; on failure zs_last_error() holds
+ *    a message naming what failed (unit, tensor, rank, file) and what to do.
+ *  - "Collective" means every rank of the context must make the same call in
+ *    the same order (as with MPI); a collective call returns the same status
+ *    on every rank unless the comment says otherwise. A rank whose calls
+ *    diverged (it gathered a unit the others did not) can make the call
+ *    where it happens end differently on each rank (one completes while
+ *    another's collective is truncated); the context then fails every
+ *    later call on every rank, naming the first failure.
+ *  - Calls are blocking and synchronous on the host unless marked otherwise.
+ *    With ZS_DEVICE_CUDA, "synchronous" is stream order: GPU work a call
+ *    queued on device memory (the optimizer's kernels, a gradient buffer's
+ *    zeroing, a one-rank gather's copy) may still run when it returns, and
+ *    is ordered before everything queued afterwards on the legacy default
+ *    stream (stream 0). Launch model kernels there, or make your stream
+ *    wait for an event recorded on stream 0 after the call; data the call
+ *    returns in host memory is complete (docs/cuda.md).
+ *  - The library never calls exit() or abort().
+ */
+#ifndef ZEROSHARD_H_
+#define ZEROSHARD_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ==== Version ============================================================ */
+
+#define ZS_VERSION_MAJOR 0
+#define ZS_VERSION_MINOR 1
+#define ZS_VERSION_PATCH 0
+/* MAJOR*10000 + MINOR*100 + PATCH, e.g. 100 for 0.1.0. */
+#define ZS_VERSION_CODE \
+  (ZS_VERSION_MAJOR * 10000 + ZS_VERSION_MINOR * 100 + ZS_VERSION_PATCH)
+
+/* Version of the library actually linked (compare with ZS_VERSION_CODE). */
+int zs_version(void);
+/* The same as "MAJOR.MINOR.PATCH". Static storage; never NULL. */
+const char* zs_version_string(void);
+
+/* ==== Status codes ======================================================= */
+
+/* One list generates the enum and the strings. Values are explicit and are
+ * never renumbered. */
+#define ZS_STATUS_LIST(X)                                                      \
+  X(ZS_OK, 0, "success")                                                       \
+  X(ZS_ERR_INVALID_ARGUMENT, 1, "invalid argument")                            \
+  X(ZS_ERR_OUT_OF_MEMORY, 2, "out of memory")                                  \
+  X(ZS_ERR_INVALID_STATE, 3, "invalid state (API misuse)")                     \
+  X(ZS_ERR_MISMATCH, 4, "mismatch (ranks disagree, or another model)")        \
+  X(ZS_ERR_COMM, 5, "communication backend error")                             \
+  X(ZS_ERR_DEVICE, 6, "device backend error")                                  \
+  X(ZS_ERR_IO, 7, "I/O error")                                                 \
+  X(ZS_ERR_UNSUPPORTED, 8, "unsupported")                                      \
+  X(ZS_ERR_INTERNAL, 9, "internal error")                                      \
+  X(ZS_ERR_REMOTE, 10, "another rank failed")                                  \
+  X(ZS_ERR_TIMEOUT, 11, "timed out")                                           \
+  X(ZS_ERR_DIVERGED, 12, "training diverged")                                  \
+  X(ZS_ERR_CORRUPT, 13, "corrupt or inconsistent data")
+
+#define ZS__STATUS_ENUM(name, value, text) name = value,
+typedef enum zs_status { ZS_STATUS_LIST(ZS__STATUS_ENUM) } zs_status;
+#undef ZS__STATUS_ENUM
+
+/* Short fixed name of a status ("invalid argument"). Static storage; an
+ * unknown value gives "unknown status". */
+const char* zs_status_string(zs_status status);
+
+/* Detailed message of the last failed call on the calling thread (empty
+ * string when none). Thread-local storage, valid until the next failing
+ * call on this thread; never NULL. */
+const char* zs_last_error(void);
+
+/* ==== Data types and memory categories =================================== */
+
+/* Element types. Tensors may be FLOAT32, BFLOAT16 or FLOAT16; the others
+ * exist for metadata collectives and reports. */
+typedef enum zs_dtype {
+  ZS_FLOAT32 = 0,
+  ZS_BFLOAT16 = 1,
+  ZS_FLOAT16 = 2,
+  ZS_UINT8 = 3,
+  ZS_INT64 = 4,
+  ZS_UINT64 = 5,
+  ZS_FLOAT64 = 6,
+  ZS_DTYPE_COUNT = 7
+} zs_dtype;
+
+/* Size of one element in bytes; 0 for an invalid value. */
+size_t zs_dtype_size(zs_dtype dtype);
+/* "fp32", "bf16", "fp16", "u8", "i64", "u64", "f64"; "invalid" otherwise. */
+const char* zs_dtype_name(zs_dtype dtype);
+
+/* Every byte the runtime allocates is counted under one category, per rank.
+ * model_state_bytes = PARAMS + GRADS + MASTER_WEIGHTS + OPTIMIZER_STATES. */
+typedef enum zs_mem_category {
+  ZS_MEM_PARAMS = 0,           /* persistent parameters: full (stages 0-2) or shard (3) */
+  ZS_MEM_PARAMS_GATHERED = 1,  /* transient full units at stage 3 */
+  ZS_MEM_GRADS = 2,            /* persistent gradients: full (0-1) or shard (2-3) */
+  ZS_MEM_MASTER_WEIGHTS = 3,   /* fp32 master copy of low-precision parameters */
+  ZS_MEM_OPTIMIZER_STATES = 4, /* Adam moments, SGD momentum */
+  ZS_MEM_COMM_BUFFERS = 5,     /* reduction buffers, staging for collectives */
+  ZS_MEM_ACTIVATIONS = 6,      /* buffers the user registers */
+  ZS_MEM_OFFLOAD_HOST = 7,     /* host memory of CPU offload */
+  ZS_MEM_NVME_STAGING = 8,     /* pinned staging pool of NVMe offload */
+  ZS_MEM_OTHER = 9,            /* anything else (temporaries, metadata) */
+  ZS_MEM_CATEGORY_COUNT = 10
+} zs_mem_category;
+
+/* "params", "params_gathered", "grads", "master_weights",
+ * "optimizer_states", "comm_buffers", "activations", "offload_host",
+ * "nvme_staging", "other"; "invalid" otherwise. Static storage. */
+const char* zs_mem_category_name(zs_mem_category category);
+
+/* ==== Configuration ====================================================== */
+
+typedef enum zs_device_kind {
+  ZS_DEVICE_HOST = 0, /* buffers in host memory, collectives over MPI */
+  ZS_DEVICE_CUDA = 1  /* buffers in GPU memory, collectives over NCCL */
+} zs_device_kind;
+
+/* How gradients are summed across ranks (zs_config.reduce_order). */
+typedef enum zs_reduce_order {
+  ZS_REDUCE_FIXED = 0,  /* each element summed in rank order 0..W-1: bitwise
+                           independent of bucket sizes and of the MPI
+                           library's algorithm choice (default) */
+  ZS_REDUCE_BACKEND = 1 /* the backend's reduce-scatter (MPI's algorithm may
+                           change with message size: results then depend on
+                           bucket sizes, within float rounding) */
+} zs_reduce_order;
+
+typedef enum zs_optimizer_kind {
+  ZS_OPTIM_ADAMW = 0, /* Loshchilov & Hutter, decoupled weight decay */
+  ZS_OPTIM_ADAM = 1,  /* Kingma & Ba; weight decay added to the gradient */
+  ZS_OPTIM_SGD = 2    /* momentum, dampening, nesterov as in PyTorch */
+} zs_optimizer_kind;
+
+/* weight_decay value meaning "this optimizer's PyTorch default": 0.01 for
+ * AdamW, 0 for Adam and SGD (resolved by zs_context_create). */
+#define ZS_WEIGHT_DECAY_DEFAULT (-1.0)
+
+/* Optimizer hyperparameters; the defaults are PyTorch's (lr 1e-3, betas
+ * (0.9, 0.999), eps 1e-8, weight_decay ZS_WEIGHT_DECAY_DEFAULT).
+ * Doubles because PyTorch computes the scalar coefficients (bias
+ * corrections, 1 - lr*wd) in double before the fp32 element math. */
+typedef struct zs_optimizer_config {
+  zs_optimizer_kind kind;
+  double lr;           /* default learning rate of param group 0 */
+  double beta1;        /* Adam/AdamW */
+  double beta2;        /* Adam/AdamW */
+  double eps;          /* Adam/AdamW */
+  double weight_decay; /* weight decay of param group 0, >= 0, or
+                          ZS_WEIGHT_DECAY_DEFAULT */
+  double momentum;     /* SGD */
+  double dampening;    /* SGD */
+  int nesterov;        /* SGD: 0 or 1; needs momentum > 0, dampening 0 */
+} zs_optimizer_config;
+
+/* The runtime configuration. Versioned like ncclConfig_t: always start from
+ * ZS_CONFIG_INIT (or zs_config_init) so struct_size and version are set,
+ * then change fields. Ranges are checked by zs_context_create (and by
+ * zs_config_validate), and the error names the field. */
+/* Loss scaling for fp16 training (Micikevicius et al., "Mixed Precision
+ * Training", arXiv:1710.03740; the dynamic rule of torch.cuda.amp.GradScaler
+ * and DeepSpeed's DynamicLossScaler). The caller multiplies its loss (or the
+ * loss gradient) by zs_model_loss_scale(); zs_step divides it out. */
+typedef enum zs_loss_scaling {
+  ZS_LOSS_SCALE_NONE = 0,    /* default; bf16 and fp32 need none */
+  ZS_LOSS_SCALE_STATIC = 1,  /* a fixed scale; an overflowing step is skipped */
+  ZS_LOSS_SCALE_DYNAMIC = 2  /* grows after growth_interval clean steps, backs
+                                off on overflow */
+} zs_loss_scaling;
+
+typedef struct zs_loss_scaler_config {
+  int mode;              /* zs_loss_scaling */
+  double init_scale;     /* the (initial) scale, in fp32's normal range
+                            [FLT_MIN, FLT_MAX] (so its reciprocal fits
+                            too), >= min_scale; default 65536 = 2^16; the
+                            dynamic scale never grows past FLT_MAX */
+  double growth_factor;  /* > 1, default 2 */
+  double backoff_factor; /* in (0, 1), default 0.5 */
+  int growth_interval;   /* clean steps before growing, >= 1, default 2000 */
+  double min_scale;      /* in [FLT_MIN, FLT_MAX], default 1; an overflow
+                            at this scale is
+                            ZS_ERR_DIVERGED */
+  int hysteresis;        /* overflows tolerated before backing off (DeepSpeed's
+                            hysteresis), >= 1, default 1 */
+} zs_loss_scaler_config;
+
+/* CPU offload (docs/offload.md; ZeRO-Offload, arXiv:2101.06840). */
+#define ZS_OFFLOAD_NUMA_AUTO (-1)       /* the GPU's node, else the rank's cores' */
+#define ZS_OFFLOAD_NUMA_INTERLEAVE (-2) /* pages interleaved over all nodes */
+typedef struct zs_offload_config {
+  int device;     /* 0 none (default), 1 cpu: fp32 master weights and
+                     optimizer states in host memory placed by NUMA, the
+                     step on worker threads bound to that node's cores;
+                     2 nvme: the same step, with the master weights and
+                     states in a swap file (zs_config.nvme) streamed
+                     through pinned buffers sub-group by sub-group
+                     (ZeRO-Infinity; with CUDA each unit's span is
+                     staged through the host) */
+  int pin_memory; /* 1 (default): page-lock the host memory (for DMA);
+                     a refused lock is a warning, the memory pageable */
+  int numa;       /* ZS_OFFLOAD_NUMA_AUTO (default), _INTERLEAVE or a node */
+  int threads;    /* worker threads; 0 (default): the node's cores; more
+                     than the node's cores is an error */
+} zs_offload_config;
+
+/* NVMe offload (offload_optimizer.device = 2; docs/offload.md, "NVMe"):
+ * each rank keeps its fp32 master weights and optimizer states in one swap
+ * file per model under path/zs-<run>-rank-<R>/, created, sized
+ * (fallocate) and removed by the runtime, and streams them through a pool
+ * of buffer_count pinned, NUMA-placed buffers of buffer_size bytes: the
+ * states of sub-group k+1 are read while k is stepped on the CPU workers
+ * and k-1 is written (ZeRO-Infinity, Rajbhandari et al. SC'21, sec. 6). */
+typedef struct zs_nvme_config {
+  const char* path;      /* an existing directory on the fast device, at
+                            most 4000 bytes; read at zs_context_create,
+                            not retained */
+  size_t buffer_count;   /* pool buffers, >= 3 x the fields per element
+                            (master, exp_avg, exp_avg_sq: 9 covers every
+                            optimizer); the step's pipeline is a ring of
+                            buffer_count / fields slots (at most 16), so
+                            that many minus two sub-groups are read ahead;
+                            default 9 */
+  size_t buffer_size;    /* bytes per buffer, a multiple of 4096; default
+                            16 MiB */
+  size_t sub_group_size; /* elements per sub-group (DeepSpeed's
+                            sub_group_size), 0 (default): as many as a
+                            buffer holds; larger is lowered to that. Each
+                            sub-group's regions in the swap file are
+                            rounded up to 4 KiB (direct I/O), so below
+                            1024 elements the file grows (logged past
+                            2x); tools/zs estimate counts it */
+  int queue_depth;       /* I/O requests in flight, 1..4096; default 16 */
+  int aio;               /* 0 auto (io_uring, else threads; default),
+                            1 io_uring only, 2 the thread-pool fallback */
+  size_t block_size;     /* bytes per I/O transfer (larger requests are
+                            split, queue_depth of them in flight), a
+                            multiple of 4096; default 1 MiB */
+  /* Stage-3 parameter shards on NVMe (offload_param = 2): each unit's
+   * shard has its own 4 KiB-aligned region of a parameter swap file and
+   * is read into one of param_buffer_count pinned buffers before its
+   * all-gather (read ahead along the prefetch trace) and written back
+   * after the optimizer step (ZeRO-Infinity's parameter swapper). The
+   * buffers cache shards: with as many buffers as units nothing is read
+   * twice. */
+  size_t param_buffer_count; /* 1..4096; default 5 (DeepSpeed's) */
+  size_t param_buffer_elements; /* ELEMENTS per buffer (DeepSpeed's
+                                offload_param.buffer_size), at least the
+                                largest unit's shard; a buffer holds that
+                                many of the widest parameter dtype,
+                                rounded up to 4 KiB; 0 (default): the
+                                largest shard */
+} zs_nvme_config;
+
+typedef struct zs_config {
+  size_t struct_size;    /* sizeof(zs_config) of the caller's header */
+  unsigned int version;  /* ZS_VERSION_CODE of the caller's header */
+  int stage;             /* ZeRO stage 0..3 */
+  zs_device_kind device; /* where buffers live */
+  zs_optimizer_config optimizer;
+  int log_level; /* 0 errors, 1 warnings (default), 2 info, 3 debug; the
+                    environment variable ZS_LOG_LEVEL overrides it */
+  double collective_timeout_s; /* seconds a collective may wait for the
+                    other ranks before it fails with ZS_ERR_TIMEOUT (a
+                    warning is logged every minute before that); 0 waits
+                    forever. Default 1800, as torch.distributed's. */
+  /* ---- Overlap of communication with compute (docs/overlap.md) ---- */
+  size_t bucket_elements; /* elements of one reduce-scatter (and shard
+                    all-gather) bucket; larger units are split into buckets
+                    that pipeline; 1 .. 2^31-1; default 2^22 (DeepSpeed's
+                    reduce_bucket_size) */
+  int prefetch_depth; /* stage 3: units all-gathered ahead of their use,
+                    following the order recorded in the first step; 0
+                    disables prefetch; 0..64, default 2 */
+  size_t max_live_elements; /* stage 3: prefetch stops before the gathered
+                    parameters would exceed this many elements (DeepSpeed's
+                    stage3_max_live_parameters); 0: no limit; a limit below
+                    the largest unit is raised to it with a warning */
+  int reshard_after_forward; /* stage 3: 1 (default) frees a unit's gathered
+                    parameters at its release in the forward pass; 0 keeps
+                    them until its backward (FSDP's reshard_after_forward) */
+  int reduce_order; /* zs_reduce_order, default ZS_REDUCE_FIXED */
+  int progress_thread; /* 1 (default): a thread drives MPI progress while
+                    the caller computes, so collectives overlap compute
+                    (needs MPI_THREAD_MULTIPLE, which zs_context_create
+                    requests; otherwise progress happens at API calls and a
+                    warning says so); 0: progress only at API calls */
+  /* ---- Precision, clipping, accumulation (docs/precision.md) ---- */
+  int reduce_dtype; /* the dtype gradients are accumulated and reduced in
+                    (DeepSpeed's communication_data_type / FSDP's
+                    reduce_dtype): -1 (default) each unit's parameter dtype,
+                    or ZS_FLOAT32 (e.g. bf16 parameters, fp32 gradients) */
+  int grad_accum_steps; /* K >= 1 micro-batches per optimizer step: zs_step
+                    is called after every micro-batch and runs the optimizer
+                    after the K-th; gradients are summed and divided by
+                    ranks*K. Default 1 */
+  int grad_accum_local; /* 0 (default): each micro-batch's gradients are
+                    reduce-scattered into the shard (DeepSpeed); 1: they
+                    accumulate in the full local buffer and are reduced once
+                    at the K-th micro-batch (FSDP's no_sync: fewer
+                    collectives, a full gradient buffer per unit alive at
+                    stages 2-3) */
+  int clip_grad_norm; /* 1: scale gradients so their global L2 norm is at
+                    most max_grad_norm (torch.nn.utils.clip_grad_norm_);
+                    default 0 */
+  double max_grad_norm; /* > 0 when clipping; default 1.0 */
+  zs_loss_scaler_config loss_scaler;
+  /* ---- Profiling (docs/profiling.md) ---- */
+  const char* profile_dir; /* each rank writes a Chrome trace of memory
+                    and communication here when its context is destroyed;
+                    NULL (default): off. The environment variable
+                    ZS_PROFILE=DIR overrides it. Read at zs_context_create,
+                    not retained. An unwritable directory is a warning and
+                    profiling is off; training continues. */
+  /* ---- Offload (docs/offload.md) ---- */
+  zs_offload_config offload_optimizer;
+  int offload_param; /* stage 3 with offload_optimizer: 1 (cpu) keeps
+                    parameter shards in the same NUMA-placed host memory;
+                    2 (nvme) keeps them in a swap file under nvme.path,
+                    read into a pinned buffer pool ahead of their
+                    all-gather (zs_nvme_config.param_*). With CUDA each
+                    all-gather reads a transient device copy of the
+                    shard (built, not yet run on a GPU: docs/cuda.md).
+                    Default 0 */
+  zs_nvme_config nvme; /* with offload_optimizer.device = 2 or
+                          offload_param = 2 */
+} zs_config;
+
+#define ZS_CONFIG_INIT                                                     \
+  {                                                                        \
+    sizeof(zs_config), ZS_VERSION_CODE, 0, ZS_DEVICE_HOST,                 \
+        {ZS_OPTIM_ADAMW, 1e-3, 0.9, 0.999, 1e-8, ZS_WEIGHT_DECAY_DEFAULT,  \
+         0.0, 0.0, 0},                                                     \
+        1, 1800.0, (size_t)1 << 22, 2, 0, 1, ZS_REDUCE_FIXED, 1, -1, 1, 0, \
+        0, 1.0, {ZS_LOSS_SCALE_NONE, 65536.0, 2.0, 0.5, 2000, 1.0, 1},     \
+        NULL, {0, 1, ZS_OFFLOAD_NUMA_AUTO, 0}, 0,                          \
+        {NULL, 9, (size_t)16 << 20, 0, 16, 0, (size_t)1 << 20, 5, 0}       \
+  }
+
+/* Fills *config with the defaults (the same values as ZS_CONFIG_INIT).
+ * Errors: ZS_ERR_INVALID_ARGUMENT if config is NULL. */
+zs_status zs_config_init(zs_config* config);
+
+/* Checks every field's range. Errors: ZS_ERR_INVALID_ARGUMENT naming the
+ * field, its value and the allowed range. No side effects. */
+zs_status zs_config_validate(const zs_config* config);
+
+/* Reads a DeepSpeed-style JSON configuration (parsed with cJSON) on top of
+ * the values already in *config (start from ZS_CONFIG_INIT). Recognized keys
+ * (docs/config.md): "zero_optimization.stage", "device" ("host"|"cuda"),
+ * "optimizer.type" ("AdamW"|"Adam"|"SGD"), "optimizer.params.{lr, betas,
+ * eps, weight_decay, momentum, dampening, nesterov}", "log_level".
+ * text: NUL-terminated JSON, not retained. Unknown keys are an error (a typo
+ * must not be silently ignored). Errors: ZS_ERR_INVALID_ARGUMENT naming the
+ * key (e.g. "zero_optimization.stage: expected an integer 0..3, got 5") or
+ * the parse position; *config is unchanged on error. Also
+ * "collective_timeout" (seconds); NVMe offload's
+ * "zero_optimization.offload_optimizer.{nvme_path, buffer_count,
+ * buffer_size}", "zero_optimization.offload_param.{device, nvme_path,
+ * buffer_count, buffer_size}" (nvme.param_buffer_count and
+ * param_buffer_elements: buffer_size counts elements, as DeepSpeed's; one
+ * nvme_path for both sections), "zero_optimization.sub_group_size" and "aio.{block_size,
+ * queue_depth, backend}" (the nvme_path string is kept by the library for
+ * the life of the process). */
+zs_status zs_config_from_json(const char* text, zs_config* config);
+
+/* Like zs_config_from_json on the contents of the file at path.
+ * Errors additionally: ZS_ERR_IO naming the file. */
+zs_status zs_config_from_json_file(const char* path, zs_config* config);
+
+/* ==== Context ============================================================ */
+
+/* One per process and data-parallel group: rank, world size, device,
+ * communicator, configuration, memory accounting. */
+typedef struct zs_context zs_context;
+
+/* Creates a context over MPI_COMM_WORLD (zs_mpi.h takes any communicator).
+ * If MPI is not initialized yet, calls MPI_Init_thread (requesting
+ * MPI_THREAD_MULTIPLE); MPI_Finalize then happens when the last context
+ * created this way is destroyed (or at process exit if none was created
+ * successfully, so a failed create can be retried). A program run without
+ * mpirun is a world of size 1.
+ * Collective: also checks that every rank passed the same configuration
+ * (one all-gather of a hash); a difference is ZS_ERR_MISMATCH on every rank
+ * naming the first differing field and rank.
+ * config: copied, not retained. *out: owned by the caller, free with
+ * zs_context_destroy. Errors: ZS_ERR_INVALID_ARGUMENT (a config field),
+ * ZS_ERR_MISMATCH, ZS_ERR_COMM, ZS_ERR_UNSUPPORTED (a device not built in). */
+zs_status zs_context_create(const zs_config* config, zs_context** out);
+
+/* Creates a context of this process alone, without MPI (world size 1):
+ * collectives are copies, nothing is initialized or required from MPI (a
+ * program need not run under mpirun, and may use MPI for other things). On
+ * the CUDA device no NCCL is needed either. For single-process training,
+ * CPU offload on one node's single process, tools and tests. config:
+ * copied. *out: free with zs_context_destroy. Not collective. Errors: as
+ * zs_context_create (no COMM). */
+zs_status zs_context_create_local(const zs_config* config, zs_context** out);
+
+/* Destroys the context (NULL is accepted). Destroy its models first: a
+ * model still alive is detached (its storage freed, a warning logged; later
+ * calls on it return ZS_ERR_INVALID_STATE and zs_model_destroy frees the
+ * rest). Outstanding allocations are reported as leaks. Collective (it frees
+ * the duplicated MPI communicator, and may finalize MPI). */
+void zs_context_destroy(zs_context* ctx);
+
+/* For a program about to end abnormally (before MPI_Abort, exit after an
+ * error, or in a SIGTERM/SIGINT handler): removes the names of what this
+ * rank's context keeps on disk, its NVMe swap files and swap directory
+ * (docs/offload.md), which zs_context_destroy would remove but an abort
+ * skips. The files stay open, so their data remains reachable by this
+ * process until it ends or destroys the context (POSIX unlink): the
+ * context and its models keep working, and a later destroy is still
+ * correct. Files the runtime did not make are left alone. Local (no
+ * communication, no waiting for I/O), async-signal-safe (unlink and rmdir
+ * only), never fails; NULL, or a context without NVMe offload: nothing.
+ * The analogue of ncclCommAbort for what a context has on disk. */
+void zs_context_remove_files(zs_context* ctx);
+
+/* This process's rank in the context's communicator (0 for NULL). */
+int zs_context_rank(const zs_context* ctx);
+/* Number of ranks in the context's communicator (0 for NULL). */
+int zs_context_world_size(const zs_context* ctx);
+/* The validated configuration (owned by the context). NULL for NULL. */
+const zs_config* zs_context_config(const zs_context* ctx);
+
+/* ==== Memory accounting ================================================== */
+
+/* Phases of a training step, for per-phase peaks: forward from the step's
+ * start to its first gradient acquire, backward from there to zs_step,
+ * step inside zs_step. */
+typedef enum zs_phase {
+  ZS_PHASE_FORWARD = 0,
+  ZS_PHASE_BACKWARD = 1,
+  ZS_PHASE_STEP = 2,
+  ZS_PHASE_COUNT = 3
+} zs_phase;
+
+/* Name of a phase ("forward", "backward", "step"); "unknown" otherwise. */
+const char* zs_phase_name(zs_phase phase);
+
+/* Per-rank byte counts. total_peak is the peak of the sum over categories
+ * (not the sum of per-category peaks). */
+typedef struct zs_memory_stats {
+  size_t current[ZS_MEM_CATEGORY_COUNT]; /* bytes now */
+  size_t peak[ZS_MEM_CATEGORY_COUNT];    /* bytes, max since reset */
+  size_t total_current;                  /* bytes now, all categories */
+  size_t total_peak;                     /* bytes, max of the sum */
+  size_t model_state_bytes; /* current params+grads+master+optimizer states */
+  size_t allocations;       /* live allocations (user registrations too) */
+  /* Peaks per phase of the last completed step (of the steps of every
+   * model of the context; before the first zs_step: so far), each phase
+   * starting from what was allocated when it began. */
+  size_t phase_peak[ZS_PHASE_COUNT][ZS_MEM_CATEGORY_COUNT];
+  size_t phase_peak_total[ZS_PHASE_COUNT];
+  /* Inside comm_buffers: the reduce-scatter bucket temporaries (the rest
+   * are gradient accumulation buffers and saved sums of re-opened units) */
+  size_t comm_bucket_current;
+  size_t comm_bucket_peak;
+  size_t resident_bytes; /* the process's resident set now (RSS, from
+                            /proc/self/statm; 0 if unknown): what the
+                            categories miss shows as the difference */
+} zs_memory_stats;
+
+/* Copies this rank's counters. Not collective. Errors: INVALID_ARGUMENT. */
+zs_status zs_memory_stats_get(const zs_context* ctx, zs_memory_stats* out);
+
+/* Sets every peak (per category and total) to its current value, e.g. to
+ * measure the peak of one phase. Not collective. NULL is ignored. */
+void zs_memory_reset_peak(zs_context* ctx);
+
+/* Gives the device back the memory this context's caching allocator keeps
+ * for reuse: with CUDA, the blocks of buffers the runtime freed (gathered
+ * parameters, reduction buffers, ...), which it otherwise keeps and hands
+ * out again without cudaMalloc, releasing them itself only when one of its
+ * own allocations fails. Call it when the model code's own cudaMalloc, or
+ * cuBLAS's, fails or is about to need room (PyTorch's
+ * torch.cuda.empty_cache()). *released_bytes (may be NULL): the bytes
+ * given back. Waits for the device (cudaFree synchronizes it); the host
+ * backend keeps nothing: 0. Not collective. Errors: INVALID_ARGUMENT
+ * (NULL ctx). */
+zs_status zs_memory_release_cached(zs_context* ctx, size_t* released_bytes);
+
+/* Counts a buffer the user allocated (e.g. activations) under category.
+ * ptr: a key only, never dereferenced or freed by ZeroShard; must be
+ * unique among live registrations. bytes: its size in bytes.
+ * Errors: INVALID_ARGUMENT (NULL ptr, category out of range, ptr already
+ * registered). Not collective. */
+zs_status zs_memory_register(zs_context* ctx, zs_mem_category category,
+                             const void* ptr, size_t bytes);
+
+/* Stops counting a buffer registered with zs_memory_register. User
+ * registrations and the runtime's own allocations are kept apart: runtime
+ * memory cannot be unregistered, and a stale registration never blocks a
+ * runtime allocation. Errors: INVALID_ARGUMENT if ptr is not a user
+ * registration. */
+zs_status zs_memory_unregister(zs_context* ctx, const void* ptr);
+
+/* ==== Communication counters ============================================= */
+
+typedef enum zs_coll_op {
+  ZS_COLL_ALL_GATHER = 0,
+  ZS_COLL_REDUCE_SCATTER = 1,
+  ZS_COLL_ALL_REDUCE = 2,
+  ZS_COLL_BROADCAST = 3,
+  ZS_COLL_OP_COUNT = 4
+} zs_coll_op;
+
+/* "all_gather", "reduce_scatter", "all_reduce", "broadcast". */
+const char* zs_coll_op_name(zs_coll_op op);
+
+/* Counters of every collective this rank issued on the context since
+ * creation. bytes counts the full (gathered) size per rank, as nccl-tests
+ * does: count_per_rank * world_size * element size for all-gather and
+ * reduce-scatter, count * element size for all-reduce and broadcast. */
+typedef struct zs_comm_counters {
+  uint64_t calls[ZS_COLL_OP_COUNT];
+  uint64_t bytes[ZS_COLL_OP_COUNT];
+  double seconds[ZS_COLL_OP_COUNT];      /* from issue to completion */
+  double wait_seconds[ZS_COLL_OP_COUNT]; /* of which the caller was blocked
+                                            waiting; the rest overlapped
+                                            with its compute */
+} zs_comm_counters;
+
+/* Copies this rank's counters. Not collective. Errors: INVALID_ARGUMENT. */
+zs_status zs_comm_counters_get(const zs_context* ctx, zs_comm_counters* out);
+
+/* What CPU offload is doing on this rank. */
+typedef struct zs_offload_info {
+  int enabled;       /* config.offload_optimizer.device is 1 or 2 */
+  int numa_node;     /* the chosen node; -1: interleaved */
+  int workers;       /* optimizer worker threads (bound to its cores) */
+  int pinned;        /* host memory page-locked */
+  uint64_t steps_on_workers; /* optimizer runs executed by the workers */
+  int nvme;          /* NVMe offload is on: config.offload_optimizer.device
+                        or config.offload_param is 2 */
+  uint64_t nvme_file_bytes; /* bytes of this rank's swap files on disk (all
+                               its live models: optimizer states and
+                               parameter shards) */
+  const char* nvme_aio; /* "io_uring" or "threads"; NULL without NVMe.
+                           Static storage. */
+  uint64_t nvme_param_reads;       /* offload_param = nvme: parameter shards
+                                      read from the swap file (a shard found
+                                      in a buffer is not read) */
+  uint64_t nvme_param_reads_ahead; /* ... of which started ahead of their
+                                      use (along the prefetch trace, or the
+                                      step's next unit) */
+} zs_offload_info;
+
+/* Copies this rank's offload state (all zero when offload is off). Not
+ * collective. Errors: INVALID_ARGUMENT. */
+zs_status zs_offload_info_get(const zs_context* ctx, zs_offload_info* out);
+
+/* nccl-tests' bus-bandwidth factor (busbw = algbw * factor): (n-1)/n for
+ * all-gather and reduce-scatter, 2(n-1)/n for all-reduce, 1 for
+ * broadcast; 0 for a bad op or ranks < 1. */
+double zs_busbw_factor(zs_coll_op op, int ranks);
+
+/* One collective of this rank's communication log. */
+typedef struct zs_comm_record {
+  uint64_t seq;        /* position in this rank's collective sequence */
+  zs_coll_op op;
+  const char* purpose; /* "param gather", "grad reduce", ... (static) */
+  int unit;            /* the unit it was for, or -1 */
+  uint64_t bytes;      /* the full (gathered) size per rank, as nccl-tests */
+  double issue_s;      /* seconds since the context was created */
+  double done_s;       /* when this rank saw it complete; 0 in flight */
+  double algbw_GBps;   /* bytes / (done - issue) / 1e9; 0 in flight */
+  double busbw_GBps;   /* algbw * zs_busbw_factor(op, ranks) */
+} zs_comm_record;
+
+/* Copies the most recent min(cap, logged) collectives (the log keeps the
+ * last 8192), oldest first, into out[0..); returns how many it wrote (with
+ * out NULL: how many it holds). Times are issue to completion, so an
+ * overlapped collective shows a lower bandwidth than the link has. Not
+ * collective; call it from the thread that drives the model. */
+size_t zs_comm_log_get(const zs_context* ctx, zs_comm_record* out, size_t cap);
+
+/* ==== Model registration ================================================= */
+
+typedef struct zs_model zs_model;
+
+#define ZS_MAX_DIMS 8
+#define ZS_NAME_MAX 128 /* bytes, including the terminating NUL */
+
+/* Tensor flags for zs_model_add_tensor. */
+#define ZS_TENSOR_FROZEN 1u /* not trained: gathered, never updated, no
+                               optimizer state, gradient ignored */
+
+/* Creates an empty model on ctx. Not collective. *out: owned by the
+ * caller, free with zs_model_destroy before destroying ctx.
+ * Errors: INVALID_ARGUMENT, OUT_OF_MEMORY. */
+zs_status zs_model_create(zs_context* ctx, zs_model** out);
+
+/* Frees the model and all its storage (NULL accepted), and removes its NVMe
+ * swap files. Not collective, and blocking: nothing is freed under a
+ * collective still writing into it, so it first waits for the model's
+ * collectives in flight on this rank (all-gathers, reduce-scatters; none
+ * after a completed zs_step) and, with CUDA, for the compute stream. A
+ * collective the other ranks never issue (this rank gathered a unit they
+ * did not) is waited for up to config.collective_timeout_s; then the
+ * context fails (the others are told) and, as after any failure, memory a
+ * collective may still write is kept, not freed. On a context that already
+ * failed nothing is waited for. Call it before zs_context_destroy and
+ * before MPI_Finalize. */
+void zs_model_destroy(zs_model* model);
+
+/* Adds a unit (the sharding granularity: one flat buffer) and returns its
+ * id in *unit (0, 1, 2, ... in registration order). name: unique, 1 to
+ * ZS_NAME_MAX-1 bytes, copied. Before finalize only.
+ * Errors: INVALID_ARGUMENT (empty, too long or duplicate name), INVALID_STATE
+ * (after finalize). A registration error also poisons the model: finalize
+ * then fails on every rank, naming this rank, instead of hanging. */
+zs_status zs_model_add_unit(zs_model* model, const char* name, int* unit);
+
+/* Adds a tensor to a unit and returns its model-wide id in *tensor (0, 1,
+ * ... in registration order). name: unique in the model, copied. shape:
+ * ndim (0..ZS_MAX_DIMS) extents >= 0, copied; 0-d is a scalar, a zero
+ * extent gives an empty tensor. dtype: ZS_FLOAT32, ZS_BFLOAT16 or
+ * ZS_FLOAT16 (a 16-bit unit keeps fp32 master weights in the optimizer
+ * shard, docs/precision.md); all tensors of a unit share one dtype. flags:
+ * 0 or ZS_TENSOR_FROZEN.
+ * Errors: INVALID_ARGUMENT naming the tensor, UNSUPPORTED, INVALID_STATE.
+ * Poisons the model on error (see zs_model_add_unit). */
+zs_status zs_model_add_tensor(zs_model* model, int unit, const char* name,
+                              int ndim, const int64_t* shape, zs_dtype dtype,
+                              unsigned int flags, int* tensor);
+
+/* Adds to `unit` a tensor tied to `owner` (e.g. an output projection
+ * sharing the token embedding's weight): it has the owner's shape and dtype,
+ * occupies no storage, and its views are the owner's. Gathering `unit` also
+ * gathers the owner's unit; acquiring its gradients acquires the owner
+ * unit's gradients, so both uses accumulate into one buffer that is reduced
+ * once. owner: any untied tensor. *tensor receives the id (not NULL).
+ * Errors: INVALID_ARGUMENT naming the tensor, INVALID_STATE (after
+ * finalize); poisons the model on error. */
+zs_status zs_model_add_tied_tensor(zs_model* model, int unit, const char* name,
+                                   int owner, int* tensor);
+
+/* Adds an optimizer parameter group (PyTorch's param_groups): a learning
+ * rate and weight decay for the tensors assigned to it. Group 0 exists from
+ * the start with the config's lr and weight_decay. *group receives the id.
+ * Errors: INVALID_ARGUMENT (negative or non-finite values), INVALID_STATE. */
+zs_status zs_model_add_param_group(zs_model* model, double lr,
+                                   double weight_decay, int* group);
+
+/* Assigns an owner tensor to a param group (default 0), e.g. biases and
+ * norm weights to a group without weight decay. Before finalize only.
+ * Errors: INVALID_ARGUMENT (unknown tensor or group, a tied tensor). */
+zs_status zs_model_set_tensor_group(zs_model* model, int tensor, int group);
+
+/* Declares how many times a unit's gradients are acquired and released per
+ * step (a unit used twice, e.g. shared weights: 2). The reduce-scatter then
+ * starts at the uses-th release. Without it the runtime records the count in
+ * the first step (reducing that step's gradients in zs_step) and keeps the
+ * largest count seen. A step with fewer uses reduces the unit in zs_step; a
+ * step with more re-opens the reduced unit (exact, one extra collective) and
+ * raises the count. uses: >= 1, or 0 to go back to recording. A tied tensor
+ * counts as a use of its owner's unit. Before finalize only (the counts are
+ * compared across ranks there). Recording costs memory in the first step
+ * (every unit's gradients are held until zs_step), so give the counts when
+ * the model is large. Errors: INVALID_ARGUMENT, INVALID_STATE. */
+zs_status zs_unit_set_grad_uses(zs_model* model, int unit, int uses);
+
+/* Freezes the layout and allocates storage (parameters zeroed). Collective.
+ * Checks that every rank registered the same units, tensors (names, shapes,
+ * dtypes, flags, ties, groups) and configuration, with one all-gather of a
+ * hash; on a difference every rank returns ZS_ERR_MISMATCH naming the first
+ * differing tensor and the rank, before any data collective. A model
+ * poisoned by a failed registration call fails on every rank naming that
+ * call's error: INVALID_ARGUMENT when the same call failed on every rank
+ * (always so with one rank), MISMATCH when only some ranks' failed (their
+ * registrations differ). Errors: MISMATCH, INVALID_ARGUMENT (a poisoned
+ * model), OUT_OF_MEMORY, COMM, INVALID_STATE (twice). */
+zs_status zs_model_finalize(zs_model* model);
+
+/* ==== Model queries (any time after registration) ======================= */
+
+typedef struct zs_tensor_desc {
+  const char* name; /* owned by the model */
+  int unit;         /* the unit it was registered in */
+  int ndim;
+  int64_t shape[ZS_MAX_DIMS];
+  size_t numel; /* elements */
+  zs_dtype dtype;
+  unsigned int flags;
+  int tied_to; /* owner tensor id, or -1 */
+  int group;   /* param group (the owner's for a tied tensor) */
+} zs_tensor_desc;
+
+int zs_model_unit_count(const zs_model* model);   /* 0 for NULL */
+int zs_model_tensor_count(const zs_model* model); /* 0 for NULL */
+
+/* Describes a tensor. Errors: INVALID_ARGUMENT (unknown id). */
+zs_status zs_model_tensor_desc(const zs_model* model, int tensor,
+                               zs_tensor_desc* out);
+
+/* Looks a tensor up by name. Errors: INVALID_ARGUMENT (not found). */
+zs_status zs_model_find_tensor(const zs_model* model, const char* name,
+                               int* tensor);
+
+/* Name of a unit (owned by the model), or NULL for an unknown id. */
+const char* zs_model_unit_name(const zs_model* model, int unit);
+
+/* How many times a unit's gradients are acquired and released per step (per
+ * micro-batch): the count given by zs_unit_set_grad_uses (or the driver,
+ * which declares it from its layers) or, when larger, the count recorded in
+ * the steps so far; 0 while neither is known. Not collective; any time.
+ * Returns -1 for a NULL model or an unknown unit. The memory estimator's
+ * model description takes it as a unit's "grad_uses". */
+int zs_unit_grad_uses(const zs_model* model, int unit);
+
+/* Layout of a unit after finalize, in elements: used (tensor data plus
+ * alignment gaps), padded (a multiple of world size), shard (padded / world
+ * size). Errors: INVALID_ARGUMENT, INVALID_STATE (before finalize). */
+zs_status zs_unit_layout(const zs_model* model, int unit, size_t* used,
+                         size_t* padded, size_t* shard);
+
+/* ==== Initialization and export (after finalize; collective) ============= */
+
+/* Fills one tensor on rank 0 before it is broadcast. data: the full tensor
+ * (numel elements of the tensor's dtype, row-major, zeroed), owned by the
+ * runtime, valid during the call. Return ZS_OK, or an error that
+ * zs_model_init reports on every rank. */
+typedef zs_status (*zs_init_fn)(void* user, int tensor,
+                                const zs_tensor_desc* desc, void* data);
+
+/* Initializes every untied tensor: `fn` runs on rank 0 only, for each tensor
+ * in registration order, and the result is broadcast unit by unit, so every
+ * rank starts identical whatever its random state. Optimizer state is not
+ * touched. Collective. Errors: the callback's status (ZS_ERR_REMOTE on the
+ * other ranks), COMM, OUT_OF_MEMORY, INVALID_STATE (a unit gathered). */
+zs_status zs_model_init(zs_model* model, zs_init_fn fn, void* user);
+
+/* Sets one tensor from a full array on rank 0 (data: numel elements of its
+ * dtype; ignored, may be NULL, on other ranks; not retained). Collective.
+ * Errors: INVALID_ARGUMENT (NULL data on rank 0: every rank fails), COMM. */
+zs_status zs_tensor_set(zs_model* model, int tensor, const void* data);
+
+/* What zs_tensor_get reads. */
+typedef enum zs_field {
+  ZS_FIELD_PARAM = 0,      /* parameters (the updated values after a step) */
+  ZS_FIELD_GRAD = 1,       /* the last reduced gradient (mean over ranks
+                              and micro-batches) as reduced: still
+                              multiplied by the loss scale, before
+                              clipping, and after an overflow skip with
+                              its inf/NaN; valid from zs_step until the
+                              next step's first gradient acquire */
+  ZS_FIELD_EXP_AVG = 2,    /* Adam/AdamW first moment */
+  ZS_FIELD_EXP_AVG_SQ = 3, /* Adam/AdamW second moment */
+  ZS_FIELD_MOMENTUM = 4,   /* SGD momentum buffer */
+  ZS_FIELD_MASTER = 5      /* fp32 master weights of a 16-bit tensor */
+} zs_field;
+
+/* The dtype of a field of a tensor: the parameter dtype for PARAM, the
+ * gradient dtype (config.reduce_dtype) for GRAD, ZS_FLOAT32 for the
+ * optimizer states and MASTER; ZS_DTYPE_COUNT for a bad tensor id or field
+ * or before finalize. */
+zs_dtype zs_tensor_field_dtype(const zs_model* model, int tensor,
+                               zs_field field);
+
+/* Copies the full tensor's field into out (numel elements; every rank
+ * receives it). A tied tensor reads its owner. Collective (one all-gather of
+ * the owning unit's shards). Errors: INVALID_ARGUMENT (unknown tensor, a
+ * field the optimizer does not have, a frozen tensor's optimizer field;
+ * on one rank only: ZS_ERR_REMOTE on the others), INVALID_STATE (before
+ * finalize), COMM, TIMEOUT. */
+zs_status zs_tensor_get(zs_model* model, int tensor, zs_field field,
+                        void* out);
+
+/* ==== The per-step API (after finalize) ================================== */
+
+/* Makes the unit's full parameters available (stage 3: all-gather of the
+ * shards into a transient buffer, or waiting for the prefetch that already
+ * started it; stages 0-2: they are resident). Also gathers the units owning
+ * its tied tensors. At stage 3 it follows the order of gathers recorded in
+ * the first step and starts the all-gathers of the next units
+ * (zs_config.prefetch_depth, max_live_elements); a gather out of that order
+ * stops prefetching for the step and the order is recorded again.
+ * Collective at stage 3, blocking.
+ * Errors: INVALID_STATE if the unit is already gathered by the user (name
+ * given), OUT_OF_MEMORY, COMM (both, with more than one rank, make the
+ * context unusable and fail the other ranks at once: see the top of this
+ * file), REMOTE (another rank failed), TIMEOUT. */
+zs_status zs_unit_gather(zs_model* model, int unit);
+
+/* A hint that `unit` will be gathered soon: at stage 3 its all-gather
+ * starts now (if it is not gathered and the live-elements limit and
+ * prefetch_depth allow: a hint counts against the depth like a prefetch
+ * along the recorded order, so depth 0 makes hints no-ops) and
+ * the later zs_unit_gather only waits for it; the prefetch is dropped at
+ * zs_step if unused. A no-op at stages 0-2. Collective at stage 3 (every
+ * rank must give the same hints). Prefetch along the recorded order needs
+ * no hints (zs_config.prefetch_depth). Errors: INVALID_ARGUMENT,
+ * OUT_OF_MEMORY, COMM (as zs_unit_gather's), REMOTE, TIMEOUT. */
+zs_status zs_unit_prefetch(zs_model* model, int unit);
+
+/* Ends the use of a gathered unit: at stage 3 its transient buffer is freed
+ * (unless a tie or a prefetch still holds it, or, with
+ * reshard_after_forward off, this is its forward: then it stays until its
+ * gradients are released); pointers from zs_tensor_data become invalid at
+ * every stage. Not collective.
+ * Errors: INVALID_STATE if the unit is not gathered. */
+zs_status zs_unit_release(zs_model* model, int unit);
+
+/* Pointer to a tensor's full parameters (numel elements of its dtype,
+ * row-major), valid from zs_unit_gather of its unit until the matching
+ * zs_unit_release. The memory is the runtime's: read it; do not free it.
+ * Writing changes the parameters (stages 0-2) or only this gathered copy
+ * (stage 3): don't. Errors: INVALID_ARGUMENT, INVALID_STATE (its unit is not
+ * gathered). */
+zs_status zs_tensor_data(zs_model* model, int tensor, void** data);
+
+/* Opens the unit's gradient buffers for the backward pass. The first
+ * acquire of a step returns zeroed buffers; later acquires in the same step
+ * return the same buffers to accumulate into. Also acquires the units owning
+ * its tied tensors. Not collective. Errors: INVALID_STATE (already acquired
+ * and not released), OUT_OF_MEMORY (with more than one rank, the context
+ * becomes unusable and the other ranks fail at once: the top of this
+ * file). */
+zs_status zs_unit_grad_acquire(zs_model* model, int unit);
+
+/* Pointer to a tensor's gradient buffer (numel elements of its dtype),
+ * valid while its unit's gradients are acquired. Accumulate into it (+=):
+ * a tied tensor's gradient and its owner's are the same memory.
+ * Errors: INVALID_ARGUMENT, INVALID_STATE (not acquired). */
+zs_status zs_tensor_grad(zs_model* model, int tensor, void** grad);
+
+/* Closes the unit's gradient buffers. When this is the unit's last use in
+ * the step (zs_unit_set_grad_uses, or the count recorded in the first
+ * step), its reduce-scatter starts now, in buckets of
+ * zs_config.bucket_elements, and runs while the caller goes on (completed
+ * by later calls, at the latest in zs_step): collective, and every rank
+ * must release in the same order. Otherwise not collective.
+ * Errors: INVALID_STATE (not acquired), COMM, OUT_OF_MEMORY (both as
+ * zs_unit_grad_acquire's), REMOTE, TIMEOUT. */
+zs_status zs_unit_grad_release(zs_model* model, int unit);
+
+/* Eval mode (1) for forward-only passes between steps (validation,
+ * sampling): gathers and releases work as in training, but they are not
+ * part of the step's recorded order (so prefetch keeps its trace for the
+ * training steps), nothing is prefetched, reshard_after_forward is ignored
+ * (a release frees), and gradient acquire and zs_step are INVALID_STATE.
+ * Enter between steps (after zs_step, before the next forward) with no
+ * unit held; leaving (0) needs no unit held. Not collective, but every rank
+ * must switch at the same point (as with gathers). Errors: INVALID_ARGUMENT,
+ * INVALID_STATE naming the unit or the step in progress. */
+zs_status zs_model_set_eval(zs_model* model, int eval);
+
+/* Learning rate of a param group for the next steps (ZS_ALL_GROUPS: every
+ * group). Errors: INVALID_ARGUMENT (unknown group, negative or non-finite
+ * lr). Not collective, but every rank should set the same value. */
+#define ZS_ALL_GROUPS (-1)
+zs_status zs_model_set_lr(zs_model* model, int group, double lr);
+
+typedef struct zs_step_info {
+  int applied;        /* 1 if the optimizer ran, 0 if not (a micro-batch
+                         before the K-th, an overflow, zs_step_discard) */
+  int64_t step;       /* optimizer steps applied so far */
+  double grad_norm;   /* the global L2 norm of the averaged (unscaled)
+                         gradient before clipping, when clipping or loss
+                         scaling is on and the step reached the optimizer
+                         boundary (inf/NaN on overflow); -1 otherwise */
+  double loss_scale;  /* the scale for the next micro-batch (1 without
+                         loss scaling) */
+  int overflow;       /* 1: inf/NaN in the gradients; the step was skipped */
+  int micro_batch;    /* micro-batches accumulated toward the next optimizer
+                         step (0 after the K-th) */
+} zs_step_info;
+
+/* Ends the step. First one small all-reduce checks, before anything moves,
+ * that no rank still holds a gathered unit or open gradients (misuse on
+ * any rank fails the step on every rank: INVALID_STATE naming the unit
+ * there, REMOTE naming the rank elsewhere; nothing changes, so fix and
+ * call again) and that every rank is at the same step, has issued the same
+ * collectives for the same units since the start, used every unit the same
+ * number of times and set the same learning rates (else MISMATCH on every
+ * rank; only after differing learning rates can the caller set them and
+ * call again: otherwise reductions were paired across different units, so
+ * zs_step refuses (INVALID_STATE) until zs_step_discard on every rank drops
+ * the step's gradients, and the micro-batch is redone; if the ranks issued
+ * different numbers of collectives, one has no partner: the context cannot
+ * go on, later calls fail at once and destroy does not wait for it). Then it
+ * reduces every unit not reduced yet (a unit not used this step contributes
+ * zero gradients, as torch 1.13's zero_grad() leaves zeros: AdamW still
+ * decays and moves it), runs the optimizer on this rank's part (the whole
+ * buffer at stage 0, the shard at 1-3), and at stages 1-2 all-gathers the
+ * updated parameters. Collective. info may be NULL. Errors: INVALID_STATE,
+ * REMOTE, MISMATCH, COMM, TIMEOUT, OUT_OF_MEMORY, DEVICE (these three
+ * after the consistency check, with more than one rank: the context
+ * becomes unusable and the other ranks fail at once, see the top of this
+ * file); with NVMe offload IO (a
+ * disk error on this rank, agreed: REMOTE on the others), after which the states
+ * are partly updated and zs_step refuses (INVALID_STATE) until
+ * zs_step_discard and a zs_checkpoint_load. Algorithm: ZeRO
+ * (arXiv:1910.02054) section 5.
+ * With gradient accumulation (config.grad_accum_steps K) call it after
+ * every micro-batch: the first K-1 calls reduce (or keep, with
+ * grad_accum_local) the gradients and return with info->applied 0; the
+ * K-th applies. With clipping or loss scaling on, the K-th call also runs
+ * one all-gather of each rank's sum of squares (every rank adds them in
+ * rank order): an inf/NaN skips the step on every rank with everything
+ * bitwise unchanged (info->overflow) and backs the scale off; an overflow
+ * at the minimum scale, or inf/NaN without a loss scaler, is
+ * ZS_ERR_DIVERGED on every rank with nothing applied (docs/precision.md).
+ * With CPU offload the optimizer runs on the offload worker threads. */
+zs_status zs_step(zs_model* model, zs_step_info* info);
+
+/* Ends the step without applying it: finishes the reductions in flight,
+ * drops every gradient of the step (and of the micro-batches accumulated
+ * so far), leaves parameters, optimizer states and step counts bitwise
+ * unchanged. For recovery after zs_driver_forward/backward or a user's own
+ * pass failed on some rank (every rank calls it). Collective. Errors: as
+ * zs_step. */
+zs_status zs_step_discard(zs_model* model, zs_step_info* info);
+
+/* The scale the caller multiplies its loss (or loss gradient) by before
+ * backward: the loss scaler's current value, 1 without loss scaling. Not
+ * collective; the same on every rank. Returns 0 for a NULL model. */
+double zs_model_loss_scale(const zs_model* model);
+
+/* ==== Checkpoints (docs/checkpoint.md) ================================== */
+/* Sharded, crash-safe checkpoints that load at any world size and stage.
+ * A checkpoint ROOT holds checkpoint directories and a file `latest` naming
+ * the newest complete one. A checkpoint directory holds meta.json (the
+ * format, world size, stage, optimizer, step counts, loss scaler, units and
+ * tensors: names, shapes, dtypes, offsets, padding, ties), its xxHash64 in
+ * meta.json.xxh64, one rank-RRRRR.bin per saving rank (its shard of every
+ * unit: fp32 master weights, or the parameters when a unit has none, then
+ * the optimizer states) and extras.bin (the caller's blob). Every file's
+ * size and xxHash64 are in the metadata and checked before a load changes
+ * anything. The layout follows DeepSpeed's ZeRO checkpoints (one file per
+ * rank's partition plus a model description) and PyTorch DCP's
+ * resharding by element ranges. All sizes in bytes. */
+
+/* Saves the model under root/name (name NULL: "step-%08lld" of the
+ * optimizer iterations so far, zs_step calls / grad_accum_steps). Call
+ * between optimizer steps (not within gradient accumulation) with no unit
+ * gathered or gradients open. Every rank writes its shard into
+ * root/.tmp-NAME and fsyncs it; then rank 0 writes extras.bin (extras,
+ * extras_bytes, from rank 0; ignored on other ranks; may be NULL with 0),
+ * meta.json and its checksum, fsyncs, renames the directory to root/NAME
+ * (replacing a checkpoint of that name) and then points root/latest at it
+ * (written to a temporary and renamed). A crash at any point leaves the
+ * previous checkpoint and `latest` loadable; a failed save removes its
+ * temporary directory, and the next save into the root clears what a
+ * crashed one left (one save at a time per root: rank 0 holds an
+ * exclusive flock on it during the save; files that are not a
+ * checkpoint's are never deleted, and a replaced checkpoint holding some
+ * is kept whole as NAME.replaced). root is created if missing (with its
+ * parents), is checked as zs_checkpoint_check_root does, and must be
+ * visible to every rank (a shared file system on several nodes).
+ * Collective, blocking. Errors: INVALID_ARGUMENT (NULL root, a root over
+ * 3840 bytes, a name with '/', starting with '.', `latest` or over 200
+ * bytes, NULL extras with extras_bytes > 0), INVALID_STATE
+ * (mid-accumulation, a unit gathered), IO naming the file and byte offset
+ * (disk full, permissions, a root inside a checkpoint, another save
+ * writing into the root), REMOTE on the other ranks, OUT_OF_MEMORY,
+ * COMM. */
+zs_status zs_checkpoint_save(zs_model* model, const char* root,
+                             const char* name, const void* extras,
+                             size_t extras_bytes);
+
+/* Checks, creating and changing nothing, what zs_checkpoint_save needs of
+ * a root before any save into it: e.g. a trainer's --save checked before
+ * it trains, so that a path that cannot work fails then, not at the end.
+ * root: a directory path (need not exist). Checks that its nearest
+ * existing ancestor (or root itself) is a directory this process can
+ * create entries in, that neither root nor any directory above it is a
+ * checkpoint directory (one holding meta.json and meta.json.xxh64: a root
+ * inside a checkpoint would make that checkpoint hold files that are not
+ * its own, which no later save may remove), and that every path a save
+ * writes under it (root/.tmp-NAME/rank-NNNNN.bin with NAME up to 200
+ * bytes) fits the 4096-byte path limit. Not collective; needs no MPI,
+ * context or model; synchronous; any thread. zs_checkpoint_save runs it
+ * on rank 0. Errors: INVALID_ARGUMENT (NULL or empty root, too long, at
+ * most 3840 bytes), IO (not a directory, no permission, inside a
+ * checkpoint: naming the directory). */
+zs_status zs_checkpoint_check_root(const char* root);
+
+/* zs_checkpoint_load flags. */
+#define ZS_LOAD_WEIGHTS_ONLY 1u /* parameters (and master weights) only:
+                                   optimizer states, step counts and the
+                                   loss scaler keep their current values */
+
+/* Loads a checkpoint into a finalized model of the same tensors (names,
+ * shapes, ties) at any world size and stage. path: a checkpoint directory,
+ * or a root (its `latest` is followed). Every rank reads the metadata and
+ * checks it describes this model; the ranks share the checksum
+ * verification of the files (file i on rank i mod world size); only when
+ * all of that succeeded everywhere does any rank change its buffers: for
+ * each of them (parameters: full at stages 0-2, the shard at 3; master
+ * weights and optimizer states: the optimizer's span) it reads just the
+ * element ranges it holds from the old rank files (pread). 16-bit
+ * parameters are the rounding of the saved fp32 master weights (exactly
+ * the values they had). Without ZS_LOAD_WEIGHTS_ONLY the optimizer kind and
+ * each tensor's state count must match, and the optimizer states,
+ * per-tensor step counts, zs_step counters and (when the configured loss
+ * scaler has the saved mode) the scaler's scale, clean-step count and
+ * hysteresis are restored; learning rates are the caller's (set them as
+ * for any step). extras (extras_cap bytes, may be NULL: not read) receives
+ * the saved extras on every rank; *extras_bytes (may be NULL) their size.
+ * Call between steps with no unit gathered. Collective, blocking.
+ * Errors (nothing loaded): INVALID_ARGUMENT (unknown flags, extras larger
+ * than extras_cap), IO (a missing file, naming it), CORRUPT (a truncated
+ * file, a checksum mismatch, bad metadata: naming the file), MISMATCH (a
+ * different model or optimizer, naming the tensor), UNSUPPORTED (a newer
+ * format), REMOTE (another rank's failure, its message included). An I/O
+ * error while reading the ranges after that (the files changed under the
+ * load) leaves the model partly loaded: load again. */
+zs_status zs_checkpoint_load(zs_model* model, const char* path, unsigned flags,
+                             void* extras, size_t extras_cap,
+                             size_t* extras_bytes);
+
+/* Reads a checkpoint's extras (the blob zs_checkpoint_save took from rank
+ * 0) without a model, a context or MPI: e.g. a trainer's own state (data
+ * position, settings) checked before it starts its ranks, like DeepSpeed's
+ * client_state. path: a checkpoint directory, or a root (its `latest` is
+ * followed). The metadata and extras.bin are verified (size and xxHash64)
+ * first. extras (extras_cap bytes; may be NULL: verify only) receives
+ * them; *extras_bytes (may be NULL) their size in bytes, set also when
+ * they do not fit (then INVALID_ARGUMENT, nothing copied). Only reads;
+ * synchronous; any thread. Errors: INVALID_ARGUMENT (NULL path, extras
+ * larger than extras_cap), IO (no checkpoint there, a missing file: naming
+ * it), CORRUPT (a checksum or size mismatch, bad metadata: naming the
+ * file), UNSUPPORTED (a newer format). */
+zs_status zs_checkpoint_read_extras(const char* path, void* extras,
+                                    size_t extras_cap, size_t* extras_bytes);
+
+/* One tensor of a checkpoint, as zs_checkpoint_read_tensors gives it. */
+typedef struct zs_checkpoint_tensor {
+  char name[ZS_NAME_MAX];
+  int ndim;
+  int64_t shape[ZS_MAX_DIMS]; /* ndim extents */
+  size_t numel;               /* elements */
+  zs_dtype dtype;             /* the parameters' dtype when saved */
+  int tied_to;                /* index of its owner in this list, or -1 */
+  int frozen;                 /* 1: ZS_TENSOR_FROZEN */
+} zs_checkpoint_tensor;
+
+/* Reads the tensors a checkpoint describes (names, shapes, dtypes, ties,
+ * in registration order) without a model, a context or MPI: e.g. a trainer
+ * checking before it starts its ranks that a checkpoint to resume is of
+ * the model its flags build (zs_checkpoint_load checks the same, later, on
+ * every rank). path: a checkpoint directory, or a root (its `latest` is
+ * followed). The metadata is verified against its checksum first; the
+ * rank files are not read. out: cap entries (may be NULL with cap 0: count
+ * only); *count (not NULL) receives the number of tensors, set also when
+ * they do not fit (then INVALID_ARGUMENT, nothing copied). Only reads;
+ * synchronous; any thread. Errors: INVALID_ARGUMENT (NULL path or count,
+ * cap < 0, too many tensors for cap), IO (no checkpoint there), CORRUPT
+ * (a checksum mismatch, bad metadata: naming the file), UNSUPPORTED (a
+ * newer format). */
+zs_status zs_checkpoint_read_tensors(const char* path,
+                                     zs_checkpoint_tensor* out, int cap,
+                                     int* count);
+
+/* Writes the full weights of a checkpoint (path as for zs_checkpoint_load)
+ * to a safetensors file: an 8-byte little-endian header length, a JSON
+ * header (per tensor: dtype, shape, data_offsets; __metadata__), padded
+ * with spaces to 8 bytes, then the raw little-endian data of every tensor
+ * in registration order, padding removed. dtype ZS_FLOAT32 (the saved fp32
+ * master weights, bitwise) or ZS_BFLOAT16 (their rounding). Without
+ * duplicate_tied a tied tensor is stored once, under its owner's name, and
+ * __metadata__ maps "tied:ALIAS" to the owner's name (the format forbids
+ * overlapping tensors); with it the alias is a second copy. Needs no MPI
+ * and no model. Written to out_file + ".tmp-PID", fsynced and renamed, so
+ * an existing out_file is replaced whole or not at all. Synchronous.
+ * Errors: INVALID_ARGUMENT (NULL paths, a dtype other than fp32/bf16, an
+ * output inside the checkpoint directory, the root's `latest`, a directory,
+ * a file named as a checkpoint's own: meta.json, rank-NNNNN.bin, ...),
+ * IO, CORRUPT (the checkpoint's files are verified first), OUT_OF_MEMORY.
+ * Format: huggingface/safetensors, "Format" in its README. */
+zs_status zs_checkpoint_consolidate(const char* path, const char* out_file,
+                                    zs_dtype dtype, int duplicate_tied);
+
+/* ==== Sequential driver (docs/overlap.md) =============================== */
+/* A higher-level API for models that are a sequence of layers: the driver
+ * runs forward and backward across them, gathering, prefetching and
+ * releasing each layer's unit, acquiring and releasing its gradients (the
+ * reduce-scatter overlaps the backward of the layers before it), and owning
+ * the activation buffers (counted as `activations`). A unit may back several
+ * layers (shared weights, e.g. an embedding used at the start and as the
+ * tied output projection at the end).
+ *
+ * With activation checkpointing (Chen et al., "Training Deep Nets with
+ * Sublinear Memory Cost", arXiv:1604.06174) each layer keeps only its output
+ * (the next layer's input) and all layers share one scratch buffer for
+ * their internal activations: before a layer's backward the driver runs its
+ * forward again to refill the scratch. The last layer's scratch is still
+ * valid when its backward starts, so it is not recomputed. Forward must be
+ * deterministic (it is then bitwise identical to the first run). */
+
+typedef struct zs_driver zs_driver;
+
+/* What a layer callback receives. Sizes are the layer's declared bytes. */
+typedef struct zs_layer_io {
+  int layer;           /* index in the order layers were added */
+  int unit;            /* the unit whose parameters it uses (gathered) */
+  const void* input;   /* the previous layer's output, or the driver's
+                          input buffer for layer 0 */
+  void* output;        /* this layer's output (kept until its backward) */
+  void* scratch;       /* its internal activations: its own buffer, or the
+                          shared scratch when checkpointing */
+  const void* grad_output; /* backward: d loss / d output (the last
+                          layer's is zeros: it computes its own) */
+  void* grad_input;    /* backward: d loss / d input, zeroed by the driver,
+                          to be accumulated (+=) by the layer */
+  int recompute;       /* forward: 1 when re-run before its backward */
+} zs_layer_io;
+
+/* A layer callback. Parameters and gradients come from zs_tensor_data /
+ * zs_tensor_grad of the layer's unit's tensors (gathered and acquired by the
+ * driver). Return ZS_OK or an error, which the driver returns after
+ * releasing what it holds, prefixed with the layer and unit: with the
+ * message of a ZeroShard call that failed inside the callback, else "layer
+ * L (unit 'U') forward returned <status>". */
+typedef zs_status (*zs_layer_fn)(void* user, zs_model* model,
+                                 const zs_layer_io* io);
+
+/* zs_layer_desc.flags: the layer's backward reads no parameters (e.g. an
+ * embedding lookup), so the driver does not gather its unit for it (one
+ * all-gather less per step at stage 3). */
+#define ZS_LAYER_BACKWARD_NO_PARAMS 1u
+
+typedef struct zs_layer_desc {
+  int unit;              /* the unit the layer uses */
+  zs_layer_fn forward;   /* writes output and scratch from input */
+  zs_layer_fn backward;  /* accumulates parameter gradients, writes
+                            grad_input from grad_output, input, scratch */
+  void* user;            /* passed to both callbacks */
+  size_t output_bytes;   /* bytes of its output (0 allowed) */
+  size_t scratch_bytes;  /* bytes of its internal activations */
+  unsigned int flags;    /* 0 or ZS_LAYER_BACKWARD_NO_PARAMS */
+} zs_layer_desc;
+
+/* zs_driver_create's checkpoint_activations: checkpointing that also checks
+ * each recomputed layer output against the first run's, bitwise, and fails
+ * the backward (MISMATCH naming the layer and the first differing byte;
+ * REMOTE on the other ranks) when they differ: the forward was not
+ * deterministic (torch.utils.checkpoint's determinism_check plays this
+ * role, comparing shapes). Costs two host buffers of the largest layer
+ * output (accounted as "other") and two copies per recomputed layer: a
+ * debugging aid. */
+#define ZS_CHECKPOINT_VERIFY 2
+
+/* Creates a driver over `model`. input_bytes: the size of the buffer layer
+ * 0 reads (zs_driver_input). checkpoint_activations: 0 (keep every layer's
+ * activations), 1 (keep each layer's output, recompute the rest before its
+ * backward) or ZS_CHECKPOINT_VERIFY (1, checking the recomputes). Layers added
+ * before zs_model_finalize also declare their units' gradient use counts
+ * (a unit backing k layers is used k times per step); added after, the
+ * counts are recorded in the first step. Not collective. *out: owned by the
+ * caller (zs_driver_destroy, before the model). Errors: INVALID_ARGUMENT. */
+zs_status zs_driver_create(zs_model* model, size_t input_bytes,
+                           int checkpoint_activations, zs_driver** out);
+/* Frees the driver, its layer table and its activation buffers (NULL
+ * accepted). Not collective, no communication, never fails; the model and
+ * its units are untouched. Destroy the driver before the model (the
+ * buffers are accounted on the model's context); a model destroyed first
+ * frees its drivers' buffers and leaves them detached: their calls that
+ * need the model (add_layer, input, output, forward, backward) then return
+ * INVALID_STATE, and this still frees the rest. */
+void zs_driver_destroy(zs_driver* driver);
+
+/* Appends a layer; *layer receives its index (may be NULL). Before the
+ * first zs_driver_forward only. Errors: INVALID_ARGUMENT (unknown unit, NULL
+ * callbacks), INVALID_STATE. */
+zs_status zs_driver_add_layer(zs_driver* driver, const zs_layer_desc* desc,
+                              int* layer);
+
+/* The buffer layer 0 reads (input_bytes), valid until the driver is
+ * destroyed; fill it before zs_driver_forward. Allocates the activation
+ * buffers on first use. Errors: OUT_OF_MEMORY, INVALID_ARGUMENT. */
+zs_status zs_driver_input(zs_driver* driver, void** input);
+/* The output buffer of a layer (e.g. to read the loss the last layer
+ * wrote). Errors: INVALID_ARGUMENT, OUT_OF_MEMORY. */
+zs_status zs_driver_output(zs_driver* driver, int layer, void** output);
+
+/* Bytes of activation buffers the driver allocates (input, layer outputs,
+ * scratch, gradient ping-pong) with checkpointing on (1) or off (0), for
+ * its layers as added so far: e.g. to report what checkpointing saves.
+ * Errors: INVALID_ARGUMENT. */
+zs_status zs_driver_activation_bytes(const zs_driver* driver, int checkpoint,
+                                     size_t* bytes);
+
+/* Runs every layer's forward in order: gather (at stage 3 an all-gather,
+ * with the next units prefetched), forward, release. Collective. In
+ * training mode its backward follows (a second forward first replaces it).
+ * Errors: the callback's, prefixed with the layer and unit (REMOTE on the
+ * other ranks); those of the gathers; INVALID_STATE (before
+ * zs_model_finalize, or the model was destroyed). */
+zs_status zs_driver_forward(zs_driver* driver);
+/* Runs the backward in reverse order: gather, acquire gradients, recompute
+ * the forward (checkpointing), backward, release gradients (starting the
+ * unit's reduce-scatter after its last use), release. Collective. Once per
+ * training-mode zs_driver_forward that succeeded: without one since the
+ * last backward (none yet, a second backward, an eval-mode or failed
+ * forward) it returns INVALID_STATE at once, running nothing (checked on
+ * each rank: every rank running the same control flow gets it alike).
+ * Call zs_step afterwards. After a failed training-mode forward or
+ * backward, zs_step refuses (INVALID_STATE) until zs_step_discard drops the
+ * micro-batch's partial gradients. Errors: as zs_driver_forward,
+ * INVALID_STATE. */
+zs_status zs_driver_backward(zs_driver* driver);
+
+/* ==== Memory estimator (docs/profiling.md) =============================== */
+/* Per-rank memory before running anything. Model states (params, grads,
+ * master weights, optimizer states) are computed with the engine's own
+ * layout (alignment and per-rank padding of every unit), so for a model
+ * description they equal what zs_memory_stats reports after finalize,
+ * byte for byte; from a bare parameter count they are the ZeRO paper's
+ * formula (Rajbhandari et al., arXiv:1910.02054, section 3: Psi elements,
+ * 2+2+K bytes each at 16 bits, no padding). The rest are estimates of the
+ * training peak: at stage 3 the gathered working set (the 1 +
+ * prefetch_depth largest units with their tie owners), the gradient
+ * reduction buffers (the largest units' bucket temporaries, plus their
+ * accumulation buffers at stages 2-3; a count gives both only with
+ * largest_unit_elements), with a GPU and offload the
+ * staging (see device) and, for a description that has them, activations
+ * (scaled linearly with sequences per rank). */
+typedef struct zs_estimate_config {
+  int ranks;          /* data-parallel world size, >= 1 */
+  int nodes;          /* >= 1, divides ranks (per-node sums in the CLI) */
+  int stage;          /* 0..3 */
+  zs_dtype dtype;     /* parameters: fp32/bf16/fp16; ZS_DTYPE_COUNT: the
+                         description's per-unit dtypes (fp32 for a count) */
+  int reduce_dtype;   /* as zs_config.reduce_dtype: -1 or ZS_FLOAT32 */
+  zs_optimizer_kind optimizer;
+  int sgd_momentum;   /* SGD: 1 keeps a momentum buffer */
+  int prefetch_depth; /* as zs_config, 0..64 */
+  int global_batch;   /* sequences per optimizer step to scale described
+                         activations to, divisible by ranks x
+                         grad_accum_steps; 0: the description's own */
+  int grad_accum_steps; /* >= 1: micro-batches per step. With global_batch
+                           it sizes the micro-batch's activations; with
+                           more than one, re-opened units' buffers (below)
+                           are counted */
+  int offload_optimizer; /* 1: ZeRO-Offload's split: fp32 master weights
+                            and optimizer states in host memory
+                            (offload_host), the step on the CPU; 2: NVMe
+                            (ZeRO-Infinity): those on disk (nvme_bytes),
+                            a pinned staging pool (nvme_staging) */
+  int offload_params;    /* stage 3, with offload_optimizer: 1 (cpu) the
+                            parameter shards in host memory too (only the
+                            gathered working set on the device); 2 (nvme)
+                            on disk (nvme_bytes), a pool of pinned buffers
+                            (nvme_staging) */
+  size_t nvme_buffer_size;    /* as zs_config.nvme.buffer_size (bytes) */
+  size_t nvme_sub_group_size; /* as zs_config.nvme.sub_group_size */
+  size_t nvme_buffer_count;   /* as zs_config.nvme.buffer_count */
+  size_t nvme_param_buffer_count;    /* as zs_config.nvme.param_buffer_count */
+  size_t nvme_param_buffer_elements; /* as zs_config.nvme.param_buffer_elements
+                                        (0: the largest shard) */
+  size_t largest_unit_elements; /* with a parameter count: the largest
+                                   unit's elements: sizes the NVMe parameter
+                                   buffers and the CUDA offload staging, and
+                                   gives the working set and reduction
+                                   buffers as for units of that size; 0:
+                                   the count is one unit, those two left
+                                   out */
+  zs_device_kind device; /* as zs_config.device. ZS_DEVICE_CUDA adds what
+                            offload costs with a GPU: two slots of
+                            page-locked staging (offload_host), each the
+                            largest trainable span's gradients and
+                            parameters; with offload_params, a device copy
+                            of each gathered unit's shard (comm_buffers) */
+  int grad_accum_local;  /* as zs_config.grad_accum_local, with
+                            grad_accum_steps > 1: 0 (reduce each
+                            micro-batch) counts each re-opened unit's saved
+                            and new shard sums (comm_buffers); 1
+                            (accumulate locally, FSDP's no_sync) counts
+                            every unit's accumulation buffer held across
+                            the micro-batches (at stages 2-3 the whole
+                            model's gradients, unsharded) */
+} zs_estimate_config;
+
+#define ZS_ESTIMATE_CONFIG_INIT                                          \
+  { 1, 1, 0, ZS_DTYPE_COUNT, -1, ZS_OPTIM_ADAMW, 0, 2, 0, 1, 0, 0,       \
+    (size_t)16 << 20, 0, 9, 5, 0, 0, ZS_DEVICE_HOST, 0 }
+
+typedef struct zs_memory_estimate {
+  size_t bytes[ZS_MEM_CATEGORY_COUNT]; /* per rank, peak per category
+                               (offload_host: host memory of offload) */
+  size_t model_state_bytes; /* params + grads + master + optimizer states
+                               (as zs_memory_stats: offloaded ones are in
+                               bytes[ZS_MEM_OFFLOAD_HOST] instead) */
+  size_t total;             /* the sum over every category, as
+                               zs_memory_stats.total_peak (subtract
+                               offload_host for the device's share) */
+  size_t largest_unit_elements; /* of a description: the largest unit's
+                                   padded elements; 0 for a count */
+  size_t nvme_bytes;        /* NVMe offload: the master weights and
+                               optimizer states (and with offload_params 2
+                               the parameter shards) on disk per rank (the
+                               swap files, less their rounding of each
+                               region up to 4 KiB) */
+} zs_memory_estimate;
+
+/* From a parameter count (a whole number, elements). Pure computation.
+ * Errors: INVALID_ARGUMENT naming the field (ranks 0, unknown stage or
+ * dtype, ...). */
+zs_status zs_estimate_params(double params, const zs_estimate_config* config,
+                             zs_memory_estimate* out);
+/* From a model description (JSON text, not retained; docs/profiling.md):
+ * {"units": [{"name": .., "dtype": "bf16", "grad_dtype": "fp32" (optional,
+ * default the dtype), "grad_uses": N (optional, 1..2^20, default 1: as
+ * zs_unit_grad_uses), "tensors": [{"name": ..,
+ * "numel": N, "frozen": false} | {"name": .., "tied_to": NAME}]}, ...],
+ * "activations": {"bytes_per_rank": B, "fixed_bytes": F,
+ * "sequences_per_rank": S}, "other_bytes": O} (activations optional;
+ * other_bytes, optional, what the model code registers per rank as
+ * "other", added to the context's own communication log; also "format":
+ * "zeroshard-model-description" and "version": 1, as the GPT-2 example's
+ * --describe writes). Read strictly: other keys, a key given twice, text
+ * after the object, numel or frozen on a tied tensor, a tie to a tensor
+ * listed later (the engine registers the owner first), and a tie bringing a
+ * tensor of another dtype into a unit are errors. Pure computation.
+ * Errors: INVALID_ARGUMENT naming what is malformed and where,
+ * OUT_OF_MEMORY. */
+zs_status zs_estimate_model(const char* description,
+                            const zs_estimate_config* config,
+                            zs_memory_estimate* out);
+
+/* ==== Element conversions (optim/) ======================================= */
+
+/* Converts n elements between fp32, bf16 and fp16 (dst and src may be the
+ * same type; then a copy). Rounding to nearest, ties to even, as hardware
+ * conversions and torch's .to(): infinities and NaN are kept, fp16
+ * overflows to infinity and underflows through its subnormals. Host memory,
+ * synchronous. Errors: INVALID_ARGUMENT (another dtype, NULL with n > 0). */
+zs_status zs_convert(void* dst, zs_dtype dst_dtype, const void* src,
+                     zs_dtype src_dtype, size_t n);
+
+/* ==== Optimizer kernels (optim/) ========================================= */
+/* The element-wise updates the runtime runs on a shard, exposed so that a
+ * plain (unsharded) trainer can use exactly the same math. Each works on n
+ * contiguous fp32 elements in host memory, in place, synchronously on the
+ * calling thread. Operation order follows PyTorch 1.13's single-tensor
+ * (for-loop) implementations (torch/optim/{adamw,adam,sgd}.py), bias
+ * correction included. */
+
+typedef struct zs_adam_hparams {
+  double lr;
+  double beta1;
+  double beta2;
+  double eps;
+  double weight_decay;
+} zs_adam_hparams;
+
+typedef struct zs_sgd_hparams {
+  double lr;
+  double momentum;
+  double dampening;
+  double weight_decay;
+  int nesterov;
+} zs_sgd_hparams;
+
+/* AdamW (arXiv:1711.05101): param *= 1 - lr*wd; exp_avg, exp_avg_sq updated
+ * from grad; param -= lr/bc1 * exp_avg / (sqrt(exp_avg_sq)/sqrt(bc2) + eps).
+ * param, exp_avg, exp_avg_sq: n elements, read and written; grad: n
+ * elements, read. step: the step number of this update, >= 1 (1 on the
+ * first update; the caller increments it). The arrays must not overlap.
+ * Errors: INVALID_ARGUMENT (NULL hp, NULL array with n > 0, step < 1, and
+ * the ranges torch.optim's constructors enforce: lr, eps, weight_decay >= 0,
+ * betas in [0, 1), no NaN); the arrays are unchanged on error. */
+zs_status zs_optim_adamw(float* param, const float* grad, float* exp_avg,
+                         float* exp_avg_sq, size_t n,
+                         const zs_adam_hparams* hp, int64_t step);
+
+/* Adam (arXiv:1412.6980) with L2 weight decay added to the gradient
+ * (grad + wd*param), as torch.optim.Adam. Arguments as zs_optim_adamw. */
+zs_status zs_optim_adam(float* param, const float* grad, float* exp_avg,
+                        float* exp_avg_sq, size_t n, const zs_adam_hparams* hp,
+                        int64_t step);
+
+/* SGD with momentum, dampening, nesterov and weight decay, as torch.optim.SGD
+ * (Sutskever et al. 2013 for the momentum form). momentum_buffer: n
+ * elements, read and written; may be NULL only when hp->momentum == 0. On
+ * step 1 the buffer is set to the gradient (no dampening), as PyTorch does.
+ * Errors: INVALID_ARGUMENT (NULL hp or arrays, step < 1, lr, momentum or
+ * weight_decay < 0 or NaN, nesterov with momentum <= 0 or dampening != 0);
+ * the arrays are unchanged on error. */
+zs_status zs_optim_sgd(float* param, const float* grad, float* momentum_buffer,
+                       size_t n, const zs_sgd_hparams* hp, int64_t step);
+
+/* The fast kernels: the same arguments, checks and bitwise results as
+ * zs_optim_adamw / zs_optim_adam / zs_optim_sgd (the same float32
+ * operations in the same order, no FMA), vectorized for AVX-512, AVX2 or
+ * the baseline (chosen at run time) and split over `threads` OpenMP
+ * threads in contiguous blocks of 65536 elements (0: OpenMP's default
+ * count; the count never changes a bit). Synchronous. Errors: those of the
+ * reference, and INVALID_ARGUMENT for threads < 0. Measured by tools/zs
+ * bench optimizer against the memory-bandwidth limit. */
+zs_status zs_optim_adamw_fast(float* param, const float* grad, float* exp_avg,
+                              float* exp_avg_sq, size_t n,
+                              const zs_adam_hparams* hp, int64_t step,
+                              int threads);
+zs_status zs_optim_adam_fast(float* param, const float* grad, float* exp_avg,
+                             float* exp_avg_sq, size_t n,
+                             const zs_adam_hparams* hp, int64_t step,
+                             int threads);
+zs_status zs_optim_sgd_fast(float* param, const float* grad,
+                            float* momentum_buffer, size_t n,
+                            const zs_sgd_hparams* hp, int64_t step,
+                            int threads);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* ZEROSHARD_H_ */
