@@ -84,17 +84,17 @@ zs_status zs__check_discarded(zs_model* m, const char* fn) {
     m->discard_local = 1;
     m->must_discard = 1;
     snprintf(m->must_discard_msg, sizeof m->must_discard_msg,
-             "another rank dropped the micro-batch (zs_step_discard) and "
-             "collectives of this rank were completed against empty "
-             "partners");
+             "a zs_step_discard on this context (by another rank, or of "
+             "another model) completed collectives against empty partners");
   }
   if (!m->discard_local) return ZS_OK;
   return zs__error(ZS_ERR_INVALID_STATE,
-                   "%s: another rank dropped the micro-batch "
-                   "(zs_step_discard), and collectives of this rank were "
-                   "completed against empty partners; call zs_step_discard "
-                   "on this rank first (it restores the state from before "
-                   "the micro-batch)", fn);
+                   "%s: a zs_step_discard on this context (by another rank, "
+                   "or of another model) completed collectives of this rank "
+                   "against empty partners, so this model's micro-batch "
+                   "may be wrong too; call zs_step_discard on this model "
+                   "first (it restores the state from before the "
+                   "micro-batch)", fn);
 }
 
 static zs_status zs__check_name(const zs_model* m, const char* name,
