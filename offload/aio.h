@@ -21,7 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "runtime/core.h"
+#include "runtime/core/core.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -13,7 +13,7 @@
 #include <hwloc.h>
 #include <stddef.h>
 
-#include "runtime/core.h"
+#include "runtime/core/core.h"
 
 #ifdef __cplusplus
 extern "C" {

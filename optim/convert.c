@@ -9,7 +9,7 @@
 
 #include <string.h>
 
-#include "runtime/core.h"
+#include "runtime/core/core.h"
 
 zs_status zs_convert(void* dst, zs_dtype dst_dtype, const void* src,
                      zs_dtype src_dtype, size_t n) {

@@ -20,7 +20,7 @@
 #include <zeroshard.h>
 
 #include "optim/optim_scalars.h"
-#include "runtime/core.h"
+#include "runtime/core/core.h"
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #define ZS__CLONES __attribute__((target_clones("avx512f", "avx2", "default")))

@@ -24,7 +24,7 @@
 extern "C" {
 #endif
 
-/* One fused optimizer update of n elements (runtime/device.h, zs__opt_args,
+/* One fused optimizer update of n elements (runtime/device/device.h, zs__opt_args,
  * has the same meaning): g (gdtype) times coef, then Adam/AdamW/SGD on the
  * fp32 values w and the states s0/s1 (NULL when absent), and the rounding
  * of the new w into p16 (dtype) when p16 is not NULL. kind: zs_optimizer_

@@ -27,7 +27,7 @@
 #include <zeroshard.h>
 
 #include "optim/optim_scalars.h"
-#include "runtime/core.h"
+#include "runtime/core/core.h"
 
 /* Excess precision (x87) would keep intermediates wider than float. */
 #if FLT_EVAL_METHOD != 0

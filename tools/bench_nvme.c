@@ -39,7 +39,7 @@
 #include "offload/aio.h"
 #include "offload/offload.h"
 #include "offload/swap.h"
-#include "runtime/layout.h"
+#include "runtime/layout/layout.h"
 
 static double now(void) {
   struct timespec t;

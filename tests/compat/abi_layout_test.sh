@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # abi_layout_test.sh — the frozen layouts are enforced by the build: the
-# configuration code (runtime/core_config.c) compiles against this
+# configuration code (runtime/core/core_config.c) compiles against this
 # release's header, and fails, naming the moved field, against copies with
 # a field inserted inside an embedded struct (zs_optimizer_config) or in
 # the middle of zs_config. (Appending to zs_config's end compiles:
@@ -12,7 +12,7 @@ root="${TEST_SRCDIR}/${TEST_WORKSPACE:-__main__}"
 hdr="$root/runtime/include/zeroshard.h"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 compile() { # header dir -> status, messages in $tmp/out
-  gcc -std=c11 -fsyntax-only -I "$1" -I "$root" "$root/runtime/core_config.c" \
+  gcc -std=c11 -fsyntax-only -I "$1" -I "$root" "$root/runtime/core/core_config.c" \
     >"$tmp/out" 2>&1
 }
 mkdir -p "$tmp/same" "$tmp/embedded" "$tmp/middle"

@@ -11,7 +11,7 @@
 #include <iostream>
 #include <string>
 
-#include "runtime/device.h"
+#include "runtime/device/device.h"
 #include "tests/testing/alloc_faults.h"
 #include "tests/testing/mpi_test.h"
 

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "optim/optim_cuda.h"
-#include "runtime/device.h"
+#include "runtime/device/device.h"
 #include "tests/fakecuda/fakecuda.h"
 
 static zs__device* fk_host(void) {

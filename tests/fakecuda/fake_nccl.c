@@ -1,5 +1,5 @@
 /*
- * fake_nccl.c — libfakenccl.so: the NCCL functions runtime/comm_nccl.c
+ * fake_nccl.c — libfakenccl.so: the NCCL functions runtime/comm/comm_nccl.c
  * loads (ZS_NCCL_LIBRARY names this file instead of libnccl.so.2),
  * implemented with MPI on the fake CUDA runtime's memory (fakecuda.h), so
  * the NCCL communicator's multi-rank code runs in CI without GPUs.

@@ -2,7 +2,7 @@
  * fakecuda.h — a CPU stand-in for the CUDA runtime (fake_cudart.c) and for
  * the kernels behind optim/optim_cuda.h (fake_launchers.c), with NCCL's
  * stand-in (fake_nccl.c), so that the CUDA backend's own C code
- * (runtime/device_cuda.c, runtime/comm_nccl.c) and the engine's CUDA
+ * (runtime/device/device_cuda.c, runtime/comm/comm_nccl.c) and the engine's CUDA
  * paths run in CI on machines without a GPU, under an ordering model that
  * runs queued work only when waited for (fake_cudart.c says what is
  * modelled, and where it is more lenient). Test-only: //tests/fakecuda.

@@ -22,7 +22,7 @@
 
 #include "optim/convert.h"
 #include "optim/optim_cuda.h"
-#include "runtime/device.h"
+#include "runtime/device/device.h"
 #include "tests/gpu/gpu_available.h"
 
 namespace {

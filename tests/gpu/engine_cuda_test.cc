@@ -15,8 +15,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "runtime/comm.h"
-#include "runtime/context.h"
+#include "runtime/comm/comm.h"
+#include "runtime/context/context.h"
 #include "tests/gpu/gpu_available.h"
 #include "tests/runtime/test_harness.h"
 #include "tests/testing/mpi_test.h"

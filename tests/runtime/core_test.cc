@@ -1,10 +1,10 @@
 // core_test.cc — the lowest runtime layers, single process, no MPI:
-//  - runtime/core_status.c: status strings, the thread-local last error,
+//  - runtime/core/core.c: status strings, the thread-local last error,
 //    version, dtype / memory category / collective names;
-//  - runtime/core_config.c: zs_config_init, zs_config_validate, the JSON
+//  - runtime/core/core_config.c: zs_config_init, zs_config_validate, the JSON
 //    form (zs_config_from_json, zs_config_from_json_file);
-//  - runtime/core_mem.c: the accounting tables (zs__accounting_*);
-//  - runtime/device_host.c: the host device backend and the accounted
+//  - runtime/core/core_mem.c: the accounting tables (zs__accounting_*);
+//  - runtime/device/device_host.c: the host device backend and the accounted
 //    allocation wrappers (zs__dev_alloc, zs__dev_free).
 #include <gtest/gtest.h>
 #include <zeroshard.h>
@@ -25,8 +25,8 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/core.h"
-#include "runtime/device.h"
+#include "runtime/core/core.h"
+#include "runtime/device/device.h"
 
 // The huge-allocation tests expect a NULL from the allocator, not a
 // sanitizer abort.
@@ -1687,7 +1687,7 @@ TEST_F(HostDevice, DivAdd) {
   EXPECT_EQ(dst, untouched);
 }
 
-// core_test does not link //runtime:device_cuda: asking for CUDA says so.
+// core_test does not link //runtime/device:device_cuda: asking for CUDA says so.
 TEST(DeviceCreate, CudaIsUnsupportedWithoutTheCudaBackend) {
   zs__accounting* acct = nullptr;
   ASSERT_EQ(zs__accounting_create(&acct), ZS_OK);
@@ -1697,7 +1697,7 @@ TEST(DeviceCreate, CudaIsUnsupportedWithoutTheCudaBackend) {
   EXPECT_EQ(dev, nullptr);
   EXPECT_NE(std::string(zs_last_error()), "");
   EXPECT_LAST_ERROR_HAS("device kind 1");
-  EXPECT_LAST_ERROR_HAS("//runtime:device_cuda");
+  EXPECT_LAST_ERROR_HAS("//runtime/device:device_cuda");
   EXPECT_EQ(zs__device_create(static_cast<zs_device_kind>(5), acct, 0, 1,
                               &dev),
             ZS_ERR_UNSUPPORTED);

@@ -40,7 +40,7 @@
 #include "tests/gpu/gpu_available.h"
 #endif
 
-#include "runtime/engine.h"
+#include "runtime/engine/engine.h"
 #include "tests/runtime/test_harness.h"
 #include "tests/testing/mpi_test.h"
 

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/comm.h"
+#include "runtime/comm/comm.h"
 #include "tests/runtime/test_harness.h"
 #include "tests/testing/alloc_faults.h"
 #include "tests/testing/mpi_test.h"

@@ -1,4 +1,4 @@
-// estimate_test.cc — the memory estimator (runtime/estimate.c) without
+// estimate_test.cc — the memory estimator (runtime/estimate/estimate.c) without
 // running anything: the ZeRO paper's Figure 1, exact model states of a
 // described model, and bad input. Exactness against measured memory is
 // tests/examples/gpt2_estimate_test.cc.

@@ -1,4 +1,4 @@
-// layout_test.cc — runtime/layout.c: zs__layout_align, zs__layout_unit and
+// layout_test.cc — runtime/layout/layout.c: zs__layout_align, zs__layout_unit and
 // zs__layout_pieces, single process, no MPI.
 //
 // Every expectation is either written out by hand (small cases) or found by
@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/layout.h"
+#include "runtime/layout/layout.h"
 
 namespace {
 

@@ -18,7 +18,9 @@
 #include <string>
 
 #include "offload/aio.h" /* zs__aio_fault_hook */
-#include "runtime/engine.h" /* the buffer pool, for the failure test */
+/* the buffer pool, for the failure test */
+#include "runtime/engine/engine_nvme_io.h"
+#include "runtime/engine/engine_nvme_param.h"
 #include "tests/runtime/test_harness.h"
 #include "tests/testing/mpi_test.h"
 
@@ -383,7 +385,7 @@ TEST_F(NvmeParamTest, AFailureReportedToAnotherWaiterIsStillCaught) {
   ASSERT_EQ(zs_model_init(m, init, nullptr), ZS_OK) << zs_last_error();
   zs__unit* a = &m->units[u[0]];
   zs__unit* b = &m->units[u[1]];
-  zs__aio* aio = zs__nvme_aio(ctx->nvme);
+  zs__aio* aio = zs__nvme_aio(ctx->engine->nvme);
   const long b_offset = (long)((a->layout.shard * 4 + 4095) / 4096 * 4096);
   auto expect_b = [&](const std::string& what) {
     ASSERT_EQ(zs__param_acquire(m, b), ZS_OK) << what << ": " << zs_last_error();

@@ -16,7 +16,7 @@
 #include <string>
 
 #include "offload/aio.h"      /* zs__aio_fault_hook */
-#include "runtime/engine.h" /* zs__offload_force_staging */
+#include "runtime/engine/engine.h" /* zs__offload_force_staging */
 #include "tests/runtime/test_harness.h"
 #include "tests/testing/mpi_test.h"
 
@@ -176,7 +176,7 @@ TEST_F(OffloadTest, StagedPathForGpusIsBitwise) {
   zs__offload_force_staging = 0;
 }
 
-// NVMe offload (engine_nvme.c): the optimizer states in a swap file,
+// NVMe offload (engine_optim_nvme.c): the optimizer states in a swap file,
 // stepped sub-group by sub-group through the pinned slots, train bitwise as
 // CPU offload and as no offload (parameters, master weights and moments
 // read back from the file, every step's loss) at stages 0-3, fp32 and

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "examples/gpt2/layers.h"
-#include "runtime/engine.h"
+#include "runtime/engine/engine.h"
 #include "tests/runtime/test_harness.h"
 #include "tests/testing/mpi_test.h"
 

@@ -11,7 +11,7 @@
 #include <cstring>
 #include <limits>
 
-#include "runtime/engine.h"
+#include "runtime/engine/engine.h"
 
 namespace zstest {
 

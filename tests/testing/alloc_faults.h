@@ -1,7 +1,7 @@
 // alloc_faults.h — one rank out of device memory on demand, for the tests
 // of what the other ranks then do (tests/runtime/engine_test on the host,
 // tests/fakecuda/cuda_errors_fake_test on the CUDA backend): hooks for
-// zs__dev_alloc_fault (runtime/device.h) and the pass they interrupt.
+// zs__dev_alloc_fault (runtime/device/device.h) and the pass they interrupt.
 #ifndef ZS_TESTS_TESTING_ALLOC_FAULTS_H_
 #define ZS_TESTS_TESTING_ALLOC_FAULTS_H_
 
@@ -9,7 +9,7 @@
 
 #include <string>
 
-#include "runtime/device.h"
+#include "runtime/device/device.h"
 
 namespace zstest {
 

@@ -1,0 +1,381 @@
+/*
+ * comm.h — the communicator backend interface: all-gather, reduce-scatter,
+ * all-reduce and broadcast, each blocking (req == NULL) or non-blocking
+ * (a request completed by wait/test). One vtable per backend: MPI over host
+ * memory (comm_mpi.c), NCCL over device memory (comm_nccl.c), one process
+ * (comm_local.c). The engine calls only the zs__comm_* wrappers (comm.c;
+ * waiting, blocking collectives and agreements: comm_wait.h), which count
+ * every call (calls, bytes as nccl-tests counts them, time) and fold it
+ * into a per-step sequence hash so ranks can check they issued the same
+ * collectives.
+ *
+ * Counts are in ELEMENTS of the given dtype.
+ */
+#ifndef ZS_RUNTIME_COMM_H_
+#define ZS_RUNTIME_COMM_H_
+
+#include "runtime/core/core.h"
+#include "runtime/device/device.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum zs__red_op { ZS__RED_SUM = 0, ZS__RED_MAX = 1, ZS__RED_MIN = 2 } zs__red_op;
+
+/* Marks an in-place send buffer (MPI_IN_PLACE semantics: for all-gather the
+ * rank's block is read from recv + rank * count; for all-reduce from recv). */
+#define ZS__IN_PLACE ((const void*)(intptr_t)-1)
+
+typedef struct zs__comm zs__comm;
+typedef struct zs__comm_req zs__comm_req;
+
+/* The backend call a collective went through (what another rank must call
+ * to be its partner). */
+typedef enum zs__call {
+  ZS__CALL_ALL_GATHER = 0,
+  ZS__CALL_REDUCE_SCATTER = 1,
+  ZS__CALL_ALL_REDUCE = 2,
+  ZS__CALL_BROADCAST = 3,
+  ZS__CALL_EXCHANGE = 4,
+  ZS__CALL_ALL_GATHER_STRIDED = 5
+} zs__call;
+
+/* Lanes: a backend pairs the collectives of one lane across ranks in issue
+ * order, each lane independently of the others (MPI: its collectives, and
+ * its point-to-point operations by tag; NCCL: everything on device
+ * memory). zs_step_discard matches what some rank issued and others did
+ * not lane by lane (zs__comm_reconcile). */
+#define ZS__LANES 3
+
+typedef struct zs__comm_ops {
+  const char* name;
+  /* recv: count * world elements; send: count elements or ZS__IN_PLACE. */
+  zs_status (*all_gather)(zs__comm* c, const void* send, void* recv,
+                          size_t count, zs_dtype dtype, zs__stream* stream,
+                          zs__comm_req** req);
+  /* send: count * world elements; recv: count elements (rank's block of the
+   * element-wise reduction). send and recv must not overlap. */
+  zs_status (*reduce_scatter)(zs__comm* c, const void* send, void* recv,
+                              size_t count, zs_dtype dtype, zs__red_op op,
+                              zs__stream* stream, zs__comm_req** req);
+  /* send, recv: count elements; send may be ZS__IN_PLACE. */
+  zs_status (*all_reduce)(zs__comm* c, const void* send, void* recv,
+                          size_t count, zs_dtype dtype, zs__red_op op,
+                          zs__stream* stream, zs__comm_req** req);
+  zs_status (*broadcast)(zs__comm* c, void* buf, size_t count, zs_dtype dtype,
+                         int root, zs__stream* stream, zs__comm_req** req);
+  /* All-to-all of equal chunks: `chunk` elements from send + offsets[r] go
+   * to rank r, which receives them at recv + rank * chunk; recv holds
+   * world * chunk elements. offsets: world entries (elements), copied. The
+   * building block of the fixed-order reduce-scatter. */
+  zs_status (*exchange)(zs__comm* c, const void* send, const size_t* offsets,
+                        void* recv, size_t chunk, zs_dtype dtype,
+                        zs__stream* stream, zs__comm_req** req);
+  /* In-place all-gather of strided chunks: rank r's `chunk` elements live at
+   * buf + r * stride + offset (a bucket of every rank's shard). */
+  zs_status (*all_gather_strided)(zs__comm* c, void* buf, size_t offset,
+                                  size_t stride, size_t chunk, zs_dtype dtype,
+                                  zs__stream* stream, zs__comm_req** req);
+  /* Completes and frees req. */
+  zs_status (*wait)(zs__comm* c, zs__comm_req* req);
+  /* Sets *done; a completed req is freed. */
+  zs_status (*test)(zs__comm* c, zs__comm_req* req, int* done);
+  /* Starts a thread that drives the backend's progress while the caller
+   * computes, so non-blocking collectives advance between API calls.
+   * Returns UNSUPPORTED (with the reason) when the backend cannot. */
+  zs_status (*start_progress)(zs__comm* c);
+  void (*destroy)(zs__comm* c);
+  /* Notices between ranks (NULL where there is no other rank): notify
+   * sends msg (NUL-terminated, cut to ZS__NOTICE_BYTES - 1 bytes) to every
+   * other rank and returns at once (it never waits for them; its buffers
+   * are freed once MPI is done with them); comm.c sends a failure notice at
+   * most once per communicator and a discard notice once per discard.
+   * poll_notice never blocks: it returns 1 and sets *rank and msg (cap
+   * bytes) for each notice from another rank, once, in arrival order; 0
+   * when none is waiting. */
+  void (*notify)(zs__comm* c, const char* msg);
+  int (*poll_notice)(zs__comm* c, int* rank, char* msg, size_t cap);
+  /* Gives up the collectives in flight after a failure, so none keeps the
+   * device busy (NCCL: ncclCommAbort); NULL where nothing is needed. */
+  void (*abort)(zs__comm* c);
+  /* 0 when the backend can no longer run any call (MPI: the caller's
+   * MPI_Finalize came before zs_context_destroy, after which any MPI call
+   * would end the process); NULL where that cannot happen. */
+  int (*alive)(const zs__comm* c);
+  /* The lane (0 .. ZS__LANES-1) of a call on buffer buf; NULL: lane 0. */
+  int (*lane)(zs__comm* c, zs__call call, const void* buf);
+  /* Control collectives on a communicator of their own, which never pair
+   * with the collectives above (zs__comm_reconcile agrees through them
+   * while some ranks have collectives in flight that others never issued):
+   * an in-place all-reduce and a broadcast of host memory, non-blocking,
+   * completed by wait/test; not counted, logged or hashed. NULL where
+   * there is no other rank. */
+  zs_status (*ctrl_all_reduce)(zs__comm* c, void* buf, size_t count,
+                               zs_dtype dtype, zs__red_op op,
+                               zs__comm_req** req);
+  zs_status (*ctrl_broadcast)(zs__comm* c, void* buf, size_t count,
+                              zs_dtype dtype, int root, zs__comm_req** req);
+} zs__comm_ops;
+
+/* Bytes of one failure notice (the failing rank's error message). */
+#define ZS__NOTICE_BYTES 1536
+
+/* One collective in the communication log: what, for whom, how big, when
+ * it was issued and when this rank saw it complete (zs__now seconds). */
+typedef struct zs__comm_log_entry {
+  uint64_t seq;        /* position in this rank's collective sequence */
+  uint8_t op;          /* zs_coll_op */
+  uint8_t purpose;     /* zs__purpose */
+  int32_t unit;        /* -1: not about a unit */
+  uint64_t bytes;      /* as nccl-tests counts them */
+  double t_issue;
+  double t_done;       /* 0 while in flight */
+} zs__comm_log_entry;
+
+/* A short name of a zs__purpose ("param gather", "grad reduce", ...). */
+const char* zs__purpose_name(int purpose);
+
+/* The log keeps the most recent ZS__COMM_LOG_CAP entries. */
+#define ZS__COMM_LOG_CAP 8192
+
+struct zs__comm {
+  const zs__comm_ops* ops;
+  int rank;
+  int world;
+  int local_rank;     /* among the ranks on this node (shared memory) */
+  int local_size;
+  void* impl;
+  zs__device* dev;    /* for reduction temporaries (not owned) */
+  zs__comm_log_entry* log; /* ring of ZS__COMM_LOG_CAP entries, or NULL */
+  double log_t0;      /* zs__now() when the log started */
+  zs__profiler* prof; /* not owned; NULL: no collective spans */
+  uint64_t in_flight; /* started and not yet completed collectives (read
+                         by the progress thread: atomic) */
+  uint64_t max_in_flight_gathers; /* most parameter all-gathers in flight */
+  uint64_t gathers_in_flight;
+  zs_comm_counters counters;
+  uint64_t seq_hash;  /* every collective since creation, in order */
+  uint64_t seq_count;
+  double timeout_s;   /* 0: wait forever */
+  int failed;         /* a collective timed out, another rank failed, or
+                         this rank gave up (zs__comm_abandon): MPI may
+                         still write into buffers of collectives in flight,
+                         so nothing may be freed or issued */
+  char failed_why[512]; /* why, for the errors of later calls */
+  zs_status failed_status; /* and their status */
+  int notified;       /* this rank sent its failure notice */
+  int notice_from;    /* -1, or the rank whose notice names the earliest
+                         collective of the notices received so far */
+  uint64_t notice_seq; /* that collective's position in the sequence */
+  char notice_msg[ZS__NOTICE_BYTES];
+  uint64_t agreed_failures; /* agreements that ended in a failure: every
+                         rank knows of those (zs__comm_agree_finish) */
+  size_t max_count;   /* most elements per rank one collective can move */
+  /* Reconciliation (zs__comm_reconcile). */
+  uint64_t lane_count[ZS__LANES]; /* collectives issued per lane */
+  struct zs__coll* pending_head;  /* collectives in flight, oldest first */
+  struct zs__coll* pending_tail;
+  uint64_t epoch;       /* reconciliations completed (the same everywhere) */
+  uint64_t dirty_epoch; /* ... of which matched missing collectives */
+  int reconciling;      /* inside zs__comm_reconcile */
+  int discard_from;     /* -1, or a rank whose discard notice for this
+                           epoch arrived: it joins no collective of lane L
+                           from discard_lane[L] on until the reconcile */
+  uint64_t discard_lane[ZS__LANES];
+};
+
+/* ---- Collectives the engine starts ------------------------------------- */
+
+/* What a collective is for. Hashed together with the unit, so that ranks
+ * which issue collectives of the same sizes for different units (e.g. two
+ * equally sized blocks in a different order) are caught. */
+typedef enum zs__purpose {
+  ZS__P_CHECK = 1,        /* cross-rank consistency checks */
+  ZS__P_AGREE = 2,        /* agreeing on a status */
+  ZS__P_GATHER = 3,       /* stage-3 all-gather of a unit's parameters */
+  ZS__P_REDUCE = 4,       /* reduce-scatter of a unit's gradients */
+  ZS__P_GRAD_GATHER = 5,  /* stage-0 all-gather of reduced gradients */
+  ZS__P_PARAM_GATHER = 6, /* stage 1-2 all-gather of updated parameters */
+  ZS__P_INIT = 7,         /* initialization broadcasts */
+  ZS__P_SET = 8,          /* zs_tensor_set */
+  ZS__P_GET = 9,          /* zs_tensor_get */
+  ZS__P_NORM = 10,        /* zs_step: gradient norm / overflow agreement */
+  ZS__P_CATCH_UP = 11     /* zs__comm_reconcile: a partner for a collective
+                             this rank never issued */
+} zs__purpose;
+
+typedef struct zs__coll_tag {
+  zs__purpose purpose;
+  int unit;         /* -1 when not about a unit */
+  const char* name; /* the unit's name, for messages (may be NULL) */
+} zs__coll_tag;
+
+static inline zs__coll_tag zs__tag(zs__purpose p, int unit, const char* name) {
+  zs__coll_tag t = {p, unit, name};
+  return t;
+}
+
+/* ---- Non-blocking collectives ------------------------------------------ */
+
+/* An in-flight collective. Completed (and freed) by zs__coll_wait, or by
+ * zs__coll_test once it reports done. */
+typedef struct zs__coll zs__coll;
+
+/* Starts an all-gather (as zs__comm_all_gather) and returns at once. */
+zs_status zs__comm_iall_gather(zs__comm* c, zs__coll_tag tag, const void* send,
+                               void* recv, size_t count, zs_dtype dtype,
+                               zs__coll** out);
+
+/* Starts an in-place all-gather of one bucket of every rank's shard: rank
+ * r's `chunk` elements at buf + r * stride + offset. */
+zs_status zs__comm_iall_gather_strided(zs__comm* c, zs__coll_tag tag,
+                                       void* buf, size_t offset,
+                                       size_t stride, size_t chunk,
+                                       zs_dtype dtype, zs__coll** out);
+
+/* How reduce-scatter orders its sums. FIXED (default): every element is
+ * summed in rank order 0, 1, ..., W-1 (an exchange of the chunks, then a
+ * local sum), so results are bitwise independent of bucket sizes, message
+ * sizes and the MPI library's algorithm choice. BACKEND: the backend's own
+ * reduce-scatter (MPI_Ireduce_scatter_block), whose order may change with
+ * message size. */
+typedef enum zs__reduce_order {
+  ZS__REDUCE_FIXED = 0,
+  ZS__REDUCE_BACKEND = 1
+} zs__reduce_order;
+
+/* Starts the reduce-scatter of one bucket: every rank contributes
+ * send[r * stride + offset .. + chunk) for each rank r, and dst (chunk
+ * elements) receives the SUM over ranks of this rank's chunk divided by
+ * `divisor` (1: the plain sum; the world size: the mean, ncclAvg's role).
+ * FIXED order sums in fp32 and rounds once into dtype; BACKEND divides the
+ * backend's sum at completion. send must stay untouched until completion;
+ * dst is written at completion. A temporary of world * chunk elements
+ * (comm_buffers) lives until then. */
+zs_status zs__comm_ireduce_scatter(zs__comm* c, zs__coll_tag tag,
+                                   zs__reduce_order order, const void* send,
+                                   size_t offset, size_t stride, size_t chunk,
+                                   void* dst, float divisor, zs_dtype dtype,
+                                   zs__coll** out);
+
+/* Start an all-reduce / a broadcast (as zs__comm_all_reduce,
+ * zs__comm_broadcast) and return at once. */
+zs_status zs__comm_iall_reduce(zs__comm* c, zs__coll_tag tag, const void* send,
+                               void* recv, size_t count, zs_dtype dtype,
+                               zs__red_op op, zs__coll** out);
+zs_status zs__comm_ibroadcast(zs__comm* c, zs__coll_tag tag, void* buf,
+                              size_t count, zs_dtype dtype, int root,
+                              zs__coll** out);
+
+/* Completes op if it is done (then *done = 1 and op is freed). */
+zs_status zs__coll_test(zs__comm* c, zs__coll* op, int* done);
+
+/* Copies up to cap of the most recent log entries (oldest first) and
+ * returns how many the log holds. */
+size_t zs__comm_log_read(const zs__comm* c, zs__comm_log_entry* out,
+                         size_t cap);
+
+/* This rank failed in a way that makes it skip collectives the other
+ * ranks will issue (out of memory for a unit's all-gather buffer, a device
+ * error in the step): with more than one rank, marks the communicator
+ * failed (as a timeout does: nothing new starts, no buffer of a collective
+ * in flight is freed; later calls return INVALID_STATE) and sends every
+ * other rank, without waiting, this rank's error message and its
+ * seq_count: the first collective of the common sequence it will not
+ * join. A rank waiting in that collective or a later one then fails at
+ * once with ZS_ERR_REMOTE naming this rank and its message, instead of
+ * waiting collective_timeout_s (torch.distributed's watchdog and NCCL's
+ * ncclCommAbort play this role in PyTorch); one waiting in an earlier
+ * collective goes on waiting, so the caller should first complete what it
+ * issued (zs__call_end does). Sent once per communicator, also when it
+ * already failed on another rank's notice. Returns st, with the message
+ * extended by what happened; with one rank, st == ZS_OK or a notice sent
+ * already, returns st untouched. Local, never blocks. */
+zs_status zs__comm_abandon(zs__comm* c, zs_status st);
+
+/* ---- What comm_wait.c needs of comm.c ---- */
+
+/* A collective in flight: made by the zs__comm_i* calls, completed and
+ * freed by zs__coll_test (which zs__coll_wait polls). */
+struct zs__coll {
+  zs__comm_req* req;  /* the backend's request */
+  zs_coll_op op;
+  zs__call call;      /* the backend call (its partners must make it) */
+  zs__red_op redop;
+  int root;           /* broadcast: the root, else -1 */
+  int lane;
+  uint64_t lane_seq;  /* position in its lane */
+  zs__coll* prev;     /* c->pending_head list: in flight, issue order */
+  zs__coll* next;
+  zs__coll_tag tag;
+  size_t count;       /* elements per rank */
+  zs_dtype dtype;
+  uint64_t seq;       /* its log entry */
+  double t_issue;
+  int is_param_gather;
+  void* tmp;          /* reduce-scatter temporary (device memory) */
+  void* dst;          /* fixed-order reduce-scatter: the sum goes here */
+  void* div_dst;      /* backend reduce-scatter: divided at completion */
+  float divisor;      /* reduce-scatter: the sum is divided by this */
+  void* host_tmp;     /* a catch-up's scratch in host memory (accounted
+                         in the device's accounting), freed at completion */
+};
+
+/* INVALID_STATE-like status of a failed communicator (its first status,
+ * naming why), ZS_OK while it is usable; finds a finalized MPI too. */
+zs_status zs__comm_usable(zs__comm* c);
+/* "the host device", "the cuda device at PCI ...": for messages. */
+void zs__comm_dev_name(const zs__device* dev, char* buf, size_t cap);
+/* What this rank holds by category, for messages. */
+void zs__comm_report(const zs__comm* c, char* buf, size_t cap);
+
+
+/* A collective as its partners must make it. Lanes 0 and 1 work on host
+ * memory, lane 2 on the device's. */
+typedef struct zs__coll_desc {
+  uint8_t call;    /* zs__call */
+  uint8_t dtype;   /* zs_dtype */
+  uint8_t redop;   /* zs__red_op */
+  uint8_t purpose; /* zs__purpose */
+  uint8_t lane;
+  int32_t root;    /* broadcast root, else -1 */
+  int32_t unit;    /* -1: not about a unit */
+  uint64_t lane_seq;
+  uint64_t count;  /* elements per rank (all-gather, reduce-scatter, the
+                      exchange's chunk) or in all (all-reduce, broadcast) */
+} zs__coll_desc;
+
+/* Copies the descriptions of this rank's collectives in flight on `lane`
+ * with lane_seq >= from, in issue order, into out (at most cap); returns
+ * how many there are. */
+size_t zs__comm_pending(const zs__comm* c, int lane, uint64_t from,
+                        zs__coll_desc* out, size_t cap);
+/* Starts a partner for d with zeroed scratch buffers of its own (comm
+ * buffers, freed at completion), counted and logged as purpose
+ * ZS__P_CATCH_UP. Errors: OUT_OF_MEMORY, COMM. */
+zs_status zs__comm_icatch_up(zs__comm* c, const zs__coll_desc* d,
+                             struct zs__coll** out);
+/* Takes in the notices that arrived (comm.c); 1 when a failure notice is
+ * among those received so far (c->notice_from, notice_msg). */
+int zs__comm_poll_notices(zs__comm* c);
+/* Marks c failed with st and why, as a timeout does: nothing new starts,
+ * later calls return st naming `why`, the buffers of collectives in flight
+ * are kept, and destroy does not wait for them. With notify, tells the
+ * other ranks that this rank completes no collective from its from_seq-th
+ * on; without, tells no one (every rank found the same, or the others
+ * will time out). Local, never blocks. */
+void zs__comm_fail(zs__comm* c, zs_status st, const char* why, int notify,
+                   uint64_t from_seq);
+
+/* free() for host blocks that a collective used: after a timeout the block
+ * is kept (leaked), because the abandoned collective may still write it. */
+void zs__comm_free(const zs__comm* c, void* p);
+
+void zs__comm_destroy(zs__comm* c);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZS_RUNTIME_COMM_H_ */

@@ -1,0 +1,276 @@
+/*
+ * device_host.c — the host device backend: buffers in host memory, plain
+ * memcpy/memset, streams and events that are no-ops because every operation
+ * is complete when it returns.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "optim/convert.h"
+#include "runtime/device/device.h"
+
+enum { ZS__HOST_ALIGN = 64 };
+
+/* A distinct non-NULL pointer for zero-byte requests. */
+static zs_status zs__host_alloc(zs__device* dev, size_t bytes, void** out) {
+  (void)dev;
+  /* Rounding up near SIZE_MAX would wrap to a tiny block. */
+  if (bytes > SIZE_MAX - (ZS__HOST_ALIGN - 1))
+    return zs__error(ZS_ERR_OUT_OF_MEMORY, "host alloc of %zu bytes failed",
+                     bytes);
+  size_t rounded = zs__round_up(bytes == 0 ? 1 : bytes, ZS__HOST_ALIGN);
+  void* p = aligned_alloc(ZS__HOST_ALIGN, rounded);
+  if (p == NULL)
+    return zs__error(ZS_ERR_OUT_OF_MEMORY, "host alloc of %zu bytes failed",
+                     bytes);
+  *out = p;
+  return ZS_OK;
+}
+
+static void zs__host_free(zs__device* dev, void* ptr) {
+  (void)dev;
+  free(ptr);
+}
+
+static zs_status zs__host_copy(zs__device* dev, void* dst, const void* src,
+                               size_t bytes, zs__stream* stream) {
+  (void)dev;
+  (void)stream;
+  if (bytes > 0 && dst != src) memmove(dst, src, bytes);
+  return ZS_OK;
+}
+
+static zs_status zs__host_memset(zs__device* dev, void* dst, int value,
+                                 size_t bytes, zs__stream* stream) {
+  (void)dev;
+  (void)stream;
+  if (bytes > 0) memset(dst, value, bytes);
+  return ZS_OK;
+}
+
+/* 16-bit values are widened to fp32, combined in fp32 and rounded once
+ * (to nearest even) when stored. */
+static int zs__host_float_type(zs_dtype t) {
+  return t == ZS_FLOAT32 || t == ZS_BFLOAT16 || t == ZS_FLOAT16;
+}
+
+static zs_status zs__host_div_add(zs__device* dev, void* dst, const void* base,
+                                  const void* src, float divisor, size_t n,
+                                  zs_dtype dtype, zs__stream* stream) {
+  (void)dev;
+  (void)stream;
+  if (!zs__host_float_type(dtype))
+    return zs__error(ZS_ERR_UNSUPPORTED, "host div_add: dtype %s",
+                     zs_dtype_name(dtype));
+  if (dtype == ZS_FLOAT32) {
+    float* d = (float*)dst;
+    const float* b = (const float*)base;
+    const float* s = (const float*)src;
+    if (b == NULL)
+      for (size_t i = 0; i < n; i++) d[i] = s[i] / divisor;
+    else
+      for (size_t i = 0; i < n; i++) d[i] = b[i] + s[i] / divisor;
+    return ZS_OK;
+  }
+  for (size_t i = 0; i < n; i++) {
+    float v = zs__load(src, dtype, i) / divisor;
+    if (base != NULL) v = zs__load(base, dtype, i) + v;
+    zs__store(dst, dtype, i, v);
+  }
+  return ZS_OK;
+}
+
+static zs_status zs__host_sum_chunks(zs__device* dev, void* dst,
+                                     const void* src, int nchunks,
+                                     size_t chunk, float divisor,
+                                     zs_dtype dtype, zs__stream* stream) {
+  (void)dev;
+  (void)stream;
+  if (!zs__host_float_type(dtype))
+    return zs__error(ZS_ERR_UNSUPPORTED, "host sum_chunks: dtype %s",
+                     zs_dtype_name(dtype));
+  if (nchunks <= 0) {
+    memset(dst, 0, chunk * zs_dtype_size(dtype));
+    return ZS_OK;
+  }
+  if (dtype == ZS_FLOAT32) {
+    float* d = (float*)dst;
+    const float* s = (const float*)src;
+    memcpy(d, s, chunk * sizeof(float));
+    for (int r = 1; r < nchunks; r++) {
+      const float* x = s + (size_t)r * chunk;
+      for (size_t i = 0; i < chunk; i++) d[i] += x[i];
+    }
+    if (divisor != 1.0f)
+      for (size_t i = 0; i < chunk; i++) d[i] /= divisor;
+    return ZS_OK;
+  }
+  for (size_t i = 0; i < chunk; i++) {
+    float v = zs__load(src, dtype, i);
+    for (int r = 1; r < nchunks; r++)
+      v += zs__load(src, dtype, (size_t)r * chunk + i);
+    zs__store(dst, dtype, i, divisor != 1.0f ? v / divisor : v);
+  }
+  return ZS_OK;
+}
+
+/* Elements per pass of the fused path: small enough that the fp32 gradient
+ * chunk and the values stay in L1/L2 between the three sweeps. */
+#define ZS__OPT_CHUNK 2048
+
+/* The fast kernels (bitwise the reference, vectorized) on fp32 arrays. */
+static zs_status zs__host_kernel(const zs__opt_args* a, float* w,
+                                 const float* g, float* s0, float* s1,
+                                 size_t n, int threads) {
+  if (a->kind == ZS_OPTIM_SGD)
+    return zs_optim_sgd_fast(w, g, s0, n, &a->sgd, a->step, threads);
+  return (a->kind == ZS_OPTIM_ADAMW ? zs_optim_adamw_fast : zs_optim_adam_fast)(
+      w, g, s0, s1, n, &a->adam, a->step, threads);
+}
+
+static zs_status zs__host_optimize(zs__device* dev, const zs__opt_args* a,
+                                   zs__stream* stream) {
+  (void)dev;
+  (void)stream;
+  if (a->p16 == NULL && a->gdtype == ZS_FLOAT32 && a->coef == 1.0f)
+    return zs__host_kernel(a, a->w, (const float*)a->g, a->s0, a->s1, a->n,
+                           a->threads);
+  /* Fused, chunk by chunk: widen and scale the gradient, update, round. */
+  float gbuf[ZS__OPT_CHUNK];
+  zs_status st = ZS_OK;
+  for (size_t off = 0; off < a->n && st == ZS_OK; off += ZS__OPT_CHUNK) {
+    const size_t n = a->n - off < ZS__OPT_CHUNK ? a->n - off : ZS__OPT_CHUNK;
+    for (size_t j = 0; j < n; j++)
+      gbuf[j] = zs__load(a->g, a->gdtype, off + j) * a->coef;
+    st = zs__host_kernel(a, a->w + off, gbuf, a->s0 ? a->s0 + off : NULL,
+                         a->s1 ? a->s1 + off : NULL, n, 1);
+    if (st == ZS_OK && a->p16 != NULL)
+      for (size_t j = 0; j < n; j++)
+        zs__store(a->p16, a->dtype, off + j, a->w[off + j]);
+  }
+  return st;
+}
+
+static zs_status zs__host_sumsq(zs__device* dev, const void* src,
+                                zs_dtype dtype, size_t n, double* acc) {
+  (void)dev;
+  if (!zs__host_float_type(dtype))
+    return zs__error(ZS_ERR_UNSUPPORTED, "host sumsq: dtype %s",
+                     zs_dtype_name(dtype));
+  double sum = *acc;
+  for (size_t j = 0; j < n; j++) {
+    const double v = zs__load(src, dtype, j);
+    sum += v * v;
+  }
+  *acc = sum;
+  return ZS_OK;
+}
+
+static zs_status zs__host_convert(zs__device* dev, void* dst,
+                                  zs_dtype dst_dtype, const void* src,
+                                  zs_dtype src_dtype, size_t n,
+                                  zs__stream* stream) {
+  (void)dev;
+  (void)stream;
+  return zs_convert(dst, dst_dtype, src, src_dtype, n);
+}
+
+/* Streams and events carry no state on the host; a static byte gives them
+ * a non-NULL identity. */
+static char zs__host_token;
+
+static zs_status zs__host_stream_create(zs__device* dev, zs__stream** out) {
+  (void)dev;
+  *out = (zs__stream*)&zs__host_token;
+  return ZS_OK;
+}
+static void zs__host_stream_destroy(zs__device* dev, zs__stream* s) {
+  (void)dev;
+  (void)s;
+}
+static zs_status zs__host_stream_sync(zs__device* dev, zs__stream* s) {
+  (void)dev;
+  (void)s;
+  return ZS_OK;
+}
+static zs_status zs__host_event_create(zs__device* dev, zs__event** out) {
+  (void)dev;
+  *out = (zs__event*)&zs__host_token;
+  return ZS_OK;
+}
+static void zs__host_event_destroy(zs__device* dev, zs__event* e) {
+  (void)dev;
+  (void)e;
+}
+static zs_status zs__host_event_record(zs__device* dev, zs__event* e,
+                                       zs__stream* s) {
+  (void)dev;
+  (void)e;
+  (void)s;
+  return ZS_OK;
+}
+static zs_status zs__host_stream_wait_event(zs__device* dev, zs__stream* s,
+                                            zs__event* e) {
+  (void)dev;
+  (void)s;
+  (void)e;
+  return ZS_OK;
+}
+static void zs__host_destroy(zs__device* dev) { free(dev); }
+
+static zs_status zs__host_register(zs__device* dev, void* p, size_t bytes) {
+  (void)dev;
+  (void)p;
+  (void)bytes;
+  return ZS_OK;
+}
+static void zs__host_unregister(zs__device* dev, void* p) {
+  (void)dev;
+  (void)p;
+}
+static void zs__host_pci_busid(zs__device* dev, char* buf, size_t cap) {
+  (void)dev;
+  if (cap > 0) buf[0] = '\0';
+}
+
+static size_t zs__host_release_cached(zs__device* dev) {
+  (void)dev;
+  return 0;
+}
+
+static const zs__device_ops zs__host_ops = {
+    "host",
+    zs__host_alloc,
+    zs__host_free,
+    zs__host_release_cached,
+    zs__host_copy,
+    zs__host_copy, /* upload */
+    zs__host_memset,
+    zs__host_div_add,
+    zs__host_sum_chunks,
+    zs__host_optimize,
+    zs__host_sumsq,
+    zs__host_convert,
+    zs__host_stream_create,
+    zs__host_stream_destroy,
+    zs__host_stream_sync,
+    zs__host_event_create,
+    zs__host_event_destroy,
+    zs__host_event_record,
+    zs__host_stream_wait_event,
+    zs__host_register,
+    zs__host_unregister,
+    zs__host_pci_busid,
+    zs__host_destroy,
+};
+
+zs_status zs__device_host_create(zs__accounting* acct, zs__device** out) {
+  zs__device* dev = (zs__device*)calloc(1, sizeof *dev);
+  if (dev == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "device: calloc");
+  dev->ops = &zs__host_ops;
+  dev->kind = ZS_DEVICE_HOST;
+  dev->acct = acct;
+  *out = dev;
+  return ZS_OK;
+}

@@ -1,0 +1,767 @@
+/*
+ * engine_model.c — a model's registration (units, tensors, ties, groups,
+ * use counts), finalize (the cross-rank check, the layout of every unit
+ * and its storage per stage), destroy, and the queries of its units and
+ * tensors.
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "offload/offload.h"
+#include "runtime/engine/engine_model.h"
+#include "runtime/engine/engine_nvme_io.h"
+#include "runtime/engine/engine_nvme_param.h"
+#include "runtime/engine/engine_optim.h"
+#include "runtime/engine/engine_optim_nvme.h"
+#include "runtime/engine/engine_unit.h"
+#include "runtime/core/core_compat.h"
+
+/* Records the first registration error so that finalize fails on every rank
+ * (naming this rank) instead of leaving the others waiting. */
+static zs_status zs__poison(zs_model* m, zs_status st) {
+  if (m != NULL && !m->poisoned) {
+    m->poisoned = 1;
+    snprintf(m->poison_msg, sizeof m->poison_msg, "%s", zs__error_body());
+  }
+  return st;
+}
+
+static zs_status zs__check_open(zs_model* m, const char* fn) {
+  ZS_REQUIRE(m != NULL, "%s: model is NULL", fn);
+  if (m->ctx == NULL)
+    return zs__error(ZS_ERR_INVALID_STATE,
+                     "%s: the model's context was destroyed", fn);
+  if (m->finalized)
+    return zs__error(ZS_ERR_INVALID_STATE,
+                     "%s: the model is finalized; register everything before "
+                     "zs_model_finalize", fn);
+  return ZS_OK;
+}
+
+static zs_status zs__check_name(const zs_model* m, const char* name,
+                                const char* what, int is_unit) {
+  ZS_REQUIRE(name != NULL && name[0] != '\0', "%s name is NULL or empty",
+             what);
+  ZS_REQUIRE(strlen(name) < ZS_NAME_MAX, "%s name '%.40s...' is longer than "
+             "%d bytes", what, name, ZS_NAME_MAX - 1);
+  ZS_REQUIRE(strchr(name, '\n') == NULL, "%s name '%s' contains a newline",
+             what, name);
+  if (is_unit) {
+    for (int i = 0; i < m->nunits; i++)
+      ZS_REQUIRE(strcmp(m->units[i].name, name) != 0,
+                 "unit name '%s' is already registered (unit %d)", name, i);
+  } else {
+    for (int i = 0; i < m->ntensors; i++)
+      ZS_REQUIRE(strcmp(m->tensors[i].name, name) != 0,
+                 "tensor name '%s' is already registered (tensor %d in unit "
+                 "'%s')", name, i, m->units[m->tensors[i].unit].name);
+  }
+  return ZS_OK;
+}
+
+/* Grows *arr (elements of size `size`) to hold at least need entries. */
+static zs_status zs__reserve(void** arr, int* cap, int need, size_t size) {
+  if (need <= *cap) return ZS_OK;
+  int ncap = *cap == 0 ? 8 : *cap * 2;
+  while (ncap < need) ncap *= 2;
+  void* p = realloc(*arr, (size_t)ncap * size);
+  if (p == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "registration: realloc");
+  memset((char*)p + (size_t)*cap * size, 0, (size_t)(ncap - *cap) * size);
+  *arr = p;
+  *cap = ncap;
+  return ZS_OK;
+}
+
+zs_status zs_model_create(zs_context* ctx, zs_model** out) {
+  ZS_REQUIRE(ctx != NULL && out != NULL,
+             "zs_model_create: ctx and out must not be NULL");
+  zs_model* m = (zs_model*)calloc(1, sizeof *m);
+  if (m == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "zs_model_create");
+  m->ctx = ctx;
+  m->group_lr = (double*)malloc(sizeof(double));
+  m->group_wd = (double*)malloc(sizeof(double));
+  if (m->group_lr == NULL || m->group_wd == NULL) {
+    zs_model_destroy(m);
+    return zs__error(ZS_ERR_OUT_OF_MEMORY, "zs_model_create");
+  }
+  m->group_lr[0] = ctx->config.optimizer.lr;
+  m->group_wd[0] = ctx->config.optimizer.weight_decay;
+  m->ngroups = 1;
+  const zs_loss_scaler_config* ls = &ctx->config.loss_scaler;
+  m->loss_scale = ls->mode == ZS_LOSS_SCALE_NONE ? 1.0 : ls->init_scale;
+  m->scale_hysteresis = ls->hysteresis;
+  m->dirty_epoch_seen = ctx->comm->dirty_epoch;
+  m->next = ctx->engine->models;
+  ctx->engine->models = m;
+  *out = m;
+  return ZS_OK;
+}
+
+/* ==== The engine's state of a context ==================================== */
+
+/* The context's hook: models left alive are detached (their storage freed;
+ * zs_model_destroy releases the rest later), then NVMe offload's queue and
+ * swap directory go. */
+static void zs__engine_context_destroy(void* arg) {
+  zs_context* ctx = (zs_context*)arg;
+  zs__engine_ctx* e = ctx->engine;
+  if (e->models != NULL)
+    zs__log(ZS_LOG_WARN,
+            "zs_context_destroy: model(s) still alive; their storage is freed "
+            "now and zs_model_destroy only releases what remains (destroy "
+            "models before their context)");
+  while (e->models != NULL) zs__model_detach(e->models);
+  zs__nvme_destroy(e->nvme);
+  free(e);
+  ctx->engine = NULL;
+}
+
+static void zs__engine_context_remove_files(void* arg) {
+  const zs_context* ctx = (const zs_context*)arg;
+  zs__nvme_remove_files(ctx->engine->nvme);
+}
+
+static zs_status zs__engine_context_init(zs_context* ctx) {
+  zs__engine_ctx* e = (zs__engine_ctx*)calloc(1, sizeof *e);
+  if (e == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "context: engine state");
+  ctx->engine = e;
+  zs_status st = zs__hook_add(&ctx->hooks, zs__engine_context_destroy,
+                              zs__engine_context_remove_files, ctx, NULL);
+  if (st != ZS_OK) {
+    free(e);
+    ctx->engine = NULL;
+    return st;
+  }
+  /* NVMe offload: the I/O queue and this rank's swap directory, agreed
+   * (an unwritable path on one rank fails every rank) */
+  const zs_config* c = &ctx->config;
+  if (c->offload_optimizer.device == 2 || c->offload_param == 2) {
+    zs_status local = zs__nvme_create(ctx, &e->nvme);
+    st = zs__comm_agree(ctx->comm, local, "NVMe offload");
+  }
+  return st; /* the hook tears down what was made */
+}
+
+zs_status zs__engine_context_create(const zs_config* config, zs__comm* comm,
+                                    zs_context** out) {
+  zs_context* ctx = NULL;
+  zs_status st = zs__context_create(config, comm, &ctx);
+  if (st != ZS_OK) return st;
+  st = zs__engine_context_init(ctx);
+  if (st != ZS_OK) {
+    zs_context_destroy(ctx);
+    return st;
+  }
+  *out = ctx;
+  return ZS_OK;
+}
+
+zs_status zs_offload_info_get(const zs_context* ctx, zs_offload_info* user) {
+  ZS_REQUIRE(ctx != NULL && user != NULL,
+             "zs_offload_info_get: ctx and out must not be NULL");
+  size_t size = 0;
+  zs_status st = zs__out_size(ZS__OUT_OFFLOAD_INFO, ctx->caller_version, user,
+                              "zs_offload_info_get", &size);
+  if (st != ZS_OK) return st;
+  zs_offload_info full, *out = &full;
+  zs__offload_info(ctx->offload, out);
+  const zs__engine_ctx* e = ctx->engine;
+  if (e != NULL && e->nvme != NULL) {
+    out->nvme = 1;
+    out->nvme_aio = zs__nvme_aio_name(e->nvme);
+    for (const zs_model* m = e->models; m != NULL; m = m->next) {
+      out->nvme_file_bytes += zs__nvme_file_bytes(m) + zs__nvme_param_file_bytes(m);
+      zs__nvme_param_counts(m, &out->nvme_param_reads,
+                            &out->nvme_param_reads_ahead);
+    }
+  }
+  zs__out_write(ZS__OUT_OFFLOAD_INFO, ctx->caller_version, out, user, size);
+  return ZS_OK;
+}
+
+
+static void zs__unit_free_storage(zs_model* m, zs__unit* u) {
+  zs__device* dev = m->ctx->device;
+  zs__offload* off = m->ctx->offload;
+  const int offload_param = m->ctx->config.offload_param;
+  zs__grad_drop(m, u);
+  /* what CPU offload placed in host memory goes back there */
+  for (int k = 0; k < 2; k++) {
+    if (off != NULL) zs__offload_host_free(m, u->state[k]);
+    else zs__dev_free(dev, u->state[k]);
+  }
+  if (off != NULL) zs__offload_host_free(m, u->master);
+  else zs__dev_free(dev, u->master);
+  zs__dev_free(dev, u->grads_shard);
+  zs__dev_free(dev, u->grads_full);
+  if (offload_param == 2) ; /* a buffer of the NVMe parameter pool */
+  else if (off != NULL && offload_param) zs__offload_host_free(m, u->params_shard);
+  else zs__dev_free(dev, u->params_shard);
+  zs__dev_free(dev, u->params_full);
+  zs__dev_free(dev, u->gather_src);
+  u->state[0] = u->state[1] = u->master = NULL;
+  u->grads_shard = u->grads_full = u->params_shard = u->params_full = NULL;
+  u->gather_src = NULL;
+}
+
+void zs__model_detach(zs_model* m) {
+  if (m->ctx == NULL) return;
+  /* Nothing may be freed under a collective still writing into it. */
+  if (m->finalized && !m->ctx->comm->failed) (void)zs__quiesce(m);
+  /* ... nor a host buffer under a queued upload (a gather of an offloaded
+   * shard whose collective failed, so was not waited for): the compute
+   * stream waits for no collective, so this returns */
+  zs__device* dev = m->ctx->device;
+  if (dev != m->ctx->host) (void)dev->ops->stream_sync(dev, NULL);
+  for (int i = 0; i < m->nunits; i++)
+    zs__unit_free_storage(m, &m->units[i]);
+  zs__staging_free(m);
+  zs__nvme_model_free(m);
+  zs__nvme_param_free(m);
+  for (zs_model** p = &m->ctx->engine->models; *p != NULL; p = &(*p)->next)
+    if (*p == m) {
+      *p = m->next;
+      break;
+    }
+  m->ctx = NULL;
+  m->next = NULL;
+}
+
+void zs_model_destroy(zs_model* m) {
+  if (m == NULL) return;
+  /* drivers destroyed after their model (a misuse) are left detached:
+   * their buffers freed now, their later calls refused */
+  zs__hooks_run(&m->hooks);
+  zs__model_detach(m);
+  for (int i = 0; i < m->nunits; i++) {
+    zs__unit* u = &m->units[i];
+    free(u->tensors);
+    free(u->owners);
+    free(u->opt_pieces);
+    free(u->norm_pieces);
+    free(u->gather_ops.ops);
+    free(u->red_ops.ops);
+    free(u->shard_ops.ops);
+  }
+  free(m->trace);
+  free(m->seen);
+  free(m->reducing);
+  free(m->units);
+  free(m->tensors);
+  free(m->group_lr);
+  free(m->group_wd);
+  free(m);
+}
+
+zs_status zs_model_add_unit(zs_model* m, const char* name, int* unit) {
+  zs_status st = zs__check_open(m, "zs_model_add_unit");
+  if (st == ZS_OK) st = zs__check_name(m, name, "unit", 1);
+  if (st == ZS_OK && unit == NULL)
+    st = zs__error(ZS_ERR_INVALID_ARGUMENT, "zs_model_add_unit: unit is NULL");
+  if (st == ZS_OK)
+    st = zs__reserve((void**)&m->units, &m->units_cap, m->nunits + 1,
+                     sizeof *m->units);
+  if (st != ZS_OK) return zs__poison(m, st);
+  zs__unit* u = &m->units[m->nunits];
+  memset(u, 0, sizeof *u);
+  snprintf(u->name, sizeof u->name, "%s", name);
+  u->dtype = ZS_DTYPE_COUNT; /* set by the first tensor */
+  *unit = m->nunits++;
+  return ZS_OK;
+}
+
+/* Appends tensor id t to unit u's list. */
+static zs_status zs__unit_append(zs__unit* u, int t, int* slot) {
+  zs_status st = zs__reserve((void**)&u->tensors, &u->cap, u->ntensors + 1,
+                             sizeof *u->tensors);
+  if (st != ZS_OK) return st;
+  *slot = u->ntensors;
+  u->tensors[u->ntensors++] = t;
+  return ZS_OK;
+}
+
+static zs_status zs__validate_tensor(zs_model* m, int unit, const char* name,
+                                     int ndim, const int64_t* shape,
+                                     zs_dtype dtype, unsigned int flags,
+                                     size_t* numel) {
+  zs_status st = zs__check_open(m, "zs_model_add_tensor");
+  if (st != ZS_OK) return st;
+  ZS_REQUIRE(unit >= 0 && unit < m->nunits,
+             "zs_model_add_tensor '%s': unit %d does not exist (%d units)",
+             name != NULL ? name : "(null)", unit, m->nunits);
+  st = zs__check_name(m, name, "tensor", 0);
+  if (st != ZS_OK) return st;
+  ZS_REQUIRE(ndim >= 0 && ndim <= ZS_MAX_DIMS,
+             "tensor '%s': ndim %d out of range 0..%d", name, ndim,
+             ZS_MAX_DIMS);
+  ZS_REQUIRE(ndim == 0 || shape != NULL, "tensor '%s': shape is NULL", name);
+  ZS_REQUIRE((flags & ~ZS_TENSOR_FROZEN) == 0,
+             "tensor '%s': unknown flags 0x%x", name, flags);
+  size_t n = 1;
+  for (int d = 0; d < ndim; d++) {
+    ZS_REQUIRE(shape[d] >= 0, "tensor '%s': shape[%d] = %lld is negative",
+               name, d, (long long)shape[d]);
+    if (shape[d] != 0 && n > SIZE_MAX / 8 / (size_t)shape[d])
+      return zs__error(ZS_ERR_INVALID_ARGUMENT,
+                       "tensor '%s': element count overflows", name);
+    n *= (size_t)shape[d];
+  }
+  ZS_REQUIRE(dtype == ZS_FLOAT32 || dtype == ZS_BFLOAT16 ||
+                 dtype == ZS_FLOAT16,
+             "tensor '%s': dtype %d is not a parameter type (use ZS_FLOAT32, "
+             "ZS_BFLOAT16 or ZS_FLOAT16)", name, (int)dtype);
+  const zs__unit* u = &m->units[unit];
+  ZS_REQUIRE(u->dtype == ZS_DTYPE_COUNT || u->dtype == dtype,
+             "tensor '%s': dtype %s differs from unit '%s' (%s); a unit is "
+             "one flat buffer of one dtype", name, zs_dtype_name(dtype),
+             u->name, zs_dtype_name(u->dtype));
+  *numel = n;
+  return ZS_OK;
+}
+
+zs_status zs_model_add_tensor(zs_model* m, int unit, const char* name,
+                              int ndim, const int64_t* shape, zs_dtype dtype,
+                              unsigned int flags, int* tensor) {
+  size_t numel = 0;
+  zs_status st =
+      zs__validate_tensor(m, unit, name, ndim, shape, dtype, flags, &numel);
+  if (st == ZS_OK && tensor == NULL)
+    st = zs__error(ZS_ERR_INVALID_ARGUMENT,
+                   "zs_model_add_tensor '%s': tensor is NULL", name);
+  if (st == ZS_OK)
+    st = zs__reserve((void**)&m->tensors, &m->tensors_cap, m->ntensors + 1,
+                     sizeof *m->tensors);
+  int slot = 0;
+  if (st == ZS_OK) st = zs__unit_append(&m->units[unit], m->ntensors, &slot);
+  if (st != ZS_OK) return zs__poison(m, st);
+  zs__tensor* t = &m->tensors[m->ntensors];
+  memset(t, 0, sizeof *t);
+  snprintf(t->name, sizeof t->name, "%s", name);
+  t->unit = unit;
+  t->slot = slot;
+  t->ndim = ndim;
+  for (int d = 0; d < ndim; d++) t->shape[d] = shape[d];
+  t->numel = numel;
+  t->dtype = dtype;
+  t->flags = flags;
+  t->tied_to = -1;
+  m->units[unit].dtype = dtype;
+  *tensor = m->ntensors++;
+  return ZS_OK;
+}
+
+zs_status zs_model_add_tied_tensor(zs_model* m, int unit, const char* name,
+                                   int owner, int* tensor) {
+  zs_status st = zs__check_open(m, "zs_model_add_tied_tensor");
+  if (st == ZS_OK && tensor == NULL)
+    st = zs__error(ZS_ERR_INVALID_ARGUMENT,
+                   "zs_model_add_tied_tensor: tensor is NULL");
+  if (st == ZS_OK && (owner < 0 || owner >= m->ntensors))
+    st = zs__error(ZS_ERR_INVALID_ARGUMENT,
+                   "tied tensor '%s': owner %d does not exist (%d tensors)",
+                   name != NULL ? name : "(null)", owner, m->ntensors);
+  if (st == ZS_OK && m->tensors[owner].tied_to >= 0)
+    st = zs__error(ZS_ERR_INVALID_ARGUMENT,
+                   "tied tensor '%s': owner '%s' is itself tied; tie to '%s'",
+                   name != NULL ? name : "(null)", m->tensors[owner].name,
+                   m->tensors[m->tensors[owner].tied_to].name);
+  if (st != ZS_OK) return zs__poison(m, st);
+  const zs__tensor* o = &m->tensors[owner];
+  int64_t shape[ZS_MAX_DIMS];
+  memcpy(shape, o->shape, sizeof shape);
+  int id = -1;
+  /* Validation and storage as an ordinary tensor, then mark it an alias. A
+   * tie may cross units of different dtypes only if equal: checked here. */
+  st = zs_model_add_tensor(m, unit, name, o->ndim, shape, o->dtype, o->flags,
+                           &id);
+  if (st != ZS_OK) return st;
+  m->tensors[id].tied_to = owner;
+  *tensor = id;
+  return ZS_OK;
+}
+
+zs_status zs_model_add_param_group(zs_model* m, double lr, double weight_decay,
+                                   int* group) {
+  zs_status st = zs__check_open(m, "zs_model_add_param_group");
+  if (st == ZS_OK && (!isfinite(lr) || lr < 0 || !isfinite(weight_decay) ||
+                      weight_decay < 0 || group == NULL))
+    st = zs__error(ZS_ERR_INVALID_ARGUMENT,
+                   "zs_model_add_param_group: lr %g and weight_decay %g must "
+                   "be finite and >= 0, group non-NULL", lr, weight_decay);
+  if (st != ZS_OK) return zs__poison(m, st);
+  double* lr2 = (double*)realloc(m->group_lr, sizeof(double) * (m->ngroups + 1));
+  if (lr2 != NULL) m->group_lr = lr2;
+  double* wd2 = (double*)realloc(m->group_wd, sizeof(double) * (m->ngroups + 1));
+  if (wd2 != NULL) m->group_wd = wd2;
+  if (lr2 == NULL || wd2 == NULL)
+    return zs__poison(m, zs__error(ZS_ERR_OUT_OF_MEMORY, "param group"));
+  m->group_lr[m->ngroups] = lr;
+  m->group_wd[m->ngroups] = weight_decay;
+  *group = m->ngroups++;
+  return ZS_OK;
+}
+
+zs_status zs_model_set_tensor_group(zs_model* m, int tensor, int group) {
+  zs_status st = zs__check_open(m, "zs_model_set_tensor_group");
+  if (st == ZS_OK && (tensor < 0 || tensor >= m->ntensors))
+    st = zs__error(ZS_ERR_INVALID_ARGUMENT,
+                   "zs_model_set_tensor_group: tensor %d does not exist",
+                   tensor);
+  if (st == ZS_OK && (group < 0 || group >= m->ngroups))
+    st = zs__error(ZS_ERR_INVALID_ARGUMENT,
+                   "zs_model_set_tensor_group: tensor '%s': group %d does not "
+                   "exist (%d groups)", m->tensors[tensor].name, group,
+                   m->ngroups);
+  if (st == ZS_OK && m->tensors[tensor].tied_to >= 0)
+    st = zs__error(ZS_ERR_INVALID_ARGUMENT,
+                   "zs_model_set_tensor_group: tensor '%s' is tied; set the "
+                   "group of its owner '%s'", m->tensors[tensor].name,
+                   m->tensors[m->tensors[tensor].tied_to].name);
+  if (st != ZS_OK) return zs__poison(m, st);
+  m->tensors[tensor].group = group;
+  return ZS_OK;
+}
+
+zs_status zs_unit_set_grad_uses(zs_model* m, int unit, int uses) {
+  /* Registration-time only: the counts are compared across ranks at
+   * finalize; a later change on one rank would desynchronize reductions. */
+  zs_status st = zs__check_open(m, "zs_unit_set_grad_uses");
+  if (st != ZS_OK) return st;
+  ZS_REQUIRE(unit >= 0 && unit < m->nunits,
+             "zs_unit_set_grad_uses: unit %d does not exist", unit);
+  ZS_REQUIRE(uses >= 0, "zs_unit_set_grad_uses: unit '%s': uses %d < 0",
+             m->units[unit].name, uses);
+  m->units[unit].uses_explicit = uses;
+  return ZS_OK;
+}
+
+/* Appends printf output to a growing buffer. */
+typedef struct zs__sbuf {
+  char* data;
+  size_t len, cap;
+  int oom;
+} zs__sbuf;
+
+static void zs__sbuf_printf(zs__sbuf* b, const char* fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void zs__sbuf_printf(zs__sbuf* b, const char* fmt, ...) {
+  for (;;) {
+    va_list ap;
+    va_start(ap, fmt);
+    size_t room = b->cap - b->len;
+    int n = b->data != NULL ? vsnprintf(b->data + b->len, room, fmt, ap) : -1;
+    va_end(ap);
+    if (n >= 0 && (size_t)n < room) {
+      b->len += (size_t)n;
+      return;
+    }
+    size_t ncap = b->cap == 0 ? 4096 : b->cap * 2;
+    if (n >= 0 && b->len + (size_t)n + 1 > ncap) ncap = b->len + (size_t)n + 1;
+    char* p = (char*)realloc(b->data, ncap);
+    if (p == NULL) {
+      b->oom = 1;
+      return;
+    }
+    b->data = p;
+    b->cap = ncap;
+  }
+}
+
+/* The text every rank must agree on: one line per unit, tensor and group. */
+static zs_status zs__describe(const zs_model* m, zs__sbuf* b) {
+  if (m->poisoned)
+    zs__sbuf_printf(b, "registration failed: %s\n", m->poison_msg);
+  zs__sbuf_printf(b, "units=%d tensors=%d groups=%d\n", m->nunits,
+                  m->ntensors, m->ngroups);
+  for (int g = 0; g < m->ngroups; g++)
+    zs__sbuf_printf(b, "group %d lr=%.17g weight_decay=%.17g\n", g, m->group_lr[g],
+                    m->group_wd[g]);
+  for (int i = 0; i < m->nunits; i++)
+    zs__sbuf_printf(b, "unit %d '%s' tensors=%d grad_uses=%d\n", i,
+                    m->units[i].name, m->units[i].ntensors,
+                    m->units[i].uses_explicit);
+  for (int i = 0; i < m->ntensors; i++) {
+    const zs__tensor* t = &m->tensors[i];
+    zs__sbuf_printf(b, "tensor %d '%s' unit=%d shape=[", i, t->name, t->unit);
+    for (int d = 0; d < t->ndim; d++)
+      zs__sbuf_printf(b, "%s%lld", d ? "," : "", (long long)t->shape[d]);
+    zs__sbuf_printf(b, "] dtype=%s flags=%u tied_to=%d group=%d\n",
+                    zs_dtype_name(t->dtype), t->flags, t->tied_to, t->group);
+  }
+  if (b->oom)
+    return zs__error(ZS_ERR_OUT_OF_MEMORY, "finalize: model description");
+  return ZS_OK;
+}
+
+/* Offsets, flags and the optimizer pieces of one unit. */
+static zs_status zs__layout_one(zs_model* m, zs__unit* u) {
+  zs_status st = ZS_OK;
+  int n = u->ntensors;
+  size_t* numels = (size_t*)calloc((size_t)n + 1, sizeof *numels);
+  size_t* offsets = (size_t*)calloc((size_t)n + 1, sizeof *offsets);
+  int* alias = (int*)calloc((size_t)n + 1, sizeof *alias);
+  int* frozen = (int*)calloc((size_t)n + 1, sizeof *frozen);
+  if (!numels || !offsets || !alias || !frozen)
+    ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "finalize: layout of unit '%s'", u->name);
+  u->trainable = 0;
+  for (int i = 0; i < n; i++) {
+    const zs__tensor* t = &m->tensors[u->tensors[i]];
+    numels[i] = t->numel;
+    alias[i] = t->tied_to >= 0;
+    frozen[i] = (t->flags & ZS_TENSOR_FROZEN) != 0;
+    if (!alias[i] && !frozen[i]) u->trainable = 1;
+  }
+  if (u->dtype == ZS_DTYPE_COUNT) u->dtype = ZS_FLOAT32; /* empty unit */
+  u->elem = zs_dtype_size(u->dtype);
+  /* Gradients: in the parameter dtype, or fp32 (reduce_dtype). Reducing
+   * 16-bit values in another 16-bit type is not offered; the backend's own
+   * reduction (reduce_order BACKEND) has no 16-bit sum in MPI. */
+  const zs_config* cfg = &m->ctx->config;
+  u->gdtype = cfg->reduce_dtype < 0 ? u->dtype : (zs_dtype)cfg->reduce_dtype;
+  if (u->gdtype != ZS_FLOAT32 && u->gdtype != u->dtype)
+    ZS_FAIL(ZS_ERR_UNSUPPORTED,
+            "unit '%s': %s parameters with reduce_dtype %s: gradients are "
+            "accumulated and reduced in the parameter dtype or in fp32",
+            u->name, zs_dtype_name(u->dtype), zs_dtype_name(u->gdtype));
+  if (u->gdtype != ZS_FLOAT32 && u->trainable &&
+      cfg->reduce_order == ZS_REDUCE_BACKEND)
+    ZS_FAIL(ZS_ERR_UNSUPPORTED,
+            "unit '%s': %s gradients need reduce_order ZS_REDUCE_FIXED (the "
+            "MPI backend has no %s sum); or set reduce_dtype to ZS_FLOAT32",
+            u->name, zs_dtype_name(u->gdtype), zs_dtype_name(u->gdtype));
+  u->gelem = zs_dtype_size(u->gdtype);
+  ZS_CHECK(zs__layout_unit(numels, alias, n, zs__layout_align(u->elem),
+                           m->ctx->world, offsets, &u->layout));
+  if (u->layout.padded > SIZE_MAX / u->elem)
+    ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+            "unit '%s': %zu elements of %zu bytes overflow size_t", u->name,
+            u->layout.padded, u->elem);
+  if (u->layout.shard > m->ctx->comm->max_count)
+    ZS_FAIL(ZS_ERR_UNSUPPORTED,
+            "unit '%s': its shard of %zu elements exceeds the %s backend's "
+            "limit of %zu elements per collective; split it into smaller "
+            "units", u->name, u->layout.shard, m->ctx->comm->ops->name,
+            m->ctx->comm->max_count);
+  for (int i = 0; i < n; i++)
+    if (!alias[i]) m->tensors[u->tensors[i]].offset = offsets[i];
+  /* The optimizer's span: the whole buffer at stage 0, the shard at 1-3. */
+  size_t begin = 0, end = u->layout.padded;
+  if (m->ctx->config.stage >= 1) {
+    begin = zs__layout_shard_begin(&u->layout, m->ctx->rank);
+    end = begin + u->layout.shard;
+  }
+  free(u->opt_pieces); /* a retried finalize */
+  u->opt_pieces = NULL;
+  ZS_CHECK(zs__pieces_alloc(offsets, numels, alias, frozen, n, begin, end,
+                            u->name, &u->opt_pieces, &u->nopt_pieces));
+  /* The norm's pieces: this rank's shard at every stage, so that across
+   * ranks each trainable element counts exactly once (never padding). */
+  begin = zs__layout_shard_begin(&u->layout, m->ctx->rank);
+  end = begin + u->layout.shard;
+  free(u->norm_pieces);
+  u->norm_pieces = NULL;
+  ZS_CHECK(zs__pieces_alloc(offsets, numels, alias, frozen, n, begin, end,
+                            u->name, &u->norm_pieces, &u->nnorm_pieces));
+cleanup:
+  free(frozen);
+  free(alias);
+  free(offsets);
+  free(numels);
+  return st;
+}
+
+/* Distinct other units whose tensors this unit ties to. */
+static zs_status zs__find_owners(zs_model* m, zs__unit* u, int self) {
+  free(u->owners); /* a retried finalize */
+  u->nowners = 0;
+  u->owners = (int*)calloc((size_t)u->ntensors + 1, sizeof *u->owners);
+  if (u->owners == NULL)
+    return zs__error(ZS_ERR_OUT_OF_MEMORY, "finalize: owners of '%s'", u->name);
+  for (int i = 0; i < u->ntensors; i++) {
+    int t = u->tensors[i];
+    if (m->tensors[t].tied_to < 0) continue;
+    int o = m->tensors[m->tensors[t].tied_to].unit;
+    int seen = o == self;
+    for (int k = 0; k < u->nowners; k++) seen |= u->owners[k] == o;
+    if (!seen) u->owners[u->nowners++] = o;
+  }
+  return ZS_OK;
+}
+
+/* Persistent buffers of one unit for the configured stage. */
+static zs_status zs__alloc_unit(zs_model* m, zs__unit* u) {
+  zs__device* dev = m->ctx->device;
+  const int stage = m->ctx->config.stage;
+  /* The sizes are the memory model's (zs__layout_unit_bytes), which the
+   * estimator adds up: the two cannot disagree. */
+  const zs__unit_bytes b =
+      zs__layout_unit_bytes(&u->layout, stage, u->elem, u->gelem,
+                            u->dtype != ZS_FLOAT32, u->trainable);
+  zs_status st = ZS_OK;
+  zs__offload* off = m->ctx->offload;
+  if (stage <= 2)
+    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_PARAMS, b.params, 1, u->name,
+                           &u->params_full));
+  else if (m->ctx->config.offload_param == 2)
+    ; /* in the parameter swap file (zs__nvme_param_init) */
+  else if (off != NULL && m->ctx->config.offload_param)
+    ZS_CHECK(zs__offload_host_alloc(m, b.params, u->name, &u->params_shard));
+  else
+    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_PARAMS, b.params, 1, u->name,
+                           &u->params_shard));
+  if (!u->trainable) return ZS_OK;
+  ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_GRADS, b.grads, 1, u->name,
+                         stage <= 1 ? &u->grads_full : &u->grads_shard));
+  /* With CPU offload, master weights and optimizer states live in the
+   * NUMA-placed host memory (offload_host) instead. */
+  /* With NVMe offload they live in the swap file (zs__nvme_model_init). */
+  const int nvme = m->ctx->config.offload_optimizer.device == 2;
+  if (b.master > 0 && nvme) u->master_stale = 1;
+  if (b.master > 0 && !nvme) {
+    if (off != NULL)
+      ZS_CHECK(zs__offload_host_alloc(m, b.master, u->name, &u->master));
+    else
+      ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_MASTER_WEIGHTS, b.master, 1, u->name,
+                             &u->master));
+    u->master_stale = 1;
+  }
+  const zs_optimizer_config* o = &m->ctx->config.optimizer;
+  u->nstates = o->kind == ZS_OPTIM_SGD ? (o->momentum != 0.0 ? 1 : 0) : 2;
+  for (int k = 0; k < u->nstates && !nvme; k++) {
+    if (off != NULL)
+      ZS_CHECK(zs__offload_host_alloc(m, b.state, u->name, &u->state[k]));
+    else
+      ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_OPTIMIZER_STATES, b.state, 1, u->name,
+                             &u->state[k]));
+  }
+cleanup:
+  return st;
+}
+
+/* The stage-3 live-elements limit: a limit below the largest unit could
+ * never be met, so it is raised to it (with a warning). */
+static void zs__set_live_limit(zs_model* m) {
+  size_t want = m->ctx->config.max_live_elements, largest = 0;
+  int which = -1;
+  for (int i = 0; i < m->nunits; i++) {
+    size_t need = m->units[i].layout.padded;
+    for (int k = 0; k < m->units[i].nowners; k++)
+      need += m->units[m->units[i].owners[k]].layout.padded;
+    if (need > largest) {
+      largest = need;
+      which = i;
+    }
+  }
+  m->max_live_elems = want;
+  if (want > 0 && want < largest && m->ctx->config.stage == 3) {
+    zs__log(ZS_LOG_WARN,
+            "max_live_elements %zu is below unit '%s' (%zu elements with its "
+            "tied owners); raised to %zu", want, m->units[which].name, largest,
+            largest);
+    m->max_live_elems = largest;
+  }
+}
+
+zs_status zs_model_finalize(zs_model* m) {
+  ZS_REQUIRE(m != NULL, "zs_model_finalize: model is NULL");
+  if (m->finalized)
+    return zs__error(ZS_ERR_INVALID_STATE, "zs_model_finalize: called twice");
+  zs_status st = ZS_OK;
+  zs__sbuf desc = {0};
+  ZS_CHECK(zs__describe(m, &desc));
+  /* The first collective of a model: nothing touches data before it. */
+  st = zs__comm_check_same(m->ctx->comm, "model registration", desc.data,
+                           desc.len);
+  if (st != ZS_OK) {
+    st = zs__error_prefix(st, "zs_model_finalize: ");
+    goto cleanup;
+  }
+  if (m->poisoned)
+    ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+            "zs_model_finalize: registration failed earlier on every rank: %s",
+            m->poison_msg);
+  zs_status local = ZS_OK;
+  for (int i = 0; i < m->nunits && local == ZS_OK; i++) {
+    local = zs__layout_one(m, &m->units[i]);
+    if (local == ZS_OK) local = zs__find_owners(m, &m->units[i], i);
+  }
+  for (int i = 0; i < m->ntensors; i++)
+    if (m->tensors[i].tied_to >= 0) {
+      m->tensors[i].offset = m->tensors[m->tensors[i].tied_to].offset;
+      m->tensors[i].group = m->tensors[m->tensors[i].tied_to].group;
+    }
+  for (int i = 0; i < m->nunits && local == ZS_OK; i++)
+    local = zs__alloc_unit(m, &m->units[i]);
+  if (local == ZS_OK && m->ctx->config.offload_optimizer.device == 2)
+    local = zs__nvme_model_init(m);
+  if (local == ZS_OK && m->ctx->config.offload_param == 2)
+    local = zs__nvme_param_init(m);
+  /* Agree on success so that a rank out of memory fails everyone now,
+   * rather than hanging them in the first gather. */
+  ZS_CHECK(zs__comm_agree(m->ctx->comm, local, "zs_model_finalize"));
+  zs__set_live_limit(m);
+  m->trace_ok = 1;
+  m->finalized = 1;
+cleanup:
+  if (st != ZS_OK) {
+    m->finalize_failed = 1;
+    zs__nvme_param_free(m);
+    for (int i = 0; i < m->nunits; i++)
+      zs__unit_free_storage(m, &m->units[i]);
+    zs__nvme_model_free(m);
+  }
+  free(desc.data);
+  return st;
+}
+
+int zs_model_unit_count(const zs_model* m) { return m ? m->nunits : 0; }
+
+int zs_model_tensor_count(const zs_model* m) { return m ? m->ntensors : 0; }
+
+const char* zs_model_unit_name(const zs_model* m, int unit) {
+  if (m == NULL || unit < 0 || unit >= m->nunits) return NULL;
+  return m->units[unit].name;
+}
+
+zs_status zs_model_find_tensor(const zs_model* m, const char* name,
+                               int* tensor) {
+  ZS_REQUIRE(m != NULL && name != NULL && tensor != NULL,
+             "zs_model_find_tensor: arguments must not be NULL");
+  for (int i = 0; i < m->ntensors; i++)
+    if (strcmp(m->tensors[i].name, name) == 0) {
+      *tensor = i;
+      return ZS_OK;
+    }
+  return zs__error(ZS_ERR_INVALID_ARGUMENT, "no tensor named '%s'", name);
+}
+
+zs_status zs_unit_layout(const zs_model* m, int unit, size_t* used,
+                         size_t* padded, size_t* shard) {
+  zs_status st = zs__check_finalized(m, "zs_unit_layout");
+  if (st != ZS_OK) return st;
+  ZS_REQUIRE(unit >= 0 && unit < m->nunits,
+             "zs_unit_layout: unit %d does not exist (%d units)", unit,
+             m->nunits);
+  const zs__unit_layout* l = &m->units[unit].layout;
+  if (used != NULL) *used = l->used;
+  if (padded != NULL) *padded = l->padded;
+  if (shard != NULL) *shard = l->shard;
+  return ZS_OK;
+}
+
+zs_status zs_model_set_lr(zs_model* m, int group, double lr) {
+  ZS_REQUIRE(m != NULL, "zs_model_set_lr: model is NULL");
+  ZS_REQUIRE(isfinite(lr) && lr >= 0,
+             "zs_model_set_lr: lr %g must be finite and >= 0", lr);
+  ZS_REQUIRE(group == ZS_ALL_GROUPS || (group >= 0 && group < m->ngroups),
+             "zs_model_set_lr: group %d does not exist (%d groups)", group,
+             m->ngroups);
+  for (int g = 0; g < m->ngroups; g++)
+    if (group == ZS_ALL_GROUPS || g == group) m->group_lr[g] = lr;
+  return ZS_OK;
+}

@@ -1,0 +1,163 @@
+/*
+ * engine_sched.c — stage-3 prefetch along the order of gathers recorded in
+ * a step (the trace): which units to all-gather ahead of their use, when a
+ * step departs from the trace, and the trace's end of step. Every decision
+ * depends only on the trace, on sizes and on the order of calls, never on
+ * timing, so every rank issues the same collectives.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/engine/engine_nvme_param.h"
+#include "runtime/engine/engine_sched.h"
+#include "runtime/engine/engine_unit.h"
+
+/* Size in elements a prefetch of `unit` would add (itself and the owners
+ * of its ties that are not gathered). */
+size_t zs__prefetch_cost(const zs_model* m, int unit) {
+  const zs__unit* u = &m->units[unit];
+  size_t cost = u->gather_refs == 0 ? u->layout.padded : 0;
+  for (int k = 0; k < u->nowners; k++)
+    if (m->units[u->owners[k]].gather_refs == 0)
+      cost += m->units[u->owners[k]].layout.padded;
+  return cost;
+}
+
+/* All-gathers a prefetch of `unit` would start (itself and the owners of
+ * its ties that are not gathered), each counting against prefetch_depth. */
+int zs__prefetch_count(const zs_model* m, int unit) {
+  const zs__unit* u = &m->units[unit];
+  int n = u->gather_refs == 0;
+  for (int k = 0; k < u->nowners; k++) n += m->units[u->owners[k]].gather_refs == 0;
+  return n;
+}
+
+zs_status zs__prefetch_one(zs_model* m, int unit) {
+  zs__unit* u = &m->units[unit];
+  zs_status st = zs__hold(m, unit);
+  if (st != ZS_OK) return st;
+  u->prefetch_hold = 1;
+  m->prefetches++;
+  /* Owners of its ties come along, each as its own prefetch. */
+  for (int k = 0; k < u->nowners && st == ZS_OK; k++) {
+    zs__unit* o = &m->units[u->owners[k]];
+    if (o->gather_refs > 0) continue;
+    st = zs__hold(m, u->owners[k]);
+    if (st == ZS_OK) {
+      o->prefetch_hold = 1;
+      m->prefetches++;
+    }
+  }
+  return st;
+}
+
+/* Parameter shards on NVMe: reads the shards of the next units of the
+ * trace that are not gathered into free buffers, ahead of their
+ * all-gathers (ZeRO-Infinity's read-ahead). Each buffer a read-ahead takes
+ * stays until its unit is used, so this stops at the first unit that
+ * finds none. */
+static void zs__param_trace_read_ahead(zs_model* m) {
+  if (m->nvme_params == NULL) return;
+  for (int j = m->trace_pos; j < m->trace_len; j++) {
+    const int v = m->trace[j];
+    if (m->units[v].gather_refs > 0) continue;
+    if (!zs__param_read_ahead(m, v)) break;
+  }
+}
+
+/* Issues all-gathers for the next units of the trace that are not
+ * gathered, while fewer than prefetch_depth prefetches are unused and the
+ * live-elements limit allows; then reads ahead (above). */
+zs_status zs__prefetch_issue(zs_model* m) {
+  const int depth = m->ctx->config.prefetch_depth;
+  if (m->ctx->config.stage != 3 || !m->trace_valid || !m->trace_ok)
+    return ZS_OK;
+  for (int j = m->trace_pos; j < m->trace_len && m->prefetches < depth; j++) {
+    const int v = m->trace[j];
+    if (m->units[v].gather_refs > 0) continue;
+    const size_t cost = zs__prefetch_cost(m, v);
+    if (m->max_live_elems > 0 && m->live_elems + cost > m->max_live_elems)
+      break;
+    /* never more than `depth` prefetched all-gathers, ties included */
+    if (m->prefetches + zs__prefetch_count(m, v) > depth) break;
+    zs_status st = zs__prefetch_one(m, v);
+    if (st != ZS_OK) return st;
+  }
+  zs__param_trace_read_ahead(m);
+  return ZS_OK;
+}
+
+zs_status zs__prefetch_drain(zs_model* m) {
+  for (int i = 0; i < m->nunits; i++) {
+    zs__unit* u = &m->units[i];
+    if (u->prefetch_hold) {
+      u->prefetch_hold = 0;
+      m->prefetches--;
+      zs__drop(m, i);
+    }
+    if (u->forward_hold) {
+      u->forward_hold = 0;
+      zs__drop(m, i);
+    }
+  }
+  return ZS_OK;
+}
+
+static zs_status zs__grow_ints(int** arr, int* cap, int need) {
+  if (need <= *cap) return ZS_OK;
+  int ncap = *cap == 0 ? 64 : 2 * *cap;
+  while (ncap < need) ncap *= 2;
+  int* p = (int*)realloc(*arr, (size_t)ncap * sizeof(int));
+  if (p == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "gather trace");
+  *arr = p;
+  *cap = ncap;
+  return ZS_OK;
+}
+
+void zs__trace_end_step(zs_model* m) {
+  /* A step that followed the trace to its end keeps it; otherwise this
+   * step's order becomes the trace (recorded again). */
+  const int matched =
+      m->trace_valid && m->trace_ok && m->trace_pos == m->trace_len;
+  if (!matched && zs__grow_ints(&m->trace, &m->trace_cap, m->seen_len) == ZS_OK) {
+    if (m->seen_len > 0)
+      memcpy(m->trace, m->seen, (size_t)m->seen_len * sizeof(int));
+    m->trace_len = m->seen_len;
+    m->trace_valid = m->seen_len > 0;
+  }
+  m->seen_len = 0;
+  m->trace_pos = 0;
+  m->trace_ok = 1;
+}
+
+void zs__trace_drop_step(zs_model* m) {
+  m->seen_len = 0;
+  m->trace_pos = 0;
+  m->trace_ok = 1;
+}
+
+/* Follows the trace with the user's gather of `unit`; a gather out of
+ * order ends prefetching for this step (unused prefetches are dropped). */
+zs_status zs__trace_follow(zs_model* m, int unit) {
+  zs_status st = zs__grow_ints(&m->seen, &m->seen_cap, m->seen_len + 1);
+  if (st != ZS_OK) return st;
+  m->seen[m->seen_len++] = unit;
+  if (!m->trace_valid || !m->trace_ok) return ZS_OK;
+  if (m->trace_pos < m->trace_len && m->trace[m->trace_pos] == unit) {
+    m->trace_pos++;
+    return ZS_OK;
+  }
+  zs__log(ZS_LOG_INFO,
+          "gather of unit '%s' departs from the recorded order at position "
+          "%d: prefetch stops for this step and the order is recorded again",
+          m->units[unit].name, m->trace_pos);
+  m->trace_ok = 0;
+  for (int i = 0; i < m->nunits; i++) {
+    zs__unit* u = &m->units[i];
+    if (!u->prefetch_hold) continue;
+    u->prefetch_hold = 0;
+    m->prefetches--;
+    zs__drop(m, i);
+  }
+  return ZS_OK;
+}

@@ -1,0 +1,399 @@
+/*
+ * engine_step.c — zs_step and zs_step_discard: the cross-rank check, the
+ * reductions whose last use was not known, the optimizer
+ * (engine_optim.c, engine_optim_nvme.c) and the all-gather of updated
+ * parameters at stages 1-2, which the next step's gather of each unit
+ * waits for; the discard's reconciliation and rollback.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/comm/comm_wait.h"
+#include "runtime/core/core_compat.h"
+#include "runtime/engine/engine_optim.h"
+#include "runtime/engine/engine_optim_nvme.h"
+#include "runtime/engine/engine_sched.h"
+#include "runtime/engine/engine_unit.h"
+
+double zs_model_loss_scale(const zs_model* m) {
+  return m == NULL ? 0.0 : m->loss_scale;
+}
+
+/* One all-reduce (MAX of each value and its complement gives max and min)
+ * that every rank is at the same step, has issued the same collectives for
+ * the same units since the context was created, used every unit the same
+ * number of times this step, will schedule reductions the same way, and
+ * uses the same learning rates. Runs before anything of the step moves. */
+static zs_status zs__step_consistency(zs_model* m, zs_status local) {
+  uint64_t uses = ZS__FNV_SEED, lrs = ZS__FNV_SEED;
+  for (int i = 0; i < m->nunits; i++) {
+    const zs__unit* u = &m->units[i];
+    int64_t rec[3] = {u->releases, u->uses_explicit, u->uses_recorded};
+    uses = zs__hash_bytes(uses, rec, sizeof rec);
+  }
+  lrs = zs__hash_bytes(lrs, m->group_lr, sizeof(double) * (size_t)m->ngroups);
+  lrs = zs__hash_bytes(lrs, m->group_wd, sizeof(double) * (size_t)m->ngroups);
+  /* what every rank must agree on */
+  enum { STEP, COUNT, SEQ, USES, LRS, K };
+  uint64_t mine[K] = {(uint64_t)m->steps_called, m->ctx->comm->seq_count,
+                      m->ctx->comm->seq_hash, uses, lrs};
+  /* Heap, not stack: a collective's buffer (see zs__comm_free). */
+  uint64_t* v = (uint64_t*)malloc((2 * K + 1) * sizeof *v);
+  if (v == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "zs_step: malloc");
+  for (int k = 0; k < K; k++) {
+    v[2 * k] = mine[k];
+    v[2 * k + 1] = ~mine[k];
+  }
+  /* The same all-reduce agrees on local misuse (zs__comm_agree). */
+  v[2 * K] = zs__comm_agree_code(m->ctx->comm, local);
+  char saved[1024];
+  snprintf(saved, sizeof saved, "%s", zs__error_body());
+  zs_status st = zs__comm_all_reduce(m->ctx->comm,
+                                     zs__tag(ZS__P_CHECK, -1, NULL),
+                                     ZS__IN_PLACE, v, 2 * K + 1, ZS_UINT64,
+                                     ZS__RED_MAX);
+  uint64_t r[2 * K + 1];
+  memcpy(r, v, sizeof r);
+  zs__comm_free(m->ctx->comm, v);
+  if (st != ZS_OK) return st;
+  if (local != ZS_OK) zs__error(local, "%s", saved);
+  st = zs__comm_agree_finish(m->ctx->comm, local, r[2 * K], "zs_step");
+  if (st != ZS_OK) return st;
+  static const char* const what[K] = {
+      [STEP] = "step counters",
+      [COUNT] = "numbers of collectives (a unit was gathered, released or "
+                "had its gradients acquired on some ranks only, so some "
+                "collective has no partner yet)",
+      [SEQ] = "collective sequences (which units were gathered and reduced, "
+              "in which order)",
+      [USES] = "gradient use counts",
+      [LRS] = "learning rates or weight decays"};
+  /* (different counts first: a different sequence follows from them) */
+  static const int order[K] = {COUNT, STEP, SEQ, USES, LRS};
+  for (int i = 0; i < K; i++) {
+    const int k = order[i];
+    if (r[2 * k] != ~r[2 * k + 1]) {
+      /* Every rank sees the same result and fails here. The sequence hash
+       * restarts from the same value everywhere, so a caller that brings
+       * its ranks back in line can go on: after zs_step_discard (which also
+       * gives every collective without partners its partners) unless only
+       * the learning rates differed. */
+      m->ctx->comm->seq_hash = ZS__FNV_SEED;
+      /* Only differing learning rates leave the reduced gradients right;
+       * otherwise reductions were paired across different units (or one
+       * rank's had no partner): they must be dropped, not applied. */
+      if (k != LRS) { /* on every rank alike */
+        m->must_discard = 1;
+        snprintf(m->must_discard_msg, sizeof m->must_discard_msg,
+                 "zs_step %lld: the ranks disagreed on their %s",
+                 (long long)m->steps_called,
+                 k == COUNT ? "numbers of collectives" : what[k]);
+      }
+      char range[96] = "";
+      if (k == COUNT)
+        snprintf(range, sizeof range, " (from %llu to %llu since the context "
+                 "was created)", (unsigned long long)~r[2 * COUNT + 1],
+                 (unsigned long long)r[2 * COUNT]);
+      return zs__error(ZS_ERR_MISMATCH,
+                       "zs_step %lld: ranks disagree on their %s%s; every "
+                       "rank must gather, release and acquire the same units "
+                       "in the same order and set the same learning rates "
+                       "(control flow must not depend on the rank's data)%s",
+                       (long long)m->steps_called, what[k], range,
+                       k != LRS
+                           ? "; the gradients reduced so far are wrong: drop "
+                             "them with zs_step_discard on every rank and "
+                             "redo the micro-batch"
+                           : "");
+    }
+  }
+  return ZS_OK;
+}
+
+static zs_status zs__step_check_closed(const zs_model* m) {
+  if (m->eval)
+    return zs__error(ZS_ERR_INVALID_STATE,
+                     "zs_step: the model is in eval mode; call "
+                     "zs_model_set_eval(model, 0) before training");
+  for (int i = 0; i < m->nunits; i++) {
+    const zs__unit* u = &m->units[i];
+    if (u->user_gathered)
+      return zs__error(ZS_ERR_INVALID_STATE,
+                       "zs_step: unit '%s' is still gathered; release it "
+                       "before the step", u->name);
+    if (u->user_grad_open)
+      return zs__error(ZS_ERR_INVALID_STATE,
+                       "zs_step: gradients of unit '%s' are still acquired; "
+                       "release them before the step", u->name);
+  }
+  return ZS_OK;
+}
+
+/* After the reductions of the K-th micro-batch: the norm / overflow
+ * agreement (one all-gather, only when clipping or loss scaling is on),
+ * then the optimizer. *applied: whether the optimizer ran. */
+static zs_status zs__step_apply(zs_model* m, zs_step_info* info,
+                                int* applied) {
+  const zs_config* cfg = &m->ctx->config;
+  const int scaling = cfg->loss_scaler.mode != ZS_LOSS_SCALE_NONE;
+  zs_status st = ZS_OK;
+  double coef = 1.0 / m->loss_scale;
+  if (scaling || cfg->clip_grad_norm) {
+    double sumsq = 0.0;
+    ZS_CHECK(zs__global_sumsq(m, &sumsq));
+    /* the norm of the unscaled gradient; sqrt and the division are exact
+     * enough in double for any fp32 result */
+    const double norm = sqrt(sumsq) / m->loss_scale;
+    info->grad_norm = norm;
+    if (!isfinite(sumsq)) {
+      info->overflow = 1;
+      if (!scaling)
+        ZS_FAIL(ZS_ERR_DIVERGED,
+                "zs_step %lld: the gradient norm is %g (inf/NaN in the "
+                "gradients) and no loss scaler can skip the step; nothing "
+                "was applied (call zs_step_discard or fix the model)",
+                (long long)m->steps_called, norm);
+      if (cfg->loss_scaler.mode == ZS_LOSS_SCALE_DYNAMIC &&
+          m->loss_scale <= cfg->loss_scaler.min_scale &&
+          m->scale_hysteresis <= 1)
+        ZS_FAIL(ZS_ERR_DIVERGED,
+                "zs_step %lld: training diverged: the gradients overflow at "
+                "the minimum loss scale %g (loss_scaler.min_scale); nothing "
+                "was applied", (long long)m->steps_called, m->loss_scale);
+      zs__scaler_update(m, 1);
+      zs__log(ZS_LOG_INFO, "zs_step %lld: inf/NaN gradients, step skipped; "
+              "loss scale now %g", (long long)m->steps_called, m->loss_scale);
+      return ZS_OK;
+    }
+    /* torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6),
+     * applied when below 1 */
+    if (cfg->clip_grad_norm) {
+      const double clip = cfg->max_grad_norm / (norm + 1e-6);
+      if (clip < 1.0) coef *= clip;
+    }
+  }
+  /* Stage 0 updates full buffers: gather every rank's reduced shards. */
+  if (cfg->stage == 0) ZS_CHECK(zs__grad_gather_start(m));
+  /* Wait for those, and for stage 1-2's parameter all-gathers of the
+   * previous step, before the optimizer writes. */
+  for (int i = 0; i < m->nunits; i++)
+    ZS_CHECK(zs__inflight_wait(m->ctx->comm, &m->units[i].shard_ops));
+  /* CPU offload with the parameters and gradients in device memory: the
+   * staged, overlapped path (the test hook runs it on the host too). */
+  const int staged = zs__offload_staged(m);
+  if (m->nvme != NULL) {
+    /* NVMe offload: a failure on one rank (a disk error) fails every rank
+     * here, and the model, whose states are now partly updated */
+    zs_status local = zs__nvme_step(m, (float)coef);
+    st = zs__comm_agree(m->ctx->comm, local, "NVMe offload step");
+    if (st != ZS_OK) {
+      m->broken = 1;
+      snprintf(m->broken_msg, sizeof m->broken_msg, "%s", zs__error_body());
+      goto cleanup;
+    }
+  } else if (staged && m->nvme_params == NULL) {
+    ZS_CHECK(zs__optimize_staged(m, (float)coef));
+  } else {
+    st = zs__optimize_units(m, (float)coef);
+    if (st != ZS_OK && m->nvme_params != NULL) {
+      m->broken = 1;
+      snprintf(m->broken_msg, sizeof m->broken_msg, "%s", zs__error_body());
+    }
+    if (st != ZS_OK) goto cleanup;
+  }
+  /* Stages 1-2 keep full parameters: every rank's updated shard goes back
+   * into everyone's full buffer, bucket by bucket, without waiting. */
+  if (cfg->stage == 1 || cfg->stage == 2)
+    for (int i = 0; i < m->nunits; i++) {
+      zs__unit* u = &m->units[i];
+      for (int b = 0; u->trainable && b < zs__bucket_count(m, u); b++) {
+        size_t off, cnt;
+        zs__bucket(m, u, b, &off, &cnt);
+        zs__coll* op = NULL;
+        ZS_CHECK(zs__comm_iall_gather_strided(
+            m->ctx->comm, zs__tag(ZS__P_PARAM_GATHER, i, u->name),
+            u->params_full, off, u->layout.shard, cnt, u->dtype, &op));
+        ZS_CHECK(zs__inflight_push(m->ctx->comm, &u->shard_ops, op));
+      }
+    }
+  for (int i = 0; i < m->ntensors; i++) {
+    zs__tensor* t = &m->tensors[i];
+    if (t->tied_to < 0 && !(t->flags & ZS_TENSOR_FROZEN)) t->step++;
+  }
+  m->steps_applied++;
+  zs__scaler_update(m, 0);
+  *applied = 1;
+cleanup:
+  return st;
+}
+
+/* zs_step. A micro-batch before the K-th reduces (or, with local
+ * accumulation, keeps) its gradients and returns; the K-th reduces what is
+ * left and applies the optimizer. */
+static zs_status zs__step_body(zs_model* m, int unit, void* arg) {
+  (void)unit;
+  zs_step_info* info = (zs_step_info*)arg;
+  zs_status st = ZS_OK;
+  /* the same on every rank: the failure was agreed */
+  if (m->broken)
+    return zs__error(ZS_ERR_INVALID_STATE, "zs_step: an earlier step failed "
+                     "after updating part of the optimizer states (%s); drop "
+                     "the pending gradients (zs_step_discard) and load a "
+                     "checkpoint (zs_checkpoint_load) to go on",
+                     m->broken_msg);
+  if (m->must_discard)
+    return zs__error(ZS_ERR_INVALID_STATE, "zs_step: %s, so the gradients "
+                     "reduced since the last step are wrong; drop them with "
+                     "zs_step_discard (every rank) and redo the micro-batch",
+                     m->must_discard_msg);
+  memset(info, 0, sizeof *info);
+  info->grad_norm = -1.0;
+  /* Misuse on any rank ends the step on every rank before anything moves;
+   * nothing changes, so the caller can fix the order and call again. */
+  st = zs__step_consistency(m, zs__step_check_closed(m));
+  if (st != ZS_OK) goto out;
+  zs__accounting_phase(m->ctx->acct, ZS_PHASE_STEP);
+  const double t_step = zs__now();
+  const int boundary = zs__accum_boundary(m);
+  const int reduce_now = boundary || !m->ctx->config.grad_accum_local;
+  int applied = 0;
+  /* Unused prefetches and forward holds end with the step. */
+  ZS_CHECK(zs__prefetch_drain(m));
+  /* Units whose last use was not known (first step, or fewer uses than
+   * recorded, or not used at all: zero gradient) start their reductions
+   * now, in unit order, which is the same on every rank; then every
+   * reduction in flight is finished, in unit order. */
+  for (int i = 0; i < m->nunits && reduce_now; i++) {
+    zs__unit* u = &m->units[i];
+    if (!u->trainable) continue;
+    if (u->grad_state == ZS__GRAD_IDLE) ZS_CHECK(zs__grad_prepare(m, u));
+    if (u->grad_state == ZS__GRAD_ACCUM) ZS_CHECK(zs__grad_reduce_start(m, u));
+  }
+  for (int i = 0; i < m->nunits; i++) {
+    zs__unit* u = &m->units[i];
+    if (u->grad_state == ZS__GRAD_REDUCING) ZS_CHECK(zs__grad_reduce_finish(m, u));
+  }
+  for (int i = 0; i < m->nunits; i++)
+    if (m->units[i].releases > m->units[i].uses_recorded)
+      m->units[i].uses_recorded = m->units[i].releases;
+  if (boundary) ZS_CHECK(zs__step_apply(m, info, &applied));
+cleanup:
+  /* A new step starts whatever happened after the reductions began. */
+  if (st != ZS_OK) (void)zs__quiesce(m);
+  for (int i = 0; i < m->nunits; i++) {
+    zs__unit* u = &m->units[i];
+    u->releases = 0;
+    /* Between micro-batches the reduced shard (or the local sum) is kept;
+     * at the boundary and on failure everything goes. */
+    if (boundary || st != ZS_OK) zs__grad_drop(m, u);
+  }
+  zs__trace_end_step(m);
+  zs__accounting_step_done(m->ctx->acct);
+  if (m->ctx->prof != NULL)
+    zs__profiler_span(m->ctx->prof, 0, "zs_step", "step", t_step, zs__now(),
+                      NULL, 0, 0, 0);
+  m->steps_called++;
+  m->micro = boundary || st != ZS_OK ? 0 : m->micro + 1;
+  info->applied = applied;
+out:
+  info->step = m->steps_applied;
+  info->loss_scale = m->loss_scale;
+  info->micro_batch = m->micro;
+  return st;
+}
+
+static zs_status zs__step_run(zs_model* m, zs_step_info* info) {
+  return zs__public_call(m, "zs_step", -1, 1, zs__step_body, info);
+}
+
+/* Runs zs_step or zs_step_discard with the step info in this library's
+ * layout, then gives it to the caller in the layout of its release (a bad
+ * struct_size fails first, changing nothing). */
+static zs_status zs__step_call(zs_model* m, zs_step_info* user,
+                               zs_status (*run)(zs_model*, zs_step_info*),
+                               const char* fn) {
+  size_t size = 0; /* 0: info not written (no caller's struct, or no
+                       context to say its release: run fails then) */
+  if (user != NULL && m != NULL && m->ctx != NULL) {
+    zs_status st = zs__out_size(ZS__OUT_STEP_INFO, m->ctx->caller_version,
+                                user, fn, &size);
+    if (st != ZS_OK) return st;
+  }
+  zs_step_info full;
+  memset(&full, 0, sizeof full);
+  const zs_status st = run(m, &full);
+  if (size != 0)
+    zs__out_write(ZS__OUT_STEP_INFO, m->ctx->caller_version, &full, user, size);
+  return st;
+}
+
+zs_status zs_step(zs_model* m, zs_step_info* info) {
+  return zs__step_call(m, info, zs__step_run, "zs_step");
+}
+
+/* zs_step_discard: the ranks' collectives lined up (zs__comm_reconcile;
+ * already done when a reconciliation completed this rank's collectives
+ * from inside a wait), then this rank drops the micro-batch: what the
+ * caller still holds is let go, everything in flight completes (it has
+ * partners now), the gradients of the micro-batches accumulated so far go,
+ * and what the next step's scheduling depends on (recorded use counts, the
+ * prefetch trace) stays as it was before the micro-batch. Parameters,
+ * optimizer states, step counts and the loss scale are not touched. */
+static zs_status zs__discard_body(zs_model* m, int unit, void* arg) {
+  (void)unit;
+  zs_step_info* info = (zs_step_info*)arg;
+  zs_status st = ZS_OK;
+  memset(info, 0, sizeof *info);
+  info->grad_norm = -1.0;
+  (void)zs__check_discarded(m, "zs_step_discard"); /* sets discard_local */
+  if (!m->discard_local) {
+    int matched = 0;
+    st = zs__comm_reconcile(m->ctx->comm, &matched);
+    if (st != ZS_OK) goto out;
+    /* the others' models learn of it at their next call; this one is
+     * being dropped now */
+    m->dirty_epoch_seen = m->ctx->comm->dirty_epoch;
+  }
+  zs__accounting_phase(m->ctx->acct, ZS_PHASE_STEP);
+  const double t_step = zs__now();
+  for (int i = 0; i < m->nunits; i++) {
+    zs__grad_abandon(m, i);
+    zs__gather_abandon(m, i);
+  }
+  ZS_CHECK(zs__prefetch_drain(m));
+  ZS_CHECK(zs__quiesce(m));
+cleanup:
+  for (int i = 0; i < m->nunits; i++) {
+    m->units[i].releases = 0;
+    zs__grad_drop(m, &m->units[i]);
+  }
+  zs__trace_drop_step(m);
+  zs__accounting_step_done(m->ctx->acct);
+  if (m->ctx->prof != NULL)
+    zs__profiler_span(m->ctx->prof, 0, "zs_step_discard", "step", t_step,
+                      zs__now(), NULL, 0, 0, 0);
+  m->steps_called++;
+  m->micro = 0;
+  if (st == ZS_OK) { /* the wrong sums are gone */
+    m->must_discard = 0;
+    m->discard_local = 0;
+  }
+out:
+  info->step = m->steps_applied;
+  info->loss_scale = m->loss_scale;
+  info->micro_batch = m->micro;
+  return st;
+}
+
+/* (no discard gate: the discard is what the gate asks for) */
+static zs_status zs__discard_run(zs_model* m, zs_step_info* info) {
+  return zs__public_call(m, "zs_step_discard", -1, 0, zs__discard_body, info);
+}
+
+zs_status zs_step_discard(zs_model* m, zs_step_info* info) {
+  return zs__step_call(m, info, zs__discard_run, "zs_step_discard");
+}

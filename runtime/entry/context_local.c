@@ -1,0 +1,22 @@
+/*
+ * context_local.c — zs_context_create_local: a context of one process
+ * without MPI (world size 1). On the CUDA device the NCCL communicator's
+ * one-rank mode wraps the local one, so no NCCL and no MPI are needed.
+ */
+#include <zeroshard.h>
+
+#include "runtime/comm/comm_local.h"
+#include "runtime/comm/comm_nccl.h"
+#include "runtime/engine/engine_model.h"
+
+zs_status zs_context_create_local(const zs_config* config, zs_context** out) {
+  ZS_REQUIRE(config != NULL && out != NULL,
+             "zs_context_create_local: config and out must not be NULL");
+  *out = NULL;
+  zs__comm* c = NULL;
+  zs_status st = zs__comm_local_create(&c);
+  if (st == ZS_OK && zs__config_device(config) == ZS_DEVICE_CUDA)
+    st = zs__comm_nccl_create(c, &c); /* takes c, also on failure */
+  if (st != ZS_OK) return st;
+  return zs__engine_context_create(config, c, out);
+}

@@ -1,0 +1,112 @@
+/*
+ * context_mpi.c — the MPI entry points: zs_context_create over
+ * MPI_COMM_WORLD (initializing MPI if needed) and zs_context_create_mpi over
+ * a caller's communicator.
+ */
+#include <stdlib.h>
+#include <zs_mpi.h>
+
+#include "runtime/comm/comm_mpi.h"
+#include "runtime/comm/comm_nccl.h"
+#include "runtime/engine/engine_model.h"
+
+/* With the CUDA device, collectives on device memory run on NCCL: the MPI
+ * communicator is wrapped (it keeps serving host-memory collectives). */
+static zs_status zs__comm_for_device(const zs_config* config, zs__comm** c) {
+  if (zs__config_device(config) != ZS_DEVICE_CUDA) return ZS_OK;
+  return zs__comm_nccl_create(*c, c);
+}
+
+/* Open MPI reports some failures of non-blocking collectives (a message
+ * truncated when ranks' collectives no longer pair up) on MPI_COMM_WORLD,
+ * whatever communicator they ran on; with its default handler that ends
+ * the job. The caller owns MPI here, so its handler is not changed; it is
+ * told once per process (by the communicator's rank 0). */
+static void zs__mpi_check_world_errhandler(MPI_Comm comm) {
+  static int told;
+  MPI_Errhandler h = MPI_ERRHANDLER_NULL;
+  if (told || MPI_Comm_get_errhandler(MPI_COMM_WORLD, &h) != MPI_SUCCESS)
+    return;
+  const int fatal = h == MPI_ERRORS_ARE_FATAL;
+  if (h != MPI_ERRHANDLER_NULL) MPI_Errhandler_free(&h);
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  told = 1;
+  if (fatal && rank == 0)
+    zs__log(ZS_LOG_WARN,
+            "MPI_COMM_WORLD's error handler is MPI_ERRORS_ARE_FATAL: Open MPI "
+            "reports some failures of non-blocking collectives there, which "
+            "would end the job instead of coming back as ZS_ERR_COMM; call "
+            "MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN) after "
+            "MPI_Init_thread (docs/wrapping.md)");
+}
+
+zs_status zs_context_create_mpi(const zs_config* config, MPI_Comm comm,
+                                zs_context** out) {
+  ZS_REQUIRE(config != NULL && out != NULL,
+             "zs_context_create_mpi: config and out must not be NULL");
+  *out = NULL; /* on every failure, as the header says */
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  ZS_REQUIRE(initialized && !finalized,
+             "zs_context_create_mpi: MPI is not initialized (or already "
+             "finalized); call MPI_Init_thread first or use zs_context_create");
+  ZS_REQUIRE(comm != MPI_COMM_NULL,
+             "zs_context_create_mpi: comm is MPI_COMM_NULL");
+  *out = NULL;
+  zs__comm* c = NULL;
+  zs_status st = zs__comm_mpi_create(comm, &c);
+  if (st == ZS_OK) st = zs__comm_for_device(config, &c);
+  if (st != ZS_OK) return st;
+  st = zs__engine_context_create(config, c, out);
+  if (st == ZS_OK) zs__mpi_check_world_errhandler(comm);
+  return st;
+}
+
+/* MPI that ZeroShard initialized but no context owns at exit (every
+ * zs_context_create failed, or a context was never destroyed) is
+ * finalized here, so mpirun sees a clean exit. */
+static int zs__mpi_we_initialized;
+
+static void zs__mpi_atexit(void) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Finalize();
+}
+
+zs_status zs_context_create(const zs_config* config, zs_context** out) {
+  ZS_REQUIRE(config != NULL && out != NULL,
+             "zs_context_create: config and out must not be NULL");
+  *out = NULL; /* on every failure, as the header says */
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  ZS_REQUIRE(!finalized,
+             "zs_context_create: MPI was already finalized (MPI cannot be "
+             "started twice in one process)");
+  *out = NULL;
+  if (!initialized) {
+    int provided = 0;
+    int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
+    if (rc != MPI_SUCCESS)
+      return zs__error(ZS_ERR_COMM, "MPI_Init_thread failed (code %d)", rc);
+    if (!zs__mpi_we_initialized) atexit(zs__mpi_atexit);
+    zs__mpi_we_initialized = 1;
+    /* Open MPI reports some errors of non-blocking collectives on
+     * MPI_COMM_WORLD, whose default handler aborts the job; this MPI is
+     * ours, so errors come back as codes. */
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  }
+  zs__comm* c = NULL;
+  zs_status st = zs__comm_mpi_create(MPI_COMM_WORLD, &c);
+  zs__comm* mpi = c;
+  if (st == ZS_OK) st = zs__comm_for_device(config, &c);
+  if (st != ZS_OK) return st;
+  st = zs__engine_context_create(config, c, out);
+  /* Only a context that exists owns MPI, so a failed create can be retried:
+   * MPI stays up, and is finalized at exit if nothing owns it then. */
+  if (st == ZS_OK && zs__mpi_we_initialized) zs__comm_mpi_own(mpi);
+  return st;
+}
