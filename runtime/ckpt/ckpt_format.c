@@ -1,5 +1,5 @@
 /*
- * ckpt_format.c — the checkpoint format (ckpt.h): metadata to and from JSON
+ * ckpt_format.c — the checkpoint format (ckpt_format.h): metadata to and from JSON
  * (cJSON), checksums (xxHash64 from libxxhash), positioned reads across
  * rank files, and durable file writes (write, fsync, directory fsync).
  */

@@ -1,5 +1,5 @@
 /*
- * ckpt.h — the sharded checkpoint format (docs/checkpoint.md): metadata
+ * ckpt_format.h — the sharded checkpoint format (docs/checkpoint.md): metadata
  * (meta.json through cJSON, its own checksum in meta.json.xxh64), one file
  * of raw shards per rank of the saving world, an extras file, xxHash64 per
  * file, and the crash-safe write protocol's file helpers. No MPI and no
@@ -26,8 +26,8 @@
  *
  * All sizes in BYTES unless named `elems`/`count`/`numel` (ELEMENTS).
  */
-#ifndef ZS_RUNTIME_CKPT_H_
-#define ZS_RUNTIME_CKPT_H_
+#ifndef ZS_RUNTIME_CKPT_FORMAT_H_
+#define ZS_RUNTIME_CKPT_FORMAT_H_
 
 #include <stdint.h>
 #include <stdio.h>
@@ -195,4 +195,4 @@ void zs__ckpt_crash_point(int rank, const char* what);
 }
 #endif
 
-#endif /* ZS_RUNTIME_CKPT_H_ */
+#endif /* ZS_RUNTIME_CKPT_FORMAT_H_ */

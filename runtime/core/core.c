@@ -1,6 +1,7 @@
 /*
- * core_status.c — status strings, the thread-local last-error message,
- * version, type and category names, logging, hashing and the clock.
+ * core.c — status strings, the thread-local last-error message,
+ * version, type and category names, logging, teardown hooks, hashing
+ * and the clock.
  */
 #define _GNU_SOURCE
 #include <stdio.h>

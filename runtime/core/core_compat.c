@@ -1,6 +1,6 @@
 /*
- * compat.c — output structs in the layout of the caller's release
- * (compat.h): 0.1's layouts, kept here for programs built against 0.1's
+ * core_compat.c — output structs in the layout of the caller's release
+ * (core_compat.h): 0.1's layouts, kept here for programs built against 0.1's
  * header, and the struct_size rule of the releases since.
  */
 #include "runtime/core/core_compat.h"

@@ -1,13 +1,13 @@
 /*
- * compat.h — output structs in the layout of the caller's release. A
+ * core_compat.h — output structs in the layout of the caller's release. A
  * context knows the header its caller built against (its config's
  * version): 0.1's output structs had no struct_size, and are written in
  * their 0.1 layout; from 0.2 on, struct_size (0: the size in the caller's
  * release) says how many bytes of this library's struct the caller has,
  * and only those are written (zeroshard.h, "Versions and compatibility").
  */
-#ifndef ZS_RUNTIME_COMPAT_H_
-#define ZS_RUNTIME_COMPAT_H_
+#ifndef ZS_RUNTIME_CORE_COMPAT_H_
+#define ZS_RUNTIME_CORE_COMPAT_H_
 
 #include "runtime/core/core.h"
 
@@ -42,4 +42,4 @@ void zs__out_write(zs__out_kind kind, unsigned int version, const void* full,
 }
 #endif
 
-#endif /* ZS_RUNTIME_COMPAT_H_ */
+#endif /* ZS_RUNTIME_CORE_COMPAT_H_ */

@@ -1,6 +1,6 @@
 /*
  * engine_ckpt.c — sharded checkpoints of a model (zeroshard.h,
- * zs_checkpoint_save / zs_checkpoint_load; format in ckpt.h,
+ * zs_checkpoint_save / zs_checkpoint_load; format in ckpt_format.h,
  * docs/checkpoint.md).
  *
  * Save: every rank writes its shard of every unit (at stage 0 too, so the
