@@ -49,6 +49,10 @@ zs_status zs__context_create(const zs_config* config, zs__comm* comm,
   ZS_CHECK(zs__comm_check_same(comm, "configuration", desc, strlen(desc)));
   if (valid != ZS_OK) ZS_FAIL(valid, "%s", saved);
   ctx->config = resolved;
+  /* zs_context_config gives it back stamped with the caller's release, so
+   * a copy of it makes a context that keeps that release's layouts */
+  ctx->config.version = ctx->caller_version;
+  ctx->config.struct_size = zs__config_known_size(ctx->caller_version);
   comm->timeout_s = resolved.collective_timeout_s;
   zs__log_set_level(resolved.log_level);
 

@@ -70,8 +70,17 @@ typedef struct zs__v01_step_info {
   int micro_batch;
 } zs__v01_step_info;
 
+typedef struct zs__v01_memory_estimate {
+  size_t bytes[ZS__V01_CATEGORIES];
+  size_t model_state_bytes;
+  size_t total;
+  size_t largest_unit_elements;
+  size_t nvme_bytes;
+} zs__v01_memory_estimate;
+
 #if defined(__LP64__)
 _Static_assert(sizeof(zs__v01_memory_stats) == 480 &&
+                   sizeof(zs__v01_memory_estimate) == 112 &&
                    sizeof(zs__v01_comm_counters) == 128 &&
                    sizeof(zs__v01_offload_info) == 64 &&
                    sizeof(zs__v01_comm_record) == 72 &&
@@ -140,7 +149,17 @@ static void zs__v01_write(zs__out_kind kind, const void* full, void* out) {
       memcpy(out, &o, sizeof o);
       return;
     }
-    case ZS__OUT_MEMORY_ESTIMATE: /* (0.1's estimator API is gone) */
+    case ZS__OUT_MEMORY_ESTIMATE: { /* 0.1's zs_estimate_params/_model */
+      const zs_memory_estimate* f = (const zs_memory_estimate*)full;
+      zs__v01_memory_estimate o;
+      for (int k = 0; k < ZS__V01_CATEGORIES; k++) o.bytes[k] = f->bytes[k];
+      o.model_state_bytes = f->model_state_bytes;
+      o.total = f->total;
+      o.largest_unit_elements = f->largest_unit_elements;
+      o.nvme_bytes = f->nvme_bytes;
+      memcpy(out, &o, sizeof o);
+      return;
+    }
     case ZS__OUT_KINDS:
       return;
   }
@@ -170,7 +189,8 @@ static const zs__out_sizes zs__out_table[ZS__OUT_KINDS] = {
      {{100, sizeof(zs__v01_comm_record)}, {200, sizeof(zs_comm_record)}}},
     {"zs_step_info",
      {{100, sizeof(zs__v01_step_info)}, {200, sizeof(zs_step_info)}}},
-    {"zs_memory_estimate", {{100, 0}, {200, sizeof(zs_memory_estimate)}}},
+    {"zs_memory_estimate",
+     {{100, sizeof(zs__v01_memory_estimate)}, {200, sizeof(zs_memory_estimate)}}},
 };
 
 static size_t zs__out_release_size(const zs__out_sizes* t,

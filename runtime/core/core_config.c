@@ -154,6 +154,9 @@ zs_status zs__config_accept(const zs_config* in, zs_config* out,
              "zs_config_init", in->struct_size, ours, sizeof(zs_config),
              theirs);
   const size_t want = zs__config_known_size(in->version);
+  ZS_REQUIRE(in->version != 0,
+             "config.version is 0: the config was not initialized; "
+             "initialize it with ZS_CONFIG_INIT or zs_config_init");
   ZS_REQUIRE(in->version / 10000 == ZS_VERSION_MAJOR && want != 0,
              "config.version %u (%s) is not a version of this library's "
              "major version %d: initialize the config with ZS_CONFIG_INIT "
@@ -232,9 +235,24 @@ void zs__config_resolve(zs_config* c) {
 
 zs_status zs__config_resolved(const zs_config* in, zs_config* out,
                               unsigned int* caller_version) {
-  zs_status st = zs__config_accept(in, out, caller_version);
-  if (st == ZS_OK) zs__config_resolve(out);
-  return st;
+  unsigned int version = 0;
+  zs_status st = zs__config_accept(in, out, &version);
+  if (st != ZS_OK) return st;
+  if (caller_version != NULL) *caller_version = version;
+  /* 0.1 had no UNSET values: its fields are checked as they are, as 0.1
+   * did, so a value 0.1 refused that now reads as unset (INT_MIN,
+   * SIZE_MAX, -1e300) is refused still instead of taking the default */
+  if (version < 200) {
+    zs_config check = *out;
+    zs__config_resolve(&check); /* fields appended since 0.1 */
+    memcpy(&check, out, ZS__CONFIG_SIZE_0_1);
+    if (check.optimizer.weight_decay == ZS_WEIGHT_DECAY_DEFAULT)
+      check.optimizer.weight_decay = 0.0;
+    st = zs__config_check(&check);
+    if (st != ZS_OK) return st;
+  }
+  zs__config_resolve(out);
+  return ZS_OK;
 }
 
 zs_device_kind zs__config_device(const zs_config* config) {
@@ -261,7 +279,7 @@ zs_status zs__config_give(const zs_config* full, zs_config* out) {
 static zs_status zs__config_init(zs_config* config, size_t struct_size,
                                  unsigned int version) {
   ZS_REQUIRE(config != NULL, "zs_config_init: config is NULL");
-  ZS_REQUIRE(zs__config_known_size(version) == struct_size,
+  ZS_REQUIRE(struct_size != 0 && zs__config_known_size(version) == struct_size,
              "zs_config_init: struct_size %zu is not the size of zs_config "
              "in any release of this library (this one's is %zu)",
              struct_size, sizeof(zs_config));
@@ -295,6 +313,8 @@ zs_status(zs_config_init)(zs_config* config) {
 }
 
 zs_status zs_config_resolve(const zs_config* in, zs_config* out) {
+  ZS_REQUIRE(in != NULL && out != NULL,
+             "zs_config_resolve: in and out must not be NULL");
   zs_config full;
   zs_status st = zs__config_resolved(in, &full, NULL);
   if (st != ZS_OK) return zs__error_prefix(st, "zs_config_resolve: ");

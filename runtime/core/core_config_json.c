@@ -295,11 +295,12 @@ static zs_status zs__json_offload(const cJSON* zero, zs_config* c,
                      cJSON_GetObjectItemCaseSensitive(o, "buffer_size") != NULL;
     if (path || bufs)
       zs__log(ZS_LOG_WARN,
-              "config JSON: zero_optimization.%s: %s%s%s apply to \"device\": "
-              "\"nvme\" only and are ignored here (device \"%s\")",
+              "config JSON: zero_optimization.%s: %s%s%s %s to \"device\": "
+              "\"nvme\" only and %s ignored here (device \"%s\")",
               k == 0 ? "offload_optimizer" : "offload_param",
               path ? "nvme_path" : "", path && bufs ? ", " : "",
               bufs ? "buffer_count and buffer_size" : "",
+              path && !bufs ? "applies" : "apply", path && !bufs ? "is" : "are",
               dev == ZS_OFFLOAD_CPU ? "cpu" : "none");
   }
 cleanup:
@@ -459,15 +460,31 @@ static zs_status zs__json_apply(const cJSON* root, zs_config* c,
       ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
               "config JSON: fp16: loss-scaling keys without \"enabled\": "
               "true (set it, or remove the fp16 block)");
+    /* The scale is written when a key says it (loss_scale > 0: that
+     * scale; initial_scale_power: 2^power), or when the block turns the
+     * scaler dynamic from another mode (DeepSpeed's default 2^16); a
+     * dynamic scaler set in C keeps its init_scale otherwise. */
+    const int scale_given =
+        cJSON_GetObjectItemCaseSensitive(fp16, "loss_scale") != NULL;
     if (!enabled) {
       ls->mode = ZS_LOSS_SCALE_NONE;
     } else if (fixed > 0.0) {
+      if (power >= 0)
+        ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+                "config JSON: fp16.initial_scale_power %d applies to dynamic "
+                "loss scaling, but the loss scale is static (%s %g): set "
+                "fp16.loss_scale to 0 for dynamic scaling, or drop "
+                "initial_scale_power", power,
+                scale_given ? "fp16.loss_scale" : "config.loss_scaler, scale",
+                fixed);
       ls->mode = ZS_LOSS_SCALE_STATIC;
-      ls->init_scale = fixed;
+      if (scale_given) ls->init_scale = fixed;
     } else {
-      /* DeepSpeed: dynamic from 2^initial_scale_power, default 16 */
       ls->mode = ZS_LOSS_SCALE_DYNAMIC;
-      ls->init_scale = ldexp(1.0, power >= 0 ? power : 16);
+      if (power >= 0)
+        ls->init_scale = ldexp(1.0, power);
+      else if (now->mode != ZS_LOSS_SCALE_DYNAMIC)
+        ls->init_scale = ldexp(1.0, 16);
     }
   }
 cleanup:

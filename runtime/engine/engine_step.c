@@ -234,9 +234,17 @@ cleanup:
 /* zs_step. A micro-batch before the K-th reduces (or, with local
  * accumulation, keeps) its gradients and returns; the K-th reduces what is
  * left and applies the optimizer. */
+/* The step info a call fills, and whether it did: a call refused before
+ * its work began leaves the caller's struct untouched (as 0.1 did). */
+typedef struct zs__step_out {
+  zs_step_info info;
+  int filled;
+} zs__step_out;
+
 static zs_status zs__step_body(zs_model* m, int unit, void* arg) {
   (void)unit;
-  zs_step_info* info = (zs_step_info*)arg;
+  zs__step_out* out = (zs__step_out*)arg;
+  zs_step_info* info = &out->info;
   zs_status st = ZS_OK;
   /* the same on every rank: the failure was agreed */
   if (m->broken)
@@ -252,6 +260,7 @@ static zs_status zs__step_body(zs_model* m, int unit, void* arg) {
                      m->must_discard_msg);
   memset(info, 0, sizeof *info);
   info->grad_norm = -1.0;
+  out->filled = 1;
   /* Misuse on any rank ends the step on every rank before anything moves;
    * nothing changes, so the caller can fix the order and call again. */
   st = zs__step_consistency(m, zs__step_check_closed(m));
@@ -306,15 +315,16 @@ out:
   return st;
 }
 
-static zs_status zs__step_run(zs_model* m, zs_step_info* info) {
-  return zs__public_call(m, "zs_step", -1, 1, zs__step_body, info);
+static zs_status zs__step_run(zs_model* m, zs__step_out* out) {
+  return zs__public_call(m, "zs_step", -1, 1, zs__step_body, out);
 }
 
 /* Runs zs_step or zs_step_discard with the step info in this library's
  * layout, then gives it to the caller in the layout of its release (a bad
- * struct_size fails first, changing nothing). */
+ * struct_size fails first, changing nothing; a call refused before its
+ * work began writes nothing). */
 static zs_status zs__step_call(zs_model* m, zs_step_info* user,
-                               zs_status (*run)(zs_model*, zs_step_info*),
+                               zs_status (*run)(zs_model*, zs__step_out*),
                                const char* fn) {
   size_t size = 0; /* 0: info not written (no caller's struct, or no
                        context to say its release: run fails then) */
@@ -323,11 +333,12 @@ static zs_status zs__step_call(zs_model* m, zs_step_info* user,
                                 user, fn, &size);
     if (st != ZS_OK) return st;
   }
-  zs_step_info full;
+  zs__step_out full;
   memset(&full, 0, sizeof full);
   const zs_status st = run(m, &full);
-  if (size != 0)
-    zs__out_write(ZS__OUT_STEP_INFO, m->ctx->caller_version, &full, user, size);
+  if (size != 0 && full.filled)
+    zs__out_write(ZS__OUT_STEP_INFO, m->ctx->caller_version, &full.info, user,
+                  size);
   return st;
 }
 
@@ -345,10 +356,12 @@ zs_status zs_step(zs_model* m, zs_step_info* info) {
  * optimizer states, step counts and the loss scale are not touched. */
 static zs_status zs__discard_body(zs_model* m, int unit, void* arg) {
   (void)unit;
-  zs_step_info* info = (zs_step_info*)arg;
+  zs__step_out* out = (zs__step_out*)arg;
+  zs_step_info* info = &out->info;
   zs_status st = ZS_OK;
   memset(info, 0, sizeof *info);
   info->grad_norm = -1.0;
+  out->filled = 1;
   (void)zs__check_discarded(m, "zs_step_discard"); /* sets discard_local */
   if (!m->discard_local) {
     int matched = 0;
@@ -390,8 +403,8 @@ out:
 }
 
 /* (no discard gate: the discard is what the gate asks for) */
-static zs_status zs__discard_run(zs_model* m, zs_step_info* info) {
-  return zs__public_call(m, "zs_step_discard", -1, 0, zs__discard_body, info);
+static zs_status zs__discard_run(zs_model* m, zs__step_out* out) {
+  return zs__public_call(m, "zs_step_discard", -1, 0, zs__discard_body, out);
 }
 
 zs_status zs_step_discard(zs_model* m, zs_step_info* info) {

@@ -866,3 +866,40 @@ zs_status zs_estimate_from_model(const char* description,
   return zs__estimate_run(0.0, description, config, input, out,
                           "zs_estimate_from_model");
 }
+
+/* ==== ZeroShard 0.1's estimator ============================================
+ * The symbols programs built against 0.1's header call, so that they keep
+ * running (docs/api.md, "Versions and compatibility"): 0.1's
+ * zs_estimate_config is zs__estimate_config field for field, and its
+ * zs_memory_estimate is written in 0.1's layout (core_compat.c). The same
+ * computation as zs_estimate_from_params and _from_model. */
+static zs_status zs__estimate_v01(double params, const char* description,
+                                  const zs__estimate_config* config,
+                                  void* out, const char* fn) {
+  ZS_REQUIRE(config != NULL && out != NULL,
+             "%s: config and out must not be NULL", fn);
+  size_t size = 0;
+  zs_status st = zs__out_size(ZS__OUT_MEMORY_ESTIMATE, 100, out, fn, &size);
+  if (st != ZS_OK) return st;
+  zs_memory_estimate full;
+  memset(&full, 0, sizeof full);
+  st = description != NULL ? zs__estimate_model(description, config, &full)
+                           : zs__estimate_params(params, config, &full);
+  if (st == ZS_OK) zs__out_write(ZS__OUT_MEMORY_ESTIMATE, 100, &full, out, size);
+  return st;
+}
+
+zs_status zs_estimate_params(double params, const zs__estimate_config* config,
+                             void* out);
+zs_status zs_estimate_params(double params, const zs__estimate_config* config,
+                             void* out) {
+  return zs__estimate_v01(params, NULL, config, out, "zs_estimate_params");
+}
+
+zs_status zs_estimate_model(const char* description,
+                            const zs__estimate_config* config, void* out);
+zs_status zs_estimate_model(const char* description,
+                            const zs__estimate_config* config, void* out) {
+  ZS_REQUIRE(description != NULL, "zs_estimate_model: description is NULL");
+  return zs__estimate_v01(0.0, description, config, out, "zs_estimate_model");
+}

@@ -462,8 +462,9 @@ int zs_context_rank(const zs_context* ctx);
 /* Number of ranks in the context's communicator (0 for NULL). */
 int zs_context_world_size(const zs_context* ctx);
 /* The configuration the context uses: resolved (no UNSET field), in this
- * library's layout (a caller from an older release reads its own fields
- * of it). Owned by the context. NULL for NULL. */
+ * library's layout, its version and struct_size those of the caller's
+ * release (an older caller reads its own fields; a copy of it makes a
+ * context of that release). Owned by the context. NULL for NULL. */
 const zs_config* zs_context_config(const zs_context* ctx);
 
 /* ==== Memory accounting ================================================== */
@@ -923,7 +924,7 @@ typedef struct zs_step_info {
 /* Ends the micro-batch: reduces what is left and, at the K-th of
  * config.grad_accum_steps, runs the optimizer on this rank's part (ZeRO,
  * arXiv:1910.02054, sec. 5); stages 1-2 then all-gather the parameters.
- *  - Collective, blocking. info may be NULL (else its struct_size, below).
+ *  - Collective, blocking. info: NULL, or left as is if refused at entry.
  *  - First checks on every rank: nothing still held, the same step,
  *    collectives, use counts and learning rates (docs/api.md, "A training
  *    step"). Misuse: INVALID_STATE here, REMOTE elsewhere, nothing changed.

@@ -5,8 +5,10 @@
  * non-default value in every field it sets, resolves to those values and
  * the defaults for the rest; it trains with 0.1's output structs (no
  * struct_size, 0.1's array sizes), which must come back in 0.1's layout
- * and never overrun; a config stamped with a newer version is refused,
- * naming both versions. Exit status 0 when every check holds.
+ * and never overrun; a copy of its context's config makes a context of
+ * 0.1 too; 0.1's estimator calls still run; a config stamped with a newer
+ * version is refused, naming both versions. Exit status 0 when every
+ * check holds.
  */
 #include <stdio.h>
 #include <string.h>
@@ -166,6 +168,42 @@ int main(void) {
         "other %zu resident %zu", ms.v.current[ZS_MEM_OTHER],
         ms.v.resident_bytes);
   CHECK(canary_intact(ms.canary), "zs_memory_stats overrun");
+
+  /* 0.1's estimator, still linked: the ZeRO formula from a count (fp32
+   * AdamW: 16 bytes per parameter, a quarter each on 4 ranks at stage 3),
+   * and this model's states byte for byte as the context measured them */
+  zs_estimate_config ec = ZS_ESTIMATE_CONFIG_INIT;
+  GUARDED(zs_memory_estimate) est;
+  memset(&est, CANARY, sizeof est);
+  CHECK(zs_estimate_params(1e6, &ec, &est.v) == ZS_OK, "%s", zs_last_error());
+  CHECK(est.v.model_state_bytes == 16000000 &&
+            est.v.bytes[ZS_MEM_PARAMS] == 4000000 &&
+            est.v.total >= est.v.model_state_bytes,
+        "1e6 parameters: model states %zu, params %zu, total %zu",
+        est.v.model_state_bytes, est.v.bytes[ZS_MEM_PARAMS], est.v.total);
+  ec.ranks = 4;
+  ec.stage = 3;
+  CHECK(zs_estimate_params(1e6, &ec, &est.v) == ZS_OK, "%s", zs_last_error());
+  CHECK(est.v.model_state_bytes == 4000000, "stage 3, 4 ranks: %zu",
+        est.v.model_state_bytes);
+  ec = (zs_estimate_config)ZS_ESTIMATE_CONFIG_INIT;
+  ec.stage = 2;
+  ec.optimizer = ZS_OPTIM_ADAM;
+  ec.grad_accum_steps = 2;
+  ec.grad_accum_local = 1;
+  CHECK(zs_estimate_model("{\"units\": [{\"name\": \"u\", \"dtype\": "
+                          "\"fp32\", \"tensors\": [{\"name\": \"w\", "
+                          "\"numel\": 10}]}]}",
+                          &ec, &est.v) == ZS_OK,
+        "%s", zs_last_error());
+  CHECK(est.v.model_state_bytes == ms.v.model_state_bytes,
+        "described model states %zu, measured %zu", est.v.model_state_bytes,
+        ms.v.model_state_bytes);
+  CHECK(canary_intact(est.canary), "zs_memory_estimate overrun");
+  ec.ranks = 0;
+  CHECK(zs_estimate_params(1e6, &ec, &est.v) == ZS_ERR_INVALID_ARGUMENT &&
+            strstr(zs_last_error(), "ranks") != NULL,
+        "ranks 0: %s", zs_last_error());
   GUARDED(zs_comm_counters) cc;
   memset(&cc, CANARY, sizeof cc);
   CHECK(zs_comm_counters_get(ctx, &cc.v) == ZS_OK, "%s", zs_last_error());
@@ -188,8 +226,56 @@ int main(void) {
   CHECK(oi.v.enabled == 0 && oi.v.nvme == 0 && oi.v.nvme_aio == NULL,
         "offload info");
   CHECK(canary_intact(oi.canary), "zs_offload_info overrun");
+
+  /* A copy of the context's configuration is a 0.1 config: the context
+   * made from it writes 0.1's layouts too */
+  zs_config again = *zs_context_config(ctx);
+  CHECK(again.version == 100 && again.struct_size == sizeof(zs_config),
+        "the context's config is stamped version %u, struct_size %zu",
+        again.version, again.struct_size);
+  zs_context* ctx2 = NULL;
+  CHECK(zs_context_create_local(&again, &ctx2) == ZS_OK, "%s",
+        zs_last_error());
+  if (ctx2 != NULL) {
+    GUARDED(zs_memory_stats) ms2;
+    memset(&ms2, CANARY, sizeof ms2);
+    memset(&ms2.v, 0, sizeof ms2.v);
+    CHECK(zs_memory_stats_get(ctx2, &ms2.v) == ZS_OK, "%s", zs_last_error());
+    CHECK(ms2.v.current[ZS_MEM_OTHER] > 0, "the copy's context: other %zu",
+          ms2.v.current[ZS_MEM_OTHER]);
+    CHECK(canary_intact(ms2.canary),
+          "zs_memory_stats of the copy's context overrun");
+    GUARDED(zs_comm_counters) cc2;
+    memset(&cc2, CANARY, sizeof cc2);
+    CHECK(zs_comm_counters_get(ctx2, &cc2.v) == ZS_OK, "%s", zs_last_error());
+    CHECK(canary_intact(cc2.canary),
+          "zs_comm_counters of the copy's context overrun");
+    zs_context_destroy(ctx2);
+  }
   zs_model_destroy(m);
   zs_context_destroy(ctx);
+
+  /* 0.1 had no UNSET values: a value 0.1 refused is refused still, naming
+   * the field, though this release reads it as "unset" */
+  zs_config bad = c;
+  bad.stage = -2147483647 - 1;
+  CHECK(zs_config_validate(&bad) == ZS_ERR_INVALID_ARGUMENT &&
+            strstr(zs_last_error(), "config.stage") != NULL,
+        "stage INT_MIN in a 0.1 config: %s", zs_last_error());
+  bad = c;
+  bad.optimizer.lr = -1.0e300;
+  CHECK(zs_config_validate(&bad) == ZS_ERR_INVALID_ARGUMENT &&
+            strstr(zs_last_error(), "config.optimizer.lr") != NULL,
+        "lr -1e300 in a 0.1 config: %s", zs_last_error());
+  zs_context* refused = NULL;
+  bad = c;
+  bad.log_level = -2147483647 - 1;
+  CHECK(zs_context_create_local(&bad, &refused) == ZS_ERR_INVALID_ARGUMENT &&
+            strstr(zs_last_error(), "config.log_level") != NULL,
+        "log_level INT_MIN in a 0.1 config: %s", zs_last_error());
+  bad = c;
+  bad.optimizer.weight_decay = ZS_WEIGHT_DECAY_DEFAULT; /* 0.1's default */
+  CHECK(zs_config_validate(&bad) == ZS_OK, "%s", zs_last_error());
 
   /* A config from a newer header is refused, naming both versions */
   zs_config newer = c;

@@ -354,6 +354,40 @@ TEST(Config, PrecisionDefaultsAndRanges) {
                 R"({"fp16": {"enabled": true, "initial_scale_power": 200}})", &d),
             ZS_ERR_INVALID_ARGUMENT);
   EXPECT_LAST_ERROR_HAS("initial_scale_power");
+  // A field is written only when a key says so: a dynamic scaler set in C
+  // keeps its scale when the block sets another key; a static one refuses
+  // a power it would ignore; loss_scale 0 turns a static one dynamic from
+  // DeepSpeed's 2^16.
+  for (double scale : {1024.0, 8.0, 3e4}) {
+    zs_config s = Defaults();
+    s.loss_scaler.mode = ZS_LOSS_SCALE_DYNAMIC;
+    s.loss_scaler.init_scale = scale;
+    ASSERT_EQ(zs_config_from_json(R"({"fp16": {"loss_scale_window": 100}})", &s),
+              ZS_OK) << zs_last_error();
+    EXPECT_EQ(s.loss_scaler.mode, ZS_LOSS_SCALE_DYNAMIC);
+    EXPECT_EQ(s.loss_scaler.init_scale, scale);
+    EXPECT_EQ(s.loss_scaler.growth_interval, 100);
+    ASSERT_EQ(zs_config_from_json(R"({"fp16": {"enabled": true}})", &s), ZS_OK);
+    EXPECT_EQ(s.loss_scaler.init_scale, scale);
+    ASSERT_EQ(zs_config_from_json(R"({"fp16": {"initial_scale_power": 5}})", &s),
+              ZS_OK) << zs_last_error();
+    EXPECT_EQ(s.loss_scaler.init_scale, 32.0);
+    zs_config t = Defaults();
+    t.loss_scaler.mode = ZS_LOSS_SCALE_STATIC;
+    t.loss_scaler.init_scale = scale;
+    EXPECT_EQ(zs_config_from_json(
+                  R"({"fp16": {"enabled": true, "initial_scale_power": 8}})", &t),
+              ZS_ERR_INVALID_ARGUMENT);
+    EXPECT_LAST_ERROR_HAS("fp16.initial_scale_power 8 applies to dynamic");
+    EXPECT_EQ(t.loss_scaler.mode, ZS_LOSS_SCALE_STATIC);  // unchanged
+    EXPECT_EQ(t.loss_scaler.init_scale, scale);
+    ASSERT_EQ(zs_config_from_json(R"({"fp16": {"hysteresis": 3}})", &t), ZS_OK);
+    EXPECT_EQ(t.loss_scaler.mode, ZS_LOSS_SCALE_STATIC);
+    EXPECT_EQ(t.loss_scaler.init_scale, scale);
+    ASSERT_EQ(zs_config_from_json(R"({"fp16": {"loss_scale": 0}})", &t), ZS_OK);
+    EXPECT_EQ(t.loss_scaler.mode, ZS_LOSS_SCALE_DYNAMIC);
+    EXPECT_EQ(t.loss_scaler.init_scale, 65536.0);
+  }
   ASSERT_EQ(zs_config_from_json(R"({"gradient_clipping": 0})", &j), ZS_OK);
   EXPECT_EQ(j.clip_grad_norm, 0);
   EXPECT_EQ(zs_config_from_json(R"({"gradient_clipping": -1})", &j),
@@ -567,6 +601,8 @@ TEST(Config, ValidateRejectsEachBadFieldByName) {
       {"version from another major",
        [](zs_config* c) { c->version = ZS_VERSION_CODE + 10000; },
        "config.version"},
+      {"version 0 (not initialized)", [](zs_config* c) { c->version = 0; },
+       "config.version is 0: the config was not initialized"},
       {"log_level 5", [](zs_config* c) { c->log_level = (zs_log_level)5; },
        "config.log_level"},
       {"log_level -1", [](zs_config* c) { c->log_level = (zs_log_level)-1; },
@@ -584,6 +620,15 @@ TEST(Config, ValidateRejectsEachBadFieldByName) {
     ExpectConfigEq(c, before);  // validate has no side effects
   }
   EXPECT_EQ(zs_config_validate(nullptr), ZS_ERR_INVALID_ARGUMENT);
+  // The sized initializer refuses sizes of no release, 0 among them.
+  zs_config s;
+  for (size_t size : {(size_t)0, (size_t)8, sizeof(zs_config) + 8}) {
+    EXPECT_EQ(zs_config_init_sized(&s, size), ZS_ERR_INVALID_ARGUMENT) << size;
+    EXPECT_LAST_ERROR_HAS("struct_size");
+  }
+  zs_config d = Defaults();
+  EXPECT_EQ(zs_config_resolve(&d, nullptr), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_LAST_ERROR_HAS("zs_config_resolve");
 }
 
 // ==== Configuration: JSON ================================================

@@ -409,7 +409,12 @@ void Fail(Sharded& z, const Opts& o, int s) {
                 std::string::npos) << what << ": " << e;
       // until this rank discards, nothing that issues a collective runs
       EXPECT_EQ(zs_unit_gather(z.m, z.unit[0]), ZS_ERR_INVALID_STATE) << what;
-      EXPECT_EQ(zs_step(z.m, nullptr), ZS_ERR_INVALID_STATE) << what;
+      zs_step_info kept{};  // refused before its work: left as it was
+      kept.struct_size = sizeof kept;
+      kept.step = 77;
+      kept.loss_scale = 3.0;
+      EXPECT_EQ(zs_step(z.m, &kept), ZS_ERR_INVALID_STATE) << what;
+      EXPECT_TRUE(kept.step == 77 && kept.loss_scale == 3.0) << what;
     }
   }
   zs_step_info info{};

@@ -635,6 +635,20 @@ TEST_F(EngineTest, SameSizedUnitsInDifferentOrderAreAMismatch) {
     EXPECT_EQ(zs_step(m, nullptr), ZS_ERR_INVALID_STATE) << "stage " << stage;
     EXPECT_TRUE(Contains(zs_last_error(), "drop them with zs_step_discard"))
         << zs_last_error();
+    // ... and, refused before its work began, leaves the caller's step
+    // info as it was (as 0.1 did)
+    zs_step_info kept{};
+    kept.struct_size = sizeof kept;
+    kept.step = 77;
+    kept.loss_scale = 3.0;
+    kept.grad_norm = 9.0;
+    kept.micro_batch = 5;
+    kept.applied = 1;
+    EXPECT_EQ(zs_step(m, &kept), ZS_ERR_INVALID_STATE);
+    EXPECT_TRUE(kept.step == 77 && kept.loss_scale == 3.0 &&
+                kept.grad_norm == 9.0 && kept.micro_batch == 5 &&
+                kept.applied == 1)
+        << "step " << kept.step << " scale " << kept.loss_scale;
     ASSERT_EQ(zs_tensor_get(m, t[0], ZS_FIELD_PARAM, after.data()), ZS_OK);
     EXPECT_TRUE(Bitwise(after, before)) << "no update was applied on retry";
     // Dropped, the micro-batch redone in one order: training goes on.
