@@ -4,7 +4,9 @@
 Usage: check_layers.py [--root DIR] [--table FILE]
 
 Reads every #include "..." of the .c, .cu and .h files under runtime/,
-optim/ and offload/ and fails (exit 1, one line per finding) when
+optim/ and offload/ (spelled from the root, "runtime/engine/engine.h", or
+from the including file's folder, "engine.h", "../engine/engine.h", as the
+compiler resolves a quoted include) and fails (exit 1, one line per finding) when
   - a file includes a header of a higher level, or of its own level where
     that level is `apart` (a sibling feature) and the header is not its own;
   - an included header of the tree does not exist;
@@ -90,6 +92,20 @@ def allowed(src, dst, where, levels):
     return levels[a][1] == "peers" or stem(src) == stem(dst)
 
 
+def resolve(root, src, spelled):
+    """The tree path an include of src names, or None outside the tree.
+    A quoted include is looked up beside the including file first (as cc
+    and nvcc do), then from the root (the build's -iquote)."""
+    beside = os.path.normpath(os.path.join(os.path.dirname(src), spelled))
+    if os.path.exists(os.path.join(root, beside)):
+        path = beside
+    else:
+        path = os.path.normpath(spelled)
+    if path.startswith(tuple(s + "/" for s in SCOPES)):
+        return path
+    return None
+
+
 def check_includes(root, files, where, levels, problems):
     count = 0
     for f in files:
@@ -97,9 +113,10 @@ def check_includes(root, files, where, levels, problems):
             continue
         with open(os.path.join(root, f), errors="replace") as fh:
             text = fh.read()
-        for inc in INCLUDE.findall(text):
-            if not inc.startswith(tuple(s + "/" for s in SCOPES)):
-                continue  # same-directory includes of generated files etc.
+        for spelled in INCLUDE.findall(text):
+            inc = resolve(root, f, spelled)
+            if inc is None:
+                continue  # outside the tree: third_party/, generated files
             count += 1
             if not os.path.exists(os.path.join(root, inc)):
                 problems.append("%s: includes %s, which does not exist" % (

@@ -41,6 +41,16 @@ expect_fail "one engine feature including another's header" \
   "runtime/engine/engine_grad.c (level engine-features) includes runtime/engine/engine_model.h (level engine-features): a sibling"
 
 fresh
+add_include runtime/engine/engine_grad.c engine_model.h
+expect_fail "a sibling's header spelled from the same folder" \
+  "runtime/engine/engine_grad.c (level engine-features) includes runtime/engine/engine_model.h (level engine-features): a sibling"
+
+fresh
+add_include runtime/core/core_mem.c ../engine/engine.h
+expect_fail "the engine spelled relative to core" \
+  "runtime/core/core_mem.c (level core) includes runtime/engine/engine.h (level engine): a higher level"
+
+fresh
 add_include runtime/layout/layout.c runtime/context/context.h
 expect_fail "layout including the context" \
   "runtime/layout/layout.c (level layout) includes runtime/context/context.h"
