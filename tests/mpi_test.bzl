@@ -1,6 +1,8 @@
 """zs_mpi_test: one GoogleTest binary run under mpirun at several world sizes."""
 
-def zs_mpi_test(name, srcs, deps = [], ranks = [1, 2, 3, 4], size = "medium", tags = [], env = {}, data = [], **kwargs):
+load("//runtime:defs.bzl", "CXX_OPTS")
+
+def zs_mpi_test(name, srcs, deps = [], ranks = [1, 2, 3, 4], size = "medium", tags = [], env = {}, data = [], copts = [], **kwargs):
     """Builds NAME_bin and one sh_test NAME_npN per world size N.
 
     Each NAME_npN runs `mpirun -np N NAME_bin` (tests/testing/run_mpi.sh)
@@ -12,6 +14,7 @@ def zs_mpi_test(name, srcs, deps = [], ranks = [1, 2, 3, 4], size = "medium", ta
         name = name + "_bin",
         testonly = True,
         srcs = srcs,
+        copts = CXX_OPTS + copts,
         deps = deps + ["//tests/testing:mpi_main"],
         data = data,
         **kwargs

@@ -36,9 +36,22 @@ BUSBW = {"all_gather": lambda n: (n - 1) / n,
 SAME_RUN_S = 120.0
 
 
-def fail(msg):
+def fail(msg, status=1):
+    """Says what is wrong and exits: 1 for the profiles (a runtime error),
+    2 for the command line (a usage error)."""
     print("memreport: " + msg, file=sys.stderr)
-    sys.exit(2)
+    sys.exit(status)
+
+
+def refuse_repeats(argv):
+    """A flag given twice is a usage error (every flag is one setting)."""
+    seen = set()
+    for a in argv:
+        if a.startswith("--"):
+            name = a.split("=", 1)[0]
+            if name in seen:
+                fail("%s given twice (give each flag once)" % name, 2)
+            seen.add(name)
 
 
 def load(directory, context=None):
@@ -233,9 +246,10 @@ def main():
                     help="merge the zs_profile_rank<R>.ctx<K>.json files "
                     "(a process's later contexts; 0: the first context's "
                     "zs_profile_rank<R>.json) [the first context's]")
+    refuse_repeats(sys.argv[1:])
     a = ap.parse_args()
     if a.context is not None and a.context < 0:
-        fail("--context: expected a context number >= 0, got %d" % a.context)
+        fail("--context: expected a context number >= 0, got %d" % a.context, 2)
     world, profiles = load(a.dir, a.context)
     peaks = []
     for _, meta, events in profiles:

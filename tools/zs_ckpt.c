@@ -14,10 +14,10 @@
 #include "runtime/ckpt/ckpt_format.h"
 
 static const char kUsage[] =
-    "usage: tools/zs consolidate CKPT OUT.safetensors [--dtype fp32|bf16] "
+    "usage: zs consolidate CKPT OUT.safetensors [--dtype fp32|bf16] "
     "[--duplicate-tied]\n"
-    "       tools/zs inspect CKPT [--json] [--verify]\n"
-    "       (bazel-bin/tools/zs_ckpt consolidate|inspect: the same)\n"
+    "       zs inspect CKPT [--json] [--verify]\n"
+    "       (tools/zs in a source tree; a flag given twice is refused)\n"
     "CKPT: a checkpoint directory, or a root whose `latest` names one.\n"
     "consolidate: the full weights (fp32 master, or their bf16 rounding),\n"
     "  padding removed; a tied tensor once under its owner's name (listed in\n"
@@ -32,7 +32,30 @@ static int usage_error(const char* msg, const char* arg) {
   return 2;
 }
 
+/* --help anywhere: usage on stdout (1); a flag given twice: a usage
+ * error (2); else 0. */
+static int help_or_repeat(int argc, char** argv, int* rc) {
+  for (int i = 0; i < argc; i++) {
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+      fputs(kUsage, stdout);
+      *rc = 0;
+      return 1;
+    }
+    if (strncmp(argv[i], "--", 2) != 0) continue;
+    for (int k = 0; k < i; k++)
+      if (strcmp(argv[k], argv[i]) == 0) {
+        fprintf(stderr, "zs_ckpt: %s given twice (give each flag once)\n%s",
+                argv[i], kUsage);
+        *rc = 2;
+        return 1;
+      }
+  }
+  return 0;
+}
+
 static int consolidate(int argc, char** argv) {
+  int rc = 0;
+  if (help_or_repeat(argc, argv, &rc)) return rc;
   const char *in = NULL, *out = NULL;
   zs_dtype dtype = ZS_FLOAT32;
   int dup = 0;
@@ -74,6 +97,8 @@ static void print_shape(const zs__ckpt_tensor* t) {
 }
 
 static int inspect(int argc, char** argv) {
+  int rc = 0;
+  if (help_or_repeat(argc, argv, &rc)) return rc;
   const char* in = NULL;
   int json = 0, verify = 0;
   for (int i = 0; i < argc; i++) {
@@ -143,7 +168,7 @@ static int inspect(int argc, char** argv) {
     printf("\n%zu parameters in %d tensors (%d units)\n", params, m.ntensors,
            m.nunits);
   }
-  int rc = 0;
+  rc = 0;
   if (verify) {
     for (int f = -1; f < m.world; f++) {
       if (zs__ckpt_verify_file(&m, f) != ZS_OK) {

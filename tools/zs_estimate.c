@@ -292,7 +292,10 @@ int main(int argc, char** argv) {
     const char* v = i + 1 < argc ? argv[i + 1] : NULL;
     int takes = 1;
     for (int k = 0; k < ngiven; k++)
-      if (!strcmp(given[k], f)) return fail("given twice (give each flag once)", f);
+      if (!strcmp(given[k], f)) {
+        fprintf(stderr, "zs_estimate: %s given twice (give each flag once)\n", f);
+        return 2;
+      }
     if (ngiven < (int)(sizeof given / sizeof given[0])) given[ngiven++] = f;
     if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
       fputs(kUsage, stdout);
@@ -443,8 +446,11 @@ int main(int argc, char** argv) {
     return fail("--offload-param needs --stage 3, where parameters are "
                 "sharded (or --stages: its stage-3 row has it)", NULL);
   char* text = NULL;
-  if (model != NULL && (text = read_file(model)) == NULL)
-    return fail("cannot read the model description", model);
+  if (model != NULL && (text = read_file(model)) == NULL) {
+    fprintf(stderr, "zs_estimate: cannot read the model description %s\n",
+            model);
+    return 1; /* a runtime error, not a usage error */
+  }
   int first = all ? 0 : c.stage, last = all ? 3 : c.stage;
   int rc = 0;
   /* Output is collected and printed only if every stage succeeds. */

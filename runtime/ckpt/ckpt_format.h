@@ -185,11 +185,13 @@ int zs__ckpt_own_name(const char* n);
  * missing directory is OK. */
 zs_status zs__ckpt_remove_dir(const char* path);
 
-/* The test hook of the crash-safety tests: ZS_CKPT_CRASH_AFTER=N[:RANK]
- * makes the N-th durable step of a save (a file finished, a rename; counted
- * per process, from 1) on RANK (default: any) kill the process with
- * SIGKILL, as a crash would. Unset: nothing happens. */
+/* A durable step of a save (a file finished, a rename) on `rank`: calls
+ * zs__ckpt_fault_hook when one is set. The crash-safety tests set it
+ * (tests/testing/ckpt_faults.c: ZS_CKPT_CRASH_AFTER kills the process
+ * there, as a crash would); the library never does, so shipped builds
+ * carry no fault injection. */
 void zs__ckpt_crash_point(int rank, const char* what);
+extern void (*zs__ckpt_fault_hook)(int rank, const char* what);
 
 #ifdef __cplusplus
 }

@@ -238,7 +238,8 @@ void zs__comm_dev_name(const zs__device* dev, char* buf, size_t cap) {
     return;
   }
   char busid[32];
-  dev->ops->pci_busid(dev, busid, sizeof busid);
+  /* a query: the backend changes nothing (its vtable takes it non-const) */
+  dev->ops->pci_busid((zs__device*)dev, busid, sizeof busid);
   if (busid[0] != '\0')
     snprintf(buf, cap, "the %s device at PCI %s", dev->ops->name, busid);
   else

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/comm/comm_local.h"
+
 #include "runtime/comm/comm.h"
 
 /* Requests complete at once; one static byte gives them an identity. */

@@ -44,6 +44,11 @@ void zs__set_log_rank(int rank);
 /* One error-propagation idiom: a function declares `zs_status st = ZS_OK;`,
  * has a single `cleanup:` label that frees in reverse order of allocation,
  * and returns st. */
+/* Exports a function no current header declares: an older release's
+ * symbol that programs built against it still call (runtime/zeroshard.map
+ * lists them). The public headers' declarations are exported by them. */
+#define ZS__EXPORT __attribute__((visibility("default")))
+
 #define ZS_CHECK(expr)          \
   do {                          \
     st = (expr);                \

@@ -307,7 +307,7 @@ zs_status zs_config_init_sized(zs_config* config, size_t struct_size) {
 
 /* The symbol 0.1 programs call (their header had no macro): a 0.1 config,
  * stamped 0.1, so their context keeps 0.1's output structs. */
-zs_status(zs_config_init)(zs_config* config);
+ZS__EXPORT zs_status(zs_config_init)(zs_config* config);
 zs_status(zs_config_init)(zs_config* config) {
   return zs__config_init(config, ZS__CONFIG_SIZE_0_1, 100);
 }

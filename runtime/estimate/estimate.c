@@ -889,15 +889,17 @@ static zs_status zs__estimate_v01(double params, const char* description,
   return st;
 }
 
-zs_status zs_estimate_params(double params, const zs__estimate_config* config,
-                             void* out);
+ZS__EXPORT zs_status zs_estimate_params(double params,
+                                        const zs__estimate_config* config,
+                                        void* out);
 zs_status zs_estimate_params(double params, const zs__estimate_config* config,
                              void* out) {
   return zs__estimate_v01(params, NULL, config, out, "zs_estimate_params");
 }
 
-zs_status zs_estimate_model(const char* description,
-                            const zs__estimate_config* config, void* out);
+ZS__EXPORT zs_status zs_estimate_model(const char* description,
+                                       const zs__estimate_config* config,
+                                       void* out);
 zs_status zs_estimate_model(const char* description,
                             const zs__estimate_config* config, void* out) {
   ZS_REQUIRE(description != NULL, "zs_estimate_model: description is NULL");

@@ -72,6 +72,12 @@
 extern "C" {
 #endif
 
+/* The library is compiled with -fvisibility=hidden: what this header
+ * declares is its exported API (docs/install.md, "The ABI promise"). */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 /* ==== Version ============================================================ */
 
 #define ZS_VERSION_MAJOR 0
@@ -1338,6 +1344,10 @@ zs_status zs_optim_sgd_fast(float* param, const float* grad,
  * experimental are marked [experimental] where they are declared:
  * `tools/check_header.py --list-experimental` lists them. */
 #if defined(ZS_EXPERIMENTAL)
+#endif
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
 #endif
 
 #ifdef __cplusplus

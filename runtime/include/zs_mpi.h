@@ -13,6 +13,10 @@
 extern "C" {
 #endif
 
+#if defined(__GNUC__)
+#pragma GCC visibility push(default) /* exported: see zeroshard.h */
+#endif
+
 /* Creates a context over `comm`, the data-parallel group (docs/api.md,
  * "1. Context").
  *  - comm is duplicated: ZeroShard's traffic never matches the caller's;
@@ -27,6 +31,10 @@ extern "C" {
  *         initialized). */
 zs_status zs_context_create_mpi(const zs_config* config, MPI_Comm comm,
                                 zs_context** out);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -395,7 +395,7 @@ const BadCase kBad[] = {
                     "--offload-param nvme", "--offload-param needs --offload-optimizer"},
     // a later flag does not silently win over an earlier one
     {"flag_twice", "--params 1e9 --ranks 8 --dtype bf16 --dtype fp32",
-     "given twice (give each flag once): --dtype"},
+     "--dtype given twice (give each flag once)"},
     {"stage_and_stages", "--params 1e9 --ranks 8 --stage 2 --stages",
      "--stage S and --stages: give one"},
     // NVMe sizes that would size nothing

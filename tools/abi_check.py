@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""abi_check.py — libzeroshard's ABI against a baseline, by ZeroShard's rules.
+
+Usage: abi_check.py BASELINE.abi LIB.so HEADERS_DIR
+
+Runs libabigail's abidiff (BASELINE: abidw's XML of the release the
+promise starts from; HEADERS_DIR: the public headers LIB was built with)
+and accepts its report only if every change is one the rules of
+docs/api.md, "Versions and compatibility", allow (docs/install.md, "The
+ABI promise"):
+  - functions added;
+  - members appended to a versioned struct (one whose first member is
+    `size_t struct_size`, read from HEADERS_DIR/zeroshard.h): its size
+    grows and each inserted member lies at or past its old end.
+Anything else in the report (a function removed or changed, a member
+moved, removed, retyped or inserted before the end, a change to a struct
+that is not versioned, a line this script does not know) is a break: exit
+1, with the report and the lines that broke it. Exit 0 otherwise, 2 on a
+usage error or when abidiff cannot run.
+
+libabigail's own suppression for this (`has_data_member_inserted_at =
+end`) is not enough: in libabigail 2.2 it also hides a change that moves
+two members without inserting any (tests/install/abi_test shows it), so
+the report is read here instead.
+"""
+import re
+import subprocess
+import sys
+
+# Lines of an abidiff report that carry no change by themselves.
+NEUTRAL = [
+    r"Functions changes summary: 0 Removed, \d+ Changed(?: \(\d+ filtered out\))?, \d+ Added functions?",
+    r"Variables changes summary: 0 Removed, \d+ Changed(?: \(\d+ filtered out\))?, \d+ Added variables?",
+    r"Function symbols changes summary: 0 Removed, \d+ Added .*",
+    r"Variable symbols changes summary: 0 Removed, \d+ Added .*",
+    r"\d+ functions? with some indirect sub-type changes?:",
+    r"\d+ Added functions?:",
+    r"\[A\] 'function .*",
+    r"\[C\] 'function .*' (?:at \S+ )?has some indirect sub-type changes:",
+    r"parameter \d+ of type '.*' has sub-type changes:",
+    r"return type changed:",
+    r"in pointed to type '.*'(?: at \S+)?:",
+    r"in unqualified underlying type '.*'(?: at \S+)?:",
+    r"in referenced type '.*'(?: at \S+)?:",
+    r"\d+ data member insertions?:",
+]
+UNDERLYING = re.compile(r"underlying type 'struct (\w+)'(?: at \S+)? changed:")
+SIZE = re.compile(r"type size changed from (\d+) to (\d+) \(in bits\)")
+INSERTED = re.compile(r"'.*', at offset (\d+) \(in bits\)(?: at \S+)?")
+
+
+def versioned_structs(header):
+    """Names of the typedef'd structs whose first member is struct_size."""
+    text = open(header).read()
+    return set(re.findall(
+        r"typedef struct (\w+) \{\s*size_t struct_size;", text))
+
+
+def judge(report, versioned):
+    """The report's lines that break the rules (empty: compatible)."""
+    bad = []
+    struct, old_size = None, None
+    for raw in report.splitlines():
+        line = raw.strip()
+        if not line or any(re.fullmatch(p, line) for p in NEUTRAL):
+            continue
+        m = UNDERLYING.fullmatch(line)
+        if m:
+            struct, old_size = m.group(1), None
+            if struct not in versioned:
+                bad.append(line + "  <- not a versioned struct (frozen)")
+            continue
+        m = SIZE.fullmatch(line)
+        if m and struct is not None:
+            old, new = int(m.group(1)), int(m.group(2))
+            old_size = old
+            if new < old:
+                bad.append(line + "  <- a versioned struct only grows")
+            continue
+        m = INSERTED.fullmatch(line)
+        if m and struct is not None:
+            if old_size is None or int(m.group(1)) < old_size:
+                bad.append(line + "  <- inserted before the end of %s" % struct)
+            continue
+        bad.append(line)
+    return bad
+
+
+def main(argv):
+    if len(argv) != 4:
+        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        return 2
+    baseline, lib, headers = argv[1:]
+    try:
+        versioned = versioned_structs(headers + "/zeroshard.h")
+        r = subprocess.run(["abidiff", "--headers-dir2", headers, baseline,
+                            lib], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    except OSError as e:
+        print("abi_check: %s (abidiff is Debian's abigail-tools)" % e,
+              file=sys.stderr)
+        return 2
+    if r.returncode & 1:  # ABIDIFF_ERROR
+        print(r.stdout + "abi_check: abidiff failed (exit %d)" % r.returncode,
+              file=sys.stderr)
+        return 2
+    if r.returncode == 0:
+        print("abi_check: no ABI change from %s" % baseline)
+        return 0
+    bad = judge(r.stdout, versioned)
+    sys.stdout.write(r.stdout)
+    if bad:
+        print("abi_check: BREAK: changes the rules do not allow:")
+        for b in bad:
+            print("  " + b)
+        return 1
+    print("abi_check: compatible: only additions (functions, members "
+          "appended to versioned structs)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,19 @@
+# find_package(ZeroShard X.Y): an installed release of the same major
+# version at or above X.Y is compatible (docs/api.md, "Versions and
+# compatibility"; CMake's SameMajorVersion), on 64-bit builds.
+include("${CMAKE_CURRENT_LIST_DIR}/ZeroShardVersion.cmake")
+set(PACKAGE_VERSION "${ZeroShard_INSTALLED_VERSION}")
+set(PACKAGE_VERSION_COMPATIBLE FALSE)
+if(PACKAGE_FIND_VERSION STREQUAL "")
+  set(PACKAGE_VERSION_COMPATIBLE TRUE)
+elseif(NOT PACKAGE_VERSION VERSION_LESS PACKAGE_FIND_VERSION AND
+       ZeroShard_VERSION_MAJOR STREQUAL PACKAGE_FIND_VERSION_MAJOR)
+  set(PACKAGE_VERSION_COMPATIBLE TRUE)
+  if(PACKAGE_VERSION VERSION_EQUAL PACKAGE_FIND_VERSION)
+    set(PACKAGE_VERSION_EXACT TRUE)
+  endif()
+endif()
+if(NOT CMAKE_SIZEOF_VOID_P STREQUAL "" AND NOT CMAKE_SIZEOF_VOID_P STREQUAL "8")
+  set(PACKAGE_VERSION "${PACKAGE_VERSION} (64-bit)")
+  set(PACKAGE_VERSION_UNSUITABLE TRUE)
+endif()
