@@ -39,7 +39,7 @@ SAME_RUN_S = 120.0
 def fail(msg, status=1):
     """Says what is wrong and exits: 1 for the profiles (a runtime error),
     2 for the command line (a usage error)."""
-    print("memreport: " + msg, file=sys.stderr)
+    print("zs memreport: " + msg, file=sys.stderr)
     sys.exit(status)
 
 
@@ -47,7 +47,7 @@ def refuse_repeats(argv):
     """A flag given twice is a usage error (every flag is one setting)."""
     seen = set()
     for a in argv:
-        if a.startswith("--"):
+        if a.startswith("--") and a != "--help":
             name = a.split("=", 1)[0]
             if name in seen:
                 fail("%s given twice (give each flag once)" % name, 2)
@@ -237,7 +237,8 @@ def svg(profiles, width=900, panel=150):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="zs memreport", allow_abbrev=False,
+                                 description=__doc__.split("\n")[0])
     ap.add_argument("dir")
     ap.add_argument("--svg", help="where to write the picture [DIR/memreport.svg]")
     ap.add_argument("--json", action="store_true",
@@ -280,7 +281,7 @@ def main():
         print(json.dumps({"ranks": world, "peak_bytes": peaks, "comm": comm,
                           "phase_peak_total_bytes": phases, "svg": path}))
         if svg_error:
-            print("memreport: " + svg_error, file=sys.stderr)
+            print("zs memreport: " + svg_error, file=sys.stderr)
             sys.exit(1)
         return
     used = [c for c in CATEGORIES if any(r[c] for r in peaks)] + ["total"]
@@ -307,7 +308,7 @@ def main():
             op, s["calls"], s["bytes"], s["seconds"], s["algbw_GBps"],
             s["busbw_GBps"], s["calls_per_step"]))
     if svg_error:
-        print("memreport: " + svg_error, file=sys.stderr)
+        print("zs memreport: " + svg_error, file=sys.stderr)
         sys.exit(1)
     print("\npicture: %s" % path)
 

@@ -26,8 +26,11 @@ static const char kUsage[] =
     "  --verify also checks every file's size and xxHash64 (exit status 1\n"
     "  if one does not match; with --json its line goes to stderr).\n";
 
+/* The command as the user typed it: "zs inspect", "zs consolidate". */
+static const char* g_cmd = "zs";
+
 static int usage_error(const char* msg, const char* arg) {
-  fprintf(stderr, "zs_ckpt: %s%s%s\n%s", msg, arg ? " " : "", arg ? arg : "",
+  fprintf(stderr, "%s: %s%s%s\n%s", g_cmd, msg, arg ? " " : "", arg ? arg : "",
           kUsage);
   return 2;
 }
@@ -44,8 +47,8 @@ static int help_or_repeat(int argc, char** argv, int* rc) {
     if (strncmp(argv[i], "--", 2) != 0) continue;
     for (int k = 0; k < i; k++)
       if (strcmp(argv[k], argv[i]) == 0) {
-        fprintf(stderr, "zs_ckpt: %s given twice (give each flag once)\n%s",
-                argv[i], kUsage);
+        fprintf(stderr, "%s: %s given twice (give each flag once)\n%s",
+                g_cmd, argv[i], kUsage);
         *rc = 2;
         return 1;
       }
@@ -81,7 +84,7 @@ static int consolidate(int argc, char** argv) {
     return usage_error("consolidate needs CKPT and OUT", NULL);
   zs_status st = zs_checkpoint_consolidate(in, out, dtype, dup);
   if (st != ZS_OK) {
-    fprintf(stderr, "zs_ckpt: %s\n", zs_last_error()); /* "consolidate: ..." */
+    fprintf(stderr, "zs %s\n", zs_last_error()); /* "consolidate: ..." */
     return 1;
   }
   printf("wrote %s (%s%s)\n", out, zs_dtype_name(dtype),
@@ -112,7 +115,7 @@ static int inspect(int argc, char** argv) {
   zs__ckpt_meta m;
   zs_status st = zs__ckpt_meta_read(in, &m);
   if (st != ZS_OK) {
-    fprintf(stderr, "zs_ckpt inspect: %s\n", zs_last_error());
+    fprintf(stderr, "zs inspect: %s\n", zs_last_error());
     zs__ckpt_meta_free(&m);
     return 1;
   }
@@ -172,7 +175,7 @@ static int inspect(int argc, char** argv) {
   if (verify) {
     for (int f = -1; f < m.world; f++) {
       if (zs__ckpt_verify_file(&m, f) != ZS_OK) {
-        fprintf(stderr, "zs_ckpt inspect: %s\n", zs_last_error());
+        fprintf(stderr, "zs inspect: %s\n", zs_last_error());
         rc = 1;
       }
     }
@@ -190,8 +193,13 @@ int main(int argc, char** argv) {
     fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
-  if (strcmp(argv[1], "consolidate") == 0)
+  if (strcmp(argv[1], "consolidate") == 0) {
+    g_cmd = "zs consolidate";
     return consolidate(argc - 2, argv + 2);
-  if (strcmp(argv[1], "inspect") == 0) return inspect(argc - 2, argv + 2);
+  }
+  if (strcmp(argv[1], "inspect") == 0) {
+    g_cmd = "zs inspect";
+    return inspect(argc - 2, argv + 2);
+  }
   return usage_error("unknown command", argv[1]);
 }

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <cjson/cJSON.h>
 #include <hwloc.h>
 #include <liburing.h>
@@ -145,6 +146,31 @@ static int cuda_report(void) {
   return (drv != NULL && rt != NULL && gpus > 0) ? gpus : 0;
 }
 
+/* The version of the libzeroshard.so installed beside this program
+ * (PREFIX/libexec/zeroshard/zs-env -> PREFIX/lib), if there is one. */
+static void installed_library(void) {
+  char exe[PATH_MAX], lib[PATH_MAX + 32];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) return;
+  exe[n] = '\0';
+  char* slash = strrchr(exe, '/');
+  if (slash == NULL) return;
+  *slash = '\0';
+  snprintf(lib, sizeof lib, "%s/../../lib/libzeroshard.so.%d", exe,
+           ZS_VERSION_MAJOR);
+  if (access(lib, F_OK) != 0) return; /* a source tree's build */
+  char real[PATH_MAX];
+  if (realpath(lib, real) == NULL) snprintf(real, sizeof real, "%s", lib);
+  void* h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+  if (h == NULL) {
+    row("installed", "%s does not load: %s", real, dlerror());
+    return;
+  }
+  const char* (*version)(void) =
+      (const char* (*)(void))dlsym(h, "zs_version_string");
+  row("installed", "%s (%s)", version ? version() : "?", real);
+}
+
 int main(int argc, char** argv) {
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -155,8 +181,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   printf("ZeroShard environment\n");
-  row("ZeroShard", "%s (library), header %d.%d.%d", zs_version_string(),
-      ZS_VERSION_MAJOR, ZS_VERSION_MINOR, ZS_VERSION_PATCH);
+  row("ZeroShard", "%s (this program's), header %d.%d.%d",
+      zs_version_string(), ZS_VERSION_MAJOR, ZS_VERSION_MINOR,
+      ZS_VERSION_PATCH);
+  installed_library();
   row("compiler", "%s", __VERSION__);
 
   char mpi[MPI_MAX_LIBRARY_VERSION_STRING];

@@ -16,10 +16,11 @@
 #include <zeroshard.h>
 
 static const char kUsage[] =
-    "usage: tools/zs estimate (--params N | --model FILE) --ranks W [flags]\n"
-    "       (or bazel-bin/tools/zs_estimate with the same flags)\n"
+    "usage: zs estimate (--params N | --model FILE) --ranks W [flags]\n"
+    "       (tools/zs estimate in a source tree)\n"
     "  --params N          parameter count (elements; 7.5e9 accepted)\n"
-    "  --model FILE        a model description (train_sharded --describe)\n"
+    "  --model FILE        a model description (docs/profiling.md; the\n"
+    "                      GPT-2 demo's: tools/zs demo --describe FILE)\n"
     "  --ranks W           data-parallel ranks (>= 1)\n"
     "  --nodes N           nodes (divides ranks) [1]\n"
     "  --stage S           ZeRO stage 0..3 [3]\n"
@@ -69,7 +70,7 @@ static void print_library_error(const char* msg) {
       {"nvme_buffer_size", "--nvme-buffer-size"}};
   const size_t nflags = sizeof kFlagOf / sizeof kFlagOf[0];
   if (strncmp(msg, "zs_estimate: ", 13) == 0) msg += 13;
-  fputs("zs_estimate: ", stderr);
+  fputs("zs estimate: ", stderr);
   while (*msg != '\0') {
     size_t k = 0;
     while (k < nflags && strncmp(msg, kFlagOf[k][0], strlen(kFlagOf[k][0])) != 0)
@@ -85,7 +86,7 @@ static void print_library_error(const char* msg) {
 }
 
 static int fail(const char* msg, const char* arg) {
-  fprintf(stderr, "zs_estimate: %s%s%s\n", msg, arg ? ": " : "", arg ? arg : "");
+  fprintf(stderr, "zs estimate: %s%s%s\n", msg, arg ? ": " : "", arg ? arg : "");
   return 2;
 }
 
@@ -293,7 +294,7 @@ int main(int argc, char** argv) {
     int takes = 1;
     for (int k = 0; k < ngiven; k++)
       if (!strcmp(given[k], f)) {
-        fprintf(stderr, "zs_estimate: %s given twice (give each flag once)\n", f);
+        fprintf(stderr, "zs estimate: %s given twice (give each flag once)\n", f);
         return 2;
       }
     if (ngiven < (int)(sizeof given / sizeof given[0])) given[ngiven++] = f;
@@ -399,7 +400,8 @@ int main(int argc, char** argv) {
       json = 1;
       takes = 0;
     } else {
-      fprintf(stderr, "zs_estimate: unknown flag '%s'\n%s", f, kUsage);
+      fprintf(stderr, "zs estimate: unknown flag '%s' (zs estimate --help "
+              "lists the flags)\n", f);
       return 2;
     }
     i += takes;
@@ -421,7 +423,7 @@ int main(int argc, char** argv) {
     return fail("--stage S and --stages: give one (--stages prints every "
                 "stage)", NULL);
   if (nvme_size_flag != NULL && c.offload_optimizer != ZS_OFFLOAD_NVME) {
-    fprintf(stderr, "zs_estimate: %s sizes the optimizer states' NVMe "
+    fprintf(stderr, "zs estimate: %s sizes the optimizer states' NVMe "
             "offload: it needs --offload-optimizer nvme\n", nvme_size_flag);
     return 2;
   }
@@ -433,7 +435,7 @@ int main(int argc, char** argv) {
                 "--grad-accum K > 1", NULL);
   if (c.global_batch > 0 &&
       c.global_batch % ((long long)c.ranks * c.grad_accum_steps) != 0) {
-    fprintf(stderr, "zs_estimate: --batch %d is not divisible by --ranks %d x "
+    fprintf(stderr, "zs estimate: --batch %d is not divisible by --ranks %d x "
             "--grad-accum %d (each rank takes whole sequences of each "
             "micro-batch, as the trainer requires)\n", c.global_batch,
             c.ranks, c.grad_accum_steps);
@@ -447,7 +449,7 @@ int main(int argc, char** argv) {
                 "sharded (or --stages: its stage-3 row has it)", NULL);
   char* text = NULL;
   if (model != NULL && (text = read_file(model)) == NULL) {
-    fprintf(stderr, "zs_estimate: cannot read the model description %s\n",
+    fprintf(stderr, "zs estimate: cannot read the model description %s\n",
             model);
     return 1; /* a runtime error, not a usage error */
   }
@@ -467,8 +469,10 @@ int main(int argc, char** argv) {
     zs_memory_estimate e;
     zs_status st = estimate(&c, params, text, &e);
     if (st != ZS_OK) {
+      /* the description file's content: a runtime error (1); what the
+       * flags ask for: a usage error (2) */
+      rc = strstr(zs_last_error(), "model description") != NULL ? 1 : 2;
       print_library_error(zs_last_error());
-      rc = 2;
       break;
     }
     /* DeepSpeed counts parameters once (ties too) and layers by module. */

@@ -353,7 +353,7 @@ TEST_P(EstimateBadInput, ClearMessageNonZeroExit) {
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find(c.expect), std::string::npos)
       << "expected '" << c.expect << "' in:\n" << r.output;
-  EXPECT_EQ(r.output.find("zs_estimate: zs_estimate:"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("zs estimate: zs estimate:"), std::string::npos) << r.output;
 }
 
 const BadCase kBad[] = {

@@ -5,8 +5,9 @@
 # struct (docs/install.md, "The ABI promise"):
 #  1. the built library has no incompatible change from the baseline;
 #  2. the library compiled from copies of the public header: unchanged,
-#     it passes (the check itself reports nothing spurious); with a field
-#     of zs_step_info moved, it fails naming the struct; with a field
+#     it passes (the check itself reports nothing spurious); with two
+#     fields of zs_step_info swapped, or one retyped to a type of the same
+#     size, it fails naming them; with a field
 #     appended to zs_config and to zs_step_info (as a minor release does,
 #     with ZS_VERSION_MINOR bumped), it passes.
 set -euo pipefail
@@ -93,6 +94,16 @@ if abidiff --headers-dir2 "$tmp/reordered/include" --suppressions "$tmp/append.a
 else
   echo "note: abidiff with has_data_member_inserted_at = end now fails the moved fields ($(abidiff --version)): abi_check.py could use the suppression"
 fi
+
+# zs_step_info's micro_batch retyped int -> float (the same size: only
+# the type tells)
+variant retyped 's/^  int micro_batch; /  float micro_batch; /'
+if check "$tmp/retyped/libzeroshard.so" "$tmp/retyped/include"; then
+  cat "$tmp/abidiff.txt"; echo "FAIL: a retyped field passed the ABI check"; exit 1
+fi
+grep -q "micro_batch" "$tmp/abidiff.txt" ||
+  { cat "$tmp/abidiff.txt"; echo "FAIL: the report does not name micro_batch"; exit 1; }
+echo "ok: zs_step_info.micro_batch retyped int -> float fails: $(grep -m1 "micro_batch" "$tmp/abidiff.txt" | sed 's/^ *//')"
 
 variant appended 's/^#define ZS_VERSION_MINOR 2$/#define ZS_VERSION_MINOR 3/;s|^  /\* Appended fields go here, newest last (rule 1). \*/$|  int appended_field;|;/^  int micro_batch; /{n;s|$|\n  double appended_info;|}'
 grep -q "int appended_field;" "$tmp/appended/include/zeroshard.h" &&

@@ -22,6 +22,23 @@ for f in include/zeroshard.h include/zs_mpi.h lib/libzeroshard.a \
   [ -e "$prefix/$f" ] || { echo "FAIL: $prefix/$f not installed"; exit 1; }
 done
 echo "ok: installed under $prefix"
+[ -n "$(find "$prefix/include/zeroshard.h" -newermt 2001-01-01)" ] ||
+  { echo "FAIL: installed files keep the tarball's date (make would not rebuild)"; exit 1; }
+# a prefix given with .. and a trailing /: recorded absolute and normalized
+mkdir -p "$tmp/a"
+sh "$root/tools/dist/install.sh" "$root/tools/dist/zeroshard.tar" "$tmp/a/../rel/" >/dev/null
+grep -qx "prefix=$(cd "$tmp/rel" && pwd -P)" "$tmp/rel/lib/pkgconfig/zeroshard.pc" ||
+  { grep prefix= "$tmp/rel/lib/pkgconfig/zeroshard.pc"; echo "FAIL: the prefix is not normalized"; exit 1; }
+# a directory where a file goes: exit 1 naming it, no temporary file left
+mkdir -p "$tmp/blocked/bin/zs"
+if sh "$root/tools/dist/install.sh" "$root/tools/dist/zeroshard.tar" "$tmp/blocked" 2>"$tmp/err.txt"; then
+  echo "FAIL: an install over a directory named bin/zs succeeded"; exit 1
+fi
+grep -q "bin/zs is a directory" "$tmp/err.txt" || { cat "$tmp/err.txt"; echo "FAIL: not named"; exit 1; }
+[ -z "$(find "$tmp/blocked" -name '*.zs-new')" ] || { echo "FAIL: temporary files left"; exit 1; }
+set +e; sh "$root/tools/dist/install.sh" "$root/tools/dist/zeroshard.tar" "$tmp/with space" 2>"$tmp/err.txt"; rc=$?; set -e
+[ $rc = 2 ] && grep -q "white space" "$tmp/err.txt" || { cat "$tmp/err.txt"; echo "FAIL: a prefix with a space (exit $rc)"; exit 1; }
+echo "ok: today's dates, a normalized prefix, a blocked file and a spaced prefix refused"
 
 # No Bazel from here on: a `bazel` first on PATH that fails if called.
 mkdir -p "$tmp/nobazel"
@@ -53,8 +70,30 @@ build() { # NAME: copies examples/minimal and builds it
         { cat "$d/cmake.log"; echo "FAIL: cmake build ($1)"; exit 1; }
       cp "$d/build/mlp" "$d/mlp" ;;
   esac
+  [ "$1" = make_static ] && mv "$d/mlp-static" "$d/mlp"
   [ -x "$d/mlp" ] || { echo "FAIL: $1 built no mlp"; exit 1; }
 }
+# find_package's version rules, and a C++-only project (shared)
+cmake_finds() { # EXPECT(0|1) LANG VERSION-ARGS
+  local d="$tmp/fp"; rm -rf "$d"; mkdir -p "$d"
+  printf 'cmake_minimum_required(VERSION 3.19)\nproject(t %s)\nfind_package(ZeroShard %s REQUIRED)\n' "$2" "$3" >"$d/CMakeLists.txt"
+  set +e
+  cmake -S "$d" -B "$d/b" -DCMAKE_PREFIX_PATH="$prefix" >"$d/log" 2>&1
+  local rc=$?
+  set -e
+  if { [ "$1" = 0 ] && [ $rc != 0 ]; } || { [ "$1" = 1 ] && [ $rc = 0 ]; }; then
+    cat "$d/log"; echo "FAIL: find_package(ZeroShard $3) in a $2 project: exit $rc"; exit 1
+  fi
+}
+cmake_finds 0 C 0.2
+cmake_finds 0 C 0.1
+cmake_finds 0 CXX 0.2
+cmake_finds 1 C 0.3
+cmake_finds 1 C 1.0
+cmake_finds 0 C "0.1...0.9"
+cmake_finds 1 C "0.1...0.1.9"
+echo "ok: find_package accepts 0.1, 0.2, 0.1...0.9 and a C++-only project; refuses 0.3, 1.0, 0.1...0.1.9"
+
 builds=(make make_static cmake cmake_static)
 for b in "${builds[@]}"; do build "$b"; done
 for b in make_static cmake_static; do
