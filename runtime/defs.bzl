@@ -17,6 +17,22 @@ C_LIB_OPTS = C_PROGRAM_OPTS + ["-fvisibility=hidden"]
 
 C_OPTS = C_LIB_OPTS + ["-Wshadow", "-Wstrict-prototypes", "-Wmissing-prototypes"]
 
+# The GPUs every .cu file is compiled for (docs/cuda.md, "Architectures"):
+# SASS for each of these compute capabilities (A100 sm_80, RTX 30xx/A40
+# sm_86, L40S/RTX 40xx sm_89, H100/H200 sm_90, B200 sm_100, RTX 50xx
+# sm_120; CUDA 13's nvcc accepts sm_75 and newer), and PTX for the newest,
+# which the driver compiles for later GPUs. No kernel uses anything
+# Hopper-only, so every architecture runs the same code.
+CUDA_ARCHS = ["80", "86", "89", "90", "100", "120"]
+
+NVCC_GENCODE = " ".join(
+    ["-gencode arch=compute_%s,code=sm_%s" % (a, a) for a in CUDA_ARCHS] +
+    ["-gencode arch=compute_%s,code=compute_%s" % (CUDA_ARCHS[-1], CUDA_ARCHS[-1])],
+) + " "
+
+# The same, as zs env prints it.
+CUDA_ARCHS_TEXT = " ".join(["sm_" + a for a in CUDA_ARCHS]) + " (SASS), compute_" + CUDA_ARCHS[-1] + " (PTX)"
+
 def layer_sources(name = "sources"):
     """The package's C, CUDA and header files, for //tests/layers."""
     native.filegroup(

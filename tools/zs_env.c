@@ -3,7 +3,9 @@
  * ZeroShard's version, the libraries it runs on (MPI, hwloc, libnuma,
  * liburing, cJSON, xxHash: each version and the file loaded), io_uring,
  * NUMA nodes and cores, and whether the CUDA backend can run (driver,
- * runtime, NCCL, GPUs). The CUDA libraries are looked up with dlopen, so
+ * runtime, NCCL, GPUs) and for which GPU architectures its kernels are
+ * compiled (ZS_CUDA_ARCHS: runtime/defs.bzl's CUDA_ARCHS, given by the
+ * build). The CUDA libraries are looked up with dlopen, so
  * this runs, and says what is missing, on machines without them.
  *
  *   zs env [--help]
@@ -224,6 +226,7 @@ int main(int argc, char** argv) {
     hwloc_topology_destroy(topo);
   }
   const int gpus = cuda_report();
+  row("CUDA code", "%s", ZS_CUDA_ARCHS);
   printf("backends\n");
   row("host", "yes");
   row("cuda", "%s", gpus > 0 ? "yes" :
