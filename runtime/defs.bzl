@@ -44,12 +44,15 @@ def layer_sources(name = "sources"):
         ],
     )
 
-def _archives(dep, flags):
+def _archives(dep, flags, own_only):
     """The static archives and loose objects a dependency links (its own
-    and its dependencies'), PIC where there is a PIC build; appends the
-    link flags they ask for (system libraries) to flags."""
+    and, unless own_only, its dependencies'), PIC where there is a PIC
+    build; appends the link flags they ask for (system libraries) to
+    flags."""
     files = []
     for li in dep[CcInfo].linking_context.linker_inputs.to_list():
+        if own_only and li.owner != dep.label:
+            continue
         for fl in li.user_link_flags:
             if fl not in flags:
                 flags.append(fl)
@@ -64,7 +67,7 @@ def _archives(dep, flags):
 def _zs_library_impl(ctx):
     inputs, flags = [], []
     for d in ctx.attr.deps:
-        for f in _archives(d, flags):
+        for f in _archives(d, flags, ctx.attr.own_only):
             if f not in inputs:
                 inputs.append(f)
     obj = ctx.actions.declare_file(ctx.attr.lib + ".o")
@@ -76,7 +79,9 @@ def _zs_library_impl(ctx):
         shared.path,
         ctx.attr.soname,
         ctx.file.version_script.path,
-        " ".join(flags),
+        " ".join(flags + ctx.attr.link_flags),
+        " ".join(["--keep-global-symbol=" + s for s in ctx.attr.keep_global]),
+        "" if ctx.attr.allow_undefined else "-Wl,--no-undefined -Wl,-z,defs",
     ] + [f.path for f in inputs]
     ctx.actions.run_shell(
         inputs = inputs + [ctx.file.version_script],
@@ -91,12 +96,12 @@ def _zs_library_impl(ctx):
         # archive and the shared library from it (-lstdc++: nvcc's host
         # code is C++).
         command = """set -e
-obj=$1 static=$2 shared=$3 soname=$4 map=$5 libs=$6; shift 6
+obj=$1 static=$2 shared=$3 soname=$4 map=$5 libs=$6 keep=$7 defs=$8; shift 8
 ld -r -o "$obj" --whole-archive "$@" --no-whole-archive
-objcopy --localize-hidden "$obj"
+objcopy --localize-hidden $keep "$obj"
 rm -f "$static"; ar rcD "$static" "$obj"
 gcc -shared -o "$shared" -Wl,-soname,"$soname" -Wl,--version-script="$map" \
-  -Wl,--no-undefined -Wl,-z,defs -Wl,--as-needed "$obj" $libs -lstdc++
+  $defs -Wl,--as-needed "$obj" $libs -lstdc++
 """,
     )
     return [DefaultInfo(
@@ -118,5 +123,9 @@ zs_library = rule(
         "version_script": attr.label(allow_single_file = True, mandatory = True),
         "static": attr.output(mandatory = True),
         "shared": attr.output(mandatory = True),
+        "own_only": attr.bool(doc = "only the deps' own objects, not their dependencies' (a plugin over the library)"),
+        "keep_global": attr.string_list(doc = "if given, the only global symbols kept (objcopy --keep-global-symbol)"),
+        "allow_undefined": attr.bool(doc = "the shared library may leave symbols for the loading program"),
+        "link_flags": attr.string_list(doc = "more flags for the shared library's link"),
     },
 )

@@ -162,7 +162,7 @@ static void installed_library(void) {
            ZS_VERSION_MAJOR);
   if (access(lib, F_OK) != 0) return; /* a source tree's build */
   char real[PATH_MAX];
-  if (realpath(lib, real) == NULL) snprintf(real, sizeof real, "%s", lib);
+  if (realpath(lib, real) == NULL) snprintf(real, sizeof real, "%.4000s", lib);
   void* h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
   if (h == NULL) {
     row("installed", "%s does not load: %s", real, dlerror());
@@ -171,6 +171,17 @@ static void installed_library(void) {
   const char* (*version)(void) =
       (const char* (*)(void))dlsym(h, "zs_version_string");
   row("installed", "%s (%s)", version ? version() : "?", real);
+  /* the CUDA plugin beside it (docs/cuda.md, "The plugin") */
+  snprintf(lib, sizeof lib, "%s/../../lib/libzeroshard_cuda.so", exe);
+  if (realpath(lib, real) == NULL) {
+    row("cuda plugin", "none beside the library (%s)", lib);
+    return;
+  }
+  void* p = dlopen(real, RTLD_NOW | RTLD_LOCAL);
+  if (p == NULL)
+    row("cuda plugin", "%s does not load: %s", real, dlerror());
+  else
+    row("cuda plugin", "%s loads", real);
 }
 
 int main(int argc, char** argv) {

@@ -1,7 +1,7 @@
 /*
  * device.c — what every device backend shares: the factory (the host
- * backend, or a backend that registered itself when linked in) and the
- * accounted allocations over a backend's alloc/free.
+ * backend, or the CUDA plugin's, loaded on first use) and the accounted
+ * allocations over a backend's alloc/free.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +11,7 @@
 
 /* The backends other than the host's, by kind, as they registered. */
 static zs__device_factory zs__factories[ZS_DEVICE_CUDA + 1];
+zs_status (*zs__device_loader)(void);
 
 void zs__device_register(zs_device_kind kind, zs__device_factory create) {
   if ((int)kind > ZS_DEVICE_HOST && (int)kind <= ZS_DEVICE_CUDA)
@@ -20,13 +21,18 @@ void zs__device_register(zs_device_kind kind, zs__device_factory create) {
 zs_status zs__device_create(zs_device_kind kind, zs__accounting* acct,
                             int local_rank, int local_size, zs__device** out) {
   if (kind == ZS_DEVICE_HOST) return zs__device_host_create(acct, out);
+  if (kind == ZS_DEVICE_CUDA && zs__factories[kind] == NULL) {
+    if (zs__device_loader == NULL)
+      return zs__error(ZS_ERR_UNSUPPORTED,
+                       "device kind %d (CUDA): this program has no CUDA "
+                       "plugin loader (it links the device layer without "
+                       "//runtime/comm:comm_cuda, which //runtime:zeroshard "
+                       "includes)", (int)kind);
+    const zs_status st = zs__device_loader(); /* registers the factory */
+    if (st != ZS_OK) return st;
+  }
   if (kind == ZS_DEVICE_CUDA && zs__factories[kind] != NULL)
     return zs__factories[kind](acct, local_rank, local_size, out);
-  if (kind == ZS_DEVICE_CUDA)
-    return zs__error(ZS_ERR_UNSUPPORTED,
-                     "device kind %d (CUDA): the CUDA backend is not linked "
-                     "into this program (link //runtime/device:device_cuda, which "
-                     "//runtime:zeroshard includes)", (int)kind);
   return zs__error(ZS_ERR_UNSUPPORTED,
                    "device kind %d: unknown (0: host, 1: CUDA)", (int)kind);
 }

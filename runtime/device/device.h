@@ -167,10 +167,13 @@ static inline int zs__cuda_device_index(int local_rank, int local_size,
 typedef zs_status (*zs__device_factory)(zs__accounting* acct, int local_rank,
                                         int local_size, zs__device** out);
 /* Makes `create` the backend of `kind` (ZS_DEVICE_CUDA) for
- * zs__device_create. Called by a backend when the program is loaded (the
- * CUDA backend, device_cuda.c, linked in by //runtime:zeroshard), before
- * any context exists; not thread-safe. Other kinds are ignored. */
+ * zs__device_create: the CUDA plugin's, registered when it is loaded
+ * (runtime/comm/comm_cuda.c, under its lock). Other kinds are ignored. */
 void zs__device_register(zs_device_kind kind, zs__device_factory create);
+/* Loads the CUDA backend the first time a CUDA device is asked for
+ * without one registered: set by the plugin loader (comm_cuda.c) when the
+ * program is loaded; NULL in a program without it. */
+extern zs_status (*zs__device_loader)(void);
 void zs__device_destroy(zs__device* dev);
 
 /* Allocates `bytes` device bytes counted under category (label names the

@@ -41,6 +41,7 @@
 
 #include "optim/optim_cuda.h"
 #include "runtime/device/device.h"
+#include "runtime/device/device_cuda.h"
 
 #define ZS__CUDA_BINS 64
 
@@ -425,8 +426,8 @@ static const zs__device_ops zs__cuda_ops = {
     zs__cuda_destroy,
 };
 
-static zs_status zs__device_cuda_create(zs__accounting* acct, int local_rank,
-                                        int local_size, zs__device** out) {
+zs_status zs__device_cuda_create(zs__accounting* acct, int local_rank,
+                                 int local_size, zs__device** out) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {
@@ -469,8 +470,3 @@ static zs_status zs__device_cuda_create(zs__accounting* acct, int local_rank,
   return ZS_OK;
 }
 
-/* Linked in (alwayslink), the backend registers itself with the factory
- * (device.c) when the program is loaded, so ZS_DEVICE_CUDA works. */
-__attribute__((constructor)) static void zs__device_cuda_register(void) {
-  zs__device_register(ZS_DEVICE_CUDA, zs__device_cuda_create);
-}

@@ -7,14 +7,14 @@
 #include <zs_mpi.h>
 
 #include "runtime/comm/comm_mpi.h"
-#include "runtime/comm/comm_nccl.h"
+#include "runtime/comm/comm_cuda.h"
 #include "runtime/engine/engine_model.h"
 
 /* With the CUDA device, collectives on device memory run on NCCL: the MPI
  * communicator is wrapped (it keeps serving host-memory collectives). */
 static zs_status zs__comm_for_device(const zs_config* config, zs__comm** c) {
   if (zs__config_device(config) != ZS_DEVICE_CUDA) return ZS_OK;
-  return zs__comm_nccl_create(*c, c);
+  return zs__cuda_comm_create(*c, c); /* loads the CUDA plugin */
 }
 
 /* Open MPI reports some failures of non-blocking collectives (a message

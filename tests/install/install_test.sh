@@ -44,7 +44,7 @@ echo "ok: today's dates, a normalized prefix, a blocked file and a spaced prefix
 mkdir -p "$tmp/nobazel"
 printf '#!/bin/sh\necho "bazel was called: $*" >&2\nexit 99\n' >"$tmp/nobazel/bazel"
 chmod +x "$tmp/nobazel/bazel"
-export PATH="$tmp/nobazel:/usr/bin:/bin"
+export PATH="$tmp/nobazel:/usr/bin:/bin:/usr/sbin:/sbin"
 export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
 export HOME="$tmp"   # cmake's package registry stays in here
 
@@ -136,4 +136,79 @@ for seed in 1 2 3; do
       if (worst > 1e-5) { print "FAIL: 2 ranks differ from 1 beyond 1e-5"; exit 1 }
       if (!(last < first / 2)) { print "FAIL: the loss did not halve"; exit 1 } }'
 done
-echo "PASS: installed, built four ways without Bazel, trained at 1 and 2 ranks"
+# No CUDA reachable (docs/cuda.md, "The plugin"): in a mount namespace
+# that hides the CUDA toolkit, the CUDA and NCCL libraries elsewhere
+# (copies in /usr/local/lib, the driver) and their loader-cache entries, a
+# host-only program built against the install trains at 2 ranks with no
+# CUDA or NCCL library in its DT_NEEDED or its memory map, and asking for
+# ZS_DEVICE_CUDA gets UNSUPPORTED naming what is missing: the CUDA runtime
+# the plugin needs, and with the plugin removed, the plugin.
+gcc -std=c11 -Wall -Wextra -o "$tmp/nocuda_probe" "$root/tests/install/nocuda_probe.c" \
+  $(pkg-config --cflags --libs zeroshard ompi-c)
+for f in "$tmp/nocuda_probe" "$prefix/lib/libzeroshard.so"; do
+  if readelf -d "$f" | grep -E "NEEDED.*(libcuda|libnccl)"; then
+    echo "FAIL: $f needs a CUDA library"; exit 1
+  fi
+done
+# A static program links the plugin's archive (docs/install.md): the
+# library finds the plugin linked in, and without a GPU the refusal comes
+# from the CUDA backend itself (cudaGetDeviceCount), not from a loader.
+gcc -std=c11 -Wall -Wextra -o "$tmp/probe_static" "$root/tests/install/nocuda_probe.c" \
+  $(pkg-config --cflags zeroshard ompi-c) -L"$prefix/lib" \
+  -Wl,-u,zs_cuda_plugin_open -l:libzeroshard_cuda.a \
+  $(pkg-config --static --libs zeroshard ompi-c | sed 's/-lzeroshard\b/-l:libzeroshard.a/') \
+  -L/usr/local/cuda/lib64 -Wl,-rpath,/usr/local/cuda/lib64 -lcudart -lstdc++
+if readelf -d "$tmp/probe_static" | grep -q "libzeroshard"; then
+  echo "FAIL: the static probe needs a libzeroshard shared library"; exit 1
+fi
+if nvidia-smi -L >/dev/null 2>&1; then
+  echo "note: a GPU is here: the static plugin's CUDA context is checked by tests/gpu instead"
+else
+  timeout 120 mpirun --oversubscribe --bind-to none --mca btl self,vader -np 2 \
+    "$tmp/probe_static" --cuda-linked >"$tmp/static.txt" 2>&1 ||
+    { cat "$tmp/static.txt"; echo "FAIL: the static program with the plugin's archive"; exit 1; }
+  grep -q "ZS_DEVICE_CUDA: unsupported.*cudaGetDeviceCount" "$tmp/static.txt" ||
+    { cat "$tmp/static.txt"; echo "FAIL: the linked-in plugin did not answer"; exit 1; }
+  echo "ok: static, the plugin's archive linked in: $(grep -o 'ZS_DEVICE_CUDA: .*' "$tmp/static.txt" | head -1 | cut -c1-140)"
+fi
+
+if [ "$(id -u)" != 0 ]; then
+  echo "SKIPPED: the no-CUDA run needs root (a mount namespace)"
+else
+  cat >"$tmp/nocuda.sh" <<'NS'
+set -eu
+tmp=$1 prefix=$2
+# the toolkit's directories
+for d in /usr/local/cuda /usr/local/cuda-*; do
+  [ -d "$d" ] && mount -t tmpfs none "$(readlink -f "$d")"
+done
+# CUDA and NCCL libraries elsewhere (copies, the driver): hidden by /dev/null
+for f in $(find /usr/local/lib /usr/lib/x86_64-linux-gnu /usr/lib /lib -maxdepth 1 \
+             \( -name 'libcuda*' -o -name 'libnccl*' -o -name 'libnvidia*' \) 2>/dev/null); do
+  [ -e "$f" ] && mount --bind /dev/null "$f"
+done
+# a loader cache without them
+ldconfig -C "$tmp/ld.so.cache" || { echo "FAIL: ldconfig -C could not write a loader cache"; exit 1; }
+mount --bind "$tmp/ld.so.cache" /etc/ld.so.cache
+if ldconfig -p | grep -E "libcudart|libnccl|libcuda\."; then
+  echo "FAIL: the loader cache still names CUDA libraries"; exit 1
+fi
+run() {
+  LD_LIBRARY_PATH="$prefix/lib" timeout 120 mpirun --oversubscribe --bind-to none \
+    --mca btl self,vader -x LD_LIBRARY_PATH -np 2 "$tmp/nocuda_probe"
+}
+run >"$tmp/nocuda1.txt" 2>&1 || { cat "$tmp/nocuda1.txt"; echo "FAIL: the host-only run"; exit 1; }
+grep -q "ZS_DEVICE_CUDA: unsupported.*libzeroshard_cuda.so does not load: libcudart" "$tmp/nocuda1.txt" ||
+  { cat "$tmp/nocuda1.txt"; echo "FAIL: the CUDA refusal does not name the missing CUDA runtime"; exit 1; }
+mv "$prefix/lib/libzeroshard_cuda.so" "$prefix/lib/libzeroshard_cuda.so.away"
+run >"$tmp/nocuda2.txt" 2>&1 || { cat "$tmp/nocuda2.txt"; echo "FAIL: the host-only run without the plugin"; exit 1; }
+mv "$prefix/lib/libzeroshard_cuda.so.away" "$prefix/lib/libzeroshard_cuda.so"
+grep -q "ZS_DEVICE_CUDA: unsupported.*plugin libzeroshard_cuda.so was not found" "$tmp/nocuda2.txt" ||
+  { cat "$tmp/nocuda2.txt"; echo "FAIL: the CUDA refusal does not name the missing plugin"; exit 1; }
+echo "ok: no CUDA reachable: trained at 2 ranks; $(grep -o 'ZS_DEVICE_CUDA: .*' "$tmp/nocuda1.txt" | head -1 | cut -c1-160)"
+echo "ok: without the plugin: $(grep -o 'ZS_DEVICE_CUDA: .*' "$tmp/nocuda2.txt" | head -1 | cut -c1-160)"
+NS
+  unshare -m sh "$tmp/nocuda.sh" "$tmp" "$prefix" || exit 1
+fi
+
+echo "PASS: installed, built four ways without Bazel, trained at 1 and 2 ranks, host-only with no CUDA reachable"

@@ -1732,7 +1732,8 @@ TEST_F(HostDevice, DivAdd) {
   EXPECT_EQ(dst, untouched);
 }
 
-// core_test does not link //runtime/device:device_cuda: asking for CUDA says so.
+// core_test links no CUDA plugin loader (//runtime/comm:comm_cuda): asking
+// for CUDA says so.
 TEST(DeviceCreate, CudaIsUnsupportedWithoutTheCudaBackend) {
   zs__accounting* acct = nullptr;
   ASSERT_EQ(zs__accounting_create(&acct), ZS_OK);
@@ -1742,7 +1743,7 @@ TEST(DeviceCreate, CudaIsUnsupportedWithoutTheCudaBackend) {
   EXPECT_EQ(dev, nullptr);
   EXPECT_NE(std::string(zs_last_error()), "");
   EXPECT_LAST_ERROR_HAS("device kind 1");
-  EXPECT_LAST_ERROR_HAS("//runtime/device:device_cuda");
+  EXPECT_LAST_ERROR_HAS("no CUDA plugin loader");
   EXPECT_EQ(zs__device_create(static_cast<zs_device_kind>(5), acct, 0, 1,
                               &dev),
             ZS_ERR_UNSUPPORTED);
