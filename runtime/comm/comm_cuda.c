@@ -23,13 +23,19 @@ extern zs_status zs_cuda_plugin_open(const zs__cuda_host* host,
     __attribute__((weak));
 
 static const zs__cuda_host zs__host = {
-    sizeof(zs__cuda_host), ZS__CUDA_PLUGIN_ABI,
-    zs__error,             zs__error_prefix,
-    zs__log,               zs_dtype_size,
-    zs_dtype_name,         zs__comm_agree,
-    zs__comm_all_gather,   zs__comm_broadcast,
-    zs__comm_free,         zs__adam_scalars_make,
-    zs__sgd_scalars_make,
+    .size = sizeof(zs__cuda_host),
+    .abi = ZS__CUDA_PLUGIN_ABI,
+    .error = zs__error,
+    .error_prefix = zs__error_prefix,
+    .log = zs__log,
+    .dtype_size = zs_dtype_size,
+    .dtype_name = zs_dtype_name,
+    .comm_agree = zs__comm_agree,
+    .comm_all_gather = zs__comm_all_gather,
+    .comm_broadcast = zs__comm_broadcast,
+    .comm_free = zs__comm_free,
+    .adam_scalars_make = zs__adam_scalars_make,
+    .sgd_scalars_make = zs__sgd_scalars_make,
 };
 
 static pthread_mutex_t zs__cuda_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -140,7 +146,10 @@ zs_status zs__cuda_load(const zs__cuda_plugin** out) {
 
 zs_status zs__cuda_comm_create(zs__comm* host, zs__comm** out) {
   const zs__cuda_plugin* p = NULL;
-  const zs_status st = zs__cuda_load(&p);
+  zs_status st = zs__cuda_load(&p);
+  /* agreed: a rank whose plugin does not load (another node's install)
+   * fails every rank at once, instead of leaving them in NCCL's bootstrap */
+  st = zs__comm_agree(host, st, "loading the CUDA plugin");
   if (st != ZS_OK) {
     zs__comm_destroy(host);
     return st;

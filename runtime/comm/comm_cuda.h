@@ -72,8 +72,9 @@ typedef zs_status (*zs__cuda_plugin_open_fn)(const zs__cuda_host* host,
 zs_status zs__cuda_load(const zs__cuda_plugin** out);
 
 /* The NCCL communicator over `host` (comm_nccl.h's zs__comm_nccl_create,
- * through the plugin): loads the plugin first. Takes `host` also on
- * failure. */
+ * through the plugin): loads the plugin first. Collective: the load's
+ * result is agreed (a rank whose plugin does not load fails every rank,
+ * the others with REMOTE naming it). Takes `host` also on failure. */
 zs_status zs__cuda_comm_create(zs__comm* host, zs__comm** out);
 
 #ifdef __cplusplus
