@@ -6,7 +6,9 @@ target that ran, its GoogleTest XML under bazel-testlogs/. A test case run
 at several world sizes (one target per size) counts once per size. A
 target that failed without a failed case in its XML (a crash, a timeout, a
 hang) counts as one failed case; a target that failed to build or has no
-status counts as one failed case. Prints a table of failures and the final
+status counts as one failed case; a target Bazel skipped as incompatible
+with this build (SKIPPED: the CUDA toolkit's, where it is missing) counts
+as one skipped case. Prints a table of failures and the final
 line "N passed, N failed, N skipped"; exits 1 if anything failed.
 """
 import argparse
@@ -58,6 +60,10 @@ def main():
     ap.add_argument("--log", required=True)
     ap.add_argument("--testlogs", required=True)
     ap.add_argument("--bazel-rc", type=int, default=0)
+    ap.add_argument("--extra", action="append", default=[],
+                    metavar="NAME=STATUS",
+                    help="a check run outside Bazel, counted as one case: "
+                         "STATUS is PASSED, FAILED or SKIPPED (and why)")
     args = ap.parse_args()
     targets = {}
     with open(args.log, errors="replace") as f:
@@ -67,10 +73,17 @@ def main():
                 targets[m.group(1)] = m.group(2)
     passed = failed = skipped = 0
     problems = []
+    skipped_targets = []
     for target, status in sorted(targets.items()):
         pkg, name = target[2:].split(":", 1)
         xml = os.path.join(args.testlogs, pkg, name, "test.xml")
         counts = None
+        if status == "SKIPPED":
+            # incompatible with this build (target_compatible_with: the
+            # CUDA toolkit's targets where it is missing): one skip each
+            skipped += 1
+            skipped_targets.append(target)
+            continue
         if status in ("PASSED", "FAILED", "TIMEOUT", "FLAKY"):
             counts = count_xml(xml)
         if counts == "unreadable":
@@ -95,9 +108,25 @@ def main():
     if args.bazel_rc not in (0, 3) and not problems:
         failed += 1  # a build error in a target no test depends on
         problems.append("bazel exited with %d (build error?)" % args.bazel_rc)
+    for e in args.extra:
+        name, _, status = e.partition("=")
+        if status == "PASSED":
+            passed += 1
+        elif status.startswith("SKIPPED"):
+            skipped += 1
+            print("\nskipped: %s: %s" % (name, status))
+        else:
+            failed += 1
+            problems.append("%s: %s" % (name, status or "no status"))
     if not targets and args.bazel_rc == 4:
         problems.append("no test targets matched")
         failed += 1
+    if skipped_targets:
+        print("\n%d test target(s) not built here (incompatible with this "
+              "build, e.g. they need the CUDA toolkit), one skip each:"
+              % len(skipped_targets))
+        for t in skipped_targets:
+            print("  " + t)
     if problems:
         print("\nFailures:")
         for p in problems:

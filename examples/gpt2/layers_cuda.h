@@ -21,7 +21,9 @@
  *
  * cuBLAS is loaded at run time (dlopen of libcublas.so.13, or
  * libcublas.so), so programs built with this file start, and run on the
- * CPU, on machines without it.
+ * CPU, on machines without it. Where the build had no CUDA toolkit,
+ * layers_nocuda.c implements this header instead: gpt2_cuda_available
+ * and gpt2_cuda_init fail saying so, and nothing else may be called.
  */
 #ifndef ZS_EXAMPLES_GPT2_LAYERS_CUDA_H
 #define ZS_EXAMPLES_GPT2_LAYERS_CUDA_H
@@ -82,6 +84,12 @@ void gpt2_cuda_kernel_times_reset(void);
  * last reset, one row per kind with calls > 0 (at most cap rows, in a fixed
  * order), into rows. Returns the number of such kinds (may exceed cap). */
 int gpt2_cuda_kernel_times(gpt2_kernel_time* rows, int cap);
+
+/* dst[i] = src[i] as fp32 for n elements (device memory both; src's
+ * dtype is a zs_dtype: ZS_FLOAT32, ZS_BFLOAT16 or ZS_FLOAT16), queued on
+ * stream 0 (ZeroShard's kernel: round-trip exact). Returns 0, or -1 if
+ * the launch failed. */
+int gpt2_cuda_to_fp32(float* dst, const void* src, int src_dtype, size_t n);
 
 /* The layers on the GPU. `error` reports the first failed launch, CUDA
  * call or cuBLAS call since gpt2_cuda_init, naming the layer. */

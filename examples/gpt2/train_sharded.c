@@ -26,7 +26,6 @@
 #include "examples/gpt2/data.h"
 #include "examples/gpt2/layers_cuda.h"
 #include "examples/gpt2/model.h"
-#include "optim/optim_cuda.h"
 #include "examples/gpt2/train_common.h"
 
 /* The context, for the abnormal ends below: MPI_Abort and SIGTERM/SIGINT
@@ -166,8 +165,7 @@ static zs_status unit_views(model* m, int unit, int n, float** slots[],
     if (st == ZS_OK && off + d.numel > m->pcopy_elems)
       return ZS_ERR_INTERNAL;
     if (st == ZS_OK && m->ops == &gpt2_cuda_ops) {
-      if (zs_cuda_convert(m->pcopy + off, ZS_FLOAT32, *slots[i], m->dtype,
-                          d.numel, NULL) != 0)
+      if (gpt2_cuda_to_fp32(m->pcopy + off, *slots[i], m->dtype, d.numel) != 0)
         st = ZS_ERR_DEVICE;
     } else if (st == ZS_OK) {
       st = zs_convert(m->pcopy + off, ZS_FLOAT32, *slots[i], m->dtype, d.numel);
