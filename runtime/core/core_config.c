@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "runtime/core/core.h"
+#include "runtime/core/core_policy.h"
 
 /* ==== Versions and frozen layouts ========================================= */
 
@@ -452,12 +453,14 @@ zs_status zs__config_check(const zs_config* c) {
   ZS_REQUIRE(of->threads >= 0,
              "config.offload_optimizer.threads: expected >= 0 (0: the NUMA "
              "node's cores), got %d", of->threads);
-  ZS_REQUIRE(c->offload_param == ZS_OFFLOAD_NONE ||
-                 (c->stage == 3 && of->device != ZS_OFFLOAD_NONE),
-             "config.offload_param: expected none, or cpu / nvme with stage "
-             "3 and offload_optimizer.device cpu or nvme (got %d at stage "
-             "%d, offload_optimizer.device %d)", (int)c->offload_param,
-             c->stage, (int)of->device);
+  {
+    /* the combinations a policy exists for (core_policy.c) */
+    const zs__policy_in pin = {c->stage, c->device == ZS_DEVICE_HOST, 0, 1,
+                               (int)of->device, (int)c->offload_param};
+    zs__policy pol;
+    zs_status pst = zs__policy_make(&pin, &pol);
+    if (pst != ZS_OK) return pst;
+  }
   const zs_loss_scaler_config* ls = &c->loss_scaler;
   ZS_REQUIRE(ls->mode == ZS_LOSS_SCALE_NONE || ls->mode == ZS_LOSS_SCALE_STATIC ||
                  ls->mode == ZS_LOSS_SCALE_DYNAMIC,

@@ -195,44 +195,118 @@ zs_status zs__unit_pieces(const zs_model* m, const zs__unit* u, size_t begin,
 }
 
 void* zs__param_shard_ptr(zs_model* m, zs__unit* u) {
-  if (m->ctx->config.stage == 3) return u->params_shard;
+  if (u->policy.params == ZS__EXTENT_SHARD) return u->params_shard;
   return zs__at(u->params_full,
                 zs__layout_shard_begin(&u->layout, m->ctx->rank), u->elem);
 }
 
 void* zs__grad_shard_ptr(zs_model* m, zs__unit* u) {
-  if (m->ctx->config.stage >= 2) return u->grads_shard;
+  if (u->policy.grads == ZS__EXTENT_SHARD) return u->grads_shard;
   return zs__at(u->grads_full, zs__layout_shard_begin(&u->layout, m->ctx->rank),
                 u->gelem);
 }
 
+const char* zs__param_state_name(zs__param_state s) {
+  static const char* const names[] = {"RESIDENT", "REFRESHING", "SHARDED",
+                                      "GATHERING", "GATHERED"};
+  return (unsigned)s < 5 ? names[s] : "?";
+}
+
+const char* zs__grad_state_name(zs__grad_state s) {
+  static const char* const names[] = {"IDLE", "ACCUM", "REDUCING", "REDUCED"};
+  return (unsigned)s < 4 ? names[s] : "?";
+}
+
+zs_status zs__param_state_set(zs__unit* u, zs__param_state to) {
+  const zs__param_state from = u->param_state;
+  int ok = 0;
+  switch (to) {
+    case ZS__PARAM_RESIDENT: ok = from == ZS__PARAM_REFRESHING; break;
+    case ZS__PARAM_REFRESHING: ok = from == ZS__PARAM_RESIDENT; break;
+    case ZS__PARAM_SHARDED:
+      ok = from == ZS__PARAM_GATHERING || from == ZS__PARAM_GATHERED;
+      break;
+    case ZS__PARAM_GATHERING: ok = from == ZS__PARAM_SHARDED; break;
+    case ZS__PARAM_GATHERED: ok = from == ZS__PARAM_GATHERING; break;
+  }
+  if (!ok)
+    return zs__error(ZS_ERR_INVALID_STATE,
+                     "unit '%s': parameters %s -> %s is not a transition of "
+                     "the parameter state machine (docs/design.md, \"State "
+                     "machines\")", u->name, zs__param_state_name(from),
+                     zs__param_state_name(to));
+  u->param_state = to;
+  return ZS_OK;
+}
+
+void zs__param_complete(zs__unit* u) {
+  if (u->param_state == ZS__PARAM_GATHERING && u->gather_ops.n == 0)
+    u->param_state = ZS__PARAM_GATHERED;
+  else if (u->param_state == ZS__PARAM_REFRESHING && u->shard_ops.n == 0)
+    u->param_state = ZS__PARAM_RESIDENT;
+}
+
+zs_status zs__grad_state_set(zs__unit* u, zs__grad_state to) {
+  const zs__grad_state from = u->grad_state;
+  int ok = 0;
+  switch (to) {
+    case ZS__GRAD_IDLE: ok = 1; break; /* dropped, from any state */
+    case ZS__GRAD_ACCUM:
+      ok = from == ZS__GRAD_IDLE || from == ZS__GRAD_REDUCED;
+      break;
+    case ZS__GRAD_REDUCING: ok = from == ZS__GRAD_ACCUM; break;
+    case ZS__GRAD_REDUCED: ok = from == ZS__GRAD_REDUCING; break;
+  }
+  if (!ok)
+    return zs__error(ZS_ERR_INVALID_STATE,
+                     "unit '%s': gradients %s -> %s is not a transition of "
+                     "the gradient state machine (docs/design.md, \"State "
+                     "machines\")", u->name, zs__grad_state_name(from),
+                     zs__grad_state_name(to));
+  u->grad_state = to;
+  return ZS_OK;
+}
+
+size_t zs__span_begin(const zs_model* m, const zs__unit* u) {
+  return u->policy.opt_span == ZS__EXTENT_FULL
+             ? 0
+             : zs__layout_shard_begin(&u->layout, m->ctx->rank);
+}
+
+size_t zs__span_shard_offset(const zs_model* m, const zs__unit* u) {
+  return zs__policy_shard_offset(u->policy.opt_span, m->ctx->rank,
+                                 u->layout.shard);
+}
+
 void* zs__state_shard_ptr(zs_model* m, zs__unit* u, int k) {
-  if (m->ctx->config.stage >= 1) return u->state[k];
-  return zs__at(u->state[k], zs__layout_shard_begin(&u->layout, m->ctx->rank),
-                sizeof(float));
+  if (u->state[k] == NULL) return NULL;
+  return zs__at(u->state[k], zs__span_shard_offset(m, u), sizeof(float));
 }
 
 void* zs__master_shard_ptr(zs_model* m, zs__unit* u) {
-  if (m->ctx->config.stage >= 1) return u->master;
-  return zs__at(u->master, zs__layout_shard_begin(&u->layout, m->ctx->rank),
-                sizeof(float));
+  if (u->master == NULL) return NULL;
+  return zs__at(u->master, zs__span_shard_offset(m, u), sizeof(float));
 }
 
 int zs__unit_has_master(const zs_model* m, const zs__unit* u) {
+  /* (on NVMe, in the swap file only when the model has one: a model with
+   * no trainable unit has none) */
   return u->master != NULL ||
-         (m->nvme != NULL && u->trainable && u->dtype != ZS_FLOAT32);
+         (u->policy.master_tier == ZS__TIER_NVME && m->nvme != NULL);
 }
 
-/* The span the optimizer updates: the whole buffer at stage 0, this rank's
- * shard at 1-3 (elements), and the device buffers holding it. */
+/* The span the optimizer updates (the policy's opt_span: the whole buffer
+ * at stage 0, this rank's shard at 1-3; elements), and the device buffers
+ * holding it. */
 size_t zs__optimize_span_elems(const zs_model* m, const zs__unit* u) {
-  return m->ctx->config.stage == 0 ? u->layout.padded : u->layout.shard;
+  (void)m;
+  return zs__policy_span(&u->policy, u->layout.padded, u->layout.shard);
 }
 
 size_t zs__optimize_span(zs_model* m, zs__unit* u, char** p, char** g) {
-  const int stage = m->ctx->config.stage;
-  *p = (char*)(stage == 0 ? u->params_full : zs__param_shard_ptr(m, u));
-  *g = (char*)(stage == 0 ? u->grads_full : zs__grad_shard_ptr(m, u));
+  const int full = u->policy.opt_span == ZS__EXTENT_FULL;
+  *p = (char*)(full ? u->params_full : zs__param_shard_ptr(m, u));
+  *g = (char*)(full ? u->grads_full : zs__grad_shard_ptr(m, u));
   return zs__optimize_span_elems(m, u);
 }
 

@@ -26,6 +26,7 @@
 #define ZS_RUNTIME_ENGINE_H_
 
 #include "runtime/context/context.h"
+#include "runtime/core/core_policy.h"
 #include "runtime/layout/layout.h"
 
 #ifdef __cplusplus
@@ -64,6 +65,24 @@ typedef enum zs__grad_state {
   ZS__GRAD_REDUCED = 3   /* reduced into the shard (mean over ranks) */
 } zs__grad_state;
 
+/* Parameter state of a unit (docs/design.md, "State machines"). A policy
+ * with the whole buffer resident (stages 0-2) moves between RESIDENT and
+ * REFRESHING; one that gathers on use (stage 3) between SHARDED,
+ * GATHERING and GATHERED:
+ *   RESIDENT --step's all-gather of the updated shards--> REFRESHING
+ *   REFRESHING --its completion--> RESIDENT
+ *   SHARDED --first hold: full buffer, all-gather started--> GATHERING
+ *   GATHERING --its completion--> GATHERED
+ *   GATHERING, GATHERED --last drop, or a failed start--> SHARDED (freed)
+ * zs__param_state_set refuses any other change. */
+typedef enum zs__param_state {
+  ZS__PARAM_RESIDENT = 0,   /* the whole buffer, complete */
+  ZS__PARAM_REFRESHING = 1, /* the whole buffer, shards being gathered in */
+  ZS__PARAM_SHARDED = 2,    /* the shard only */
+  ZS__PARAM_GATHERING = 3,  /* a full buffer, its all-gather in flight */
+  ZS__PARAM_GATHERED = 4    /* a full buffer, complete */
+} zs__param_state;
+
 /* Collectives of one kind in flight for a unit, in issue order. */
 typedef struct zs__inflight {
   zs__coll** ops;
@@ -84,8 +103,11 @@ typedef struct zs__unit {
   size_t gelem;    /* bytes per gradient element */
   int trainable; /* has an untied, non-frozen tensor: grads + optimizer */
   zs__unit_layout layout;
+  zs__policy policy; /* where each field lives and how it moves: made once
+                        at finalize (core_policy.h); nothing else tests the
+                        stage or the offload settings for a unit */
 
-  /* Storage. The stage decides which of these persist:
+  /* Storage. The policy decides which of these persist (by stage today):
    *   params_full  stages 0-2 persistent (PARAMS); stage 3 while gathered
    *                (PARAMS_GATHERED)
    *   params_shard stage 3 persistent (PARAMS)
@@ -131,7 +153,8 @@ typedef struct zs__unit {
   int forward_hold;   /* reshard_after_forward off: kept for backward */
   int user_grad_open; /* the user holds a grad acquire */
   int grad_refs;      /* user + ties holding the gradient buffers */
-  zs__grad_state grad_state;
+  zs__grad_state grad_state;  /* changed by zs__grad_state_set only */
+  zs__param_state param_state; /* changed by zs__param_state_set only */
   int reopened;       /* opened again after its reduction this step */
   int releases;       /* gradient releases this step (ties count) */
   int uses_explicit;  /* zs_unit_set_grad_uses, 0 = record */
@@ -154,6 +177,11 @@ struct zs_model {
   zs__hook* hooks; /* what higher layers attached (drivers), torn down by
                       zs_model_destroy (core.h) */
   int finalized;
+  int gathers; /* some unit's parameters are gathered on use (its policy's
+                  gather_on_use: stage 3): prefetch, the live limit */
+  int parameters_offloaded; /* some unit's parameter shards are off the
+                               device (its policy's params_tier: host or
+                               NVMe) */
   int finalize_failed; /* zs_model_finalize returned an error: later calls
                           say so, not "call zs_model_finalize first" */
   int poisoned; /* a registration call failed on this rank */
@@ -230,7 +258,8 @@ static inline char* zs__at(void* base, size_t elems, size_t elem) {
  * [rank*shard, (rank+1)*shard) of the flat buffer). */
 void* zs__param_shard_ptr(zs_model* m, zs__unit* u);
 void* zs__grad_shard_ptr(zs_model* m, zs__unit* u);
-/* Optimizer state k of a unit, pointing at this rank's shard. */
+/* Optimizer state k of a unit, pointing at this rank's shard (NULL when
+ * the state is not in memory). */
 void* zs__state_shard_ptr(zs_model* m, zs__unit* u, int k);
 /* A 16-bit unit's fp32 master weights for this rank's shard, and their
  * refresh from the parameters after these were written (master_stale). */
@@ -254,6 +283,22 @@ void zs__offload_host_free(zs_model* m, void* p);
 size_t zs__optimize_span(zs_model* m, zs__unit* u, char** p, char** g);
 /* Its element count alone. */
 size_t zs__optimize_span_elems(const zs_model* m, const zs__unit* u);
+/* The state machines' checked transitions (the diagrams at zs__param_state
+ * and zs__grad_state): an illegal change leaves the state as it was and
+ * is INVALID_STATE naming the unit and both states. zs__param_complete:
+ * GATHERING -> GATHERED and REFRESHING -> RESIDENT once the unit's
+ * collectives filling the buffer are done (no-op otherwise). */
+zs_status zs__param_state_set(zs__unit* u, zs__param_state to);
+void zs__param_complete(zs__unit* u);
+zs_status zs__grad_state_set(zs__unit* u, zs__grad_state to);
+const char* zs__param_state_name(zs__param_state s);
+const char* zs__grad_state_name(zs__grad_state s);
+/* The optimizer span's first element in the flat buffer (0, or this
+ * rank's shard's first). */
+size_t zs__span_begin(const zs_model* m, const zs__unit* u);
+/* Elements from the optimizer span's start to this rank's shard in it
+ * (rank * shard when the span is the whole buffer, else 0). */
+size_t zs__span_shard_offset(const zs_model* m, const zs__unit* u);
 /* Test hook: nonzero runs the staged path of CPU offload with the host
  * device too (its copies are memcpy), so CPU tests cover it. */
 extern int zs__offload_force_staging;

@@ -665,7 +665,7 @@ static zs_status zs__ckpt_load_field(zs_model* m, zs__unit* u,
 
 static zs_status zs__ckpt_load_units(zs_model* m, zs__ckpt_reader* rd,
                                      const int* map, int weights_only) {
-  const int stage = m->ctx->config.stage, rank = m->ctx->rank;
+  const int rank = m->ctx->rank;
   char* buf = malloc(ZS__CKPT_CHUNK * sizeof(float));
   if (buf == NULL)
     return zs__error(ZS_ERR_OUT_OF_MEMORY, "zs_checkpoint_load: staging");
@@ -673,8 +673,9 @@ static zs_status zs__ckpt_load_units(zs_model* m, zs__ckpt_reader* rd,
   for (int i = 0; i < m->nunits && st == ZS_OK; i++) {
     zs__unit* u = &m->units[i];
     const size_t sb = zs__layout_shard_begin(&u->layout, rank);
-    /* Parameters: the full buffer at stages 0-2, the shard at 3. */
-    if (stage == 3) {
+    /* Parameters: the persistent ones (the policy's extent: the full
+     * buffer at stages 0-2, the shard at 3). */
+    if (u->policy.params == ZS__EXTENT_SHARD) {
       st = zs__param_acquire_blank(m, u); /* NVMe: the whole shard loads */
       if (st == ZS_OK)
         st = zs__ckpt_load_span(m, u, rd, map, 0, sb, u->layout.shard,
@@ -685,8 +686,8 @@ static zs_status zs__ckpt_load_units(zs_model* m, zs__ckpt_reader* rd,
       st = zs__ckpt_load_span(m, u, rd, map, 0, 0, u->layout.padded,
                               u->params_full, u->dtype, buf);
     /* Master weights and optimizer states: the optimizer's span. */
-    const size_t ob = stage == 0 ? 0 : sb;
-    const size_t on = stage == 0 ? u->layout.padded : u->layout.shard;
+    const size_t ob = zs__span_begin(m, u);
+    const size_t on = zs__optimize_span_elems(m, u);
     if (st == ZS_OK && zs__unit_has_master(m, u)) {
       st = zs__ckpt_load_field(m, u, rd, map, 0, ob, on, -1, buf);
       if (st == ZS_OK) u->master_stale = 0;

@@ -19,7 +19,7 @@ static zs_status zs__unit_gather(zs_model* m, int unit, void* arg) {
                      "zs_unit_gather: unit '%s' is already gathered; release "
                      "it before gathering it again", u->name);
   zs__progress(m);
-  if (m->ctx->config.stage == 3 && !m->eval) {
+  if (m->gathers && !m->eval) {
     st = zs__trace_follow(m, unit);
     if (st != ZS_OK) return st;
   }
@@ -61,7 +61,7 @@ zs_status zs_unit_release(zs_model* m, int unit) {
   for (int k = u->nowners - 1; k >= 0; k--) zs__drop(m, u->owners[k]);
   /* Released in the forward pass (its gradients not touched yet this
    * step) with reshard_after_forward off: keep it for the backward. */
-  if (m->ctx->config.stage == 3 && !m->ctx->config.reshard_after_forward &&
+  if (u->policy.gather_on_use && !m->ctx->config.reshard_after_forward &&
       !m->eval && !u->forward_hold && u->grad_state == ZS__GRAD_IDLE && u->releases == 0 &&
       !u->user_grad_open)
     u->forward_hold = 1;
@@ -105,7 +105,8 @@ zs_status zs_model_set_eval(zs_model* m, int eval) {
 static zs_status zs__unit_prefetch(zs_model* m, int unit, void* arg) {
   (void)arg;
   if (m->eval) return ZS_OK;
-  if (m->ctx->config.stage != 3 || m->units[unit].gather_refs > 0) return ZS_OK;
+  if (!m->units[unit].policy.gather_on_use || m->units[unit].gather_refs > 0)
+    return ZS_OK;
   if (m->max_live_elems > 0 &&
       m->live_elems + zs__prefetch_cost(m, unit) > m->max_live_elems)
     return ZS_OK; /* a hint: the live limit wins */

@@ -31,7 +31,7 @@ static zs_status zs__store_params(zs_model* m, zs__unit* u, const char* full,
                                   size_t begin, size_t n) {
   zs__device* dev = m->ctx->device;
   zs_status st = ZS_OK;
-  if (m->ctx->config.stage <= 2) {
+  if (u->policy.params == ZS__EXTENT_FULL) {
     st = dev->ops->copy(dev, zs__at(u->params_full, begin, u->elem), full,
                         n * u->elem, NULL);
   } else {
@@ -324,8 +324,9 @@ zs_status zs_tensor_get(zs_model* m, int tensor, zs_field field, void* out) {
      * (NVMe's read back into a malloc'ed copy); NCCL reads device memory */
     const int on_host =
         nvme_tmp != NULL ||
-        (field == ZS_FIELD_PARAM ? m->ctx->config.offload_param != 0
-                                 : field != ZS_FIELD_GRAD && m->ctx->offload != NULL);
+        (field == ZS_FIELD_PARAM
+             ? zs__tier_in_host(u->policy.params_tier)
+             : field != ZS_FIELD_GRAD && zs__tier_in_host(u->policy.state_tier));
     const void* use = shard;
     /* a complete copy: nvme_tmp is freed on every path, also when the
      * agreement below fails before the all-gather */

@@ -184,23 +184,25 @@ zs_status zs_offload_info_get(const zs_context* ctx, zs_offload_info* user) {
 }
 
 
+/* Frees what zs__alloc_unit allocated, from the same policy: each field
+ * goes back to the tier it came from. */
+static void zs__tier_free(zs_model* m, zs__tier tier, void* p) {
+  if (tier == ZS__TIER_HOST) zs__offload_host_free(m, p);
+  else if (tier == ZS__TIER_DEVICE) zs__dev_free(m->ctx->device, p);
+  /* NVMe: the swap file's pinned buffers are the pool's (engine_optim_nvme.c,
+   * engine_nvme_param.c), not the unit's */
+}
+
 static void zs__unit_free_storage(zs_model* m, zs__unit* u) {
   zs__device* dev = m->ctx->device;
-  zs__offload* off = m->ctx->offload;
-  const int offload_param = m->ctx->config.offload_param;
+  const zs__policy* pol = &u->policy;
   zs__grad_drop(m, u);
-  /* what CPU offload placed in host memory goes back there */
-  for (int k = 0; k < 2; k++) {
-    if (off != NULL) zs__offload_host_free(m, u->state[k]);
-    else zs__dev_free(dev, u->state[k]);
-  }
-  if (off != NULL) zs__offload_host_free(m, u->master);
-  else zs__dev_free(dev, u->master);
+  for (int k = 0; k < 2; k++) zs__tier_free(m, pol->state_tier, u->state[k]);
+  zs__tier_free(m, pol->master_tier, u->master);
   zs__dev_free(dev, u->grads_shard);
   zs__dev_free(dev, u->grads_full);
-  if (offload_param == 2) ; /* a buffer of the NVMe parameter pool */
-  else if (off != NULL && offload_param) zs__offload_host_free(m, u->params_shard);
-  else zs__dev_free(dev, u->params_shard);
+  zs__tier_free(m, pol->params_tier, u->params_shard);
+  /* (stage 3: a gathered buffer, PARAMS_GATHERED, left by a failed step) */
   zs__dev_free(dev, u->params_full);
   zs__dev_free(dev, u->gather_src);
   u->state[0] = u->state[1] = u->master = NULL;
@@ -549,12 +551,17 @@ static zs_status zs__layout_one(zs_model* m, zs__unit* u) {
             m->ctx->comm->max_count);
   for (int i = 0; i < n; i++)
     if (!alias[i]) m->tensors[u->tensors[i]].offset = offsets[i];
-  /* The optimizer's span: the whole buffer at stage 0, the shard at 1-3. */
-  size_t begin = 0, end = u->layout.padded;
-  if (m->ctx->config.stage >= 1) {
-    begin = zs__layout_shard_begin(&u->layout, m->ctx->rank);
-    end = begin + u->layout.shard;
-  }
+  /* The unit's policy: where each field lives, from here on. */
+  const zs__policy_in pin = {
+      cfg->stage, m->ctx->device == m->ctx->host, u->dtype != ZS_FLOAT32,
+      u->trainable, (int)cfg->offload_optimizer.device,
+      (int)cfg->offload_param};
+  ZS_CHECK(zs__policy_make(&pin, &u->policy));
+  u->param_state =
+      u->policy.gather_on_use ? ZS__PARAM_SHARDED : ZS__PARAM_RESIDENT;
+  /* The optimizer's span (the whole buffer at stage 0, the shard at 1-3). */
+  size_t begin = zs__span_begin(m, u);
+  size_t end = begin + zs__optimize_span_elems(m, u);
   free(u->opt_pieces); /* a retried finalize */
   u->opt_pieces = NULL;
   ZS_CHECK(zs__pieces_alloc(offsets, numels, alias, frozen, n, begin, end,
@@ -593,52 +600,48 @@ static zs_status zs__find_owners(zs_model* m, zs__unit* u, int self) {
   return ZS_OK;
 }
 
-/* Persistent buffers of one unit for the configured stage. */
+/* Allocates a persistent field of `bytes` where the policy's tier says:
+ * device memory (accounted under cat), CPU offload's host memory, or
+ * nothing here (NVMe: the swap file's pool). */
+static zs_status zs__tier_alloc(zs_model* m, zs__tier tier,
+                                zs_mem_category cat, size_t bytes,
+                                const char* label, void** out) {
+  if (tier == ZS__TIER_HOST) return zs__offload_host_alloc(m, bytes, label, out);
+  if (tier == ZS__TIER_DEVICE)
+    return zs__dev_alloc(m->ctx->device, cat, bytes, 1, label, out);
+  return ZS_OK;
+}
+
+/* Persistent buffers of one unit, as its policy places them. */
 static zs_status zs__alloc_unit(zs_model* m, zs__unit* u) {
-  zs__device* dev = m->ctx->device;
-  const int stage = m->ctx->config.stage;
+  const zs__policy* pol = &u->policy;
   /* The sizes are the memory model's (zs__layout_unit_bytes), which the
    * estimator adds up: the two cannot disagree. */
   const zs__unit_bytes b =
-      zs__layout_unit_bytes(&u->layout, stage, u->elem, u->gelem,
-                            u->dtype != ZS_FLOAT32, u->trainable);
+      zs__layout_unit_bytes(&u->layout, pol, u->elem, u->gelem);
   zs_status st = ZS_OK;
-  zs__offload* off = m->ctx->offload;
-  if (stage <= 2)
-    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_PARAMS, b.params, 1, u->name,
-                           &u->params_full));
-  else if (m->ctx->config.offload_param == 2)
-    ; /* in the parameter swap file (zs__nvme_param_init) */
-  else if (off != NULL && m->ctx->config.offload_param)
-    ZS_CHECK(zs__offload_host_alloc(m, b.params, u->name, &u->params_shard));
-  else
-    ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_PARAMS, b.params, 1, u->name,
-                           &u->params_shard));
+  /* parameters: the whole buffer, or the shard (on NVMe: in the parameter
+   * swap file, zs__nvme_param_init) */
+  ZS_CHECK(zs__tier_alloc(m, pol->params_tier, ZS_MEM_PARAMS, b.params, u->name,
+                          pol->params == ZS__EXTENT_FULL ? &u->params_full
+                                                         : &u->params_shard));
   if (!u->trainable) return ZS_OK;
-  ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_GRADS, b.grads, 1, u->name,
-                         stage <= 1 ? &u->grads_full : &u->grads_shard));
-  /* With CPU offload, master weights and optimizer states live in the
-   * NUMA-placed host memory (offload_host) instead. */
-  /* With NVMe offload they live in the swap file (zs__nvme_model_init). */
-  const int nvme = m->ctx->config.offload_optimizer.device == 2;
-  if (b.master > 0 && nvme) u->master_stale = 1;
-  if (b.master > 0 && !nvme) {
-    if (off != NULL)
-      ZS_CHECK(zs__offload_host_alloc(m, b.master, u->name, &u->master));
-    else
-      ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_MASTER_WEIGHTS, b.master, 1, u->name,
-                             &u->master));
+  ZS_CHECK(zs__tier_alloc(m, ZS__TIER_DEVICE, ZS_MEM_GRADS, b.grads, u->name,
+                          pol->grads == ZS__EXTENT_FULL ? &u->grads_full
+                                                        : &u->grads_shard));
+  /* master weights and optimizer states: on the device, in CPU offload's
+   * NUMA-placed host memory, or in the swap file (zs__nvme_model_init);
+   * the master copy is filled from the parameters before the first step */
+  if (b.master > 0) {
+    ZS_CHECK(zs__tier_alloc(m, pol->master_tier, ZS_MEM_MASTER_WEIGHTS,
+                            b.master, u->name, &u->master));
     u->master_stale = 1;
   }
   const zs_optimizer_config* o = &m->ctx->config.optimizer;
   u->nstates = o->kind == ZS_OPTIM_SGD ? (o->momentum != 0.0 ? 1 : 0) : 2;
-  for (int k = 0; k < u->nstates && !nvme; k++) {
-    if (off != NULL)
-      ZS_CHECK(zs__offload_host_alloc(m, b.state, u->name, &u->state[k]));
-    else
-      ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_OPTIMIZER_STATES, b.state, 1, u->name,
-                             &u->state[k]));
-  }
+  for (int k = 0; k < u->nstates; k++)
+    ZS_CHECK(zs__tier_alloc(m, pol->state_tier, ZS_MEM_OPTIMIZER_STATES,
+                            b.state, u->name, &u->state[k]));
 cleanup:
   return st;
 }
@@ -658,7 +661,7 @@ static void zs__set_live_limit(zs_model* m) {
     }
   }
   m->max_live_elems = want;
-  if (want > 0 && want < largest && m->ctx->config.stage == 3) {
+  if (want > 0 && want < largest && m->gathers) {
     zs__log(ZS_LOG_WARN,
             "max_live_elements %zu is below unit '%s' (%zu elements with its "
             "tied owners); raised to %zu", want, m->units[which].name, largest,
@@ -695,12 +698,20 @@ zs_status zs_model_finalize(zs_model* m) {
       m->tensors[i].offset = m->tensors[m->tensors[i].tied_to].offset;
       m->tensors[i].group = m->tensors[m->tensors[i].tied_to].group;
     }
-  for (int i = 0; i < m->nunits && local == ZS_OK; i++)
+  m->gathers = m->parameters_offloaded = 0;
+  for (int i = 0; i < m->nunits && local == ZS_OK; i++) {
+    m->gathers |= m->units[i].policy.gather_on_use;
+    m->parameters_offloaded |= m->units[i].policy.params_tier != ZS__TIER_DEVICE;
     local = zs__alloc_unit(m, &m->units[i]);
-  if (local == ZS_OK && m->ctx->config.offload_optimizer.device == 2)
-    local = zs__nvme_model_init(m);
-  if (local == ZS_OK && m->ctx->config.offload_param == 2)
-    local = zs__nvme_param_init(m);
+  }
+  /* the swap files of the fields the policies put on NVMe */
+  int nvme_states = 0, nvme_params = 0;
+  for (int i = 0; i < m->nunits; i++) {
+    nvme_states |= m->units[i].policy.state_tier == ZS__TIER_NVME;
+    nvme_params |= m->units[i].policy.params_tier == ZS__TIER_NVME;
+  }
+  if (local == ZS_OK && nvme_states) local = zs__nvme_model_init(m);
+  if (local == ZS_OK && nvme_params) local = zs__nvme_param_init(m);
   /* Agree on success so that a rank out of memory fails everyone now,
    * rather than hanging them in the first gather. */
   ZS_CHECK(zs__comm_agree(m->ctx->comm, local, "zs_model_finalize"));

@@ -19,23 +19,23 @@ zs_status zs__master_refresh_range(zs_model* m, zs__unit* u, size_t begin,
                                    size_t n) {
   /* NVMe: the master weights are on disk; the next step takes the whole
    * unit's from its parameters */
-  if (m->nvme != NULL && u->dtype != ZS_FLOAT32) {
+  if (u->policy.master_tier == ZS__TIER_NVME && m->nvme != NULL) {
     u->master_stale = 1;
     return ZS_OK;
   }
   if (u->master == NULL || u->master_stale) return ZS_OK; /* all, later */
-  const int stage = m->ctx->config.stage;
-  const size_t s0 = stage == 0 ? 0 : zs__layout_shard_begin(&u->layout, m->ctx->rank);
-  const size_t s1 = s0 + (stage == 0 ? u->layout.padded : u->layout.shard);
+  char *p, *g;
+  const size_t s0 = zs__span_begin(m, u);
+  const size_t s1 = s0 + zs__optimize_span(m, u, &p, &g);
   const size_t lo = begin > s0 ? begin : s0;
   const size_t hi = begin + n < s1 ? begin + n : s1;
   if (lo >= hi) return ZS_OK;
   zs_status st = zs__param_acquire(m, u);
   if (st != ZS_OK) return st;
-  const void* p = stage == 0 ? u->params_full : zs__param_shard_ptr(m, u);
+  zs__optimize_span(m, u, &p, &g); /* (acquired: the shard's buffer) */
   zs__device* dev = m->ctx->device;
   st = dev->ops->convert(dev, (float*)u->master + (lo - s0), ZS_FLOAT32,
-                         zs__at((void*)p, lo - s0, u->elem), u->dtype, hi - lo,
+                         zs__at(p, lo - s0, u->elem), u->dtype, hi - lo,
                          NULL);
   zs__param_release(m, u);
   return st;
@@ -43,13 +43,12 @@ zs_status zs__master_refresh_range(zs_model* m, zs__unit* u, size_t begin,
 
 zs_status zs__master_refresh(zs_model* m, zs__unit* u) {
   if (u->master == NULL || !u->master_stale) return ZS_OK;
-  const int stage = m->ctx->config.stage;
   zs_status st = zs__param_acquire(m, u);
   if (st != ZS_OK) return st;
-  const void* p = stage == 0 ? u->params_full : zs__param_shard_ptr(m, u);
+  char *p, *g;
+  const size_t n = zs__optimize_span(m, u, &p, &g);
   zs__device* dev = m->ctx->device;
-  st = dev->ops->convert(dev, u->master, ZS_FLOAT32, p, u->dtype,
-                         stage == 0 ? u->layout.padded : u->layout.shard, NULL);
+  st = dev->ops->convert(dev, u->master, ZS_FLOAT32, p, u->dtype, n, NULL);
   zs__param_release(m, u);
   if (st == ZS_OK) u->master_stale = 0;
   return st;

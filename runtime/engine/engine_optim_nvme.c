@@ -233,7 +233,8 @@ zs_status zs__nvme_step(zs_model* m, float coef) {
   zs__device* dev = m->ctx->device;
   zs__nvme_step_arg arg = {m, coef, 0, 0};
   zs_status st = ZS_OK;
-  if (zs__offload_staged(m) && !m->ctx->config.offload_param && nm->ngroups > 0) {
+  /* (parameter shards off the device are stepped unit by unit) */
+  if (zs__offload_staged(m) && !m->parameters_offloaded && nm->ngroups > 0) {
     /* the gradients' last reductions ran on the compute stream, which the
      * copy stream is not ordered with: done before the first span comes */
     arg.overlap = 1;
@@ -336,9 +337,6 @@ zs_status zs__nvme_shard(zs_model* m, zs__unit* u, int field, char** out,
     st = zs__nvme_read_field(m, u, field, tmp);
   }
   if (st != ZS_OK) return st;
-  const size_t begin = m->ctx->config.stage == 0
-                           ? zs__layout_shard_begin(&u->layout, m->ctx->rank)
-                           : 0;
-  *out = (char*)(*tmp + begin);
+  *out = (char*)(*tmp + zs__span_shard_offset(m, u));
   return st;
 }

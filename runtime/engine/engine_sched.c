@@ -70,7 +70,7 @@ static void zs__param_trace_read_ahead(zs_model* m) {
  * live-elements limit allows; then reads ahead (above). */
 zs_status zs__prefetch_issue(zs_model* m) {
   const int depth = m->ctx->config.prefetch_depth;
-  if (m->ctx->config.stage != 3 || !m->trace_valid || !m->trace_ok)
+  if (!m->gathers || !m->trace_valid || !m->trace_ok)
     return ZS_OK;
   for (int j = m->trace_pos; j < m->trace_len && m->prefetches < depth; j++) {
     const int v = m->trace[j];

@@ -176,16 +176,22 @@ static zs_status zs__step_apply(zs_model* m, zs_step_info* info,
       if (clip < 1.0) coef *= clip;
     }
   }
-  /* Stage 0 updates full buffers: gather every rank's reduced shards. */
-  if (cfg->stage == 0) ZS_CHECK(zs__grad_gather_start(m));
-  /* Wait for those, and for stage 1-2's parameter all-gathers of the
-   * previous step, before the optimizer writes. */
-  for (int i = 0; i < m->nunits; i++)
+  /* Units whose optimizer span is the whole buffer (stage 0) gather every
+   * rank's reduced shards into their full gradients. */
+  ZS_CHECK(zs__grad_gather_start(m));
+  /* Wait for those, and for the previous step's refresh of resident
+   * parameters (stages 1-2), before the optimizer writes. */
+  for (int i = 0; i < m->nunits; i++) {
     ZS_CHECK(zs__inflight_wait(m->ctx->comm, &m->units[i].shard_ops));
-  /* CPU offload with the parameters and gradients in device memory: the
-   * staged, overlapped path (the test hook runs it on the host too). */
-  const int staged = zs__offload_staged(m);
-  if (m->nvme != NULL) {
+    zs__param_complete(&m->units[i]);
+  }
+  /* The model's optimizer loop (core_policy.h): NVMe offload's ring, CPU
+   * offload's staged and overlapped path with parameters and gradients in
+   * device memory (the test hook runs it on the host too), or unit by
+   * unit. */
+  const zs__optim_loop loop = zs__policy_loop(
+      m->nvme != NULL, zs__offload_staged(m), m->nvme_params != NULL);
+  if (loop == ZS__LOOP_NVME) {
     /* NVMe offload: a failure on one rank (a disk error) fails every rank
      * here, and the model, whose states are now partly updated */
     zs_status local = zs__nvme_step(m, (float)coef);
@@ -195,7 +201,7 @@ static zs_status zs__step_apply(zs_model* m, zs_step_info* info,
       snprintf(m->broken_msg, sizeof m->broken_msg, "%s", zs__error_body());
       goto cleanup;
     }
-  } else if (staged && m->nvme_params == NULL) {
+  } else if (loop == ZS__LOOP_STAGED) {
     ZS_CHECK(zs__optimize_staged(m, (float)coef));
   } else {
     st = zs__optimize_units(m, (float)coef);
@@ -205,21 +211,23 @@ static zs_status zs__step_apply(zs_model* m, zs_step_info* info,
     }
     if (st != ZS_OK) goto cleanup;
   }
-  /* Stages 1-2 keep full parameters: every rank's updated shard goes back
-   * into everyone's full buffer, bucket by bucket, without waiting. */
-  if (cfg->stage == 1 || cfg->stage == 2)
-    for (int i = 0; i < m->nunits; i++) {
-      zs__unit* u = &m->units[i];
-      for (int b = 0; u->trainable && b < zs__bucket_count(m, u); b++) {
-        size_t off, cnt;
-        zs__bucket(m, u, b, &off, &cnt);
-        zs__coll* op = NULL;
-        ZS_CHECK(zs__comm_iall_gather_strided(
-            m->ctx->comm, zs__tag(ZS__P_PARAM_GATHER, i, u->name),
-            u->params_full, off, u->layout.shard, cnt, u->dtype, &op));
-        ZS_CHECK(zs__inflight_push(m->ctx->comm, &u->shard_ops, op));
-      }
+  /* Resident parameters updated on the shard (stages 1-2): every rank's
+   * updated shard goes back into everyone's full buffer, bucket by bucket,
+   * without waiting (REFRESHING until done). */
+  for (int i = 0; i < m->nunits; i++) {
+    zs__unit* u = &m->units[i];
+    if (!u->policy.refresh_after_step) continue;
+    ZS_CHECK(zs__param_state_set(u, ZS__PARAM_REFRESHING));
+    for (int b = 0; b < zs__bucket_count(m, u); b++) {
+      size_t off, cnt;
+      zs__bucket(m, u, b, &off, &cnt);
+      zs__coll* op = NULL;
+      ZS_CHECK(zs__comm_iall_gather_strided(
+          m->ctx->comm, zs__tag(ZS__P_PARAM_GATHER, i, u->name),
+          u->params_full, off, u->layout.shard, cnt, u->dtype, &op));
+      ZS_CHECK(zs__inflight_push(m->ctx->comm, &u->shard_ops, op));
     }
+  }
   for (int i = 0; i < m->ntensors; i++) {
     zs__tensor* t = &m->tensors[i];
     if (t->tied_to < 0 && !(t->flags & ZS_TENSOR_FROZEN)) t->step++;

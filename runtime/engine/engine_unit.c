@@ -7,11 +7,16 @@
  * the funnel's end (zs__call_end) every public call that issues
  * collectives goes through.
  *
- *   parameters, stage 3:  SHARDED --hold--> GATHERING --ready--> GATHERED
- *                         GATHERED --last drop--> SHARDED (freed)
+ *   parameters gathered on use (stage 3):
+ *               SHARDED --hold--> GATHERING --ready--> GATHERED
+ *               GATHERED --last drop--> SHARDED (freed)
+ *   parameters resident (stages 0-2):
+ *               RESIDENT --step's refresh--> REFRESHING --ready--> RESIDENT
  *   gradients:  IDLE --prepare--> ACCUM --reduce_start--> REDUCING
  *               REDUCING --reduce_finish--> REDUCED (--prepare--> ACCUM:
  *               re-opened, the new sum adds to the shard)
+ * (engine.h's zs__param_state and zs__grad_state; the transitions are
+ * checked by zs__param_state_set and zs__grad_state_set.)
  *
  * Every stage reduces the unit's whole buffer with the same buckets, so
  * each element is summed in the same order at every stage (and, with the
@@ -80,6 +85,7 @@ void zs__progress(zs_model* m) {
         zs__inflight_poll(c, &u->red_ops, &done) == ZS_OK && done)
       (void)zs__grad_reduce_finish(m, u);
     if (u->shard_ops.n > 0) (void)zs__inflight_poll(c, &u->shard_ops, &done);
+    zs__param_complete(u);
   }
 }
 
@@ -95,6 +101,7 @@ zs_status zs__quiesce(zs_model* m) {
     if (st == ZS_OK) st = s2;
     s2 = zs__inflight_wait(c, &u->shard_ops);
     if (st == ZS_OK) st = s2;
+    zs__param_complete(u);
   }
   return st;
 }
@@ -103,16 +110,21 @@ zs_status zs__quiesce(zs_model* m) {
  * starts its all-gather without waiting. */
 zs_status zs__hold(zs_model* m, int unit) {
   zs__unit* u = &m->units[unit];
-  if (m->ctx->config.stage == 3 && u->gather_refs == 0) {
+  if (u->policy.gather_on_use && u->gather_refs == 0) {
     zs__device* dev = m->ctx->device;
     zs__coll* op = NULL;
+    zs_status st = zs__param_state_set(u, ZS__PARAM_GATHERING);
+    if (st != ZS_OK) return st;
     /* parameter shards on NVMe: the shard comes into a buffer first */
-    zs_status st = zs__param_gather_source(m, u);
-    if (st != ZS_OK) return zs__error_prefix(st, "gather of unit '%s': ", u->name);
-    /* parameter shards in host memory with a GPU: NCCL reads a device
-     * copy */
+    st = zs__param_gather_source(m, u);
+    if (st != ZS_OK) {
+      (void)zs__param_state_set(u, ZS__PARAM_SHARDED);
+      return zs__error_prefix(st, "gather of unit '%s': ", u->name);
+    }
+    /* parameter shards in host memory or on NVMe with a GPU: NCCL reads
+     * a device copy */
     const void* src = u->params_shard;
-    if (m->ctx->config.offload_param)
+    if (u->policy.gather_via_copy)
       st = zs__coll_source(m, u->params_shard, u->layout.shard * u->elem,
                            u->name, 0, &u->gather_src, &src);
     if (st == ZS_OK)
@@ -128,6 +140,7 @@ zs_status zs__hold(zs_model* m, int unit) {
       zs__dev_free(dev, u->params_full);
       u->params_full = NULL;
       zs__gather_done(m, u);
+      (void)zs__param_state_set(u, ZS__PARAM_SHARDED);
       return zs__error_prefix(st, "gather of unit '%s': ", u->name);
     }
     m->live_elems += u->layout.padded;
@@ -140,10 +153,12 @@ zs_status zs__hold(zs_model* m, int unit) {
  * flight (its destination is about to be freed) and frees params_full. */
 void zs__drop(zs_model* m, int unit) {
   zs__unit* u = &m->units[unit];
-  if (--u->gather_refs > 0 || m->ctx->config.stage != 3) return;
+  if (--u->gather_refs > 0 || !u->policy.gather_on_use) return;
   if (zs__inflight_wait(m->ctx->comm, &u->gather_ops) != ZS_OK)
     zs__log(ZS_LOG_ERROR, "%s", zs_last_error());
   zs__gather_done(m, u);
+  if (zs__param_state_set(u, ZS__PARAM_SHARDED) != ZS_OK)
+    zs__log(ZS_LOG_ERROR, "%s", zs_last_error());
   zs__dev_free(m->ctx->device, u->params_full);
   u->params_full = NULL;
   m->live_elems -= u->layout.padded;
@@ -166,6 +181,7 @@ zs_status zs__ready(zs_model* m, zs__unit* u) {
   zs_status st = zs__inflight_wait(m->ctx->comm, &u->gather_ops);
   zs__gather_done(m, u);
   if (st == ZS_OK) st = zs__inflight_wait(m->ctx->comm, &u->shard_ops);
+  if (st == ZS_OK) zs__param_complete(u);
   return st;
 }
 
@@ -192,7 +208,6 @@ void zs__forward_hold_end(zs_model* m, int unit) {
  * which is exact up to one extra rounding of the mean. */
 zs_status zs__grad_prepare(zs_model* m, zs__unit* u) {
   zs__device* dev = m->ctx->device;
-  const int stage = m->ctx->config.stage;
   const size_t S = u->layout.shard * u->gelem, P = u->layout.padded * u->gelem;
   zs_status st = ZS_OK;
   if (u->grad_state == ZS__GRAD_ACCUM) return ZS_OK;
@@ -205,14 +220,14 @@ zs_status zs__grad_prepare(zs_model* m, zs__unit* u) {
                             NULL));
     u->reopened = 1;
   }
-  if (stage >= 2) {
+  if (u->policy.accum_transient) {
     ZS_CHECK(zs__dev_alloc(dev, ZS_MEM_COMM_BUFFERS, P, 1, u->name,
                            &u->grad_accum));
   } else {
     u->grad_accum = u->grads_full;
     ZS_CHECK(dev->ops->memset(dev, u->grad_accum, 0, P, NULL));
   }
-  u->grad_state = ZS__GRAD_ACCUM;
+  ZS_CHECK(zs__grad_state_set(u, ZS__GRAD_ACCUM));
 cleanup:
   if (st != ZS_OK) {
     zs__dev_free(dev, u->grad_saved);
@@ -228,7 +243,7 @@ void zs__grad_drop(zs_model* m, zs__unit* u) {
   zs__dev_free(m->ctx->device, u->red_sum);
   u->grad_accum = u->grad_saved = u->red_sum = NULL;
   u->reopened = 0;
-  u->grad_state = ZS__GRAD_IDLE;
+  (void)zs__grad_state_set(u, ZS__GRAD_IDLE); /* (from any state) */
 }
 
 /* The divisor of the gradient mean: ranks * micro-batches per step. */
@@ -270,7 +285,7 @@ zs_status zs__grad_reduce_start(zs_model* m, zs__unit* u) {
                                       zs__grad_divisor(m), u->gdtype, &op));
     ZS_CHECK(zs__inflight_push(comm, &u->red_ops, op));
   }
-  u->grad_state = ZS__GRAD_REDUCING;
+  ZS_CHECK(zs__grad_state_set(u, ZS__GRAD_REDUCING));
   if (m->nreducing == m->reducing_cap) {
     int cap = m->reducing_cap == 0 ? 8 : 2 * m->reducing_cap;
     int* q = (int*)realloc(m->reducing, (size_t)cap * sizeof *q);
@@ -324,7 +339,7 @@ zs_status zs__grad_reduce_finish(zs_model* m, zs__unit* u) {
   zs__dev_free(dev, u->red_sum);
   u->grad_saved = u->red_sum = NULL;
   u->reopened = 0;
-  u->grad_state = ZS__GRAD_REDUCED;
+  ZS_CHECK(zs__grad_state_set(u, ZS__GRAD_REDUCED));
 cleanup:
   if (st != ZS_OK) st = zs__error_prefix(st, "reduction of unit '%s': ", u->name);
   return st;
@@ -335,7 +350,8 @@ zs_status zs__grad_gather_start(zs_model* m) {
   zs_status st = ZS_OK;
   for (int ui = 0; ui < m->nunits && st == ZS_OK; ui++) {
     zs__unit* u = &m->units[ui];
-    for (int b = 0; u->trainable && b < zs__bucket_count(m, u) && st == ZS_OK;
+    for (int b = 0; u->policy.grads_gather_back && b < zs__bucket_count(m, u) &&
+                    st == ZS_OK;
          b++) {
       size_t off, cnt;
       zs__bucket(m, u, b, &off, &cnt);

@@ -42,14 +42,28 @@ typedef struct zs__estimate_config {
   int grad_accum_local;
 } zs__estimate_config;
 
+/* A unit's policy (core_policy.h), as the engine makes it at finalize;
+ * lowp and trainable 1 give the model's placement (the tiers and extents
+ * depend on them only to say that a unit holds no master weights, or no
+ * gradients and optimizer states). The configuration was checked first
+ * (zs__estimate_check makes the same policy). */
+static zs__policy zs__est_policy(const zs__estimate_config* c, int lowp,
+                                 int trainable) {
+  const zs__policy_in in = {c->stage, c->device == ZS_DEVICE_HOST, lowp,
+                            trainable, c->offload_optimizer, c->offload_params};
+  zs__policy p;
+  if (zs__policy_make(&in, &p) != ZS_OK) memset(&p, 0, sizeof p);
+  return p;
+}
+
 /* What each rank holds for a unit: the sizes the engine allocates
  * (zs__layout_unit_bytes), added up per category. */
 static void zs__estimate_states(const zs__estimate_config* c,
                                 const zs__unit_layout* l, size_t elem,
                                 size_t gelem, int lowp, int trainable,
                                 int nstates, zs_memory_estimate* out) {
-  const zs__unit_bytes b =
-      zs__layout_unit_bytes(l, c->stage, elem, gelem, lowp, trainable);
+  const zs__policy pol = zs__est_policy(c, lowp, trainable);
+  const zs__unit_bytes b = zs__layout_unit_bytes(l, &pol, elem, gelem);
   out->bytes[ZS_MEM_PARAMS] += b.params;
   out->bytes[ZS_MEM_GRADS] += b.grads;
   out->bytes[ZS_MEM_MASTER_WEIGHTS] += b.master;
@@ -113,10 +127,17 @@ static zs_status zs__estimate_check(const zs__estimate_config* c) {
   ZS_REQUIRE(c->offload_params >= 0 && c->offload_params <= 2,
              "zs_estimate: config.offload_param must be none, cpu or nvme, "
              "got %d", c->offload_params);
-  ZS_REQUIRE(c->offload_params == 0 || (c->offload_optimizer && c->stage == 3),
-             "zs_estimate: config.offload_param needs stage 3 and "
-             "offload_optimizer (got offload_param %d, stage %d)",
-             c->offload_params, c->stage);
+  {
+    /* the combinations a policy exists for (core_policy.c) */
+    const zs__policy_in in = {c->stage, c->device == ZS_DEVICE_HOST, 1, 1,
+                              c->offload_optimizer, c->offload_params};
+    zs__policy pol;
+    if (zs__policy_make(&in, &pol) != ZS_OK)
+      return zs__error(ZS_ERR_INVALID_ARGUMENT,
+                       "zs_estimate: config.offload_param needs stage 3 and "
+                       "offload_optimizer (got offload_param %d, stage %d)",
+                       c->offload_params, c->stage);
+  }
   ZS_REQUIRE(c->device == ZS_DEVICE_HOST || c->device == ZS_DEVICE_CUDA,
              "zs_estimate: config.device must be ZS_DEVICE_HOST or "
              "ZS_DEVICE_CUDA, "
@@ -167,7 +188,8 @@ static int zs__est_serial_reductions(const zs__estimate_config* c) {
 static zs_status zs__estimate_total(zs_memory_estimate* out,
                                     const zs__estimate_config* c,
                                     const zs__est_offload* nv) {
-  if (c->offload_optimizer == 2) {
+  const zs__policy pol = zs__est_policy(c, 1, 1);
+  if (pol.state_tier == ZS__TIER_NVME) {
     /* NVMe: the swap file holds them, each field's span in sub-groups
      * rounded up to 4 KiB; each slot of the pinned pool's ring holds a
      * sub-group's fields (engine_optim_nvme.c) */
@@ -190,12 +212,12 @@ static zs_status zs__estimate_total(zs_memory_estimate* out,
     if (exact > 0)
       out->bytes[ZS_MEM_NVME_STAGING] += (size_t)ring * fields * slot;
     out->bytes[ZS_MEM_MASTER_WEIGHTS] = out->bytes[ZS_MEM_OPTIMIZER_STATES] = 0;
-  } else if (c->offload_optimizer) {
+  } else if (pol.state_tier == ZS__TIER_HOST) {
     out->bytes[ZS_MEM_OFFLOAD_HOST] += out->bytes[ZS_MEM_MASTER_WEIGHTS] +
                                        out->bytes[ZS_MEM_OPTIMIZER_STATES];
     out->bytes[ZS_MEM_MASTER_WEIGHTS] = out->bytes[ZS_MEM_OPTIMIZER_STATES] = 0;
   }
-  if (c->offload_params == 2) {
+  if (pol.params_tier == ZS__TIER_NVME) {
     /* NVMe: the shards in the parameter swap file; a pool of pinned
      * buffers, each the largest shard rounded up to 4 KiB unless set
      * (engine_nvme_param.c) */
@@ -206,7 +228,7 @@ static zs_status zs__estimate_total(zs_memory_estimate* out,
       buf = zs__layout_nvme_round(c->nvme_param_buffer_elements * nv->widest_elem);
     out->bytes[ZS_MEM_NVME_STAGING] += c->nvme_param_buffer_count * buf;
     out->bytes[ZS_MEM_PARAMS] = 0;
-  } else if (c->offload_params) {
+  } else if (pol.params_tier == ZS__TIER_HOST) {
     out->bytes[ZS_MEM_OFFLOAD_HOST] += out->bytes[ZS_MEM_PARAMS];
     out->bytes[ZS_MEM_PARAMS] = 0;
   }
@@ -217,9 +239,9 @@ static zs_status zs__estimate_total(zs_memory_estimate* out,
      * in device memory: two slots of page-locked staging, each the largest
      * span's gradients and parameters (CPU and NVMe offload alike); NCCL
      * reads an offloaded shard from a device copy, one per unit gathered. */
-    if (c->offload_optimizer)
+    if (pol.state_tier != ZS__TIER_DEVICE)
       out->bytes[ZS_MEM_OFFLOAD_HOST] += 2 * (nv->span_grad_bytes + nv->span_param_bytes);
-    if (c->offload_params) out->bytes[ZS_MEM_COMM_BUFFERS] += nv->gather_src_bytes;
+    if (pol.gather_via_copy) out->bytes[ZS_MEM_COMM_BUFFERS] += nv->gather_src_bytes;
   }
   out->total = 0;
   for (int k = 0; k < ZS_MEM_CATEGORY_COUNT; k++) out->total += out->bytes[k];
@@ -255,11 +277,12 @@ static zs_status zs__estimate_params(double params,
                         ? c->largest_unit_elements : n;
   /* one span: the rounding of each unit's last sub-group and shard (under
    * 4 KiB per unit and field) is not known without the units */
-  const size_t span = c->stage == 0 ? l.padded : l.shard;
+  const zs__policy pol = zs__est_policy(c, 1, 1);
+  const size_t span = zs__policy_span(&pol, l.padded, l.shard);
   const size_t sg = zs__layout_nvme_sub_group(c->nvme_buffer_size,
                                               c->nvme_sub_group_size);
   /* the CUDA staging: the largest unit's span */
-  const size_t lu_span = c->stage == 0 ? lu : (lu + W - 1) / W;
+  const size_t lu_span = zs__policy_span(&pol, lu, (lu + W - 1) / W);
   zs__est_offload nv = {
       span, span > 0 && sg > 0 ? zs__layout_nvme_span_bytes(span, sg) : 0,
       (lu + W - 1) / W * zs_dtype_size(dt),
@@ -282,10 +305,10 @@ static zs_status zs__estimate_params(double params,
     const size_t maxred = serial ? 1 : ZS__MAX_REDUCING;
     const size_t reducing = units < maxred ? units : maxred;
     const size_t g = lu * zs_dtype_size(gdt);
-    const size_t accum = c->stage >= 2, micro = c->grad_accum_steps > 1;
+    const size_t accum = pol.accum_transient, micro = c->grad_accum_steps > 1;
     const size_t s = (micro && !c->grad_accum_local)
                          ? (lu + W - 1) / W * zs_dtype_size(gdt) : 0;
-    if (c->stage == 3) {
+    if (pol.gather_on_use) {
       out->bytes[ZS_MEM_PARAMS_GATHERED] = gathered * lu * zs_dtype_size(dt);
       nv.gather_src_bytes = gathered * ((lu + W - 1) / W) * zs_dtype_size(dt);
     }
@@ -385,6 +408,7 @@ static zs_status zs__estimate_model(const char* description,
   int* alias = NULL;
   int nunits = 0;
   zs__est_offload nv = {0, 0, 0, 0, 1, 0, 0, 0};
+  const zs__policy pol = zs__est_policy(c, 1, 1);
   const size_t sg = zs__layout_nvme_sub_group(c->nvme_buffer_size,
                                               c->nvme_sub_group_size);
   char** tnames = NULL; /* tensor name -> unit, for ties */
@@ -610,7 +634,7 @@ static zs_status zs__estimate_model(const char* description,
     u->padded = l.padded;
     u->shard = l.shard;
     if (u->trainable) {
-      const size_t sp = c->stage == 0 ? l.padded : l.shard;
+      const size_t sp = zs__policy_span(&pol, l.padded, l.shard);
       if (sp > nv.largest_span) nv.largest_span = sp;
       if (sp * u->gelem > nv.span_grad_bytes) nv.span_grad_bytes = sp * u->gelem;
       if (sp * u->elem > nv.span_param_bytes) nv.span_param_bytes = sp * u->elem;
@@ -632,7 +656,7 @@ static zs_status zs__estimate_model(const char* description,
    * engine counts references (engine_gather.c), so it is counted once.
    * The set is chosen greedily, each time the unit adding the most bytes
    * not yet counted (its own buffer and its owners'). */
-  if (c->stage == 3) {
+  if (pol.gather_on_use) {
     unsigned char* counted = (unsigned char*)calloc(2 * (size_t)nunits, 1);
     if (counted == NULL) ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "model description");
     unsigned char* picked = counted + nunits;
@@ -690,7 +714,7 @@ static zs_status zs__estimate_model(const char* description,
       free(along);
       ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "model description");
     }
-    const int accum = c->stage >= 2, micro = c->grad_accum_steps > 1;
+    const int accum = pol.accum_transient, micro = c->grad_accum_steps > 1;
     const size_t reopen = micro && !c->grad_accum_local;
     const int serial = zs__est_serial_reductions(c);
     const int reducing = serial ? 1 : ZS__MAX_REDUCING;

@@ -7,15 +7,19 @@
 
 #include "runtime/core/core.h"
 
-zs__unit_bytes zs__layout_unit_bytes(const zs__unit_layout* l, int stage,
-                                     size_t elem, size_t gelem, int lowp,
-                                     int trainable) {
+static size_t zs__extent_elems(zs__extent e, const zs__unit_layout* l) {
+  return e == ZS__EXTENT_FULL ? l->padded : e == ZS__EXTENT_SHARD ? l->shard : 0;
+}
+
+zs__unit_bytes zs__layout_unit_bytes(const zs__unit_layout* l,
+                                     const zs__policy* p, size_t elem,
+                                     size_t gelem) {
   zs__unit_bytes b = {0, 0, 0, 0};
-  b.params = (stage <= 2 ? l->padded : l->shard) * elem;
-  if (!trainable) return b;
-  const size_t span = (stage == 0 ? l->padded : l->shard) * sizeof(float);
-  b.grads = (stage <= 1 ? l->padded : l->shard) * gelem;
-  b.master = lowp ? span : 0;
+  b.params = zs__extent_elems(p->params, l) * elem;
+  if (!p->trainable) return b;
+  const size_t span = zs__policy_span(p, l->padded, l->shard) * sizeof(float);
+  b.grads = zs__extent_elems(p->grads, l) * gelem;
+  b.master = p->lowp ? span : 0;
   b.state = span;
   return b;
 }

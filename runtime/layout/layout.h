@@ -21,6 +21,8 @@
 
 #include <zeroshard.h>
 
+#include "runtime/core/core_policy.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -101,20 +103,21 @@ static inline size_t zs__layout_shard_begin(const zs__unit_layout* l,
  * most this many units are alive (the estimator counts them). */
 #define ZS__MAX_REDUCING 2
 
-/* Bytes of the persistent buffers one rank holds for a unit at a ZeRO
- * stage (the paper's memory model, per unit): the parameters (full at
- * stages 0-2, the shard at 3) and, for a trainable unit, the gradients
- * (full at 0-1, the shard at 2-3; gelem bytes each), the fp32 master copy
- * (16-bit units) and each fp32 optimizer state over the optimizer's span
- * (full at stage 0, the shard at 1-3). The engine allocates exactly these;
+/* Bytes of the persistent buffers one rank holds for a unit under its
+ * policy (core_policy.h; the paper's memory model, per unit): the
+ * parameters (the policy's extent: full at stages 0-2, the shard at 3)
+ * and, for a trainable unit, the gradients (full at 0-1, the shard at 2-3;
+ * gelem bytes each), the fp32 master copy (16-bit units) and each fp32
+ * optimizer state over the optimizer's span (full at stage 0, the shard at
+ * 1-3), wherever the policy puts them. The engine allocates exactly these;
  * the estimator adds them up. */
 typedef struct zs__unit_bytes {
   size_t params, grads, master, state;
 } zs__unit_bytes;
 
-zs__unit_bytes zs__layout_unit_bytes(const zs__unit_layout* l, int stage,
-                                     size_t elem, size_t gelem, int lowp,
-                                     int trainable);
+zs__unit_bytes zs__layout_unit_bytes(const zs__unit_layout* l,
+                                     const zs__policy* p, size_t elem,
+                                     size_t gelem);
 
 /* Writes the pieces of the storage-owning tensors (alias[i] == 0, and
  * skip[i] == 0 when skip is not NULL) that intersect [begin, end), in
