@@ -30,6 +30,35 @@ typedef struct zs__swap_group {
   size_t bytes;                          /* of each region */
 } zs__swap_group;
 
+/* The schedule one sub-group at a time, for a caller that runs its own
+ * loop (the engine's optimizer step over its stores): zs__swap_begin
+ * starts the first reads; for k = 0 .. ngroups-1 in order,
+ * zs__swap_acquire waits for group k's reads (and starts the read of
+ * k + nslots - 2 once its slot's write completed) and gives its buffers;
+ * zs__swap_release starts group k's writes; zs__swap_end waits for every
+ * request. The order, the errors and the guarantees are
+ * zs__swap_pipeline's below (which is these four calls). The caller owns
+ * `s` (no allocation); its arguments must outlive zs__swap_end. After an
+ * error from begin, acquire or release, call zs__swap_end with that error:
+ * it waits for what is in flight and returns the error. */
+typedef struct zs__swap {
+  zs__aio* a;
+  zs__aio_file* f;
+  const zs__swap_group* groups;
+  int ngroups, nfields, nslots;
+  void* const (*slots)[ZS__SWAP_MAX_FIELDS];
+  uint64_t read_done[ZS__SWAP_MAX_SLOTS], write_done[ZS__SWAP_MAX_SLOTS];
+  uint64_t failures; /* zs__aio_failures at begin */
+} zs__swap;
+
+zs_status zs__swap_begin(zs__swap* s, zs__aio* a, zs__aio_file* f,
+                         const zs__swap_group* groups, int ngroups,
+                         int nfields, int nslots,
+                         void* const slots[][ZS__SWAP_MAX_FIELDS]);
+zs_status zs__swap_acquire(zs__swap* s, int k, void* const** bufs);
+zs_status zs__swap_release(zs__swap* s, int k);
+zs_status zs__swap_end(zs__swap* s, zs_status st);
+
 /* Runs step(arg, k, bufs) for k = 0 .. ngroups-1 in order, bufs[f] holding
  * field f of sub-group k as read from the file; what step leaves in bufs
  * is written back to the same regions. Order: with nslots slots (3 ..

@@ -130,67 +130,176 @@ zs_status zs__optimize_view(zs_model* m, zs__unit* u, float coef,
   return ZS_OK;
 }
 
-/* The unit's own buffers as a view of the whole span. */
-static zs__opt_view zs__unit_view(zs__unit* u, char* p, char* g) {
-  zs__opt_view v = {p, g, (float*)u->master, (float*)u->state[0],
-                    (float*)u->state[1], 0, SIZE_MAX};
-  return v;
+/* The in-memory store: one chunk per trainable unit, its whole span, in
+ * place (device memory, or CPU offload's host memory). impl: the
+ * trainable units' indexes. */
+static void zs__memory_chunk(const zs__state_store* s, int k, int* unit, size_t* lo,
+                             size_t* hi) {
+  *unit = ((const int*)s->impl)[k];
+  *lo = 0;
+  *hi = zs__optimize_span_elems(s->m, &s->m->units[*unit]);
 }
 
-/* The optimizer on this rank's span of a unit (zs__optimize_share). With
- * CPU offload the CPU worker threads (bound to the host memory's NUMA node)
- * share the work; otherwise the context's device runs it (on the host: the
- * calling thread, the fast kernels on OpenMP's threads). */
-static zs_status zs__optimize_unit(zs_model* m, zs__unit* u, float coef) {
-  zs_status st = zs__master_refresh(m, u);
-  if (st != ZS_OK) return st;
-  char *p, *g;
-  (void)zs__optimize_span(m, u, &p, &g);
-  /* CPU offload with a GPU and the parameter shards on NVMe (the shard is
-   * in a pool buffer now): the gradients come to the host staging, and so
-   * do the parameters, which go back to the buffer after the step
-   * (synchronous, one unit at a time; the refresh above wrote host memory,
-   * so it completed on return) */
+static zs_status zs__memory_acquire(zs__state_store* s, int k, float** master,
+                                    float** s0, float** s1) {
+  zs__unit* u = &s->m->units[((const int*)s->impl)[k]];
+  *master = (float*)u->master;
+  *s0 = (float*)u->state[0];
+  *s1 = (float*)u->state[1];
+  return ZS_OK;
+}
+
+static zs_status zs__memory_release(zs__state_store* s, int k) {
+  (void)s;
+  (void)k;
+  return ZS_OK;
+}
+
+static zs_status zs__memory_finish(zs__state_store* s, zs_status st) {
+  free(s->impl);
+  s->impl = NULL;
+  return st;
+}
+
+zs_status zs__memory_store(zs_model* m, zs__state_store* out) {
+  memset(out, 0, sizeof *out);
+  out->name = "memory";
+  out->m = m;
+  out->chunk = zs__memory_chunk;
+  out->acquire = zs__memory_acquire;
+  out->release = zs__memory_release;
+  out->finish = zs__memory_finish;
+  int* units = (int*)malloc(((size_t)m->nunits + 1) * sizeof *units);
+  if (units == NULL)
+    return zs__error(ZS_ERR_OUT_OF_MEMORY, "optimizer step: the store");
+  for (int i = 0; i < m->nunits; i++)
+    if (m->units[i].trainable) units[out->nchunks++] = i;
+  out->impl = units;
+  return ZS_OK;
+}
+
+/* The unit of the first chunk after chunk k's unit's chunks, or -1. */
+static int zs__state_store_next_unit(const zs__state_store* s, int k) {
+  int unit, u2;
+  size_t lo, hi;
+  s->chunk(s, k, &unit, &lo, &hi);
+  for (int j = k + 1; j < s->nchunks; j++) {
+    s->chunk(s, j, &u2, &lo, &hi);
+    if (u2 != unit) return u2;
+  }
+  return -1;
+}
+
+/* The step's loop (ZeRO-Offload, Ren et al. 2021, sec. 4.1, with
+ * DeepSpeed's overlap of copies and the CPU step; ZeRO-Infinity's
+ * pipelined sub-groups, Rajbhandari et al. SC'21, sec. 6.2). With CPU
+ * offload and the parameters on a device, unit i's gradients come to
+ * page-locked staging on a copy stream while the CPU workers step unit
+ * i-1, and the updated parameters (rounded from the host master weights,
+ * or the fp32 parameters themselves) go back right after their step; two
+ * slots, each slot's reuse ordered behind its previous copies by the
+ * stream. The values are the in-place path's: the same kernels on the
+ * same bits, in every store. */
+zs_status zs__optimize(zs_model* m, float coef, zs__state_store* s) {
+  zs__device* dev = m->ctx->device;
   const int staged = zs__offload_staged(m);
-  if (staged) {
-    st = zs__staging_unit_in(m, u);
-    if (st != ZS_OK) return st;
-    p = (char*)m->staging_p[0];
-    g = (char*)m->staging_g[0];
-  }
-  const zs__opt_view v = zs__unit_view(u, p, g);
-  if (m->ctx->offload != NULL) {
-    zs__opt_job job = {m, u, coef, v};
-    st = zs__offload_run(m->ctx->offload, zs__optimize_worker, &job);
-    if (st != ZS_OK)
-      return zs__error_prefix(st, "optimizer on unit '%s': ", u->name);
-    return staged ? zs__staging_unit_out(m, u) : ZS_OK;
-  }
-  return zs__optimize_share(m, u, coef, 0, 1, 0, m->ctx->device, &v);
-}
-
-/* The in-memory optimizer on every trainable unit; with parameter shards
- * on NVMe each shard is read in (the next one ahead), stepped and written
- * back, and every rank agrees on the outcome (a disk error on one rank
- * fails all; the model is then refused further steps, see m->broken). */
-zs_status zs__optimize_units(zs_model* m, float coef) {
+  /* overlapped (core_policy.h's ZS__LOOP_STAGED) unless the parameter
+   * shards are on NVMe too (then one unit at a time, synchronously: a
+   * shard is in a pool buffer only between its unit's step begin and
+   * end) */
+  const int overlap =
+      zs__policy_loop(0, staged, m->nvme_params != NULL) == ZS__LOOP_STAGED &&
+      s->nchunks > 0;
   zs_status st = ZS_OK;
-  for (int i = 0; i < m->nunits && st == ZS_OK; i++) {
-    zs__unit* u = &m->units[i];
-    if (!u->trainable) continue;
-    const double t0 = m->ctx->prof != NULL ? zs__now() : 0.0;
-    int next = i + 1;
-    while (next < m->nunits && !m->units[next].trainable) next++;
-    st = zs__param_step_begin(m, u, next < m->nunits ? next : -1);
-    if (st != ZS_OK) break;
-    st = zs__param_step_end(m, u, zs__optimize_unit(m, u, coef));
-    if (m->ctx->prof != NULL)
-      zs__profiler_span(m->ctx->prof, 0, "optimizer", "optimizer", t0,
-                        zs__now(), u->name, 0, 0, 0);
+  int slot = 0, next = -1;
+  if (overlap) {
+    int unit0;
+    size_t lo0, hi0;
+    s->chunk(s, 0, &unit0, &lo0, &hi0);
+    /* the gradients' last reductions ran on the compute stream, which the
+     * copy stream is not ordered with: done before the first span comes */
+    st = zs__staging_init(m);
+    if (st == ZS_OK) st = dev->ops->stream_sync(dev, NULL);
+    if (st == ZS_OK) st = zs__staging_in(m, &m->units[unit0], 0);
   }
-  if (m->nvme_params == NULL) return st;
-  st = st == ZS_OK ? zs__param_flush(m) : zs__param_abort(m, st);
-  return zs__comm_agree(m->ctx->comm, st, "optimizer step (NVMe parameters)");
+  double t0 = 0.0;
+  for (int k = 0; k < s->nchunks && st == ZS_OK; k++) {
+    int ui;
+    size_t lo, hi;
+    s->chunk(s, k, &ui, &lo, &hi);
+    zs__unit* u = &m->units[ui];
+    float *master, *s0, *s1;
+    st = s->acquire(s, k, &master, &s0, &s1);
+    if (st != ZS_OK) break;
+    if (lo == 0) {
+      next = zs__state_store_next_unit(s, k);
+      if (m->ctx->prof != NULL) t0 = zs__now();
+      /* parameter shards on NVMe: the unit's shard is acquired at its first
+       * chunk (the next unit's is read ahead meanwhile) and written back
+       * after its last */
+      st = zs__param_step_begin(m, u, next);
+      if (st != ZS_OK) break;
+      if (!s->stale_master && u->master != NULL && u->master_stale) {
+        st = zs__master_refresh(m, u);
+        /* the refresh's kernel wrote host memory the CPU reads next */
+        if (st == ZS_OK && staged) st = dev->ops->stream_sync(dev, NULL);
+        if (st != ZS_OK) {
+          st = zs__param_step_end(m, u, st);
+          break;
+        }
+      }
+    }
+    char *p, *g;
+    const size_t span = zs__optimize_span(m, u, &p, &g);
+    if (overlap && lo == 0) {
+      /* this unit's span is here, the previous unit's parameters have left
+       * the other slot: the next unit's span may come into it */
+      st = dev->ops->stream_sync(dev, m->staging_stream);
+      if (st == ZS_OK && next >= 0)
+        st = zs__staging_in(m, &m->units[next], 1 - slot);
+    } else if (staged && lo == 0) {
+      st = zs__staging_unit_in(m, u);
+    }
+    if (staged) {
+      p = (char*)m->staging_p[overlap ? slot : 0];
+      g = (char*)m->staging_g[overlap ? slot : 0];
+    }
+    /* a 16-bit unit's stale master weights on NVMe: from the parameters */
+    if (st == ZS_OK && s->stale_master && master != NULL && u->master_stale) {
+      zs__device* host = m->ctx->host;
+      st = host->ops->convert(host, master, ZS_FLOAT32, zs__at(p, lo, u->elem),
+                              u->dtype, hi - lo, NULL);
+    }
+    const zs__opt_view v = {p, g, master, s0, s1, lo, hi};
+    if (st == ZS_OK)
+      st = m->ctx->offload != NULL
+               ? zs__optimize_view(m, u, coef, &v)
+               : zs__optimize_share(m, u, coef, 0, 1, 0, dev, &v);
+    if (st == ZS_OK) st = s->release(s, k);
+    if (st == ZS_OK && staged && hi == span) {
+      if (overlap) {
+        /* back on the copy stream; waited for below */
+        st = zs__staging_out(m, u, slot);
+        slot = 1 - slot;
+      } else {
+        st = zs__staging_unit_out(m, u);
+      }
+    }
+    if (hi == span || st != ZS_OK) {
+      st = zs__param_step_end(m, u, st);
+      if (m->ctx->prof != NULL)
+        zs__profiler_span(m->ctx->prof, 0, "optimizer", "optimizer", t0,
+                          zs__now(), u->name, 0, 0, 0);
+    }
+  }
+  st = s->finish(s, st);
+  /* no copy may still run into or out of the staging after a return, and
+   * the parameters are back on the device before the next forward */
+  if (overlap && m->staging_stream != NULL) {
+    zs_status s2 = dev->ops->stream_sync(dev, m->staging_stream);
+    if (st == ZS_OK) st = s2;
+  }
+  return st;
 }
 
 /* Two slots of page-locked host staging (each: the largest span's
@@ -267,61 +376,6 @@ zs_status zs__staging_out(zs_model* m, zs__unit* u, int k) {
 zs_status zs__staging_unit_out(zs_model* m, zs__unit* u) {
   zs_status st = zs__staging_out(m, u, 0);
   if (st == ZS_OK) st = m->ctx->device->ops->stream_sync(m->ctx->device, m->staging_stream);
-  return st;
-}
-
-/* The optimizer with CPU offload when the parameters and gradients are in
- * device memory (ZeRO-Offload, Ren et al. 2021, sec. 4.1, with DeepSpeed's
- * overlap of copies and the CPU step across sub-groups; here a sub-group
- * is a unit): unit i's gradients come to page-locked staging on a copy
- * stream while the CPU workers step unit i-1, and the updated parameters
- * (rounded from the host master weights, or the fp32 parameters
- * themselves) go back to the device right after their step. Two slots;
- * each slot's reuse is ordered behind its previous copies by the stream.
- * The values are the in-place path's: the same kernels on the same bits. */
-zs_status zs__optimize_staged(zs_model* m, float coef) {
-  zs__device* dev = m->ctx->device;
-  zs_status st = ZS_OK;
-  ZS_CHECK(zs__staging_init(m));
-  for (int i = 0; i < m->nunits; i++)
-    if (m->units[i].trainable) ZS_CHECK(zs__master_refresh(m, &m->units[i]));
-  /* the refreshes' kernels wrote host memory, and the gradients' last
-   * reductions ran on the compute stream, which the copy stream is not
-   * ordered with: all done before the CPU reads and the copies start */
-  ZS_CHECK(dev->ops->stream_sync(dev, NULL));
-  int next = 0;
-  while (next < m->nunits && !m->units[next].trainable) next++;
-  if (next < m->nunits) ZS_CHECK(zs__staging_in(m, &m->units[next], 0));
-  int slot = 0;
-  while (next < m->nunits) {
-    zs__unit* u = &m->units[next];
-    const double t0 = m->ctx->prof != NULL ? zs__now() : 0.0;
-    /* this unit's inputs are here; the previous unit's output has left */
-    ZS_CHECK(dev->ops->stream_sync(dev, m->staging_stream));
-    do next++;
-    while (next < m->nunits && !m->units[next].trainable);
-    if (next < m->nunits)
-      ZS_CHECK(zs__staging_in(m, &m->units[next], 1 - slot));
-    zs__opt_job job = {m, u, coef,
-                       zs__unit_view(u, (char*)m->staging_p[slot],
-                                     (char*)m->staging_g[slot])};
-    st = zs__offload_run(m->ctx->offload, zs__optimize_worker, &job);
-    if (st != ZS_OK) {
-      st = zs__error_prefix(st, "optimizer on unit '%s': ", u->name);
-      goto cleanup;
-    }
-    ZS_CHECK(zs__staging_out(m, u, slot));
-    if (m->ctx->prof != NULL)
-      zs__profiler_span(m->ctx->prof, 0, "optimizer", "optimizer", t0,
-                        zs__now(), u->name, 0, 0, 0);
-    slot = 1 - slot;
-  }
-cleanup:
-  /* no copy may still run into or out of the staging after a return */
-  if (m->staging_stream != NULL) {
-    zs_status s2 = dev->ops->stream_sync(dev, m->staging_stream);
-    if (st == ZS_OK) st = s2;
-  }
   return st;
 }
 

@@ -1,7 +1,8 @@
 /*
  * engine_optim.h — the optimizer on this rank's span of each unit
- * (engine_optim.c): master weights, the in-place step, the staged step of
- * CPU offload with a GPU, the global gradient norm and the loss scaler.
+ * (engine_optim.c): master weights, the stores and the one step loop over
+ * them, the staging of CPU offload with a GPU, the global gradient norm
+ * and the loss scaler.
  */
 #ifndef ZS_RUNTIME_ENGINE_OPTIM_H_
 #define ZS_RUNTIME_ENGINE_OPTIM_H_
@@ -29,14 +30,55 @@ typedef struct zs__opt_view {
  * workers' (each naming the unit). */
 zs_status zs__optimize_view(zs_model* m, zs__unit* u, float coef,
                             const zs__opt_view* v);
-/* The in-memory optimizer on every trainable unit with coefficient `coef`
- * on the gradients (1 / loss scale, times the clip); with parameter shards
- * on NVMe each shard is read in (the next one ahead), stepped and written
- * back, and every rank agrees on the outcome (collective then). */
-zs_status zs__optimize_units(zs_model* m, float coef);
-/* The same for CPU offload with the gradients in device memory: each
- * unit's span through two page-locked staging slots, overlapped. */
-zs_status zs__optimize_staged(zs_model* m, float coef);
+
+/* A store: where the step reads and writes a model's master weights and
+ * optimizer states (the policy's state_tier), as a sequence of chunks,
+ * each a range [lo, hi) of one trainable unit's optimizer span (elements);
+ * a unit's chunks are consecutive and cover its span, units in order.
+ * Memory (device or CPU offload's host memory: zs__memory_store) gives one
+ * chunk per unit, in place; NVMe (zs__nvme_store, engine_optim_nvme.c)
+ * gives its swap file's sub-groups through a ring of pinned buffers, read
+ * ahead and written behind. Like the device and communicator tables:
+ *   chunk    chunk k's unit and range
+ *   acquire  waits until chunk k's fields can be read and written and
+ *            gives them (element lo at [0]; NULL for a field the unit has
+ *            not); may start reading later chunks
+ *   release  chunk k is updated: starts writing it back (memory: nothing)
+ *   finish   after the last chunk, or on an error (st): waits for every
+ *            transfer; returns st, or the first I/O error
+ * stale_master: 16-bit units' stale master weights are rebuilt from the
+ * parameters chunk by chunk by the loop (NVMe), else per unit beforehand
+ * (zs__master_refresh, in memory). */
+typedef struct zs__state_store zs__state_store;
+struct zs__state_store {
+  const char* name; /* "memory", "nvme" (messages) */
+  int nchunks;
+  int stale_master;
+  void (*chunk)(const zs__state_store* s, int k, int* unit, size_t* lo, size_t* hi);
+  zs_status (*acquire)(zs__state_store* s, int k, float** master, float** s0,
+                       float** s1);
+  zs_status (*release)(zs__state_store* s, int k);
+  zs_status (*finish)(zs__state_store* s, zs_status st);
+  zs_model* m;
+  void* impl;
+};
+
+/* The in-memory store of a model (its trainable units, in order; its
+ * finish frees it). Errors: OUT_OF_MEMORY. */
+zs_status zs__memory_store(zs_model* m, zs__state_store* out);
+
+/* The optimizer step, one loop whatever the store: for each chunk, its
+ * unit's parameter shard acquired (NVMe parameters: read ahead, written
+ * back after the unit's last chunk), its span staged to the host when the
+ * step runs there with the parameters on a device (CPU offload with a
+ * GPU: two slots overlapped on a copy stream, or one unit at a time when
+ * the parameter shards are offloaded too), the store's chunk acquired,
+ * the update run (CPU offload's workers, or the device's kernels), the
+ * chunk released and the span staged back. Coefficient `coef` on the
+ * gradients (1 / loss scale, times the clip). Local: the caller agrees on
+ * the outcome when I/O is involved. Errors: the store's, the staging's
+ * (DEVICE), the optimizer's (naming the unit or tensor). */
+zs_status zs__optimize(zs_model* m, float coef, zs__state_store* s);
 
 /* A 16-bit unit's master weights from its parameters when stale
  * (master_stale), and after elements [begin, begin + n) of the unit's flat

@@ -142,124 +142,77 @@ uint64_t zs__nvme_file_bytes(const zs_model* m) {
   return m->nvme != NULL ? m->nvme->file_bytes : 0;
 }
 
-typedef struct zs__nvme_step_arg {
-  zs_model* m;
-  float coef;
-  /* Parameters and gradients in device memory (CUDA), the parameter
-   * shards not offloaded: the units' spans come through the two staging
-   * slots overlapped, as zs__optimize_staged's (slot: the current unit's;
-   * the next unit's span is on its way into the other). */
-  int overlap;
-  int slot;
-} zs__nvme_step_arg;
+/* The NVMe store (engine_optim.h): the swap file's sub-groups, each a
+ * chunk, through the ring of pinned slots (offload/swap.h's schedule:
+ * sub-group k+1 .. k+nslots-2 read while k steps and k-1 is written). */
+typedef struct zs__nvme_store_impl {
+  zs__swap swap;
+  void* const* bufs; /* the acquired chunk's slot */
+} zs__nvme_store_impl;
 
-/* The group after the last one of group k's unit (ngroups if none). */
-static int zs__nvme_next_unit_group(const zs__nvme_model* nm, int k) {
-  int next = k + 1;
-  while (next < nm->ngroups && nm->unit[next] == nm->unit[k]) next++;
-  return next;
+static void zs__nvme_chunk(const zs__state_store* s, int k, int* unit, size_t* lo,
+                           size_t* hi) {
+  const zs__nvme_model* nm = s->m->nvme;
+  *unit = nm->unit[k];
+  *lo = nm->lo[k];
+  *hi = nm->hi[k];
 }
 
-/* Sub-group k: its unit's parameters and gradients in place, its master
- * weights and states from the slot; 16-bit units whose master weights
- * are stale (after initialization or a write of the parameters) take them
- * from the parameters first. */
-static zs_status zs__nvme_step_group(void* arg, int k, void* const* bufs) {
-  zs__nvme_step_arg* a = (zs__nvme_step_arg*)arg;
-  zs_model* m = a->m;
-  zs__nvme_model* nm = m->nvme;
-  zs__unit* u = &m->units[nm->unit[k]];
-  const size_t lo = nm->lo[k], hi = nm->hi[k];
-  char *p, *g;
-  /* Parameter shards on NVMe: the unit's shard is acquired at its first
-   * sub-group (the next unit's is read ahead meanwhile) and written back
-   * after its last. */
-  const int next = zs__nvme_next_unit_group(nm, k);
-  if (lo == 0) {
-    zs_status st = zs__param_step_begin(m, u, next < nm->ngroups ? nm->unit[next] : -1);
-    if (st != ZS_OK) return st;
-  }
-  const size_t span = zs__optimize_span(m, u, &p, &g);
-  /* Parameters and gradients in device memory (CUDA): the unit's span
-   * comes to the host staging by its first sub-group and its parameters
-   * go back after its last; overlapped (the next unit's span comes while
-   * this one steps) unless the parameter shards are offloaded too (then
-   * synchronous, one unit at a time). */
-  const int staged = zs__offload_staged(m);
-  if (staged && a->overlap && lo == 0) {
-    zs__device* dev = m->ctx->device;
-    /* this unit's span is here, the previous unit's parameters have left
-     * the other slot: the next unit's span may come into it */
-    zs_status st = dev->ops->stream_sync(dev, m->staging_stream);
-    if (st == ZS_OK && next < nm->ngroups)
-      st = zs__staging_in(m, &m->units[nm->unit[next]], 1 - a->slot);
-    if (st != ZS_OK) return st;
-  } else if (staged && lo == 0) {
-    zs_status st = zs__staging_unit_in(m, u);
-    if (st != ZS_OK) return st;
-  }
-  if (staged) {
-    p = (char*)m->staging_p[a->overlap ? a->slot : 0];
-    g = (char*)m->staging_g[a->overlap ? a->slot : 0];
-  }
-  const int unit_master = u->dtype != ZS_FLOAT32;
-  float* master = unit_master ? (float*)bufs[0] : NULL;
-  const int s = nm->has_master;
-  if (unit_master && u->master_stale) {
-    zs__device* host = m->ctx->host;
-    zs_status st = host->ops->convert(host, master, ZS_FLOAT32,
-                                      zs__at(p, lo, u->elem), u->dtype, hi - lo,
-                                      NULL);
-    if (st != ZS_OK) return st; /* zs__nvme_step drops the pins */
-  }
-  zs__opt_view v = {p, g, master, u->nstates > 0 ? (float*)bufs[s] : NULL,
-                    u->nstates > 1 ? (float*)bufs[s + 1] : NULL, lo, hi};
-  zs_status st = zs__optimize_view(m, u, a->coef, &v);
-  if (st == ZS_OK && staged && hi == span) {
-    if (a->overlap) {
-      /* back on the copy stream; zs__nvme_step waits for it at the end */
-      st = zs__staging_out(m, u, a->slot);
-      a->slot = 1 - a->slot;
-    } else {
-      st = zs__staging_unit_out(m, u);
-    }
-  }
-  if (hi == span) st = zs__param_step_end(m, u, st);
+static zs_status zs__nvme_acquire(zs__state_store* s, int k, float** master,
+                                  float** s0, float** s1) {
+  zs__nvme_store_impl* x = (zs__nvme_store_impl*)s->impl;
+  const zs__nvme_model* nm = s->m->nvme;
+  zs_status st = zs__swap_acquire(&x->swap, k, &x->bufs);
+  if (st != ZS_OK) return st;
+  const zs__unit* u = &s->m->units[nm->unit[k]];
+  /* field 0 is the master weights when the model has any (an fp32 unit
+   * leaves its region unused); the states follow */
+  const int f = nm->has_master;
+  *master = u->policy.master_tier == ZS__TIER_NVME ? (float*)x->bufs[0] : NULL;
+  *s0 = u->nstates > 0 ? (float*)x->bufs[f] : NULL;
+  *s1 = u->nstates > 1 ? (float*)x->bufs[f + 1] : NULL;
+  return ZS_OK;
+}
+
+static zs_status zs__nvme_release(zs__state_store* s, int k) {
+  return zs__swap_release(&((zs__nvme_store_impl*)s->impl)->swap, k);
+}
+
+static zs_status zs__nvme_finish(zs__state_store* s, zs_status st) {
+  zs__nvme_store_impl* x = (zs__nvme_store_impl*)s->impl;
+  st = zs__swap_end(&x->swap, st);
+  if (st == ZS_OK)
+    for (int i = 0; i < s->m->nunits; i++)
+      if (s->m->units[i].trainable) s->m->units[i].master_stale = 0;
+  free(x);
+  s->impl = NULL;
   return st;
 }
 
-zs_status zs__nvme_step(zs_model* m, float coef) {
+zs_status zs__nvme_store(zs_model* m, zs__state_store* out) {
   zs__nvme_model* nm = m->nvme;
-  zs__device* dev = m->ctx->device;
-  zs__nvme_step_arg arg = {m, coef, 0, 0};
-  zs_status st = ZS_OK;
-  /* (parameter shards off the device are stepped unit by unit) */
-  if (zs__offload_staged(m) && !m->parameters_offloaded && nm->ngroups > 0) {
-    /* the gradients' last reductions ran on the compute stream, which the
-     * copy stream is not ordered with: done before the first span comes */
-    arg.overlap = 1;
-    st = zs__staging_init(m);
-    if (st == ZS_OK) st = dev->ops->stream_sync(dev, NULL);
-    if (st == ZS_OK) st = zs__staging_in(m, &m->units[nm->unit[0]], 0);
-  }
-  if (st == ZS_OK)
-    st = zs__swap_pipeline(zs__nvme_aio(m->ctx->engine->nvme), nm->file, nm->groups,
-                           nm->ngroups, nm->nfields, nm->nslots, nm->slots,
-                           zs__nvme_step_group, &arg);
-  /* no copy may still run into or out of the staging after a return, and
-   * the parameters are back on the device before the next forward */
-  if (arg.overlap && m->staging_stream != NULL) {
-    zs_status s2 = dev->ops->stream_sync(dev, m->staging_stream);
-    if (st == ZS_OK) st = s2;
-  }
-  /* the parameter shards' write-backs complete within the step */
-  if (st == ZS_OK) st = zs__param_flush(m);
+  memset(out, 0, sizeof *out);
+  out->name = "nvme";
+  out->m = m;
+  out->nchunks = nm->ngroups;
+  out->stale_master = 1;
+  out->chunk = zs__nvme_chunk;
+  out->acquire = zs__nvme_acquire;
+  out->release = zs__nvme_release;
+  out->finish = zs__nvme_finish;
+  zs__nvme_store_impl* x = (zs__nvme_store_impl*)calloc(1, sizeof *x);
+  if (x == NULL)
+    return zs__error(ZS_ERR_OUT_OF_MEMORY, "NVMe offload step: the store");
+  out->impl = x;
+  zs_status st = zs__swap_begin(&x->swap, zs__nvme_aio(m->ctx->engine->nvme),
+                                nm->file, nm->groups, nm->ngroups, nm->nfields,
+                                nm->nslots, nm->slots);
   if (st != ZS_OK) {
-    return zs__param_abort(m, zs__error_prefix(st, "NVMe offload step: "));
+    st = zs__swap_end(&x->swap, st);
+    free(x);
+    out->impl = NULL;
   }
-  for (int i = 0; i < m->nunits; i++)
-    if (m->units[i].trainable) m->units[i].master_stale = 0;
-  return ZS_OK;
+  return st;
 }
 
 zs_status zs__nvme_read_field(zs_model* m, zs__unit* u, int field,

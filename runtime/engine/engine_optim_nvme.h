@@ -10,6 +10,7 @@
 #define ZS_RUNTIME_ENGINE_OPTIM_NVME_H_
 
 #include "runtime/engine/engine.h"
+#include "runtime/engine/engine_optim.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -20,11 +21,12 @@ typedef struct zs__nvme_model zs__nvme_model;
  * OUT_OF_MEMORY. */
 zs_status zs__nvme_model_init(zs_model* m);
 void zs__nvme_model_free(zs_model* m);
-/* The step with coefficient `coef` on the gradients, sub-group by
- * sub-group through the ring (read k+1 while k steps and k-1 is written).
- * Local: the caller agrees on the outcome. Errors: IO naming the file,
- * the optimizer's. */
-zs_status zs__nvme_step(zs_model* m, float coef);
+/* The model's NVMe store for one step (engine_optim.h's zs__state_store):
+ * its chunks are the swap file's sub-groups, read ahead and written
+ * behind through the ring of pinned slots; its first reads start here.
+ * Its finish waits for every write, and marks the stale master weights
+ * rebuilt. Errors: IO naming the file, OUT_OF_MEMORY. */
+zs_status zs__nvme_store(zs_model* m, zs__state_store* out);
 /* A unit's span of one field read back into a malloc'ed buffer (field -1:
  * the master weights; k: state k), and written back from one. Errors: IO,
  * OUT_OF_MEMORY. */

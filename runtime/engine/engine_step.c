@@ -14,6 +14,7 @@
 
 #include "runtime/comm/comm_wait.h"
 #include "runtime/core/core_compat.h"
+#include "runtime/engine/engine_nvme_param.h"
 #include "runtime/engine/engine_optim.h"
 #include "runtime/engine/engine_optim_nvme.h"
 #include "runtime/engine/engine_sched.h"
@@ -185,31 +186,31 @@ static zs_status zs__step_apply(zs_model* m, zs_step_info* info,
     ZS_CHECK(zs__inflight_wait(m->ctx->comm, &m->units[i].shard_ops));
     zs__param_complete(&m->units[i]);
   }
-  /* The model's optimizer loop (core_policy.h): NVMe offload's ring, CPU
-   * offload's staged and overlapped path with parameters and gradients in
-   * device memory (the test hook runs it on the host too), or unit by
-   * unit. */
-  const zs__optim_loop loop = zs__policy_loop(
-      m->nvme != NULL, zs__offload_staged(m), m->nvme_params != NULL);
-  if (loop == ZS__LOOP_NVME) {
-    /* NVMe offload: a failure on one rank (a disk error) fails every rank
-     * here, and the model, whose states are now partly updated */
-    zs_status local = zs__nvme_step(m, (float)coef);
-    st = zs__comm_agree(m->ctx->comm, local, "NVMe offload step");
+  /* The step: one loop (zs__optimize) over the store of the master
+   * weights and states, the policy's state_tier: in memory (device or CPU
+   * offload's host memory), or NVMe offload's swap file. */
+  const int nvme = m->nvme != NULL; /* (core_policy.h: ZS__LOOP_NVME) */
+  zs__state_store store;
+  zs_status local = nvme ? zs__nvme_store(m, &store) : zs__memory_store(m, &store);
+  if (local == ZS_OK) local = zs__optimize(m, (float)coef, &store);
+  if (nvme || m->nvme_params != NULL) {
+    /* the parameter shards' write-backs complete within the step; a
+     * failure on one rank (a disk error) fails every rank here, and the
+     * model, whose states are now partly updated */
+    if (local == ZS_OK) local = zs__param_flush(m);
+    if (local != ZS_OK)
+      local = zs__param_abort(
+          m, nvme ? zs__error_prefix(local, "NVMe offload step: ") : local);
+    st = zs__comm_agree(m->ctx->comm, local,
+                        nvme ? "NVMe offload step"
+                             : "optimizer step (NVMe parameters)");
     if (st != ZS_OK) {
       m->broken = 1;
       snprintf(m->broken_msg, sizeof m->broken_msg, "%s", zs__error_body());
       goto cleanup;
     }
-  } else if (loop == ZS__LOOP_STAGED) {
-    ZS_CHECK(zs__optimize_staged(m, (float)coef));
   } else {
-    st = zs__optimize_units(m, (float)coef);
-    if (st != ZS_OK && m->nvme_params != NULL) {
-      m->broken = 1;
-      snprintf(m->broken_msg, sizeof m->broken_msg, "%s", zs__error_body());
-    }
-    if (st != ZS_OK) goto cleanup;
+    ZS_CHECK(local);
   }
   /* Resident parameters updated on the shard (stages 1-2): every rank's
    * updated shard goes back into everyone's full buffer, bucket by bucket,
