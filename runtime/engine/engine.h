@@ -188,6 +188,7 @@ struct zs_model {
   char poison_msg[512];
   int eval;              /* zs_model_set_eval: forward only, outside the
                             step's trace, no prefetch, no forward holds */
+  int uses_warned;        /* zs__uses_warn said it (once per model) */
   int64_t steps_called;  /* zs_step calls that completed */
   int micro;             /* micro-batches accumulated toward the next
                             optimizer step (0..K-1) */

@@ -20,6 +20,35 @@
 #include "runtime/engine/engine_sched.h"
 #include "runtime/engine/engine_unit.h"
 
+/* A step of units used with no gradient use count known (none declared,
+ * none learned yet: the first step) held their gradients until zs_step,
+ * each unit's accumulation buffer alive at once, so that step's peak
+ * comm_buffers is higher than the later ones'. Said once per model, by
+ * rank 0 (every rank has the same counts), naming the first such unit and
+ * the call that avoids it. */
+static void zs__uses_warn(zs_model* m) {
+  if (m->uses_warned) return;
+  int n = 0, first = -1;
+  for (int i = 0; i < m->nunits; i++) {
+    const zs__unit* u = &m->units[i];
+    if (!u->trainable || u->releases == 0 || zs_unit_grad_uses(m, i) > 0)
+      continue;
+    if (first < 0) first = i;
+    n++;
+  }
+  if (n == 0) return;
+  m->uses_warned = 1;
+  if (m->ctx->rank == 0)
+    zs__log(ZS_LOG_WARN,
+            "zs_step: %d unit(s) have no declared gradient use count (the "
+            "first: unit '%s', released %d time(s) in this step), so their "
+            "gradients were held until zs_step in this first step (a higher "
+            "comm_buffers peak than later steps); declare the counts with "
+            "zs_unit_set_grad_uses(model, unit, uses) before "
+            "zs_model_finalize", n, m->units[first].name,
+            m->units[first].releases);
+}
+
 double zs_model_loss_scale(const zs_model* m) {
   return m == NULL ? 0.0 : m->loss_scale;
 }
@@ -295,6 +324,7 @@ static zs_status zs__step_body(zs_model* m, int unit, void* arg) {
     zs__unit* u = &m->units[i];
     if (u->grad_state == ZS__GRAD_REDUCING) ZS_CHECK(zs__grad_reduce_finish(m, u));
   }
+  zs__uses_warn(m);
   for (int i = 0; i < m->nunits; i++)
     if (m->units[i].releases > m->units[i].uses_recorded)
       m->units[i].uses_recorded = m->units[i].releases;
