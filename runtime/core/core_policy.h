@@ -50,13 +50,17 @@ typedef enum zs__reduce {
                              docs/design.md, "Reductions") */
 } zs__reduce;
 
-/* Which optimizer loop a model's step runs (one per model). */
+/* How a model's step runs its one loop (engine_optim.c's zs__optimize;
+ * one mode per model). */
 typedef enum zs__optim_loop {
-  ZS__LOOP_UNITS = 0,  /* unit by unit where the optimizer span lives */
+  ZS__LOOP_UNITS = 0,  /* unit by unit where the optimizer span lives (or,
+                          with NVMe parameter shards and a device, staged
+                          one unit at a time) */
   ZS__LOOP_STAGED = 1, /* CPU offload with a device: spans staged through
                           two pinned slots, CPU workers step one while the
                           next is copied */
-  ZS__LOOP_NVME = 2    /* NVMe offload: sub-groups swapped through a ring */
+  ZS__LOOP_NVME = 2    /* NVMe offload: the store's sub-groups swapped
+                          through a ring (staged as above around them) */
 } zs__optim_loop;
 
 /* What the policy is computed from. */
@@ -71,7 +75,7 @@ typedef struct zs__policy_in {
 
 /* One unit's policy. */
 typedef struct zs__policy {
-  int stage;     /* what it was made from (logs, checkpoint headers) */
+  int stage;     /* what it was made from */
   int trainable;
   int lowp;
   /* Parameters. */
@@ -123,7 +127,7 @@ static inline size_t zs__policy_shard_offset(zs__extent extent, int rank,
   return extent == ZS__EXTENT_FULL ? (size_t)rank * shard : 0;
 }
 
-/* The model's optimizer loop, from any trainable unit's policy and
+/* The model's loop mode, from any trainable unit's policy and
  * whether the step is staged (CPU offload with a device, or forced by the
  * offload tests). nvme_optimizer: the model has NVMe optimizer state
  * (a trainable unit with offload_optimizer NVMe); nvme_params: parameter

@@ -16,7 +16,8 @@ extern "C" {
 /* Where the optimizer reads and writes: the span's parameters and
  * gradients (p, g: element 0 of the span), and the fp32 master weights and
  * states of the span's elements [lo, hi) (element `lo` at master[0], ...;
- * NULL when absent). The whole span in memory: lo = 0, hi = SIZE_MAX. */
+ * NULL when absent). The memory store's: the whole span, lo = 0, hi = its
+ * element count. */
 typedef struct zs__opt_view {
   char* p;
   char* g;

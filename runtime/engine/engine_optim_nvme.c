@@ -3,7 +3,7 @@
  * (ZeRO-Infinity, Rajbhandari et al. SC'21, sec. 6): each model's master
  * weights and optimizer states in one swap file, split into sub-groups
  * that stream through a ring of pinned buffers (read k+1 while k steps on
- * the CPU workers and k-1 is written), and the reads and writes of one
+ * the CPU workers and k-1 is written) as the step's store, and the reads and writes of one
  * unit's field for checkpoints and zs_tensor_get/set.
  */
 #define _GNU_SOURCE

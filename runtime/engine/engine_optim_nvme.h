@@ -3,7 +3,8 @@
  * (engine_optim_nvme.c; ZeRO-Infinity): each model's master weights and
  * optimizer states in one swap file, made at finalize (units then keep no
  * master weights or states in memory) and freed with the model's storage
- * (the file removed); the pipelined sub-group step; one unit's field read
+ * (the file removed); the NVMe store the step's loop runs over (its
+ * sub-groups through the ring of pinned slots); one unit's field read
  * and written for checkpoints and zs_tensor_get/set.
  */
 #ifndef ZS_RUNTIME_ENGINE_OPTIM_NVME_H_
