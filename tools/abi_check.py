@@ -12,7 +12,11 @@ ABI promise"):
   - functions added;
   - members appended to a versioned struct (one whose first member is
     `size_t struct_size`, read from HEADERS_DIR/zeroshard.h): its size
-    grows and each inserted member lies at or past its old end.
+    grows and each inserted member lies at or past its old end;
+  - enumerators appended to an enum that ends in a `..._COUNT` sentinel:
+    the sentinel's value grows, and each new enumerator takes a value from
+    its old value on (no existing enumerator changes value; arrays sized by
+    a sentinel in the public structs use their ..._CAP, so they stay).
 Anything else in the report (a function removed or changed, a member
 moved, removed, retyped or inserted before the end, a change to a struct
 that is not versioned, a line this script does not know) is a break: exit
@@ -46,10 +50,16 @@ NEUTRAL = [
     r"in unqualified underlying type '.*'(?: at \S+)?:",
     r"in referenced type '.*'(?: at \S+)?:",
     r"\d+ data member insertions?:",
+    r"type size hasn't changed",
+    r"\d+ enumerator (?:insertions?|changes?):",
 ]
 UNDERLYING = re.compile(r"underlying type 'struct (\w+)'(?: at \S+)? changed:")
 SIZE = re.compile(r"type size changed from (\d+) to (\d+) \(in bits\)")
 INSERTED = re.compile(r"'.*', at offset (\d+) \(in bits\)(?: at \S+)?")
+ENUM = re.compile(r"underlying type 'enum (\w+)'(?: at \S+)? changed:")
+ENUM_INSERTED = re.compile(r"'(\w+)::(\w+)' value '(-?\d+)'")
+ENUM_CHANGED = re.compile(
+    r"'(\w+)::(\w+)' from value '(-?\d+)' to '(-?\d+)'(?: at \S+)?")
 
 
 def versioned_structs(header):
@@ -63,9 +73,27 @@ def judge(report, versioned):
     """The report's lines that break the rules (empty: compatible)."""
     bad = []
     struct, old_size = None, None
+    inserted = {}  # enum -> [(line, value)], judged against its sentinel
+    sentinel = {}  # enum -> (old, new) value of its ..._COUNT
     for raw in report.splitlines():
         line = raw.strip()
         if not line or any(re.fullmatch(p, line) for p in NEUTRAL):
+            continue
+        m = ENUM.fullmatch(line)
+        if m:
+            struct = None
+            continue
+        m = ENUM_INSERTED.fullmatch(line)
+        if m:
+            inserted.setdefault(m.group(1), []).append((line, int(m.group(3))))
+            continue
+        m = ENUM_CHANGED.fullmatch(line)
+        if m:
+            old, new = int(m.group(3)), int(m.group(4))
+            if m.group(2).endswith("_COUNT") and new > old:
+                sentinel[m.group(1)] = (old, new)
+            else:
+                bad.append(line + "  <- an existing enumerator changed value")
             continue
         m = UNDERLYING.fullmatch(line)
         if m:
@@ -86,6 +114,11 @@ def judge(report, versioned):
                 bad.append(line + "  <- inserted before the end of %s" % struct)
             continue
         bad.append(line)
+    for enum, lines in inserted.items():
+        old, new = sentinel.get(enum, (None, None))
+        for line, value in lines:
+            if old is None or not old <= value < new:
+                bad.append(line + "  <- not appended before %s's _COUNT" % enum)
     return bad
 
 

@@ -14,6 +14,7 @@
  *   engine_nvme_param.c  stage-3 parameter shards on NVMe
  *   engine_unit.c     a unit's buffers through a step, progress, the
  *                     public calls' funnel
+ *   engine_view.c     stacked kinds' views (memfd mappings)
  *   engine_sched.c    prefetch along the recorded order
  *   engine_optim.c    the optimizer on each rank's span
  *   engine_optim_nvme.c  NVMe offload of the optimizer states
@@ -54,6 +55,9 @@ typedef struct zs__tensor {
   int tied_to;       /* owner tensor id, or -1 */
   int group;         /* param group */
   size_t offset;     /* elements into the owning unit's flat buffer */
+  int kind;          /* a stacked kind's slice: the kind, else -1 */
+  int layer;         /* ... its layer */
+  size_t kind_offset; /* ... elements into the kind's views */
   int64_t step;      /* optimizer updates applied (per parameter, as PyTorch) */
 } zs__tensor;
 
@@ -89,6 +93,31 @@ typedef struct zs__inflight {
   int n;
   int cap;
 } zs__inflight;
+
+/* One view of a stacked kind (engine_view.c): a memfd mapping of the
+ * kind's `numel` elements of `elem` bytes, whose pages under no held
+ * slice are punched out. live[p]: held slices overlapping page p. */
+typedef struct zs__view {
+  int fd;           /* -1: no view (before finalize, or no trainable slice) */
+  char* base;       /* mapped for `mapped` bytes (whole pages) */
+  size_t mapped;
+  size_t elem;      /* bytes per element */
+  uint32_t* live;   /* one count per page */
+  size_t resident;  /* bytes of pages with live > 0 (accounted) */
+} zs__view;
+
+/* A stacked kind (zs_model_add_kind). */
+typedef struct zs__kind {
+  char name[ZS_NAME_MAX];
+  int ndim;
+  int64_t shape[ZS_MAX_DIMS]; /* shape[0]: layers */
+  size_t numel;               /* elements of the whole kind */
+  size_t slice_numel;         /* prod(shape[1..]) */
+  zs_dtype dtype;
+  int* slices;                /* tensor per layer, -1 until added */
+  zs__view views[2];          /* ZS__VIEW_PARAMS, ZS__VIEW_GRADS */
+} zs__kind;
+enum { ZS__VIEW_PARAMS = 0, ZS__VIEW_GRADS = 1 };
 
 typedef struct zs__unit {
   char name[ZS_NAME_MAX];
@@ -157,6 +186,9 @@ typedef struct zs__unit {
   zs__param_state param_state; /* changed by zs__param_state_set only */
   int reopened;       /* opened again after its reduction this step */
   int releases;       /* gradient releases this step (ties count) */
+  int view_refs;      /* user gathers holding its stacked slices (ties
+                         count): copied in at 0 -> 1, punched at 1 -> 0 */
+  int gview_refs;     /* ... gradient acquires holding them */
   int uses_explicit;  /* zs_unit_set_grad_uses, 0 = record */
   int uses_recorded;  /* most releases seen in a step; 0 = unknown */
 } zs__unit;
@@ -169,6 +201,9 @@ struct zs_model {
   zs__unit* units;
   int nunits;
   int units_cap;
+  zs__kind* kinds; /* stacked kinds (zs_model_add_kind) */
+  int nkinds;
+  int kinds_cap;
   double* group_lr; /* per param group */
   double* group_wd;
   int ngroups;

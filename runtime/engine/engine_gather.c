@@ -8,6 +8,7 @@
 
 #include "runtime/engine/engine_sched.h"
 #include "runtime/engine/engine_unit.h"
+#include "runtime/engine/engine_view.h"
 
 static zs_status zs__unit_gather(zs_model* m, int unit, void* arg) {
   (void)arg;
@@ -40,6 +41,10 @@ static zs_status zs__unit_gather(zs_model* m, int unit, void* arg) {
     return st;
   }
   u->user_gathered = 1;
+  /* stacked kinds: the slices of the unit and of its tie owners */
+  zs__view_hold(m, u, ZS__VIEW_PARAMS);
+  for (int k = 0; k < u->nowners; k++)
+    zs__view_hold(m, &m->units[u->owners[k]], ZS__VIEW_PARAMS);
   if (m->ctx->prof != NULL)  /* from the call until the parameters are ready */
     zs__profiler_span(m->ctx->prof, 0, "gather", "gather", t0, zs__now(),
                       u->name, 0, 0, 0);
@@ -58,6 +63,12 @@ zs_status zs_unit_release(zs_model* m, int unit) {
     return zs__error(ZS_ERR_INVALID_STATE,
                      "zs_unit_release: unit '%s' is not gathered (release "
                      "without a matching zs_unit_gather)", u->name);
+  st = zs__view_drop(m, u, ZS__VIEW_PARAMS);
+  for (int k = u->nowners - 1; k >= 0; k--) {
+    const zs_status s2 = zs__view_drop(m, &m->units[u->owners[k]],
+                                       ZS__VIEW_PARAMS);
+    if (st == ZS_OK) st = s2;
+  }
   for (int k = u->nowners - 1; k >= 0; k--) zs__drop(m, u->owners[k]);
   /* Released in the forward pass (its gradients not touched yet this
    * step) with reshard_after_forward off: keep it for the backward. */
@@ -74,7 +85,7 @@ zs_status zs_unit_release(zs_model* m, int unit) {
     zs__profiler_span(m->ctx->prof, 0, "release", "release", t, t, u->name, 0,
                       0, 0);
   }
-  return ZS_OK;
+  return st;
 }
 
 zs_status zs_model_set_eval(zs_model* m, int eval) {
@@ -132,7 +143,9 @@ zs_status zs_tensor_data(zs_model* m, int tensor, void** data) {
                      "zs_tensor_data: tensor '%s': its unit '%s' is not "
                      "gathered; call zs_unit_gather first", t->name,
                      m->units[t->unit].name);
+  const zs__tensor* o = t->tied_to >= 0 ? &m->tensors[t->tied_to] : t;
   zs__unit* su = &m->units[zs__storage_unit(m, tensor)];
-  *data = zs__at(su->params_full, t->offset, su->elem);
+  *data = o->kind >= 0 ? zs__view_at(m, o, ZS__VIEW_PARAMS)
+                       : zs__at(su->params_full, t->offset, su->elem);
   return ZS_OK;
 }

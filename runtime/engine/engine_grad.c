@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "runtime/engine/engine_unit.h"
+#include "runtime/engine/engine_view.h"
 
 static zs_status zs__grad_open(zs_model* m, int unit) {
   zs__unit* u = &m->units[unit];
@@ -64,6 +65,9 @@ static zs_status zs__unit_grad_acquire(zs_model* m, int unit, void* arg) {
     }
   }
   u->user_grad_open = 1;
+  zs__view_hold(m, u, ZS__VIEW_GRADS);
+  for (int k = 0; k < u->nowners; k++)
+    zs__view_hold(m, &m->units[u->owners[k]], ZS__VIEW_GRADS);
   return ZS_OK;
 }
 
@@ -82,6 +86,14 @@ static zs_status zs__unit_grad_release(zs_model* m, int unit, void* arg) {
                      "acquired", u->name);
   u->user_grad_open = 0;
   zs__forward_hold_end(m, unit);
+  /* stacked kinds: the views' gradient slices back into the accumulation
+   * buffers before a reduction reads them */
+  zs_status vst = zs__view_drop(m, u, ZS__VIEW_GRADS);
+  for (int k = 0; k < u->nowners; k++) {
+    const zs_status s2 = zs__view_drop(m, &m->units[u->owners[k]],
+                                       ZS__VIEW_GRADS);
+    if (vst == ZS_OK) vst = s2;
+  }
   /* Close everything even if a reduction fails, so refcounts stay exact. */
   st = zs__grad_close(m, unit, 1);
   for (int k = 0; k < u->nowners; k++) {
@@ -89,7 +101,7 @@ static zs_status zs__unit_grad_release(zs_model* m, int unit, void* arg) {
     if (st == ZS_OK) st = s2;
   }
   zs__progress(m);
-  return st;
+  return st != ZS_OK ? st : vst;
 }
 
 zs_status zs_unit_grad_release(zs_model* m, int unit) {
@@ -114,7 +126,9 @@ zs_status zs_tensor_grad(zs_model* m, int tensor, void** grad) {
     return zs__error(ZS_ERR_INVALID_ARGUMENT,
                      "zs_tensor_grad: tensor '%s' is frozen: it has no "
                      "gradient", t->name);
+  const zs__tensor* o = t->tied_to >= 0 ? &m->tensors[t->tied_to] : t;
   zs__unit* su = &m->units[zs__storage_unit(m, tensor)];
-  *grad = zs__at(su->grad_accum, t->offset, su->gelem);
+  *grad = o->kind >= 0 ? zs__view_at(m, o, ZS__VIEW_GRADS)
+                       : zs__at(su->grad_accum, t->offset, su->gelem);
   return ZS_OK;
 }

@@ -354,3 +354,47 @@ cleanup:
   free(nvme_tmp);
   return st;
 }
+
+/* ---- Stacked kinds: the whole kind through its slices ---- */
+
+static zs_status zs__kind_check(zs_model* m, int kind, const char* fn) {
+  zs_status st = zs__check_finalized(m, fn);
+  if (st != ZS_OK) return st;
+  ZS_REQUIRE(kind >= 0 && kind < m->nkinds, "%s: kind %d does not exist (%d "
+             "kinds)", fn, kind, m->nkinds);
+  const zs__kind* kd = &m->kinds[kind];
+  for (int l = 0; l < kd->shape[0]; l++)
+    ZS_REQUIRE(kd->slices[l] >= 0, "%s: kind '%s' layer %d has no slice "
+               "(zs_model_add_slice)", fn, kd->name, l);
+  return ZS_OK;
+}
+
+zs_status zs_kind_set(zs_model* m, int kind, const void* data) {
+  zs_status st = zs__kind_check(m, kind, "zs_kind_set");
+  if (st != ZS_OK) return st;
+  const zs__kind* kd = &m->kinds[kind];
+  const size_t elem = zs_dtype_size(kd->dtype);
+  const int root = m->ctx->rank == 0;
+  for (int l = 0; l < kd->shape[0] && st == ZS_OK; l++) {
+    const zs__tensor* t = &m->tensors[kd->slices[l]];
+    st = zs_tensor_set(m, kd->slices[l],
+                       root && data != NULL
+                           ? (const char*)data + t->kind_offset * elem
+                           : NULL);
+  }
+  return st;
+}
+
+zs_status zs_kind_get(zs_model* m, int kind, zs_field field, void* out) {
+  zs_status st = zs__kind_check(m, kind, "zs_kind_get");
+  if (st != ZS_OK) return st;
+  ZS_REQUIRE(out != NULL, "zs_kind_get: out is NULL");
+  const zs__kind* kd = &m->kinds[kind];
+  for (int l = 0; l < kd->shape[0] && st == ZS_OK; l++) {
+    const int t = kd->slices[l];
+    const size_t elem = zs_dtype_size(zs_tensor_field_dtype(m, t, field));
+    st = zs_tensor_get(m, t, field,
+                       (char*)out + m->tensors[t].kind_offset * elem);
+  }
+  return st;
+}

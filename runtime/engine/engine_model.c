@@ -18,6 +18,7 @@
 #include "runtime/engine/engine_optim.h"
 #include "runtime/engine/engine_optim_nvme.h"
 #include "runtime/engine/engine_unit.h"
+#include "runtime/engine/engine_view.h"
 #include "runtime/core/core_compat.h"
 
 /* Records the first registration error so that finalize fails on every rank
@@ -224,6 +225,7 @@ void zs__model_detach(zs_model* m) {
   zs__staging_free(m);
   zs__nvme_model_free(m);
   zs__nvme_param_free(m);
+  zs__views_destroy(m);
   for (zs_model** p = &m->ctx->engine->models; *p != NULL; p = &(*p)->next)
     if (*p == m) {
       *p = m->next;
@@ -252,6 +254,8 @@ void zs_model_destroy(zs_model* m) {
   free(m->trace);
   free(m->seen);
   free(m->reducing);
+  for (int k = 0; k < m->nkinds; k++) free(m->kinds[k].slices);
+  free(m->kinds);
   free(m->units);
   free(m->tensors);
   free(m->group_lr);
@@ -277,6 +281,24 @@ zs_status zs_model_add_unit(zs_model* m, const char* name, int* unit) {
 }
 
 /* Appends tensor id t to unit u's list. */
+zs_status zs_model_add_units(zs_model* m, const char* prefix, int count,
+                             int* units) {
+  zs_status st = zs__check_open(m, "zs_model_add_units");
+  if (st != ZS_OK) return st;
+  if (count < 0 || (count > 0 && units == NULL) || prefix == NULL || !prefix[0] ||
+      strlen(prefix) >= ZS_NAME_MAX - 12)
+    return zs__poison(m, zs__error(ZS_ERR_INVALID_ARGUMENT,
+        "zs_model_add_units: count %d must be >= 0, units not NULL and the "
+        "prefix 1 to %d bytes", count, ZS_NAME_MAX - 13));
+  for (int i = 0; i < count; i++) {
+    char name[ZS_NAME_MAX + 16];
+    snprintf(name, sizeof name, "%s.%d", prefix, i);
+    st = zs_model_add_unit(m, name, &units[i]);
+    if (st != ZS_OK) return st; /* poisoned there */
+  }
+  return ZS_OK;
+}
+
 static zs_status zs__unit_append(zs__unit* u, int t, int* slot) {
   zs_status st = zs__reserve((void**)&u->tensors, &u->cap, u->ntensors + 1,
                              sizeof *u->tensors);
@@ -351,6 +373,8 @@ zs_status zs_model_add_tensor(zs_model* m, int unit, const char* name,
   t->dtype = dtype;
   t->flags = flags;
   t->tied_to = -1;
+  t->kind = -1;
+  t->layer = -1;
   m->units[unit].dtype = dtype;
   *tensor = m->ntensors++;
   return ZS_OK;
@@ -384,6 +408,183 @@ zs_status zs_model_add_tied_tensor(zs_model* m, int unit, const char* name,
   m->tensors[id].tied_to = owner;
   *tensor = id;
   return ZS_OK;
+}
+
+/* ---- Stacked kinds ---- */
+
+zs_status zs_model_add_kind(zs_model* m, const char* name, int ndim,
+                            const int64_t* shape, zs_dtype dtype, int* kind) {
+  zs_status st = zs__check_open(m, "zs_model_add_kind");
+  if (st != ZS_OK) return st;
+  const char* nm = name != NULL ? name : "(null)";
+  if (m->ctx->config.device != ZS_DEVICE_HOST)
+    return zs__poison(m, zs__error(ZS_ERR_UNSUPPORTED, "zs_model_add_kind "
+        "'%s': stacked kinds are host memory only; on a CUDA context register "
+        "each layer's tensors with zs_model_add_tensor", nm));
+  if (name == NULL || name[0] == '\0' || strlen(name) >= ZS_NAME_MAX - 12 ||
+      strchr(name, '\n') != NULL)
+    return zs__poison(m, zs__error(ZS_ERR_INVALID_ARGUMENT, "zs_model_add_kind:"
+        " name '%.40s' must be 1 to %d bytes without a newline", nm,
+        ZS_NAME_MAX - 13));
+  for (int k = 0; k < m->nkinds; k++)
+    if (strcmp(m->kinds[k].name, name) == 0)
+      return zs__poison(m, zs__error(ZS_ERR_INVALID_ARGUMENT,
+          "zs_model_add_kind: kind '%s' is already registered (kind %d)",
+          name, k));
+  if (ndim < 1 || ndim > ZS_MAX_DIMS || shape == NULL || kind == NULL)
+    return zs__poison(m, zs__error(ZS_ERR_INVALID_ARGUMENT, "zs_model_add_kind"
+        " '%s': ndim %d must be 1..%d (shape[0] is the layers) and shape and "
+        "kind not NULL", name, ndim, ZS_MAX_DIMS));
+  if (dtype != ZS_FLOAT32 && dtype != ZS_BFLOAT16 && dtype != ZS_FLOAT16)
+    return zs__poison(m, zs__error(ZS_ERR_INVALID_ARGUMENT, "zs_model_add_kind"
+        " '%s': dtype %d is not a parameter type", name, (int)dtype));
+  size_t n = 1, per = 1;
+  for (int d = 0; d < ndim; d++) {
+    if (shape[d] < 0 || (d == 0 && shape[0] > (1 << 24)))
+      return zs__poison(m, zs__error(ZS_ERR_INVALID_ARGUMENT,
+          "zs_model_add_kind '%s': shape[%d] = %lld is negative%s", name, d,
+          (long long)shape[d], d == 0 ? " or more than 2^24 layers" : ""));
+    if (shape[d] != 0 && n > SIZE_MAX / 8 / (size_t)shape[d])
+      return zs__poison(m, zs__error(ZS_ERR_INVALID_ARGUMENT,
+          "zs_model_add_kind '%s': element count overflows", name));
+    n *= (size_t)shape[d];
+    if (d > 0) per *= (size_t)shape[d];
+  }
+  st = zs__reserve((void**)&m->kinds, &m->kinds_cap, m->nkinds + 1,
+                   sizeof *m->kinds);
+  int* slices = NULL;
+  if (st == ZS_OK && shape[0] > 0) {
+    slices = (int*)malloc((size_t)shape[0] * sizeof *slices);
+    if (slices == NULL)
+      st = zs__error(ZS_ERR_OUT_OF_MEMORY, "zs_model_add_kind '%s'", name);
+  }
+  if (st != ZS_OK) return zs__poison(m, st);
+  zs__kind* kd = &m->kinds[m->nkinds];
+  memset(kd, 0, sizeof *kd);
+  snprintf(kd->name, sizeof kd->name, "%s", name);
+  kd->ndim = ndim;
+  for (int d = 0; d < ndim; d++) kd->shape[d] = shape[d];
+  kd->numel = n;
+  kd->slice_numel = per;
+  kd->dtype = dtype;
+  kd->slices = slices;
+  for (int64_t l = 0; l < shape[0]; l++) slices[l] = -1;
+  kd->views[0].fd = kd->views[1].fd = -1;
+  *kind = m->nkinds++;
+  return ZS_OK;
+}
+
+zs_status zs_model_add_slice(zs_model* m, int unit, int kind, int layer,
+                             int64_t offset, unsigned int flags, int* tensor) {
+  zs_status st = zs__check_open(m, "zs_model_add_slice");
+  if (st != ZS_OK) return st;
+  if (kind < 0 || kind >= m->nkinds)
+    return zs__poison(m, zs__error(ZS_ERR_INVALID_ARGUMENT,
+        "zs_model_add_slice: kind %d does not exist (%d kinds)", kind,
+        m->nkinds));
+  zs__kind* kd = &m->kinds[kind];
+  if (layer < 0 || layer >= kd->shape[0])
+    return zs__poison(m, zs__error(ZS_ERR_INVALID_ARGUMENT,
+        "zs_model_add_slice: kind '%s' layer %d: outside its layers 0..%lld",
+        kd->name, layer, (long long)kd->shape[0] - 1));
+  if (kd->slices[layer] >= 0) {
+    const zs__tensor* o = &m->tensors[kd->slices[layer]];
+    return zs__poison(m, zs__error(ZS_ERR_INVALID_ARGUMENT,
+        "zs_model_add_slice: kind '%s' layer %d is already owned by unit '%s' "
+        "(a layer's slice belongs to one unit)", kd->name, layer,
+        m->units[o->unit].name));
+  }
+  const size_t per = kd->slice_numel;
+  if (offset < 0 || (size_t)offset > kd->numel || per > kd->numel - (size_t)offset)
+    return zs__poison(m, zs__error(ZS_ERR_INVALID_ARGUMENT,
+        "zs_model_add_slice: kind '%s' layer %d: the slice [%lld, %lld) lies "
+        "outside the kind's %zu elements", kd->name, layer, (long long)offset,
+        (long long)offset + (long long)per, kd->numel));
+  for (int l = 0; l < kd->shape[0] && per > 0; l++) {
+    const int t = kd->slices[l];
+    if (t < 0 || m->tensors[t].numel == 0) continue;
+    const size_t o = m->tensors[t].kind_offset;
+    if ((size_t)offset < o + per && o < (size_t)offset + per)
+      return zs__poison(m, zs__error(ZS_ERR_INVALID_ARGUMENT,
+          "zs_model_add_slice: kind '%s' layer %d: the slice [%lld, %lld) "
+          "overlaps layer %d's [%zu, %zu)", kd->name, layer, (long long)offset,
+          (long long)offset + (long long)per, l, o, o + per));
+  }
+  char name[ZS_NAME_MAX + 16]; /* the kind's name is at most ZS_NAME_MAX-13 */
+  snprintf(name, sizeof name, "%s.%d", kd->name, layer);
+  int t = -1;
+  st = zs_model_add_tensor(m, unit, name, kd->ndim - 1, kd->shape + 1,
+                           kd->dtype, flags, &t);
+  if (st != ZS_OK) return st; /* poisoned there */
+  m->tensors[t].kind = kind;
+  m->tensors[t].layer = layer;
+  m->tensors[t].kind_offset = (size_t)offset;
+  kd->slices[layer] = t;
+  if (tensor != NULL) *tensor = t;
+  return ZS_OK;
+}
+
+zs_status zs_model_add_stacked(zs_model* m, const char* name, int ndim,
+                               const int64_t* shape, int64_t layer_stride,
+                               zs_dtype dtype, unsigned int flags,
+                               const int* units, int* kind) {
+  zs_status st = zs__check_open(m, "zs_model_add_stacked");
+  if (st != ZS_OK) return st;
+  int k = -1;
+  st = zs_model_add_kind(m, name, ndim, shape, dtype, &k);
+  if (st != ZS_OK) return st;
+  const zs__kind* kd = &m->kinds[k];
+  if (layer_stride < 0 || (size_t)layer_stride != kd->slice_numel)
+    return zs__poison(m, zs__error(ZS_ERR_INVALID_ARGUMENT,
+        "zs_model_add_stacked: kind '%s': layer stride %lld elements does not "
+        "match the shape (one layer is %zu elements; an irregular layout "
+        "adds its slices with zs_model_add_slice)", kd->name,
+        (long long)layer_stride, kd->slice_numel));
+  if (units == NULL && kd->shape[0] > 0)
+    return zs__poison(m, zs__error(ZS_ERR_INVALID_ARGUMENT,
+        "zs_model_add_stacked: kind '%s': units is NULL", kd->name));
+  for (int l = 0; l < kd->shape[0]; l++) {
+    st = zs_model_add_slice(m, units[l], k, l, (int64_t)l * layer_stride,
+                            flags, NULL);
+    if (st != ZS_OK) return st;
+  }
+  if (kind != NULL) *kind = k;
+  return ZS_OK;
+}
+
+static zs_status zs__kind_view(zs_model* m, int kind, int which, void** out,
+                               const char* fn) {
+  zs_status st = zs__check_finalized(m, fn);
+  if (st != ZS_OK) return st;
+  ZS_REQUIRE(kind >= 0 && kind < m->nkinds, "%s: kind %d does not exist (%d "
+             "kinds)", fn, kind, m->nkinds);
+  ZS_REQUIRE(out != NULL, "%s: out is NULL", fn);
+  const zs__view* v = &m->kinds[kind].views[which];
+  ZS_REQUIRE(v->base != NULL, "%s: kind '%s' has no gradients (every slice "
+             "is frozen)", fn, m->kinds[kind].name);
+  *out = v->base;
+  return ZS_OK;
+}
+
+zs_status zs_kind_data(zs_model* m, int kind, void** data) {
+  return zs__kind_view(m, kind, ZS__VIEW_PARAMS, data, "zs_kind_data");
+}
+
+zs_status zs_kind_grad(zs_model* m, int kind, void** grad) {
+  return zs__kind_view(m, kind, ZS__VIEW_GRADS, grad, "zs_kind_grad");
+}
+
+int zs_model_kind_count(const zs_model* m) { return m ? m->nkinds : 0; }
+
+zs_status zs_model_find_kind(const zs_model* m, const char* name, int* kind) {
+  ZS_REQUIRE(m != NULL && name != NULL && kind != NULL,
+             "zs_model_find_kind: arguments must not be NULL");
+  for (int k = 0; k < m->nkinds; k++)
+    if (strcmp(m->kinds[k].name, name) == 0) {
+      *kind = k;
+      return ZS_OK;
+    }
+  return zs__error(ZS_ERR_INVALID_ARGUMENT, "no stacked kind named '%s'", name);
 }
 
 zs_status zs_model_add_param_group(zs_model* m, double lr, double weight_decay,
@@ -494,7 +695,13 @@ static zs_status zs__describe(const zs_model* m, zs__sbuf* b) {
       zs__sbuf_printf(b, "%s%lld", d ? "," : "", (long long)t->shape[d]);
     zs__sbuf_printf(b, "] dtype=%s flags=%u tied_to=%d group=%d\n",
                     zs_dtype_name(t->dtype), t->flags, t->tied_to, t->group);
+    if (t->kind >= 0)
+      zs__sbuf_printf(b, "  slice of kind %d layer %d at %zu\n", t->kind,
+                      t->layer, t->kind_offset);
   }
+  for (int k = 0; k < m->nkinds; k++)
+    zs__sbuf_printf(b, "kind %d '%s' numel=%zu\n", k, m->kinds[k].name,
+                    m->kinds[k].numel);
   if (b->oom)
     return zs__error(ZS_ERR_OUT_OF_MEMORY, "finalize: model description");
   return ZS_OK;
@@ -712,6 +919,7 @@ zs_status zs_model_finalize(zs_model* m) {
   }
   if (local == ZS_OK && nvme_states) local = zs__nvme_model_init(m);
   if (local == ZS_OK && nvme_params) local = zs__nvme_param_init(m);
+  if (local == ZS_OK) local = zs__views_create(m);
   /* Agree on success so that a rank out of memory fails everyone now,
    * rather than hanging them in the first gather. */
   ZS_CHECK(zs__comm_agree(m->ctx->comm, local, "zs_model_finalize"));
@@ -725,6 +933,7 @@ cleanup:
     for (int i = 0; i < m->nunits; i++)
       zs__unit_free_storage(m, &m->units[i]);
     zs__nvme_model_free(m);
+    zs__views_destroy(m);
   }
   free(desc.data);
   return st;

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "runtime/core/core_compat.h"
 #include "runtime/core/core.h"
@@ -392,6 +393,76 @@ static zs_status zs__json_keys(const cJSON* obj, const char* const* allowed,
   return ZS_OK;
 }
 
+/* A stacked kind's slice in a description ("kind", "kind_offset"). */
+typedef struct zs__est_slice {
+  const char* kind; /* NULL: not a slice */
+  size_t offset;    /* elements into the kind */
+  size_t numel;
+  int unit;
+  int grads;        /* has a gradient (trainable unit, not frozen) */
+} zs__est_slice;
+
+typedef struct zs__est_run {
+  const char* kind;
+  size_t first, last; /* pages */
+} zs__est_run;
+
+static int zs__est_run_cmp(const void* a, const void* b) {
+  const zs__est_run* x = (const zs__est_run*)a;
+  const zs__est_run* y = (const zs__est_run*)b;
+  const int k = strcmp(x->kind, y->kind);
+  if (k != 0) return k;
+  return x->first < y->first ? -1 : x->first > y->first;
+}
+
+/* Stacked kinds' views (engine_view.c): the pages under held slices are
+ * resident, one page size of this machine each. A unit held with its tie
+ * owners, parameters and gradients at once (its backward), is the largest
+ * moment: the peak is the largest such set's pages (units held one at a
+ * time, as the driver and examples/stacked hold them). */
+static zs_status zs__estimate_views(const zs__est_slice* sl, int nsl,
+                                    const zs__est_unit* units, int nunits,
+                                    size_t* out) {
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  if (page == 0 || page == (size_t)-1) page = 4096;
+  *out = 0;
+  zs__est_run* runs = (zs__est_run*)malloc(((size_t)nsl + 1) * sizeof *runs);
+  if (runs == NULL)
+    return zs__error(ZS_ERR_OUT_OF_MEMORY, "model description: views");
+  for (int u = 0; u < nunits; u++) {
+    size_t bytes = 0;
+    for (int which = 0; which < 2; which++) {
+      int n = 0;
+      for (int i = 0; i < nsl; i++) {
+        if (sl[i].kind == NULL || sl[i].numel == 0) continue;
+        if (which == 1 && !sl[i].grads) continue;
+        int in = sl[i].unit == u;
+        for (int k = 0; k < units[u].nowners; k++)
+          in |= sl[i].unit == units[u].owners[k];
+        if (!in) continue;
+        const size_t e = which == 0 ? units[sl[i].unit].elem
+                                    : units[sl[i].unit].gelem;
+        const size_t a = sl[i].offset * e, b = (sl[i].offset + sl[i].numel) * e;
+        runs[n++] = (zs__est_run){sl[i].kind, a / page, (b - 1) / page};
+      }
+      qsort(runs, (size_t)n, sizeof *runs, zs__est_run_cmp);
+      for (int i = 0; i < n;) { /* the union of each kind's page runs */
+        size_t first = runs[i].first, last = runs[i].last;
+        int j = i + 1;
+        for (; j < n && strcmp(runs[j].kind, runs[i].kind) == 0 &&
+               runs[j].first <= last + 1; j++)
+          if (runs[j].last > last) last = runs[j].last;
+        /* runs touching but not overlapping are separate pages: fine */
+        bytes += (last - first + 1) * page;
+        i = j;
+      }
+    }
+    if (bytes > *out) *out = bytes;
+  }
+  free(runs);
+  return ZS_OK;
+}
+
 static zs_status zs__estimate_model(const char* description,
                                     const zs__estimate_config* c,
                                     zs_memory_estimate* out) {
@@ -406,6 +477,7 @@ static zs_status zs__estimate_model(const char* description,
   size_t* numels = NULL;
   size_t* offsets = NULL;
   int* alias = NULL;
+  zs__est_slice* slices = NULL;
   int nunits = 0;
   zs__est_offload nv = {0, 0, 0, 0, 1, 0, 0, 0};
   const zs__policy pol = zs__est_policy(c, 1, 1);
@@ -459,7 +531,8 @@ static zs_status zs__estimate_model(const char* description,
   numels = (size_t*)calloc((size_t)total_tensors + 1, sizeof *numels);
   offsets = (size_t*)calloc((size_t)total_tensors + 1, sizeof *offsets);
   alias = (int*)calloc((size_t)total_tensors + 1, sizeof *alias);
-  if (!units || !tnames || !tunit || !numels || !offsets || !alias)
+  slices = (zs__est_slice*)calloc((size_t)total_tensors + 1, sizeof *slices);
+  if (!units || !tnames || !tunit || !numels || !offsets || !alias || !slices)
     ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "model description");
   /* Pass 1: every unit and tensor has a unique name (as the engine
    * requires); pass 2 checks ties against these names. */
@@ -493,7 +566,7 @@ static zs_status zs__estimate_model(const char* description,
     int tn = 0;
     cJSON_ArrayForEach(t, jt) {
       static const char* const tkeys[] = {"name", "numel", "tied_to", "frozen",
-                                          NULL};
+                                          "kind", "kind_offset", NULL};
       char twhere[96];
       snprintf(twhere, sizeof twhere, "unit %d tensor %d", ui, tn++);
       if (!cJSON_IsObject(t))
@@ -556,10 +629,12 @@ static zs_status zs__estimate_model(const char* description,
         ZS_FAIL(ZS_ERR_INVALID_ARGUMENT, "model description: %s: \"frozen\" "
                 "must be true or false", where);
       if (tied != NULL &&
-          (cJSON_GetObjectItemCaseSensitive(t, "numel") != NULL || frozen != NULL))
+          (cJSON_GetObjectItemCaseSensitive(t, "numel") != NULL || frozen != NULL ||
+           cJSON_GetObjectItemCaseSensitive(t, "kind") != NULL ||
+           cJSON_GetObjectItemCaseSensitive(t, "kind_offset") != NULL))
         ZS_FAIL(ZS_ERR_INVALID_ARGUMENT, "model description: %s: a tied tensor "
-                "has its owner's \"numel\" and \"frozen\": give neither",
-                where);
+                "has its owner's \"numel\", \"frozen\" and \"kind\": give "
+                "none", where);
       if (tied != NULL) {
         int owner = -1, oi = -1;
         for (int k = 0; cJSON_IsString(tied) && k < ntn; k++)
@@ -603,6 +678,23 @@ static zs_status zs__estimate_model(const char* description,
         if (!seen) u->owners[u->nowners++] = owner;
       } else {
         ZS_CHECK(zs__json_count(t, "numel", where, 1, &numels[n]));
+        /* a stacked kind's slice: its place in the kind's views */
+        const cJSON* jk = cJSON_GetObjectItemCaseSensitive(t, "kind");
+        const int has_off = cJSON_GetObjectItemCaseSensitive(t, "kind_offset") != NULL;
+        if (jk != NULL && (!cJSON_IsString(jk) || jk->valuestring[0] == '\0'))
+          ZS_FAIL(ZS_ERR_INVALID_ARGUMENT, "model description: %s: \"kind\" "
+                  "must be a non-empty string (a stacked kind's name)", where);
+        if ((jk != NULL) != has_off)
+          ZS_FAIL(ZS_ERR_INVALID_ARGUMENT, "model description: %s: a slice "
+                  "of a stacked kind gives both \"kind\" and \"kind_offset\"",
+                  where);
+        if (jk != NULL) {
+          slices[gi].kind = jk->valuestring;
+          ZS_CHECK(zs__json_count(t, "kind_offset", where, 1, &slices[gi].offset));
+          slices[gi].numel = numels[n];
+          slices[gi].unit = ui;
+          slices[gi].grads = !cJSON_IsTrue(frozen);
+        }
         total_elems += numels[n];
         if (numels[n] > 1e15 || total_elems > 1e15)
           ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
@@ -649,6 +741,11 @@ static zs_status zs__estimate_model(const char* description,
     zs__estimate_states(c, &l, u->elem, u->gelem, u->lowp, u->trainable,
                         zs__estimate_nstates(c), out);
     ui++;
+  }
+  {
+    size_t views = 0;
+    ZS_CHECK(zs__estimate_views(slices, gi, units, nunits, &views));
+    out->bytes[ZS_MEM_STACKED_VIEWS] += views;
   }
   /* Stage 3: the unit in use and `prefetch_depth` prefetched ones, each
    * with its tie owners (the working set). A unit gathered for two reasons
@@ -791,6 +888,7 @@ cleanup:
   free(numels);
   free(offsets);
   free(alias);
+  free(slices);
   cJSON_Delete(root);
   return st;
 }

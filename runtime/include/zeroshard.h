@@ -159,7 +159,9 @@ typedef enum zs_mem_category {
   ZS_MEM_OFFLOAD_HOST = 7,     /* host memory of CPU offload */
   ZS_MEM_NVME_STAGING = 8,     /* pinned staging pool of NVMe offload */
   ZS_MEM_OTHER = 9,            /* anything else (temporaries, metadata) */
-  ZS_MEM_CATEGORY_COUNT = 10
+  ZS_MEM_STACKED_VIEWS = 10,   /* resident pages of stacked kinds' views
+                                  (zs_model_add_stacked) */
+  ZS_MEM_CATEGORY_COUNT = 11
 } zs_mem_category;
 
 /* Room the output structs' per-category, per-phase and per-op arrays keep
@@ -671,6 +673,14 @@ void zs_model_destroy(zs_model* model);
  * then fails on every rank, naming this rank, instead of hanging. */
 zs_status zs_model_add_unit(zs_model* model, const char* name, int* unit);
 
+/* Adds `count` units named "<prefix>.0" .. "<prefix>.<count-1>", one per
+ * layer (as FSDP wraps each transformer layer), and writes their ids
+ * (consecutive) to units[0..count-1]. prefix: 1 to ZS_NAME_MAX-13 bytes.
+ * Errors: INVALID_ARGUMENT (count < 0, NULL units, a name as
+ * zs_model_add_unit's), INVALID_STATE. Poisons the model on error. */
+zs_status zs_model_add_units(zs_model* model, const char* prefix, int count,
+                             int* units);
+
 /* Adds a tensor to a unit and returns its model-wide id in *tensor (0, 1,
  * ... in registration order). name: unique in the model, copied. shape:
  * ndim (0..ZS_MAX_DIMS) extents >= 0, copied; 0-d is a scalar, a zero
@@ -694,6 +704,81 @@ zs_status zs_model_add_tensor(zs_model* model, int unit, const char* name,
  * finalize); poisons the model on error. */
 zs_status zs_model_add_tied_tensor(zs_model* model, int unit, const char* name,
                                    int owner, int* tensor);
+
+/* ---- Stacked kinds: tensors stacked across layers (host only) ----------
+ * A trainer that keeps one tensor per kind stacked over its L layers (llm.c:
+ * qkvw is (L, 3C, C) and layer l's slice is at qkvw + l*3*C*C) registers
+ * the kind once. Each layer's slice becomes a tensor of the unit owning
+ * that layer, named "<kind>.<layer>", sharded, reduced, stepped and
+ * checkpointed like any other; and the kind gets two views that stay at
+ * one address for the model's life (zs_kind_data, zs_kind_grad), so the
+ * trainer points its views there once and keeps its `base + l*stride`
+ * arithmetic:
+ *   - while unit u is gathered (zs_unit_gather .. zs_unit_release, also
+ *     through a tie), the slices u owns hold its parameters in the
+ *     parameter view (copied in when the gather completes);
+ *   - while u's gradients are acquired, its slices in the gradient view
+ *     are its accumulation buffer (copied in at the acquire: zeros at the
+ *     step's first; copied back at the release, before the reduction);
+ *   - elsewhere the views' contents are undefined (read zeros): each view
+ *     is a memfd mapping whose pages lying under no held slice are given
+ *     back to the system (fallocate PUNCH_HOLE) at the release.
+ * Memory: the pages under held slices are resident, counted under
+ * ZS_MEM_STACKED_VIEWS; a slice that does not start or end on a page
+ * boundary keeps up to one page (sysconf(_SC_PAGESIZE)) on each side
+ * resident, shared with its neighbours. Cost: one copy of the unit's slices
+ * per gather, two per gradient acquire/release. docs/wrapping.md, "Stacked
+ * tensors". CPU contexts only (a CUDA context: UNSUPPORTED). */
+
+/* Declares a stacked kind: `name` (1 to ZS_NAME_MAX-13 bytes, unique among
+ * kinds), shape[0] layers of shape[1..ndim-1] each (ndim 1..ZS_MAX_DIMS,
+ * extents >= 0; ndim 1 gives scalar slices), dtype as zs_model_add_tensor's.
+ * Its views span the whole shape: prod(shape) elements. Slices are added
+ * with zs_model_add_slice, or use zs_model_add_stacked for the common case.
+ * *kind receives its id (0, 1, ... in order). Before finalize only.
+ * Errors: INVALID_ARGUMENT naming the kind, UNSUPPORTED (a CUDA context),
+ * INVALID_STATE. Poisons the model on error (see zs_model_add_unit). */
+zs_status zs_model_add_kind(zs_model* model, const char* name, int ndim,
+                            const int64_t* shape, zs_dtype dtype, int* kind);
+
+/* Adds layer `layer`'s slice of a kind to `unit` as a tensor named
+ * "<kind>.<layer>" of shape shape[1..] (the kind's), stored in the kind's
+ * views at element `offset` (elements, not bytes: layer*prod(shape[1..])
+ * for a plain stack). flags: 0 or ZS_TENSOR_FROZEN. *tensor receives the
+ * tensor id (may be NULL). The unit's tensors share one dtype (the kind's).
+ * Errors: INVALID_ARGUMENT naming the kind and layer: unknown kind, layer
+ * outside 0..shape[0]-1, a layer that already has a slice (owned twice),
+ * a slice outside its kind (offset + numel > the kind's elements), a slice
+ * overlapping another slice of the kind; INVALID_STATE. Poisons the model
+ * on error. */
+zs_status zs_model_add_slice(zs_model* model, int unit, int kind, int layer,
+                             int64_t offset, unsigned int flags, int* tensor);
+
+/* zs_model_add_kind, then zs_model_add_slice for every layer l at offset
+ * l*layer_stride, owned by units[l] (shape[0] entries). layer_stride: the
+ * elements between consecutive layers in the caller's arithmetic (qkvw:
+ * 3*C*C); it must equal prod(shape[1..]) (else INVALID_ARGUMENT: the stride
+ * does not match the shape; irregular layouts use zs_model_add_slice).
+ * flags apply to every slice. Errors: as those calls'. */
+zs_status zs_model_add_stacked(zs_model* model, const char* name, int ndim,
+                               const int64_t* shape, int64_t layer_stride,
+                               zs_dtype dtype, unsigned int flags,
+                               const int* units, int* kind);
+
+/* The kind's parameter view (prod(shape) elements of its dtype) / gradient
+ * view (prod(shape) elements of zs_tensor_field_dtype(slice, ZS_FIELD_GRAD))
+ * after finalize: the same address until zs_model_destroy. Only the slices
+ * of held units are meaningful (see above). Not collective.
+ * Errors: INVALID_ARGUMENT (unknown kind, NULL out; zs_kind_grad: every
+ * slice frozen), INVALID_STATE (before finalize). */
+zs_status zs_kind_data(zs_model* model, int kind, void** data);
+zs_status zs_kind_grad(zs_model* model, int kind, void** grad);
+
+/* Kinds registered so far (0 for NULL), and one kind's id by name
+ * (INVALID_ARGUMENT when none has it). */
+int zs_model_kind_count(const zs_model* model);
+zs_status zs_model_find_kind(const zs_model* model, const char* name,
+                             int* kind);
 
 /* Adds an optimizer parameter group (PyTorch's param_groups): a learning
  * rate and weight decay for the tensors assigned to it. Group 0 exists from
@@ -825,6 +910,22 @@ zs_dtype zs_tensor_field_dtype(const zs_model* model, int tensor,
  * finalize), COMM, TIMEOUT. */
 zs_status zs_tensor_get(zs_model* model, int tensor, zs_field field,
                         void* out);
+
+/* Sets every slice of a kind from one full array on rank 0, laid out as
+ * the kind (prod(shape) elements of its dtype, slice l at its offset), as
+ * zs_tensor_set of each slice in layer order: the way to initialize or
+ * import a stacked kind. data is ignored (may be NULL) on other ranks; not
+ * retained. Collective. Errors: INVALID_ARGUMENT (unknown kind, a layer
+ * without a slice, NULL data on rank 0), INVALID_STATE (before finalize),
+ * COMM. */
+zs_status zs_kind_set(zs_model* model, int kind, const void* data);
+/* Copies a field of every slice of a kind into out on every rank, laid out
+ * as the kind (prod(shape) elements of zs_tensor_field_dtype(slice,
+ * field); elements no slice covers are left as they were): zs_tensor_get
+ * of each slice in layer order, so the export of a stacked kind. Collective.
+ * Errors: those of zs_tensor_get; INVALID_ARGUMENT (unknown kind, a layer
+ * without a slice). */
+zs_status zs_kind_get(zs_model* model, int kind, zs_field field, void* out);
 
 /* ==== The per-step API (after finalize) ================================== */
 

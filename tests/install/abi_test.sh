@@ -7,7 +7,7 @@
 #  2. the library compiled from copies of the public header: unchanged,
 #     it passes (the check itself reports nothing spurious); with two
 #     fields of zs_step_info swapped, or one retyped to a type of the same
-#     size, it fails naming them; with a field
+#     size, or an enumerator renumbered, it fails naming them; with a field
 #     appended to zs_config and to zs_step_info (as a minor release does,
 #     with ZS_VERSION_MINOR bumped), it passes.
 set -euo pipefail
@@ -105,6 +105,16 @@ fi
 grep -q "micro_batch" "$tmp/abidiff.txt" ||
   { cat "$tmp/abidiff.txt"; echo "FAIL: the report does not name micro_batch"; exit 1; }
 echo "ok: zs_step_info.micro_batch retyped int -> float fails: $(grep -m1 "micro_batch" "$tmp/abidiff.txt" | sed 's/^ *//')"
+
+# an existing enumerator renumbered (appending before a _COUNT passes:
+# the unchanged build above has ZS_MEM_STACKED_VIEWS over the baseline)
+variant renumbered 's/^  ZS_MEM_PARAMS_GATHERED = 1, /  ZS_MEM_PARAMS_GATHERED = 12, /'
+if check "$tmp/renumbered/libzeroshard.so" "$tmp/renumbered/include"; then
+  cat "$tmp/abidiff.txt"; echo "FAIL: a renumbered enumerator passed the ABI check"; exit 1
+fi
+grep -q "ZS_MEM_PARAMS_GATHERED" "$tmp/abidiff.txt" ||
+  { cat "$tmp/abidiff.txt"; echo "FAIL: the report does not name ZS_MEM_PARAMS_GATHERED"; exit 1; }
+echo "ok: an enumerator renumbered fails"
 
 variant appended 's/^#define ZS_VERSION_MINOR 2$/#define ZS_VERSION_MINOR 3/;s|^  /\* Appended fields go here, newest last (rule 1). \*/$|  int appended_field;|;/^  int micro_batch; /{n;s|$|\n  double appended_info;|}'
 grep -q "int appended_field;" "$tmp/appended/include/zeroshard.h" &&
