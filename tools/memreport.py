@@ -2,14 +2,19 @@
 """tools/zs memreport DIR: merge the per-rank profiles ZeroShard wrote
 (ZS_PROFILE=DIR or zs_config.profile_dir; docs/profiling.md) into
 
-  - a table: peak bytes per rank x memory category,
+  - a table: peak bytes per rank x memory category, from the last peak
+    reset on (zs_model_init and, before the first step, zs_tensor_set end
+    with one, so that initialization's staging is not a training peak;
+    zs_memory_reset_peak too), as zs_memory_stats.peak counts,
   - a picture: each rank's memory over time, stacked by category (SVG),
+    the time before the last peak reset shaded ("before the peak reset"),
   - the peak of every step's forward, backward and optimizer phases,
   - the communication summary: per collective calls, bytes (the full size
     per rank, as nccl-tests counts it), time, algbw and busbw, per step.
 
 Every series of the picture is one <path class="series"> with
-data-rank, data-category and data-max-bytes attributes, so tools (and the
+data-rank, data-category and data-max-bytes (its maximum from the last peak
+reset on, as the table) attributes, so tools (and the
 tests) can read the numbers behind it.
 
 Exit status 2 with a message naming the file for a missing directory, no
@@ -25,9 +30,9 @@ import sys
 
 CATEGORIES = ["params", "params_gathered", "grads", "master_weights",
               "optimizer_states", "comm_buffers", "activations",
-              "offload_host", "nvme_staging", "other"]
+              "offload_host", "nvme_staging", "other", "stacked_views"]
 COLORS = ["#4e79a7", "#a0cbe8", "#f28e2b", "#ffbe7d", "#59a14f",
-          "#e15759", "#b07aa1", "#76b7b2", "#edc948", "#bab0ac"]
+          "#e15759", "#b07aa1", "#76b7b2", "#edc948", "#bab0ac", "#9c755f"]
 BUSBW = {"all_gather": lambda n: (n - 1) / n,
          "reduce_scatter": lambda n: (n - 1) / n,
          "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -131,6 +136,26 @@ def memory_series(events):
     return out
 
 
+def peak_reset_time(events):
+    """When the accounting's peaks last restarted (a "peak reset" mark),
+    or None."""
+    marks = [e["ts"] / 1e6 for e in events
+             if e.get("ph") == "X" and e.get("name") == "peak reset"]
+    return max(marks) if marks else None
+
+
+def since_reset(series, t_reset):
+    """The samples the peaks count: from the value current at the reset
+    (the last sample at or before it) on."""
+    if t_reset is None:
+        return series
+    first = 0
+    for j, (t, _) in enumerate(series):
+        if t <= t_reset:
+            first = j
+    return series[first:]
+
+
 def phase_peaks(events):
     """Per completed step: the peak total bytes of its forward, backward and
     step phases (the phase spans of the timeline; each phase counts what
@@ -208,6 +233,14 @@ def svg(profiles, width=900, panel=150):
 
         def xy(t, b):
             return (left + plot_w * t / t_end, y0 + panel - panel * b / ymax)
+        t_reset = peak_reset_time(events)
+        counted = since_reset(series, t_reset)
+        if t_reset is not None:  # what the peaks leave out
+            out.append('<rect class="before-reset" x="%d" y="%d" width="%.2f" '
+                       'height="%d" fill="#eee"/><text x="%d" y="%d" '
+                       'fill="#777">before the peak reset</text>'
+                       % (left, y0, plot_w * t_reset / t_end, panel, left + 4,
+                          y0 + 12))
         below = [0] * len(series)
         for c in used:
             vals = [s.get(c, 0) for _, s in series]
@@ -223,9 +256,11 @@ def svg(profiles, width=900, panel=150):
                 pts.append(xy(t_next, below[j]))
                 pts.append(xy(t, below[j]))
             d = "M" + " L".join("%.2f,%.2f" % p for p in pts) + " Z"
+            # its maximum as the peaks count it (from the last reset on)
+            peak = max(s.get(c, 0) for _, s in counted)
             out.append('<path class="series" data-rank="%d" data-category="%s" '
                        'data-max-bytes="%d" fill="%s" stroke="none" d="%s"/>'
-                       % (rank, c, max(vals), COLORS[CATEGORIES.index(c)], d))
+                       % (rank, c, peak, COLORS[CATEGORIES.index(c)], d))
             below = upper
     for k, c in enumerate(CATEGORIES):  # legend
         out.append('<rect x="%d" y="%d" width="10" height="10" fill="%s"/>'
@@ -256,7 +291,7 @@ def main():
     for _, meta, events in profiles:
         row = {c: 0 for c in CATEGORIES}
         total = 0
-        for _, s in memory_series(events):
+        for _, s in since_reset(memory_series(events), peak_reset_time(events)):
             for c in CATEGORIES:
                 row[c] = max(row[c], s.get(c, 0))
             total = max(total, sum(s.get(c, 0) for c in CATEGORIES))

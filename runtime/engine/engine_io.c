@@ -124,9 +124,19 @@ cleanup:
 
 /* A unit's store failing on one rank (a device copy) leaves the others in
  * the next unit's agreement: zs__call_end tells them. */
+/* Initialization is not training: before the first zs_step, the peaks
+ * restart once it is done, so that they do not count its staging buffers
+ * (memreport shows the part before the restart apart). */
+static zs_status zs__init_done(zs_model* m, zs_status st) {
+  if (st == ZS_OK && m->steps_called == 0)
+    zs__accounting_reset_peak(m->ctx->acct);
+  return st;
+}
+
 zs_status zs_model_init(zs_model* m, zs_init_fn fn, void* user) {
   zs__init_args args = {fn, user};
-  return zs__public_call(m, "zs_model_init", -1, 1, zs__model_init, &args);
+  return zs__init_done(m, zs__public_call(m, "zs_model_init", -1, 1,
+                                          zs__model_init, &args));
 }
 
 zs_status zs_tensor_set(zs_model* m, int tensor, const void* data) {
@@ -163,7 +173,7 @@ zs_status zs_tensor_set(zs_model* m, int tensor, const void* data) {
   ZS_CHECK(zs__agree_store(m, zs__param_flush(m), "zs_tensor_set"));
 cleanup:
   zs__dev_free(dev, tmp);
-  return st;
+  return zs__init_done(m, st);
 }
 
 static const char* zs__field_name(zs_field f) {

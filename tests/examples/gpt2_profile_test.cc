@@ -70,6 +70,8 @@ TEST(Gpt2Profile, SvgSeriesMatchTheMeasuredPeaks) {
   // The series of the picture.
   const std::string svg = Slurp(dir + "/memreport.svg");
   ASSERT_NE(svg.find("<svg"), std::string::npos);
+  // zs_model_init's staging is drawn, shaded, before the peaks restart
+  EXPECT_NE(svg.find("class=\"before-reset\""), std::string::npos);
   std::regex series(
       "<path class=\"series\" data-rank=\"(\\d+)\" data-category=\"(\\w+)\" "
       "data-max-bytes=\"(\\d+)\"");

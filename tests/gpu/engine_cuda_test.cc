@@ -238,3 +238,29 @@ TEST_F(EngineCudaTest, MemoryEstimateOfOffloadMatchesTheRun) {
 }
 
 }  // namespace
+
+// Stacked kinds are host memory only (their views are memfd mappings the
+// engine copies slices into): a CUDA context refuses them at registration,
+// saying what to do instead, and finalize then fails naming it.
+TEST_F(EngineCudaTest, StackedKindsAreRefusedWithAClearMessage) {
+  zs_config cfg = ZS_CONFIG_INIT;
+  cfg.device = ZS_DEVICE_CUDA;
+  zs_context* ctx = nullptr;
+  ASSERT_EQ(zs_context_create_local(&cfg, &ctx), ZS_OK) << zs_last_error();
+  zs_model* m = nullptr;
+  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+  int unit = -1, kind = -1;
+  ASSERT_EQ(zs_model_add_unit(m, "block", &unit), ZS_OK);
+  const int64_t shape[2] = {2, 8};
+  const int owners[2] = {unit, unit};
+  EXPECT_EQ(zs_model_add_stacked(m, "qkvw", 2, shape, 8, ZS_FLOAT32, 0, owners,
+                                 &kind),
+            ZS_ERR_UNSUPPORTED);
+  const std::string err = zs_last_error();
+  EXPECT_NE(err.find("'qkvw': stacked kinds are host memory only"),
+            std::string::npos) << err;
+  EXPECT_NE(err.find("zs_model_add_tensor"), std::string::npos) << err;
+  EXPECT_NE(zs_model_finalize(m), ZS_OK);
+  zs_model_destroy(m);
+  zs_context_destroy(ctx);
+}
