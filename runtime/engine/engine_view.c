@@ -119,47 +119,51 @@ void zs__views_destroy(zs_model* m) {
     }
 }
 
-/* Slice t's bytes in its view: [*begin, *end). */
-static void zs__slice_bytes(const zs__view* v, const zs__tensor* t,
-                            size_t* begin, size_t* end) {
-  *begin = t->kind_offset * v->elem;
-  *end = *begin + t->numel * v->elem;
-}
-
 void* zs__view_at(zs_model* m, const zs__tensor* t, int which) {
   const zs__view* v = &m->kinds[t->kind].views[which];
   return v->base + t->kind_offset * v->elem;
 }
 
-/* Whether slice t of unit u takes part in view `which`, and the unit's
- * buffer holding it there. */
-static char* zs__slice_src(zs__unit* u, const zs__tensor* t, int which,
-                           const zs__view* v) {
-  if (t->kind < 0 || t->tied_to >= 0 || v->fd < 0) return NULL;
-  if (which == ZS__VIEW_PARAMS) return zs__at(u->params_full, t->offset, u->elem);
-  if (!u->trainable || (t->flags & ZS_TENSOR_FROZEN) || u->grad_accum == NULL)
-    return NULL;
-  return zs__at(u->grad_accum, t->offset, u->gelem);
+/* Slice i of unit u's tensors in view `which`: whether it takes part
+ * (a non-empty slice, with a gradient for the gradient view), its view,
+ * the unit's buffer holding it there (*buf) and its bytes in the view,
+ * [*a, *b). */
+static int zs__slice(zs_model* m, zs__unit* u, int i, int which,
+                     zs__view** v, char** buf, size_t* a, size_t* b) {
+  const zs__tensor* t = &m->tensors[u->tensors[i]];
+  if (t->kind < 0 || t->tied_to >= 0 || t->numel == 0) return 0;
+  *v = &m->kinds[t->kind].views[which];
+  if ((*v)->fd < 0) return 0;
+  if (which == ZS__VIEW_PARAMS) {
+    *buf = zs__at(u->params_full, t->offset, u->elem);
+  } else {
+    if (!u->trainable || (t->flags & ZS_TENSOR_FROZEN) || u->grad_accum == NULL)
+      return 0;
+    *buf = zs__at(u->grad_accum, t->offset, u->gelem);
+  }
+  *a = t->kind_offset * (*v)->elem;
+  *b = *a + t->numel * (*v)->elem;
+  return 1;
+}
+
+static const char* zs__slice_kind(const zs_model* m, const zs__unit* u, int i) {
+  return m->kinds[m->tensors[u->tensors[i]].kind].name;
 }
 
 void zs__view_hold(zs_model* m, zs__unit* u, int which) {
   int* refs = which == ZS__VIEW_PARAMS ? &u->view_refs : &u->gview_refs;
   if ((*refs)++ > 0) return;
   const size_t page = zs__page();
+  zs__view* v;
+  char* src;
+  size_t a, b;
   for (int i = 0; i < u->ntensors; i++) {
-    const zs__tensor* t = &m->tensors[u->tensors[i]];
-    if (t->kind < 0) continue;
-    zs__kind* kd = &m->kinds[t->kind];
-    zs__view* v = &kd->views[which];
-    char* src = zs__slice_src(u, t, which, v);
-    if (src == NULL || t->numel == 0) continue;
-    size_t a, b;
-    zs__slice_bytes(v, t, &a, &b);
+    if (!zs__slice(m, u, i, which, &v, &src, &a, &b)) continue;
     const size_t before = v->resident;
     for (size_t p = a / page; p <= (b - 1) / page; p++)
       if (v->live[p]++ == 0) v->resident += page;
     memcpy(v->base + a, src, b - a);
-    zs__view_account(m, v, before, kd->name);
+    zs__view_account(m, v, before, zs__slice_kind(m, u, i));
   }
 }
 
@@ -168,15 +172,12 @@ zs_status zs__view_drop(zs_model* m, zs__unit* u, int which) {
   if (*refs <= 0 || --(*refs) > 0) return ZS_OK;
   zs_status st = ZS_OK;
   const size_t page = zs__page();
+  zs__view* v;
+  char* dst;
+  size_t a, b;
   for (int i = 0; i < u->ntensors; i++) {
-    const zs__tensor* t = &m->tensors[u->tensors[i]];
-    if (t->kind < 0) continue;
-    zs__kind* kd = &m->kinds[t->kind];
-    zs__view* v = &kd->views[which];
-    char* dst = zs__slice_src(u, t, which, v);
-    if (dst == NULL || t->numel == 0) continue;
-    size_t a, b;
-    zs__slice_bytes(v, t, &a, &b);
+    if (!zs__slice(m, u, i, which, &v, &dst, &a, &b)) continue;
+    const char* kind = zs__slice_kind(m, u, i);
     if (which == ZS__VIEW_GRADS) memcpy(dst, v->base + a, b - a);
     const size_t before = v->resident;
     /* runs of pages no held slice overlaps any more, punched out */
@@ -194,12 +195,12 @@ zs_status zs__view_drop(zs_model* m, zs__unit* u, int which) {
       } else if (st == ZS_OK) {
         st = zs__error(ZS_ERR_IO, "stacked kind '%s': giving back %zu pages "
                        "of its %s view failed (they stay resident): %s",
-                       kd->name, n, which == ZS__VIEW_PARAMS ? "parameter"
+                       kind, n, which == ZS__VIEW_PARAMS ? "parameter"
                        : "gradient", strerror(errno));
       }
       n = 0;
     }
-    zs__view_account(m, v, before, kd->name);
+    zs__view_account(m, v, before, kind);
   }
   return st;
 }

@@ -735,8 +735,8 @@ zs_status zs_model_add_tied_tensor(zs_model* model, int unit, const char* name,
  * extents >= 0; ndim 1 gives scalar slices), dtype as zs_model_add_tensor's.
  * Its views span the whole shape: prod(shape) elements. Slices are added
  * with zs_model_add_slice, or use zs_model_add_stacked for the common case.
- * *kind receives its id (0, 1, ... in order). Before finalize only.
- * Errors: INVALID_ARGUMENT naming the kind, UNSUPPORTED (a CUDA context),
+ * *kind receives its id (0, 1, ... in order). Before finalize only; not
+ * collective. Errors: INVALID_ARGUMENT naming the kind, UNSUPPORTED (a CUDA context),
  * INVALID_STATE. Poisons the model on error (see zs_model_add_unit). */
 zs_status zs_model_add_kind(zs_model* model, const char* name, int ndim,
                             const int64_t* shape, zs_dtype dtype, int* kind);
@@ -746,6 +746,7 @@ zs_status zs_model_add_kind(zs_model* model, const char* name, int ndim,
  * views at element `offset` (elements, not bytes: layer*prod(shape[1..])
  * for a plain stack). flags: 0 or ZS_TENSOR_FROZEN. *tensor receives the
  * tensor id (may be NULL). The unit's tensors share one dtype (the kind's).
+ * Before finalize only; not collective.
  * Errors: INVALID_ARGUMENT naming the kind and layer: unknown kind, layer
  * outside 0..shape[0]-1, a layer that already has a slice (owned twice),
  * a slice outside its kind (offset + numel > the kind's elements), a slice
@@ -767,8 +768,9 @@ zs_status zs_model_add_stacked(zs_model* model, const char* name, int ndim,
 
 /* The kind's parameter view (prod(shape) elements of its dtype) / gradient
  * view (prod(shape) elements of zs_tensor_field_dtype(slice, ZS_FIELD_GRAD))
- * after finalize: the same address until zs_model_destroy. Only the slices
- * of held units are meaningful (see above). Not collective.
+ * after finalize: the same address until zs_model_destroy, owned by the
+ * model (do not free or unmap). Only held units' slices are meaningful
+ * (see above); read and accumulate only there. Not collective.
  * Errors: INVALID_ARGUMENT (unknown kind, NULL out; zs_kind_grad: every
  * slice frozen), INVALID_STATE (before finalize). */
 zs_status zs_kind_data(zs_model* model, int kind, void** data);
