@@ -128,13 +128,11 @@ static int inspect(int argc, char** argv) {
     if (f) fclose(f);
     printf("\n");
   } else {
-    static const char* kOpt[] = {"adamw", "adam", "sgd"};
     static const char* kScaler[] = {"none", "static", "dynamic"};
     printf("checkpoint   %s\n", m.dir);
     printf("format       %s version %d\n", ZS__CKPT_FORMAT, m.version);
     printf("saved by     %d ranks at ZeRO stage %d\n", m.world, m.stage);
-    printf("optimizer    %s (%d states)\n",
-           (unsigned)m.optimizer < 3 ? kOpt[m.optimizer] : "?", m.nstates);
+    printf("optimizer    %s (%d states)\n", m.optimizer, m.nstates);
     printf("iteration    %lld (zs_step calls %lld, optimizer steps applied "
            "%lld, grad_accum_steps %d)\n", (long long)m.iteration,
            (long long)m.steps_called, (long long)m.steps_applied,

@@ -876,6 +876,9 @@ int main(int argc, char** argv) {
       return 2;
     }
     start = (int)ts.next_step;
+    /* The checkpoint brings back its learning rates; this trainer's rate
+     * is its --lr flag, the one given now. */
+    CHECK(zs_model_set_lr(m.zm, ZS_ALL_GROUPS, args.lr));
     if (rank == 0 && !args.quiet)
       printf("resumed from %s at step %d\n", args.resume, start);
   }

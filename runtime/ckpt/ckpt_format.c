@@ -25,6 +25,10 @@ void zs__ckpt_rank_file(int rank, char* buf, size_t cap) {
   snprintf(buf, cap, "rank-%05d.bin", rank);
 }
 
+void zs__ckpt_blob_file(int rank, char* buf, size_t cap) {
+  snprintf(buf, cap, "rank-%05d.blob", rank);
+}
+
 zs_status zs__ckpt_join(char* out, size_t cap, const char* a, const char* b) {
   int n = snprintf(out, cap, "%s/%s", a, b);
   if (n < 0 || (size_t)n >= cap)
@@ -32,16 +36,6 @@ zs_status zs__ckpt_join(char* out, size_t cap, const char* a, const char* b) {
                      "checkpoint path '%s/%s' is longer than %zu bytes", a, b,
                      cap - 1);
   return ZS_OK;
-}
-
-static const char* zs__optim_name(zs_optimizer_kind k) {
-  switch (k) {
-    case ZS_OPTIM_ADAMW: return "adamw";
-    case ZS_OPTIM_ADAM: return "adam";
-    case ZS_OPTIM_SGD: return "sgd";
-    case ZS_OPTIM_UNSET: break;
-  }
-  return "unknown";
 }
 
 static int zs__dtype_from_name(const char* s, zs_dtype* out) {
@@ -184,7 +178,7 @@ zs_status zs__ckpt_meta_json(const zs__ckpt_meta* m, char** out) {
   ZS__J(cJSON_AddStringToObject(root, "library", zs_version_string()));
   ZS__J(cJSON_AddNumberToObject(root, "world_size", m->world));
   ZS__J(cJSON_AddNumberToObject(root, "stage", m->stage));
-  ZS__J(cJSON_AddStringToObject(root, "optimizer", zs__optim_name(m->optimizer)));
+  ZS__J(cJSON_AddStringToObject(root, "optimizer", m->optimizer));
   ZS__J(cJSON_AddNumberToObject(root, "optimizer_states", m->nstates));
   ZS__J(cJSON_AddNumberToObject(root, "iteration", (double)m->iteration));
   ZS__J(cJSON_AddNumberToObject(root, "steps_called", (double)m->steps_called));
@@ -267,6 +261,27 @@ zs_status zs__ckpt_meta_json(const zs__ckpt_meta* m, char** out) {
   ZS__J(cJSON_AddNumberToObject(ex, "bytes", (double)m->extras_bytes));
   zs__hex(m->extras_xxh64, hex);
   ZS__J(cJSON_AddStringToObject(ex, "xxh64", hex));
+  cJSON* groups = cJSON_AddArrayToObject(root, "groups");
+  ZS__J(groups);
+  for (int g = 0; g < m->ngroups; g++) {
+    cJSON* o = cJSON_CreateObject();
+    ZS__J(o);
+    cJSON_AddItemToArray(groups, o);
+    ZS__J(cJSON_AddNumberToObject(o, "lr", m->group_lr[g]));
+    ZS__J(cJSON_AddNumberToObject(o, "weight_decay", m->group_wd[g]));
+  }
+  cJSON* blobs = cJSON_AddArrayToObject(root, "rank_blobs");
+  ZS__J(blobs);
+  for (int r = 0; r < m->world; r++) {
+    cJSON* o = cJSON_CreateObject();
+    ZS__J(o);
+    cJSON_AddItemToArray(blobs, o);
+    zs__ckpt_blob_file(r, fname, sizeof fname);
+    ZS__J(cJSON_AddStringToObject(o, "name", fname));
+    ZS__J(cJSON_AddNumberToObject(o, "bytes", (double)m->blob_bytes[r]));
+    zs__hex(m->blob_xxh64[r], hex);
+    ZS__J(cJSON_AddStringToObject(o, "xxh64", hex));
+  }
 
   *out = cJSON_Print(root);
   cJSON_Delete(root);
@@ -285,9 +300,15 @@ void zs__ckpt_meta_free(zs__ckpt_meta* m) {
   free(m->units);
   free(m->tensors);
   free(m->rank_xxh64);
+  free(m->group_lr);
+  free(m->group_wd);
+  free(m->blob_bytes);
+  free(m->blob_xxh64);
   m->units = NULL;
   m->tensors = NULL;
   m->rank_xxh64 = NULL;
+  m->group_lr = m->group_wd = NULL;
+  m->blob_bytes = m->blob_xxh64 = NULL;
 }
 
 /* Finds the checkpoint directory: path itself when it has meta.json, else
@@ -373,12 +394,12 @@ static zs_status zs__parse_meta(const char* file, const cJSON* root,
   ZS_CHECK(zs__j_int(file, root, "stage", 0, 3, &v));
   m->stage = (int)v;
   ZS_CHECK(zs__j_str(file, root, "optimizer", &s));
-  if (strcmp(s, "adamw") == 0) m->optimizer = ZS_OPTIM_ADAMW;
-  else if (strcmp(s, "adam") == 0) m->optimizer = ZS_OPTIM_ADAM;
-  else if (strcmp(s, "sgd") == 0) m->optimizer = ZS_OPTIM_SGD;
-  else
+  if (s[0] == '\0' || strlen(s) >= sizeof m->optimizer ||
+      (m->version < 2 && strcmp(s, "adamw") != 0 && strcmp(s, "adam") != 0 &&
+       strcmp(s, "sgd") != 0))
     ZS_FAIL(ZS_ERR_CORRUPT, "checkpoint metadata '%s': unknown optimizer "
             "'%s'", file, s);
+  snprintf(m->optimizer, sizeof m->optimizer, "%s", s);
   ZS_CHECK(zs__j_int(file, root, "optimizer_states", 0, ZS__CKPT_MAX_STATES, &v));
   m->nstates = (int)v;
   ZS_CHECK(zs__j_int(file, root, "iteration", 0, 9e15, &v));
@@ -588,6 +609,46 @@ static zs_status zs__parse_meta(const char* file, const cJSON* root,
   ZS_CHECK(zs__j_int(file, ex, "bytes", 0, 9e15, &v));
   m->extras_bytes = (uint64_t)v;
   ZS_CHECK(zs__j_hex(file, ex, "xxh64", &m->extras_xxh64));
+  if (m->version >= 2) { /* the groups' rates, the rank blobs */
+    const cJSON* groups = cJSON_GetObjectItemCaseSensitive(root, "groups");
+    if (!cJSON_IsArray(groups))
+      ZS_FAIL(ZS_ERR_CORRUPT, "checkpoint metadata '%s': 'groups' is missing",
+              file);
+    m->ngroups = cJSON_GetArraySize(groups);
+    m->group_lr = calloc((size_t)m->ngroups + 1, sizeof *m->group_lr);
+    m->group_wd = calloc((size_t)m->ngroups + 1, sizeof *m->group_wd);
+    m->blob_bytes = calloc((size_t)m->world, sizeof *m->blob_bytes);
+    m->blob_xxh64 = calloc((size_t)m->world, sizeof *m->blob_xxh64);
+    if (!m->group_lr || !m->group_wd || !m->blob_bytes || !m->blob_xxh64)
+      ZS_FAIL(ZS_ERR_OUT_OF_MEMORY, "checkpoint metadata");
+    for (int g = 0; g < m->ngroups; g++) {
+      const cJSON* o = cJSON_GetArrayItem(groups, g);
+      const cJSON* lr = cJSON_GetObjectItemCaseSensitive(o, "lr");
+      const cJSON* wd = cJSON_GetObjectItemCaseSensitive(o, "weight_decay");
+      if (!cJSON_IsNumber(lr) || !(lr->valuedouble >= 0) ||
+          !cJSON_IsNumber(wd) || !(wd->valuedouble >= 0))
+        ZS_FAIL(ZS_ERR_CORRUPT, "checkpoint metadata '%s': groups[%d] needs "
+                "a non-negative 'lr' and 'weight_decay'", file, g);
+      m->group_lr[g] = lr->valuedouble;
+      m->group_wd[g] = wd->valuedouble;
+    }
+    const cJSON* blobs = cJSON_GetObjectItemCaseSensitive(root, "rank_blobs");
+    if (!cJSON_IsArray(blobs) || cJSON_GetArraySize(blobs) != m->world)
+      ZS_FAIL(ZS_ERR_CORRUPT, "checkpoint metadata '%s': 'rank_blobs' does "
+              "not list %d files", file, m->world);
+    for (int r = 0; r < m->world; r++) {
+      const cJSON* o = cJSON_GetArrayItem(blobs, r);
+      char want[64];
+      zs__ckpt_blob_file(r, want, sizeof want);
+      ZS_CHECK(zs__j_str(file, o, "name", &s));
+      if (strcmp(s, want) != 0)
+        ZS_FAIL(ZS_ERR_CORRUPT, "checkpoint metadata '%s': rank blob %d is "
+                "'%s', expected '%s'", file, r, s, want);
+      ZS_CHECK(zs__j_int(file, o, "bytes", 0, 9e15, &v));
+      m->blob_bytes[r] = (uint64_t)v;
+      ZS_CHECK(zs__j_hex(file, o, "xxh64", &m->blob_xxh64[r]));
+    }
+  }
 cleanup:
   free(unit_end);
   return st;
@@ -636,6 +697,14 @@ zs_status zs__ckpt_verify_file(const zs__ckpt_meta* m, int file) {
     snprintf(name, sizeof name, "%s", ZS__CKPT_EXTRAS);
     want_bytes = m->extras_bytes;
     want_sum = m->extras_xxh64;
+  } else if (file >= m->world) {
+    if (m->blob_bytes == NULL || file >= 2 * m->world)
+      return zs__error(ZS_ERR_INVALID_ARGUMENT, "checkpoint '%s' has no rank "
+                       "blob %d (format version %d, %d ranks)", m->dir,
+                       file - m->world, m->version, m->world);
+    zs__ckpt_blob_file(file - m->world, name, sizeof name);
+    want_bytes = m->blob_bytes[file - m->world];
+    want_sum = m->blob_xxh64[file - m->world];
   } else {
     zs__ckpt_rank_file(file, name, sizeof name);
     want_bytes = m->rank_bytes;
@@ -897,7 +966,11 @@ int zs__ckpt_own_name(const char* n) {
       strcmp(n, ZS__CKPT_EXTRAS) == 0)
     return 1;
   int r = -1, len = 0;
-  return sscanf(n, "rank-%5d.bin%n", &r, &len) == 1 && r >= 0 &&
+  if (sscanf(n, "rank-%5d.bin%n", &r, &len) == 1 && r >= 0 &&
+      (size_t)len == strlen(n))
+    return 1;
+  len = 0;
+  return sscanf(n, "rank-%5d.blob%n", &r, &len) == 1 && r >= 0 &&
          (size_t)len == strlen(n);
 }
 

@@ -21,6 +21,12 @@
  *                      arithmetic: rank = e / shard, byte = field offset +
  *                      (e % shard) * element size.
  *   extras.bin         the caller's extras blob (may be empty)
+ *   rank-RRRRR.blob    (version 2) rank R's own blob
+ *                      (zs_checkpoint_set_rank_blob; may be empty)
+ * Version 2 adds to meta.json the optimizer's name (a callback's, or the
+ * built-in one), the param groups' learning rates and weight decays
+ * ("groups") and the rank blobs ("rank_blobs"); version 1 checkpoints
+ * still load (their groups keep the model's rates, their blobs are empty).
  * A checkpoint root holds checkpoint directories and `latest`, a one-line
  * file naming the newest complete one.
  *
@@ -39,7 +45,7 @@ extern "C" {
 #endif
 
 #define ZS__CKPT_FORMAT "zeroshard-checkpoint"
-#define ZS__CKPT_VERSION 1
+#define ZS__CKPT_VERSION 2
 #define ZS__CKPT_META "meta.json"
 #define ZS__CKPT_META_SUM "meta.json.xxh64"
 #define ZS__CKPT_EXTRAS "extras.bin"
@@ -48,7 +54,7 @@ extern "C" {
 /* The largest meta.json read (bytes): about a million tensors' entries;
  * a larger file is refused as damaged before it is read. */
 #define ZS__CKPT_META_MAX ((size_t)256 << 20)
-#define ZS__CKPT_MAX_STATES 2
+#define ZS__CKPT_MAX_STATES ZS_OPTIM_MAX_STATES
 
 typedef struct zs__ckpt_tensor {
   char name[ZS_NAME_MAX];
@@ -79,7 +85,7 @@ typedef struct zs__ckpt_meta {
   int version;
   int world;  /* ranks that saved it: rank files */
   int stage;
-  zs_optimizer_kind optimizer;
+  char optimizer[64]; /* "adamw", "adam", "sgd" or a callback's name */
   int nstates;
   int64_t iteration;     /* optimizer boundaries passed (steps_called / K) */
   int64_t steps_called;  /* zs_step calls */
@@ -95,10 +101,17 @@ typedef struct zs__ckpt_meta {
   uint64_t rank_bytes;   /* every rank file's size */
   uint64_t* rank_xxh64;  /* world entries */
   uint64_t extras_bytes, extras_xxh64;
+  /* version 2 (0 / NULL for version 1) */
+  int ngroups;
+  double* group_lr;       /* ngroups entries */
+  double* group_wd;
+  uint64_t* blob_bytes;   /* world entries: rank-RRRRR.blob */
+  uint64_t* blob_xxh64;
 } zs__ckpt_meta;
 
-/* "rank-00003.bin" etc. into buf. */
+/* "rank-00003.bin" etc. into buf; and "rank-00003.blob". */
 void zs__ckpt_rank_file(int rank, char* buf, size_t cap);
+void zs__ckpt_blob_file(int rank, char* buf, size_t cap);
 /* a + "/" + b into out; INVALID_ARGUMENT if it does not fit. */
 zs_status zs__ckpt_join(char* out, size_t cap, const char* a, const char* b);
 
@@ -117,7 +130,7 @@ zs_status zs__ckpt_meta_json(const zs__ckpt_meta* m, char** out);
 
 /* Checks one file of the checkpoint against the metadata: its size, then
  * its xxHash64 streamed over the whole file. file: a rank (0..world-1), or
- * -1 for extras.bin. Errors: IO (missing/unreadable), CORRUPT (size or
+ * -1 for extras.bin, or world + R for rank R's blob (version 2). Errors: IO (missing/unreadable), CORRUPT (size or
  * checksum), each naming the file's path. */
 zs_status zs__ckpt_verify_file(const zs__ckpt_meta* m, int file);
 
@@ -176,7 +189,7 @@ zs_status zs__ckpt_write_small(const char* path, const void* data,
 zs_status zs__ckpt_fsync_dir(const char* path);
 /* Whether n (a file name, no directory) is one this format writes into a
  * checkpoint directory: meta.json, meta.json.xxh64, extras.bin,
- * rank-NNNNN.bin. */
+ * rank-NNNNN.bin, rank-NNNNN.blob. */
 int zs__ckpt_own_name(const char* n);
 /* Removes a checkpoint-shaped directory: the files this format writes
  * (meta, checksums, extras, rank files) and then the directory. If it holds

@@ -46,8 +46,13 @@ typedef struct zs__opt_args {
   const void* g;        /* gradient, gdtype */
   zs_dtype gdtype;
   float coef;           /* multiplies the gradient first (unscale, clip) */
-  float* s0;            /* exp_avg / momentum, or NULL */
-  float* s1;            /* exp_avg_sq, or NULL */
+  float* s[ZS_OPTIM_MAX_STATES]; /* the states (Adam: exp_avg, exp_avg_sq;
+                           SGD: momentum), NULL past the optimizer's */
+  /* a user's optimizer (zs_model_set_optimizer), else NULL: called on fp32
+   * gradients with `span` filled but for its pointers and n */
+  zs_optimizer_fn fn;
+  void* fn_user;
+  const zs_optim_span* span;
   void* p16;            /* NULL, or receives round(w) in dtype */
   zs_dtype dtype;
   size_t n;

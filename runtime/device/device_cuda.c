@@ -252,14 +252,17 @@ static zs_status zs__cuda_sum_chunks(zs__device* dev, void* dst,
 
 static zs_status zs__cuda_optimize(zs__device* dev, const zs__opt_args* a,
                                    zs__stream* s) {
+  if (a->fn != NULL) /* refused at finalize (engine_model.c) */
+    return zs__error(ZS_ERR_UNSUPPORTED, "an optimizer callback runs on the "
+                     "host, not on a CUDA device");
   return zs__finish(dev, s,
                     (cudaError_t)zs_cuda_optimize(
                         a->kind, &a->adam, &a->sgd, a->step, a->w, a->g,
-                        a->gdtype, a->coef, a->s0, a->s1, a->p16, a->dtype,
+                        a->gdtype, a->coef, a->s[0], a->s[1], a->p16, a->dtype,
                         a->n, zs__on(dev, s)),
                     "optimizer kernel",
                     zs__host_mem(a->w) || zs__host_mem(a->g) ||
-                        zs__host_mem(a->s0) || zs__host_mem(a->s1) ||
+                        zs__host_mem(a->s[0]) || zs__host_mem(a->s[1]) ||
                         zs__host_mem(a->p16));
 }
 

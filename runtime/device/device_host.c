@@ -118,11 +118,35 @@ static zs_status zs__host_sum_chunks(zs__device* dev, void* dst,
 /* Elements per pass of the fused path: small enough that the fp32 gradient
  * chunk and the values stay in L1/L2 between the three sweeps. */
 #define ZS__OPT_CHUNK 2048
+/* ... and the spans a user's optimizer (zs_model_set_optimizer) gets. */
+#define ZS__OPT_FN_SPAN 65536
 
 /* The fast kernels (bitwise the reference, vectorized) on fp32 arrays. */
 static zs_status zs__host_kernel(const zs__opt_args* a, float* w,
-                                 const float* g, float* s0, float* s1,
-                                 size_t n, int threads) {
+                                 const float* g, size_t off, size_t n,
+                                 int threads) {
+  float* s0 = a->s[0] != NULL ? a->s[0] + off : NULL;
+  float* s1 = a->s[1] != NULL ? a->s[1] + off : NULL;
+  if (a->fn != NULL) { /* the user's rule on [off, off + n) */
+    zs_optim_span sp = *a->span;
+    sp.param = w;
+    sp.grad = g;
+    for (int k = 0; k < ZS_OPTIM_MAX_STATES; k++)
+      sp.state[k] = a->s[k] != NULL ? a->s[k] + off : NULL;
+    sp.n = n;
+    sp.offset += off;
+    char why[256] = "";
+    sp.error = why;
+    sp.error_cap = sizeof why;
+    const zs_status st = a->fn(a->fn_user, &sp);
+    if (st == ZS_OK) return ZS_OK;
+    why[sizeof why - 1] = '\0';
+    return zs__error(st == ZS_ERR_REMOTE ? ZS_ERR_INTERNAL : st,
+                     "the optimizer callback returned %s%s%s (step %lld, "
+                     "elements %zu..%zu of the tensor)",
+                     zs_status_string(st), why[0] ? ": " : "", why,
+                     (long long)sp.step, sp.offset, sp.offset + n);
+  }
   if (a->kind == ZS_OPTIM_SGD)
     return zs_optim_sgd_fast(w, g, s0, n, &a->sgd, a->step, threads);
   return (a->kind == ZS_OPTIM_ADAMW ? zs_optim_adamw_fast : zs_optim_adam_fast)(
@@ -133,22 +157,35 @@ static zs_status zs__host_optimize(zs__device* dev, const zs__opt_args* a,
                                    zs__stream* stream) {
   (void)dev;
   (void)stream;
-  if (a->p16 == NULL && a->gdtype == ZS_FLOAT32 && a->coef == 1.0f)
-    return zs__host_kernel(a, a->w, (const float*)a->g, a->s0, a->s1, a->n,
-                           a->threads);
-  /* Fused, chunk by chunk: widen and scale the gradient, update, round. */
-  float gbuf[ZS__OPT_CHUNK];
+  if (a->p16 == NULL && a->gdtype == ZS_FLOAT32 && a->coef == 1.0f &&
+      (a->fn == NULL || a->n <= ZS__OPT_FN_SPAN))
+    return zs__host_kernel(a, a->w, (const float*)a->g, 0, a->n, a->threads);
+  /* Fused, chunk by chunk: widen and scale the gradient, update, round.
+   * A user's rule gets spans of up to ZS__OPT_FN_SPAN elements (its
+   * gradient buffer on the heap). */
+  float stack[ZS__OPT_CHUNK];
+  const size_t chunk = a->fn != NULL ? ZS__OPT_FN_SPAN : ZS__OPT_CHUNK;
+  float* gbuf = stack;
+  if (a->fn != NULL) {
+    gbuf = (float*)malloc(chunk * sizeof(float));
+    if (gbuf == NULL)
+      return zs__error(ZS_ERR_OUT_OF_MEMORY, "optimizer callback: gradient "
+                       "span of %zu bytes", chunk * sizeof(float));
+  }
   zs_status st = ZS_OK;
-  for (size_t off = 0; off < a->n && st == ZS_OK; off += ZS__OPT_CHUNK) {
-    const size_t n = a->n - off < ZS__OPT_CHUNK ? a->n - off : ZS__OPT_CHUNK;
-    for (size_t j = 0; j < n; j++)
-      gbuf[j] = zs__load(a->g, a->gdtype, off + j) * a->coef;
-    st = zs__host_kernel(a, a->w + off, gbuf, a->s0 ? a->s0 + off : NULL,
-                         a->s1 ? a->s1 + off : NULL, n, 1);
+  for (size_t off = 0; off < a->n && st == ZS_OK; off += chunk) {
+    const size_t n = a->n - off < chunk ? a->n - off : chunk;
+    if (a->gdtype == ZS_FLOAT32 && a->coef == 1.0f)
+      memcpy(gbuf, (const float*)a->g + off, n * sizeof(float));
+    else
+      for (size_t j = 0; j < n; j++)
+        gbuf[j] = zs__load(a->g, a->gdtype, off + j) * a->coef;
+    st = zs__host_kernel(a, a->w + off, gbuf, off, n, 1);
     if (st == ZS_OK && a->p16 != NULL)
       for (size_t j = 0; j < n; j++)
         zs__store(a->p16, a->dtype, off + j, a->w[off + j]);
   }
+  if (gbuf != stack) free(gbuf);
   return st;
 }
 

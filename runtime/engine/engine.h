@@ -155,7 +155,7 @@ typedef struct zs__unit {
   void* grads_shard;
   void* grad_accum;
   void* grad_saved; /* a re-opened unit's earlier reduced shard */
-  void* state[2];
+  void* state[ZS_OPTIM_MAX_STATES];
   int nstates;
   zs__piece* opt_pieces; /* trainable tensor pieces of the optimizer span */
   size_t nopt_pieces;
@@ -204,6 +204,15 @@ struct zs_model {
   zs__kind* kinds; /* stacked kinds (zs_model_add_kind) */
   int nkinds;
   int kinds_cap;
+  /* zs_model_set_optimizer: the user's update replacing the built-in one
+   * (optim_fn NULL: config.optimizer.kind's) */
+  zs_optimizer_fn optim_fn;
+  void* optim_user;
+  int optim_nstates;
+  char optim_name[64]; /* the optimizer's name in checkpoints (built-in or
+                          the user's) */
+  void* rank_blob;        /* zs_checkpoint_set_rank_blob's copy (malloc) */
+  size_t rank_blob_bytes;
   double* group_lr; /* per param group */
   double* group_wd;
   int ngroups;

@@ -73,7 +73,7 @@ static zs_status zs__ckpt_describe(const zs_model* m, zs__ckpt_meta* cm) {
   cm->version = ZS__CKPT_VERSION;
   cm->world = m->ctx->world;
   cm->stage = c->stage;
-  cm->optimizer = c->optimizer.kind;
+  snprintf(cm->optimizer, sizeof cm->optimizer, "%s", m->optim_name);
   cm->grad_accum_steps = c->grad_accum_steps;
   cm->steps_called = m->steps_called;
   cm->iteration = m->steps_called / c->grad_accum_steps;
@@ -87,8 +87,17 @@ static zs_status zs__ckpt_describe(const zs_model* m, zs__ckpt_meta* cm) {
   cm->units = calloc((size_t)m->nunits + 1, sizeof *cm->units);
   cm->tensors = calloc((size_t)m->ntensors + 1, sizeof *cm->tensors);
   cm->rank_xxh64 = calloc((size_t)cm->world, sizeof *cm->rank_xxh64);
-  if (cm->units == NULL || cm->tensors == NULL || cm->rank_xxh64 == NULL)
+  cm->ngroups = m->ngroups;
+  cm->group_lr = calloc((size_t)m->ngroups, sizeof *cm->group_lr);
+  cm->group_wd = calloc((size_t)m->ngroups, sizeof *cm->group_wd);
+  cm->blob_bytes = calloc((size_t)cm->world, sizeof *cm->blob_bytes);
+  cm->blob_xxh64 = calloc((size_t)cm->world, sizeof *cm->blob_xxh64);
+  if (cm->units == NULL || cm->tensors == NULL || cm->rank_xxh64 == NULL ||
+      cm->group_lr == NULL || cm->group_wd == NULL || cm->blob_bytes == NULL ||
+      cm->blob_xxh64 == NULL)
     return zs__error(ZS_ERR_OUT_OF_MEMORY, "zs_checkpoint_save: metadata");
+  memcpy(cm->group_lr, m->group_lr, (size_t)m->ngroups * sizeof *cm->group_lr);
+  memcpy(cm->group_wd, m->group_wd, (size_t)m->ngroups * sizeof *cm->group_wd);
   uint64_t off = 0;
   for (int i = 0; i < m->nunits; i++) {
     const zs__unit* u = &m->units[i];
@@ -503,9 +512,31 @@ zs_status zs_checkpoint_save(zs_model* m, const char* root, const char* name,
   local = zs__ckpt_join(path, sizeof path, tmp, rname);
   if (local == ZS_OK) local = zs__ckpt_write_rank(m, path, &mine);
   if (local == ZS_OK) zs__ckpt_crash_point(rank, rname);
+  /* this rank's blob (zs_checkpoint_set_rank_blob), maybe empty */
+  uint64_t blob[3] = {0, (uint64_t)m->rank_blob_bytes, 0}, *all = NULL;
+  if (local == ZS_OK) {
+    zs__ckpt_blob_file(rank, rname, sizeof rname);
+    local = zs__ckpt_join(path, sizeof path, tmp, rname);
+  }
+  if (local == ZS_OK)
+    local = zs__ckpt_write_small(path, m->rank_blob, m->rank_blob_bytes,
+                                 &blob[2]);
+  if (local == ZS_OK) {
+    blob[0] = mine;
+    all = malloc((size_t)world * sizeof blob);
+    if (all == NULL)
+      local = zs__error(ZS_ERR_OUT_OF_MEMORY, "zs_checkpoint_save: sums");
+  }
   ZS_CHECK(zs__comm_agree(comm, local, "zs_checkpoint_save"));
-  ZS_CHECK(zs__comm_all_gather(comm, zs__tag(ZS__P_CHECK, -1, "checkpoint"),
-                               &mine, cm.rank_xxh64, 1, ZS_UINT64));
+  st = zs__comm_all_gather(comm, zs__tag(ZS__P_CHECK, -1, "checkpoint"), blob,
+                           all, 3, ZS_UINT64);
+  for (int r = 0; st == ZS_OK && r < world; r++) {
+    cm.rank_xxh64[r] = all[3 * r];
+    cm.blob_bytes[r] = all[3 * r + 1];
+    cm.blob_xxh64[r] = all[3 * r + 2];
+  }
+  free(all);
+  ZS_CHECK(st);
   local = ZS_OK;
   if (rank == 0)
     local = zs__ckpt_commit(&cm, root, name, tmp, extras, extras_bytes);
@@ -562,12 +593,21 @@ static zs_status zs__ckpt_match(const zs_model* m, const zs__ckpt_meta* cm,
                        "tensors there, %d here)", file, cm->tensors[j].name,
                        cm->ntensors, m->ntensors);
   }
-  const zs_config* c = &m->ctx->config;
-  if (!weights_only && cm->optimizer != c->optimizer.kind)
+  int states = 0; /* this model's state buffers per element */
+  for (int i = 0; i < m->nunits; i++)
+    if (zs__ckpt_nstates(&m->units[i]) > states)
+      states = zs__ckpt_nstates(&m->units[i]);
+  if (!weights_only && (strcmp(cm->optimizer, m->optim_name) != 0 ||
+                        (cm->nstates != states && cm->nstates > 0 && states > 0)))
     return zs__error(ZS_ERR_MISMATCH, "checkpoint '%s' was saved with "
-                     "optimizer %d, this model runs %d: load its weights "
-                     "only (ZS_LOAD_WEIGHTS_ONLY)", file, (int)cm->optimizer,
-                     (int)c->optimizer.kind);
+                     "optimizer '%s' (%d state buffers), this model runs "
+                     "'%s' (%d): load its weights only "
+                     "(ZS_LOAD_WEIGHTS_ONLY)", file, cm->optimizer,
+                     cm->nstates, m->optim_name, states);
+  if (!weights_only && cm->ngroups > 0 && cm->ngroups != m->ngroups)
+    return zs__error(ZS_ERR_MISMATCH, "checkpoint '%s' was saved with %d "
+                     "param groups, this model has %d: load its weights only "
+                     "(ZS_LOAD_WEIGHTS_ONLY)", file, cm->ngroups, m->ngroups);
   for (int i = 0; i < m->ntensors; i++) {
     const zs__tensor* t = &m->tensors[i];
     int j = zs__ckpt_find(cm, t->name);
@@ -740,6 +780,68 @@ zs_status zs_checkpoint_read_extras(const char* path, void* extras,
   return st;
 }
 
+zs_status zs_checkpoint_set_rank_blob(zs_model* m, const void* data,
+                                      size_t bytes) {
+  ZS_REQUIRE(m != NULL, "zs_checkpoint_set_rank_blob: model is NULL");
+  ZS_REQUIRE(data != NULL || bytes == 0, "zs_checkpoint_set_rank_blob: data "
+             "is NULL with bytes %zu", bytes);
+  ZS_REQUIRE(bytes <= ((size_t)1 << 40), "zs_checkpoint_set_rank_blob: %zu "
+             "bytes is more than 1 TiB", bytes);
+  void* copy = NULL;
+  if (bytes > 0) {
+    copy = malloc(bytes);
+    if (copy == NULL)
+      return zs__error(ZS_ERR_OUT_OF_MEMORY, "zs_checkpoint_set_rank_blob: "
+                       "%zu bytes", bytes);
+    memcpy(copy, data, bytes);
+  }
+  free(m->rank_blob);
+  m->rank_blob = copy;
+  m->rank_blob_bytes = bytes;
+  return ZS_OK;
+}
+
+zs_status zs_checkpoint_read_rank_blob(const char* path, int rank, void* out,
+                                       size_t cap, size_t* bytes,
+                                       int* saved_ranks) {
+  if (bytes != NULL) *bytes = 0;
+  if (saved_ranks != NULL) *saved_ranks = 0;
+  ZS_REQUIRE(path != NULL, "zs_checkpoint_read_rank_blob: path is NULL");
+  zs__ckpt_meta cm;
+  memset(&cm, 0, sizeof cm);
+  zs_status st = zs__ckpt_meta_read(path, &cm);
+  if (st == ZS_OK && saved_ranks != NULL) *saved_ranks = cm.world;
+  if (st == ZS_OK && (rank < 0 || rank >= cm.world))
+    st = zs__error(ZS_ERR_INVALID_ARGUMENT, "zs_checkpoint_read_rank_blob: "
+                   "checkpoint '%s' was saved by %d ranks: there is no rank "
+                   "%d", cm.dir, cm.world, rank);
+  /* version 1: no blobs (every rank's is empty) */
+  const uint64_t n = st == ZS_OK && cm.blob_bytes != NULL ? cm.blob_bytes[rank] : 0;
+  if (st == ZS_OK && bytes != NULL) *bytes = (size_t)n;
+  if (st == ZS_OK && n > 0) st = zs__ckpt_verify_file(&cm, cm.world + rank);
+  if (st == ZS_OK && n > 0 && out != NULL) {
+    char name[64], file[ZS__CKPT_PATH_MAX];
+    zs__ckpt_blob_file(rank, name, sizeof name);
+    if (n > cap)
+      st = zs__error(ZS_ERR_INVALID_ARGUMENT, "zs_checkpoint_read_rank_blob: "
+                     "rank %d's blob is %llu bytes, the buffer holds %zu",
+                     rank, (unsigned long long)n, cap);
+    if (st == ZS_OK) st = zs__ckpt_join(file, sizeof file, cm.dir, name);
+    FILE* f = st == ZS_OK ? fopen(file, "rb") : NULL;
+    if (st == ZS_OK && f == NULL)
+      st = zs__error(ZS_ERR_IO, "checkpoint file '%s' cannot be opened: %s",
+                     file, strerror(errno));
+    if (f != NULL) {
+      if (fread(out, 1, (size_t)n, f) != n)
+        st = zs__error(ZS_ERR_CORRUPT, "checkpoint file '%s' is truncated",
+                       file);
+      fclose(f);
+    }
+  }
+  zs__ckpt_meta_free(&cm);
+  return st;
+}
+
 zs_status zs_checkpoint_read_tensors(const char* path,
                                      zs_checkpoint_tensor* out, int cap,
                                      int* count) {
@@ -803,8 +905,10 @@ zs_status zs_checkpoint_load(zs_model* m, const char* path, unsigned flags,
       local = zs__error(ZS_ERR_OUT_OF_MEMORY, "zs_checkpoint_load: map");
   }
   if (local == ZS_OK) local = zs__ckpt_match(m, &cm, weights_only, map);
-  /* Every file is verified once, by one rank, before anything is loaded. */
-  for (int f = rank; local == ZS_OK && f < cm.world; f += world)
+  /* Every file is verified once, by one rank, before anything is loaded
+   * (the rank files, and the rank blobs of a version 2 checkpoint). */
+  const int nfiles = cm.blob_bytes != NULL ? 2 * cm.world : cm.world;
+  for (int f = rank; local == ZS_OK && f < nfiles; f += world)
     local = zs__ckpt_verify_file(&cm, f);
   if (local == ZS_OK)
     local = zs__ckpt_read_extras(&cm, extras, extras_cap, "zs_checkpoint_load");
@@ -824,6 +928,10 @@ zs_status zs_checkpoint_load(zs_model* m, const char* path, unsigned flags,
     m->steps_applied = cm.steps_applied;
     m->micro = 0;
     m->broken = 0; /* the optimizer states are whole again */
+    /* the groups' learning rates (a schedule's position), when saved
+     * (version 2) for the same groups */
+    for (int g = 0; g < cm.ngroups && cm.ngroups == m->ngroups; g++)
+      m->group_lr[g] = cm.group_lr[g];
     /* The scaler's state carries over when the same kind of scaler runs
      * (a static or absent one keeps its configured scale). */
     if (cm.scaler_mode == m->ctx->config.loss_scaler.mode) {

@@ -184,6 +184,10 @@ static const char* zs__field_name(zs_field f) {
     case ZS_FIELD_EXP_AVG_SQ: return "exp_avg_sq";
     case ZS_FIELD_MOMENTUM: return "momentum";
     case ZS_FIELD_MASTER: return "master";
+    case ZS_FIELD_STATE_0: return "state 0";
+    case ZS_FIELD_STATE_1: return "state 1";
+    case ZS_FIELD_STATE_2: return "state 2";
+    case ZS_FIELD_STATE_3: return "state 3";
   }
   return "unknown";
 }
@@ -194,21 +198,38 @@ static zs_dtype zs__field_dtype(const zs_model* m, const zs__tensor* owner,
                                 const zs__unit* u, zs_field field,
                                 const char** why) {
   const int frozen = (owner->flags & ZS_TENSOR_FROZEN) != 0;
-  const int adam = m->ctx->config.optimizer.kind != ZS_OPTIM_SGD;
+  const int custom = m->optim_fn != NULL;
+  const int adam = !custom && m->ctx->config.optimizer.kind != ZS_OPTIM_SGD;
+  const int sgd = !custom && !adam;
   *why = "it is frozen";
   switch (field) {
+    case ZS_FIELD_STATE_0:
+    case ZS_FIELD_STATE_1:
+    case ZS_FIELD_STATE_2:
+    case ZS_FIELD_STATE_3:
+      if (!frozen && (int)field - ZS_FIELD_STATE_0 >= u->nstates)
+        *why = "its optimizer keeps fewer state buffers";
+      return frozen || (int)field - ZS_FIELD_STATE_0 >= u->nstates
+                 ? ZS_DTYPE_COUNT
+                 : ZS_FLOAT32;
     case ZS_FIELD_PARAM:
       return u->dtype;
     case ZS_FIELD_GRAD:
       return frozen ? ZS_DTYPE_COUNT : u->gdtype;
     case ZS_FIELD_EXP_AVG:
     case ZS_FIELD_EXP_AVG_SQ:
-      if (!frozen && !adam) *why = "SGD keeps no Adam moments";
+      if (!frozen && !adam)
+        *why = custom ? "the model's optimizer is a callback (read its "
+                        "buffers as ZS_FIELD_STATE_k)"
+                      : "SGD keeps no Adam moments";
       return frozen || !adam ? ZS_DTYPE_COUNT : ZS_FLOAT32;
     case ZS_FIELD_MOMENTUM:
       if (!frozen && adam) *why = "Adam/AdamW keep no momentum buffer";
-      if (!frozen && !adam) *why = "SGD runs without momentum";
-      return frozen || adam || u->nstates == 0 ? ZS_DTYPE_COUNT : ZS_FLOAT32;
+      if (!frozen && sgd) *why = "SGD runs without momentum";
+      if (!frozen && custom)
+        *why = "the model's optimizer is a callback (read its buffers as "
+               "ZS_FIELD_STATE_k)";
+      return frozen || !sgd || u->nstates == 0 ? ZS_DTYPE_COUNT : ZS_FLOAT32;
     case ZS_FIELD_MASTER: {
       /* with NVMe offload a 16-bit unit's master weights are on disk */
       const int has = zs__unit_has_master(m, u);
@@ -264,11 +285,18 @@ static zs_status zs__field_shard(zs_model* m, const zs__tensor* t,
     case ZS_FIELD_EXP_AVG:
     case ZS_FIELD_MOMENTUM:
     case ZS_FIELD_EXP_AVG_SQ:
+    case ZS_FIELD_STATE_0:
+    case ZS_FIELD_STATE_1:
+    case ZS_FIELD_STATE_2:
+    case ZS_FIELD_STATE_3:
     case ZS_FIELD_MASTER:
       if (m->nvme != NULL)
         return zs__nvme_shard(m, u,
                               field == ZS_FIELD_MASTER ? -1
-                              : field == ZS_FIELD_EXP_AVG_SQ ? 1 : 0,
+                              : field == ZS_FIELD_EXP_AVG_SQ ? 1
+                              : field >= ZS_FIELD_STATE_0
+                                  ? (int)field - ZS_FIELD_STATE_0
+                                  : 0,
                               (char**)out, tmp);
       break;
   }
@@ -279,6 +307,12 @@ static zs_status zs__field_shard(zs_model* m, const zs__tensor* t,
       break;
     case ZS_FIELD_EXP_AVG_SQ:
       *out = zs__state_shard_ptr(m, u, 1);
+      break;
+    case ZS_FIELD_STATE_0:
+    case ZS_FIELD_STATE_1:
+    case ZS_FIELD_STATE_2:
+    case ZS_FIELD_STATE_3:
+      *out = zs__state_shard_ptr(m, u, (int)field - ZS_FIELD_STATE_0);
       break;
     case ZS_FIELD_MASTER: {
       zs_status st = zs__master_refresh(m, u);

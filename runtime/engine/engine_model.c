@@ -92,6 +92,9 @@ zs_status zs_model_create(zs_context* ctx, zs_model** out) {
   m->group_lr[0] = ctx->config.optimizer.lr;
   m->group_wd[0] = ctx->config.optimizer.weight_decay;
   m->ngroups = 1;
+  const zs_optimizer_kind k = ctx->config.optimizer.kind;
+  snprintf(m->optim_name, sizeof m->optim_name, "%s",
+           k == ZS_OPTIM_SGD ? "sgd" : k == ZS_OPTIM_ADAM ? "adam" : "adamw");
   const zs_loss_scaler_config* ls = &ctx->config.loss_scaler;
   m->loss_scale = ls->mode == ZS_LOSS_SCALE_NONE ? 1.0 : ls->init_scale;
   m->scale_hysteresis = ls->hysteresis;
@@ -198,7 +201,10 @@ static void zs__unit_free_storage(zs_model* m, zs__unit* u) {
   zs__device* dev = m->ctx->device;
   const zs__policy* pol = &u->policy;
   zs__grad_drop(m, u);
-  for (int k = 0; k < 2; k++) zs__tier_free(m, pol->state_tier, u->state[k]);
+  for (int k = 0; k < ZS_OPTIM_MAX_STATES; k++) {
+    zs__tier_free(m, pol->state_tier, u->state[k]);
+    u->state[k] = NULL;
+  }
   zs__tier_free(m, pol->master_tier, u->master);
   zs__dev_free(dev, u->grads_shard);
   zs__dev_free(dev, u->grads_full);
@@ -206,7 +212,7 @@ static void zs__unit_free_storage(zs_model* m, zs__unit* u) {
   /* (stage 3: a gathered buffer, PARAMS_GATHERED, left by a failed step) */
   zs__dev_free(dev, u->params_full);
   zs__dev_free(dev, u->gather_src);
-  u->state[0] = u->state[1] = u->master = NULL;
+  u->master = NULL;
   u->grads_shard = u->grads_full = u->params_shard = u->params_full = NULL;
   u->gather_src = NULL;
 }
@@ -260,6 +266,7 @@ void zs_model_destroy(zs_model* m) {
   free(m->tensors);
   free(m->group_lr);
   free(m->group_wd);
+  free(m->rank_blob);
   free(m);
 }
 
@@ -408,6 +415,47 @@ zs_status zs_model_add_tied_tensor(zs_model* m, int unit, const char* name,
   m->tensors[id].tied_to = owner;
   *tensor = id;
   return ZS_OK;
+}
+
+zs_status zs_model_set_optimizer(zs_model* m, const char* name, int nstates,
+                                 zs_optimizer_fn fn, void* user) {
+  zs_status st = zs__check_open(m, "zs_model_set_optimizer");
+  if (st != ZS_OK) return st;
+  if (fn == NULL)
+    return zs__poison(m, zs__error(ZS_ERR_INVALID_ARGUMENT,
+        "zs_model_set_optimizer: fn is NULL"));
+  if (nstates < 1 || nstates > ZS_OPTIM_MAX_STATES)
+    return zs__poison(m, zs__error(ZS_ERR_INVALID_ARGUMENT,
+        "zs_model_set_optimizer '%s': nstates %d is not 1..%d (fp32 state "
+        "buffers per element; a rule without state can ignore its one)",
+        name != NULL ? name : "(null)", nstates, ZS_OPTIM_MAX_STATES));
+  if (name == NULL || name[0] == '\0' || strlen(name) >= sizeof m->optim_name ||
+      strpbrk(name, "\"\\\n") != NULL)
+    return zs__poison(m, zs__error(ZS_ERR_INVALID_ARGUMENT,
+        "zs_model_set_optimizer: name must be 1 to %d bytes without quotes, "
+        "backslashes or newlines", (int)sizeof m->optim_name - 1));
+  m->optim_fn = fn;
+  m->optim_user = user;
+  m->optim_nstates = nstates;
+  snprintf(m->optim_name, sizeof m->optim_name, "%s", name);
+  return ZS_OK;
+}
+
+double zs_model_lr(const zs_model* m, int group) {
+  if (m == NULL || !m->finalized || group < 0 || group >= m->ngroups)
+    return -1.0;
+  return m->group_lr[group];
+}
+
+int64_t zs_model_step_count(const zs_model* m, int group) {
+  if (m == NULL || !m->finalized || group < 0 || group >= m->ngroups)
+    return -1;
+  for (int i = 0; i < m->ntensors; i++) {
+    const zs__tensor* t = &m->tensors[i];
+    if (t->group == group && t->tied_to < 0 && !(t->flags & ZS_TENSOR_FROZEN))
+      return t->step;
+  }
+  return 0; /* a group without trainable tensors: no update applied */
 }
 
 /* ---- Stacked kinds ---- */
@@ -681,6 +729,8 @@ static zs_status zs__describe(const zs_model* m, zs__sbuf* b) {
     zs__sbuf_printf(b, "registration failed: %s\n", m->poison_msg);
   zs__sbuf_printf(b, "units=%d tensors=%d groups=%d\n", m->nunits,
                   m->ntensors, m->ngroups);
+  zs__sbuf_printf(b, "optimizer '%s' states=%d callback=%d\n", m->optim_name,
+                  m->optim_nstates, m->optim_fn != NULL);
   for (int g = 0; g < m->ngroups; g++)
     zs__sbuf_printf(b, "group %d lr=%.17g weight_decay=%.17g\n", g, m->group_lr[g],
                     m->group_wd[g]);
@@ -845,7 +895,9 @@ static zs_status zs__alloc_unit(zs_model* m, zs__unit* u) {
     u->master_stale = 1;
   }
   const zs_optimizer_config* o = &m->ctx->config.optimizer;
-  u->nstates = o->kind == ZS_OPTIM_SGD ? (o->momentum != 0.0 ? 1 : 0) : 2;
+  u->nstates = m->optim_fn != NULL ? m->optim_nstates
+               : o->kind == ZS_OPTIM_SGD ? (o->momentum != 0.0 ? 1 : 0)
+                                         : 2;
   for (int k = 0; k < u->nstates; k++)
     ZS_CHECK(zs__tier_alloc(m, pol->state_tier, ZS_MEM_OPTIMIZER_STATES,
                             b.state, u->name, &u->state[k]));
@@ -905,6 +957,16 @@ zs_status zs_model_finalize(zs_model* m) {
       m->tensors[i].offset = m->tensors[m->tensors[i].tied_to].offset;
       m->tensors[i].group = m->tensors[m->tensors[i].tied_to].group;
     }
+  /* a user's optimizer runs on the host: with a CUDA context only where
+   * the policy steps in host memory (CPU or NVMe offload) */
+  for (int i = 0; i < m->nunits && local == ZS_OK && m->optim_fn != NULL; i++)
+    if (m->units[i].trainable && m->units[i].policy.state_tier == ZS__TIER_DEVICE &&
+        m->ctx->config.device != ZS_DEVICE_HOST)
+      local = zs__error(ZS_ERR_UNSUPPORTED, "zs_model_finalize: optimizer '%s' "
+                        "is a host callback, and this CUDA context steps on "
+                        "the device; offload the optimizer "
+                        "(zs_config.offload_optimizer.device = ZS_OFFLOAD_CPU "
+                        "or ZS_OFFLOAD_NVME) to run it", m->optim_name);
   m->gathers = m->parameters_offloaded = 0;
   for (int i = 0; i < m->nunits && local == ZS_OK; i++) {
     m->gathers |= m->units[i].policy.gather_on_use;

@@ -61,8 +61,6 @@ static zs_status zs__optimize_share(zs_model* m, zs__unit* u, float coef,
   char* p = v->p;
   char* g = v->g;
   float* master = v->master;
-  float* s0 = v->s0;
-  float* s1 = v->s1;
   for (size_t i = 0; i < u->nopt_pieces; i++) {
     const zs__piece* pc = &u->opt_pieces[i];
     const zs__tensor* t = &m->tensors[u->tensors[pc->tensor]];
@@ -93,15 +91,37 @@ static zs_status zs__optimize_share(zs_model* m, zs__unit* u, float coef,
     a.g = zs__at(g, off, u->gelem);
     a.gdtype = u->gdtype;
     a.coef = coef;
-    a.s0 = s0 != NULL ? s0 + soff : NULL;
-    a.s1 = s1 != NULL ? s1 + soff : NULL;
+    for (int k = 0; k < ZS_OPTIM_MAX_STATES; k++)
+      a.s[k] = v->s[k] != NULL ? v->s[k] + soff : NULL;
+    zs_optim_span span;
+    if (m->optim_fn != NULL) { /* the user's rule (zs_model_set_optimizer) */
+      memset(&span, 0, sizeof span);
+      span.struct_size = sizeof span;
+      span.nstates = u->nstates;
+      span.tensor = u->tensors[pc->tensor];
+      span.offset = pc->tensor_offset + (off - pc->span_offset);
+      span.group = t->group;
+      span.step = a.step;
+      span.lr = m->group_lr[t->group];
+      span.weight_decay = m->group_wd[t->group];
+      span.beta1 = o->beta1;
+      span.beta2 = o->beta2;
+      span.eps = o->eps;
+      a.fn = m->optim_fn;
+      a.fn_user = m->optim_user;
+      a.span = &span;
+    }
     a.p16 = master != NULL ? zs__at(p, off, u->elem) : NULL;
     a.dtype = u->dtype;
     a.n = hi - lo;
     a.threads = threads;
     zs_status st = dev->ops->optimize(dev, &a, NULL);
     if (st != ZS_OK)
-      return zs__error_prefix(st, "optimizer on tensor '%s': ", t->name);
+      return m->optim_fn != NULL
+                 ? zs__error_prefix(st, "rank %d: optimizer '%s' on tensor "
+                                    "'%s': ", m->ctx->rank, m->optim_name,
+                                    t->name)
+                 : zs__error_prefix(st, "optimizer on tensor '%s': ", t->name);
   }
   return ZS_OK;
 }
@@ -141,11 +161,11 @@ static void zs__memory_chunk(const zs__state_store* s, int k, int* unit, size_t*
 }
 
 static zs_status zs__memory_acquire(zs__state_store* s, int k, float** master,
-                                    float** s0, float** s1) {
+                                    float* states[ZS_OPTIM_MAX_STATES]) {
   zs__unit* u = &s->m->units[((const int*)s->impl)[k]];
   *master = (float*)u->master;
-  *s0 = (float*)u->state[0];
-  *s1 = (float*)u->state[1];
+  for (int j = 0; j < ZS_OPTIM_MAX_STATES; j++)
+    states[j] = j < u->nstates ? (float*)u->state[j] : NULL;
   return ZS_OK;
 }
 
@@ -228,8 +248,9 @@ zs_status zs__optimize(zs_model* m, float coef, zs__state_store* s) {
     size_t lo, hi;
     s->chunk(s, k, &ui, &lo, &hi);
     zs__unit* u = &m->units[ui];
-    float *master, *s0, *s1;
-    st = s->acquire(s, k, &master, &s0, &s1);
+    float* master;
+    float* states[ZS_OPTIM_MAX_STATES];
+    st = s->acquire(s, k, &master, states);
     if (st != ZS_OK) break;
     if (lo == 0) {
       next = zs__state_store_next_unit(s, k);
@@ -270,7 +291,8 @@ zs_status zs__optimize(zs_model* m, float coef, zs__state_store* s) {
       st = host->ops->convert(host, master, ZS_FLOAT32, zs__at(p, lo, u->elem),
                               u->dtype, hi - lo, NULL);
     }
-    const zs__opt_view v = {p, g, master, s0, s1, lo, hi};
+    zs__opt_view v = {p, g, master, {NULL}, lo, hi};
+    memcpy(v.s, states, sizeof v.s);
     if (st == ZS_OK)
       st = m->ctx->offload != NULL
                ? zs__optimize_view(m, u, coef, &v)

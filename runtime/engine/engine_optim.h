@@ -22,8 +22,7 @@ typedef struct zs__opt_view {
   char* p;
   char* g;
   float* master;
-  float* s0;
-  float* s1;
+  float* s[ZS_OPTIM_MAX_STATES]; /* NULL past the unit's nstates */
   size_t lo, hi;
 } zs__opt_view;
 
@@ -56,8 +55,8 @@ struct zs__state_store {
   int nchunks;
   int stale_master;
   void (*chunk)(const zs__state_store* s, int k, int* unit, size_t* lo, size_t* hi);
-  zs_status (*acquire)(zs__state_store* s, int k, float** master, float** s0,
-                       float** s1);
+  zs_status (*acquire)(zs__state_store* s, int k, float** master,
+                       float* states[ZS_OPTIM_MAX_STATES]);
   zs_status (*release)(zs__state_store* s, int k);
   zs_status (*finish)(zs__state_store* s, zs_status st);
   zs_model* m;

@@ -159,7 +159,7 @@ static void zs__nvme_chunk(const zs__state_store* s, int k, int* unit, size_t* l
 }
 
 static zs_status zs__nvme_acquire(zs__state_store* s, int k, float** master,
-                                  float** s0, float** s1) {
+                                  float* states[ZS_OPTIM_MAX_STATES]) {
   zs__nvme_store_impl* x = (zs__nvme_store_impl*)s->impl;
   const zs__nvme_model* nm = s->m->nvme;
   zs_status st = zs__swap_acquire(&x->swap, k, &x->bufs);
@@ -169,8 +169,8 @@ static zs_status zs__nvme_acquire(zs__state_store* s, int k, float** master,
    * leaves its region unused); the states follow */
   const int f = nm->has_master;
   *master = u->policy.master_tier == ZS__TIER_NVME ? (float*)x->bufs[0] : NULL;
-  *s0 = u->nstates > 0 ? (float*)x->bufs[f] : NULL;
-  *s1 = u->nstates > 1 ? (float*)x->bufs[f + 1] : NULL;
+  for (int j = 0; j < ZS_OPTIM_MAX_STATES; j++)
+    states[j] = j < u->nstates ? (float*)x->bufs[f + j] : NULL;
   return ZS_OK;
 }
 

@@ -222,7 +222,9 @@ static zs_status zs__step_apply(zs_model* m, zs_step_info* info,
   zs__state_store store;
   zs_status local = nvme ? zs__nvme_store(m, &store) : zs__memory_store(m, &store);
   if (local == ZS_OK) local = zs__optimize(m, (float)coef, &store);
-  if (nvme || m->nvme_params != NULL) {
+  /* agreed where the step can fail on one rank alone after others have
+   * updated: NVMe I/O, and a user's optimizer returning an error */
+  if (nvme || m->nvme_params != NULL || m->optim_fn != NULL) {
     /* the parameter shards' write-backs complete within the step; a
      * failure on one rank (a disk error) fails every rank here, and the
      * model, whose states are now partly updated */
@@ -232,7 +234,9 @@ static zs_status zs__step_apply(zs_model* m, zs_step_info* info,
           m, nvme ? zs__error_prefix(local, "NVMe offload step: ") : local);
     st = zs__comm_agree(m->ctx->comm, local,
                         nvme ? "NVMe offload step"
-                             : "optimizer step (NVMe parameters)");
+                        : m->nvme_params != NULL
+                            ? "optimizer step (NVMe parameters)"
+                            : "optimizer step (the optimizer callback)");
     if (st != ZS_OK) {
       m->broken = 1;
       snprintf(m->broken_msg, sizeof m->broken_msg, "%s", zs__error_body());

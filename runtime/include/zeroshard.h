@@ -894,7 +894,11 @@ typedef enum zs_field {
   ZS_FIELD_EXP_AVG = 2,    /* Adam/AdamW first moment */
   ZS_FIELD_EXP_AVG_SQ = 3, /* Adam/AdamW second moment */
   ZS_FIELD_MOMENTUM = 4,   /* SGD momentum buffer */
-  ZS_FIELD_MASTER = 5      /* fp32 master weights of a 16-bit tensor */
+  ZS_FIELD_MASTER = 5,     /* fp32 master weights of a 16-bit tensor */
+  ZS_FIELD_STATE_0 = 6,    /* optimizer state buffer k = field - 6 of any */
+  ZS_FIELD_STATE_1 = 7,    /* optimizer (0..nstates-1): Adam's exp_avg, */
+  ZS_FIELD_STATE_2 = 8,    /* exp_avg_sq; SGD's momentum; a callback's */
+  ZS_FIELD_STATE_3 = 9     /* buffers (zs_model_set_optimizer) */
 } zs_field;
 
 /* The dtype of a field of a tensor: the parameter dtype for PARAM, the
@@ -1013,6 +1017,69 @@ zs_status zs_model_set_eval(zs_model* model, int eval);
  * lr). Not collective, but every rank should set the same value. */
 #define ZS_ALL_GROUPS (-1)
 zs_status zs_model_set_lr(zs_model* model, int group, double lr);
+
+/* A param group's learning rate now (what zs_model_set_lr set, or a loaded
+ * checkpoint's), and its optimizer step count: the updates applied to its
+ * tensors so far (0 before the first; restored by zs_checkpoint_load, so
+ * right after a load it is the saved run's). Not collective; any time after
+ * finalize. Return -1 (step count) or a negative lr for a NULL model, an
+ * unknown group, or before finalize. */
+double zs_model_lr(const zs_model* model, int group);
+int64_t zs_model_step_count(const zs_model* model, int group);
+
+/* ==== Your own optimizer ================================================= */
+
+#define ZS_OPTIM_MAX_STATES 4 /* fp32 state buffers per element, at most */
+
+/* One span of the optimizer's work, as zs_optimizer_fn receives it: n
+ * consecutive elements of one tensor, inside this rank's optimizer shard
+ * (the whole tensor at stage 0 on one rank). All pointers are host memory
+ * (the library's), valid during the call only. */
+typedef struct zs_optim_span {
+  size_t struct_size;   /* sizeof(zs_optim_span) of the library */
+  float* param;         /* n fp32 values to update in place: the fp32
+                           master weights of a 16-bit tensor (the library
+                           rounds them into the parameters after), else
+                           the parameters */
+  const float* grad;    /* n fp32 gradient values: the mean over ranks and
+                           micro-batches, the loss scale divided out,
+                           clipped (zs_config.max_grad_norm) */
+  float* state[ZS_OPTIM_MAX_STATES]; /* nstates buffers of n fp32 values,
+                           zero before the first update; NULL past nstates */
+  int nstates;
+  size_t n;             /* elements */
+  int tensor;           /* the tensor these elements belong to */
+  size_t offset;        /* element `offset` of that tensor is param[0] */
+  int group;            /* its param group */
+  int64_t step;         /* the update being applied to them: 1, 2, ... */
+  double lr, weight_decay; /* the group's (zs_model_add_param_group) */
+  double beta1, beta2, eps; /* zs_config.optimizer's, for the rule's use */
+  char* error;          /* error_cap bytes where a failing callback may
+                           write why (NUL-terminated): in the message */
+  size_t error_cap;
+} zs_optim_span;
+
+/* An elementwise optimizer update. Return ZS_OK, or an error code with a
+ * reason in span->error: the library adds the rank, tensor and step.
+ * Called for every span of every trainable tensor at each optimizer step,
+ * possibly from several threads at once on disjoint spans (CPU offload's
+ * workers); it must not call ZeroShard. */
+typedef zs_status (*zs_optimizer_fn)(void* user, const zs_optim_span* span);
+
+/* Replaces the built-in optimizer (zs_config.optimizer.kind) with fn.
+ *  - name: 1 to 63 bytes, saved in checkpoints: a checkpoint of another
+ *    optimizer or number of states does not load (weights-only does).
+ *  - nstates: 1..ZS_OPTIM_MAX_STATES fp32 buffers per element, accounted,
+ *    sharded, offloaded, saved and resharded as Adam's moments are.
+ *  - Spans: at most 65536 elements; with NVMe offload within a sub-group.
+ *  - Runs on the host: with a CUDA context the optimizer must be offloaded
+ *    (zs_config.offload_optimizer), else finalize is UNSUPPORTED.
+ *  - Before finalize; not collective (every rank the same). Errors:
+ *    INVALID_ARGUMENT (NULL fn, nstates or name out of range),
+ *    INVALID_STATE. An error fn returns on one rank fails zs_step on every
+ *    rank naming it; further steps are refused until a checkpoint loads. */
+zs_status zs_model_set_optimizer(zs_model* model, const char* name,
+                                 int nstates, zs_optimizer_fn fn, void* user);
 
 typedef struct zs_step_info {
   size_t struct_size;
@@ -1134,6 +1201,27 @@ zs_status zs_checkpoint_load(zs_model* model, const char* path, unsigned flags,
  * file), UNSUPPORTED (a newer format). */
 zs_status zs_checkpoint_read_extras(const char* path, void* extras,
                                     size_t extras_cap, size_t* extras_bytes);
+
+/* Sets this rank's own blob for the next saves (e.g. its data loader's
+ * position or RNG state): copied (bytes, up to 1 TiB; NULL with 0 clears
+ * it), written by every later zs_checkpoint_save as rank-RRRRR.blob with
+ * its size and xxHash64 in the metadata. Not collective: each rank sets
+ * its own. Errors: INVALID_ARGUMENT, OUT_OF_MEMORY. */
+zs_status zs_checkpoint_set_rank_blob(zs_model* model, const void* data,
+                                      size_t bytes);
+
+/* Reads the blob saving rank `rank` set, from any process (no model,
+ * context or MPI), verified first (size and xxHash64). Loading at another
+ * world size maps nothing: every new rank may read any old rank's blob
+ * (*saved_ranks, may be NULL: how many ranks saved; e.g. new rank r of W'
+ * continues old ranks r*W/W' .. ). out (cap bytes; may be NULL: size only)
+ * receives it, *bytes (may be NULL) its size, also when it does not fit
+ * (then INVALID_ARGUMENT). A version 1 checkpoint's blobs are empty.
+ * Synchronous; any thread. Errors: INVALID_ARGUMENT (no such rank, too
+ * small), IO, CORRUPT (naming the file), UNSUPPORTED (a newer format). */
+zs_status zs_checkpoint_read_rank_blob(const char* path, int rank, void* out,
+                                       size_t cap, size_t* bytes,
+                                       int* saved_ranks);
 
 /* One tensor of a checkpoint, as zs_checkpoint_read_tensors gives it. */
 typedef struct zs_checkpoint_tensor {

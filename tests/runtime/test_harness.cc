@@ -6,6 +6,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -88,11 +89,13 @@ TrainResult TrainReference(Model& model, const TrainConfig& cfg) {
   PlainAccess a(model);
   const zs_optimizer_config o = OptimizerFor(cfg);
   const size_t n = model.tensors.size();
-  std::vector<std::vector<float>> s0(n), s1(n), master(n);
+  std::vector<std::vector<float>> s0(n), s1(n), s2(n), s3(n), master(n);
   std::vector<int64_t> steps(n, 0);
   for (size_t t = 0; t < n; t++) {
     s0[t].assign(model.tensors[t].numel(), 0.f);
     s1[t].assign(model.tensors[t].numel(), 0.f);
+    s2[t].assign(model.tensors[t].numel(), 0.f);
+    s3[t].assign(model.tensors[t].numel(), 0.f);
     // 16-bit parameters: the model sees their rounding, the optimizer
     // updates fp32 master weights initialized from it.
     if (model.tensors[t].tie >= 0) continue;
@@ -100,8 +103,37 @@ TrainResult TrainReference(Model& model, const TrainConfig& cfg) {
     master[t] = a.P((int)t);
   }
   for (int s = 0; s < cfg.steps; s++) {
-    a.ZeroGrads();
-    r.losses.push_back(model.Step(a, s, 0, cfg.global_batch));
+    const int W = cfg.reference_worlds.empty()
+                      ? cfg.reference_world
+                      : cfg.reference_worlds[std::min<size_t>(
+                            (size_t)s, cfg.reference_worlds.size() - 1)];
+    if (W > 1) {  // rank by rank, summed in rank order
+      const int nb = cfg.global_batch / W;
+      std::vector<std::vector<float>> sum(n);
+      double loss = 0;
+      for (int rank = 0; rank < W; rank++) {
+        a.ZeroGrads();
+        loss += (double)model.Step(a, s, rank * nb, nb) * nb;
+        for (size_t t = 0; t < n; t++) {
+          if (model.tensors[t].tie >= 0) continue;
+          if (rank == 0) {
+            sum[t] = a.G((int)t);
+            continue;
+          }
+          const std::vector<float>& g = a.G((int)t);
+          for (size_t i = 0; i < g.size(); i++) sum[t][i] += g[i];
+        }
+      }
+      for (size_t t = 0; t < n; t++) {
+        if (model.tensors[t].tie >= 0) continue;
+        for (float& x : sum[t]) x /= (float)W;
+        a.G((int)t) = sum[t];
+      }
+      r.losses.push_back((float)(loss / cfg.global_batch));
+    } else {
+      a.ZeroGrads();
+      r.losses.push_back(model.Step(a, s, 0, cfg.global_batch));
+    }
     // The gradient is fp32 here (reduce_dtype fp32 or fp32 parameters).
     float coef = 1.0f;
     if (cfg.max_grad_norm > 0) {
@@ -127,7 +159,27 @@ TrainResult TrainReference(Model& model, const TrainConfig& cfg) {
       const float* g = a.G((int)t).data();
       size_t cnt = ts.numel();
       zs_status st;
-      if (o.kind == ZS_OPTIM_SGD) {
+      if (cfg.optim_fn != nullptr) {  // the user's rule on the whole tensor
+        zs_optim_span sp{};
+        sp.struct_size = sizeof sp;
+        sp.param = p;
+        sp.grad = g;
+        std::vector<float>* bufs[4] = {&s0[t], &s1[t], &s2[t], &s3[t]};
+        for (int k = 0; k < cfg.optim_nstates; k++) sp.state[k] = bufs[k]->data();
+        sp.nstates = cfg.optim_nstates;
+        sp.n = cnt;
+        sp.tensor = (int)t;
+        sp.step = ++steps[t];
+        sp.lr = LrAt(cfg, s);
+        sp.weight_decay = wd;
+        sp.beta1 = o.beta1;
+        sp.beta2 = o.beta2;
+        sp.eps = o.eps;
+        char why[256] = "";
+        sp.error = why;
+        sp.error_cap = sizeof why;
+        st = cfg.optim_fn(cfg.optim_user, &sp);
+      } else if (o.kind == ZS_OPTIM_SGD) {
         zs_sgd_hparams hp = {LrAt(cfg, s), o.momentum, o.dampening, wd, o.nesterov};
         st = zs_optim_sgd(p, g, s0[t].data(), cnt, &hp, ++steps[t]);
       } else {
@@ -149,6 +201,8 @@ TrainResult TrainReference(Model& model, const TrainConfig& cfg) {
     r.params.push_back(a.P((int)t));
     int own = model.tensors[t].tie >= 0 ? model.tensors[t].tie : (int)t;
     r.state0.push_back(s0[own]);
+    if (cfg.optim_fn != nullptr)  // the sharded run reads it the same way
+      r.state1.push_back(cfg.optim_nstates > 1 ? s1[own] : std::vector<float>());
   }
   return r;
 }
@@ -417,6 +471,9 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
   if (st == ZS_OK) zs_memory_stats_get(ctx, &r.memory_baseline);
   if (st == ZS_OK) st = zs_model_create(ctx, &zm);
   if (st == ZS_OK) st = RegisterModel(model, zm);
+  if (st == ZS_OK && cfg.optim_fn != nullptr)
+    st = zs_model_set_optimizer(zm, cfg.optim_name.c_str(), cfg.optim_nstates,
+                                cfg.optim_fn, cfg.optim_user);
   for (size_t u = 0; st == ZS_OK && u < cfg.uses.size(); u++)
     if (cfg.uses[u] > 0) st = zs_unit_set_grad_uses(zm, (int)u, cfg.uses[u]);
   if (st == ZS_OK) st = zs_model_finalize(zm);
@@ -475,9 +532,11 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
   for (size_t t = 0; st == ZS_OK && t < model.tensors.size(); t++) {
     std::vector<float> p(model.tensors[t].numel()), s0(p.size());
     std::vector<float> s1, ms;
-    if (zs_tensor_field_dtype(zm, (int)t, ZS_FIELD_EXP_AVG_SQ) == ZS_FLOAT32) {
+    const zs_field f1 =
+        cfg.optim_fn != nullptr ? ZS_FIELD_STATE_1 : ZS_FIELD_EXP_AVG_SQ;
+    if (zs_tensor_field_dtype(zm, (int)t, f1) == ZS_FLOAT32) {
       s1.resize(p.size());
-      st = zs_tensor_get(zm, (int)t, ZS_FIELD_EXP_AVG_SQ, s1.data());
+      st = zs_tensor_get(zm, (int)t, f1, s1.data());
     }
     if (st == ZS_OK &&
         zs_tensor_field_dtype(zm, (int)t, ZS_FIELD_MASTER) == ZS_FLOAT32) {
@@ -489,7 +548,9 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
     st = GetFloat(zm, (int)t, ZS_FIELD_PARAM, p);
     const TensorSpec& ts = model.tensors[t];
     const TensorSpec& own = ts.tie >= 0 ? model.tensors[ts.tie] : ts;
-    zs_field f = cfg.optimizer == ZS_OPTIM_SGD ? ZS_FIELD_MOMENTUM : ZS_FIELD_EXP_AVG;
+    zs_field f = cfg.optim_fn != nullptr ? ZS_FIELD_STATE_0
+                 : cfg.optimizer == ZS_OPTIM_SGD ? ZS_FIELD_MOMENTUM
+                                                 : ZS_FIELD_EXP_AVG;
     if (st == ZS_OK && !own.frozen) st = zs_tensor_get(zm, (int)t, f, s0.data());
     r.params.push_back(p);
     r.state0.push_back(s0);

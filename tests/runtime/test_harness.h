@@ -61,6 +61,22 @@ struct TrainConfig {
   // zs_context_create_local (one process, no MPI) instead of the MPI
   // context on `comm` (which must then have one rank).
   bool local_context = false;
+  // A user's optimizer (zs_model_set_optimizer) instead of `optimizer`:
+  // the sharded run registers it, the reference calls it on each whole
+  // tensor (hyper-parameters as OptimizerFor's).
+  zs_optimizer_fn optim_fn = nullptr;
+  void* optim_user = nullptr;
+  int optim_nstates = 0;
+  std::string optim_name = "custom";
+  // TrainReference only: the gradient of each of this many ranks' slices of
+  // the global batch computed apart, summed in rank order and divided once
+  // by their number (the engine's fixed-order reduce-scatter), so that the
+  // reference is bitwise a sharded run at that world size (1: the whole
+  // batch at once, bitwise at one rank; within rounding otherwise).
+  int reference_world = 1;
+  // ... per step (a run resumed at another world size), overriding it;
+  // the last entry holds for the later steps.
+  std::vector<int> reference_worlds;
   void (*copy)(void* dst, const void* src, size_t bytes) = nullptr;
 };
 
