@@ -370,7 +370,7 @@ int main(int argc, char** argv) {
   CHECK(zs_model_add_units(zm, "block", c.L, U)); /* block.0 .. block.L-1 */
   for (int k = 0; k < NUM_PARAMETER_TENSORS; k++) { /* kinds 2..13: (L, ...) */
     const int64_t L = k >= 2 && k < 14 ? c.L : 1, shape[2] = {L, (int64_t)m.param_sizes[k] / L};
-    CHECK(zs_model_add_stacked(zm, kParamNames[k], 2, shape, shape[1], ZS_FLOAT32, 0, L > 1 ? U : &E, &kinds[k]));
+    CHECK(zs_model_add_stacked(zm, kParamNames[k], 2, shape, shape[1], ZS_FLOAT32, 0, k >= 2 && k < 14 ? U : &E, &kinds[k]));
   }
   CHECK(zs_unit_set_grad_uses(zm, E, 2)); /* gradient uses per step: embedding and head */
   for (int l = 0; l < c.L; l++) CHECK(zs_unit_set_grad_uses(zm, U[l], 1));

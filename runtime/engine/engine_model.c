@@ -531,6 +531,14 @@ zs_status zs_model_add_slice(zs_model* m, int unit, int kind, int layer,
         "zs_model_add_slice: kind %d does not exist (%d kinds)", kind,
         m->nkinds));
   zs__kind* kd = &m->kinds[kind];
+  if (unit < 0 || unit >= m->nunits)
+    return zs__poison(m, zs__error(ZS_ERR_INVALID_ARGUMENT,
+        "zs_model_add_slice: kind '%s' layer %d: unit %d does not exist (%d "
+        "units)", kd->name, layer, unit, m->nunits));
+  if ((flags & ~ZS_TENSOR_FROZEN) != 0)
+    return zs__poison(m, zs__error(ZS_ERR_INVALID_ARGUMENT,
+        "zs_model_add_slice: kind '%s' layer %d: unknown flags 0x%x", kd->name,
+        layer, flags));
   if (layer < 0 || layer >= kd->shape[0])
     return zs__poison(m, zs__error(ZS_ERR_INVALID_ARGUMENT,
         "zs_model_add_slice: kind '%s' layer %d: outside its layers 0..%lld",
@@ -608,8 +616,9 @@ static zs_status zs__kind_view(zs_model* m, int kind, int which, void** out,
              "kinds)", fn, kind, m->nkinds);
   ZS_REQUIRE(out != NULL, "%s: out is NULL", fn);
   const zs__view* v = &m->kinds[kind].views[which];
-  ZS_REQUIRE(v->base != NULL, "%s: kind '%s' has no gradients (every slice "
-             "is frozen)", fn, m->kinds[kind].name);
+  ZS_REQUIRE(v->base != NULL, "%s: kind '%s' has no gradients (no trainable "
+             "slice: every slice is frozen, or it has no layers)", fn,
+             m->kinds[kind].name);
   *out = v->base;
   return ZS_OK;
 }
@@ -957,6 +966,15 @@ zs_status zs_model_finalize(zs_model* m) {
       m->tensors[i].offset = m->tensors[m->tensors[i].tied_to].offset;
       m->tensors[i].group = m->tensors[m->tensors[i].tied_to].group;
     }
+  /* every layer of a stacked kind belongs to a unit (its slices tile the
+   * kind, so zs_kind_set/_get cover it) */
+  for (int k = 0; k < m->nkinds && local == ZS_OK; k++)
+    for (int l = 0; l < m->kinds[k].shape[0] && local == ZS_OK; l++)
+      if (m->kinds[k].slices[l] < 0)
+        local = zs__error(ZS_ERR_INVALID_ARGUMENT, "zs_model_finalize: stacked "
+                          "kind '%s' layer %d has no slice (give every layer "
+                          "to a unit with zs_model_add_slice)",
+                          m->kinds[k].name, l);
   /* a user's optimizer runs on the host: with a CUDA context only where
    * the policy steps in host memory (CPU or NVMe offload) */
   for (int i = 0; i < m->nunits && local == ZS_OK && m->optim_fn != NULL; i++)

@@ -19,6 +19,7 @@
 #include "runtime/engine/engine_optim_nvme.h"
 #include "runtime/engine/engine_sched.h"
 #include "runtime/engine/engine_unit.h"
+#include "runtime/engine/engine_view.h"
 
 /* A step of units used with no gradient use count known (none declared,
  * none learned yet: the first step) held their gradients until zs_step,
@@ -417,6 +418,13 @@ static zs_status zs__discard_body(zs_model* m, int unit, void* arg) {
   zs__accounting_phase(m->ctx->acct, ZS_PHASE_STEP);
   const double t_step = zs__now();
   for (int i = 0; i < m->nunits; i++) {
+    /* the holds' stacked views too (their gradients are dropped below) */
+    zs__unit* u = &m->units[i];
+    for (int k = -1; k < u->nowners; k++) {
+      zs__unit* o = k < 0 ? u : &m->units[u->owners[k]];
+      if (u->user_grad_open) (void)zs__view_drop(m, o, ZS__VIEW_GRADS);
+      if (u->user_gathered) (void)zs__view_drop(m, o, ZS__VIEW_PARAMS);
+    }
     zs__grad_abandon(m, i);
     zs__gather_abandon(m, i);
   }

@@ -720,9 +720,13 @@ zs_status zs_model_add_tied_tensor(zs_model* model, int unit, const char* name,
  *   - while u's gradients are acquired, its slices in the gradient view
  *     are its accumulation buffer (copied in at the acquire: zeros at the
  *     step's first; copied back at the release, before the reduction);
- *   - elsewhere the views' contents are undefined (read zeros): each view
- *     is a memfd mapping whose pages lying under no held slice are given
- *     back to the system (fallocate PUNCH_HOLE) at the release.
+ *   - elsewhere the views' contents are undefined: each view is a memfd
+ *     mapping whose pages lying under no held slice are given back to the
+ *     system (fallocate PUNCH_HOLE) at the release. Do not touch them: a
+ *     read or write there (a leftover memset of all gradients) makes pages
+ *     resident that the accounting does not count until a release nearby.
+ * Every layer of a kind needs a slice (finalize checks). Each kind holds
+ * two file descriptors (the memfds) for the model's life.
  * Memory: the pages under held slices are resident, counted under
  * ZS_MEM_STACKED_VIEWS; a slice that does not start or end on a page
  * boundary keeps up to one page (sysconf(_SC_PAGESIZE)) on each side
@@ -744,7 +748,8 @@ zs_status zs_model_add_kind(zs_model* model, const char* name, int ndim,
 /* Adds layer `layer`'s slice of a kind to `unit` as a tensor named
  * "<kind>.<layer>" of shape shape[1..] (the kind's), stored in the kind's
  * views at element `offset` (elements, not bytes: layer*prod(shape[1..])
- * for a plain stack). flags: 0 or ZS_TENSOR_FROZEN. *tensor receives the
+ * for a plain stack; another offset for a permuted layout — the slices
+ * tile the kind). flags: 0 or ZS_TENSOR_FROZEN. *tensor receives the
  * tensor id (may be NULL). The unit's tensors share one dtype (the kind's).
  * Before finalize only; not collective.
  * Errors: INVALID_ARGUMENT naming the kind and layer: unknown kind, layer
@@ -927,7 +932,7 @@ zs_status zs_tensor_get(zs_model* model, int tensor, zs_field field,
 zs_status zs_kind_set(zs_model* model, int kind, const void* data);
 /* Copies a field of every slice of a kind into out on every rank, laid out
  * as the kind (prod(shape) elements of zs_tensor_field_dtype(slice,
- * field); elements no slice covers are left as they were): zs_tensor_get
+ * field)): zs_tensor_get
  * of each slice in layer order, so the export of a stacked kind. Collective.
  * Errors: those of zs_tensor_get; INVALID_ARGUMENT (unknown kind, a layer
  * without a slice). */

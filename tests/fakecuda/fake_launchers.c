@@ -82,9 +82,9 @@ int zs_cuda_optimize(int kind, const zs_adam_hparams* adam,
   k->a.g = fakecuda_kernel_ptr(g, n * zs_dtype_size(gdtype), name, &ok);
   k->a.gdtype = gdtype;
   k->a.coef = coef;
-  k->a.s0 = (float*)fakecuda_kernel_ptr(s0, n * 4, name, &ok);
+  k->a.s[0] = (float*)fakecuda_kernel_ptr(s0, n * 4, name, &ok);
   /* SGD never reads s1 */
-  k->a.s1 = kind == ZS_OPTIM_SGD
+  k->a.s[1] = kind == ZS_OPTIM_SGD
                 ? NULL
                 : (float*)fakecuda_kernel_ptr(s1, n * 4, name, &ok);
   k->a.p16 = fakecuda_kernel_ptr(p16, n * zs_dtype_size(dtype), name, &ok);

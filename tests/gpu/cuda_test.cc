@@ -154,15 +154,15 @@ TEST_F(CudaTest, OptimizerKernelEqualsTheHostBackendBitwise) {
       zs__opt_args h = a;
       h.w = hw.data();
       h.g = c.gdtype == ZS_FLOAT32 ? (const void*)g.data() : g16.data();
-      h.s0 = hs0.data();
-      h.s1 = c.kind == ZS_OPTIM_SGD ? nullptr : hs1.data();
+      h.s[0] = hs0.data();
+      h.s[1] = c.kind == ZS_OPTIM_SGD ? nullptr : hs1.data();
       h.p16 = c.pdtype == ZS_FLOAT32 ? nullptr : hp16.data();
       ASSERT_EQ(host_->ops->optimize(host_, &h, nullptr), ZS_OK) << what;
       zs__opt_args d = a;
       d.w = dw;
       d.g = dg;
-      d.s0 = ds0;
-      d.s1 = c.kind == ZS_OPTIM_SGD ? nullptr : ds1;
+      d.s[0] = ds0;
+      d.s[1] = c.kind == ZS_OPTIM_SGD ? nullptr : ds1;
       d.p16 = c.pdtype == ZS_FLOAT32 ? nullptr : dp16;
       ASSERT_EQ(gpu_->ops->optimize(gpu_, &d, nullptr), ZS_OK)
           << what << ": " << zs_last_error();

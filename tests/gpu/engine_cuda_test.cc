@@ -264,3 +264,50 @@ TEST_F(EngineCudaTest, StackedKindsAreRefusedWithAClearMessage) {
   zs_model_destroy(m);
   zs_context_destroy(ctx);
 }
+
+// Lion (Chen et al. 2023) as a user's optimizer: float math on the
+// callback's spans.
+zs_status LionForCuda(void*, const zs_optim_span* s) {
+  const float lr = (float)s->lr, wd = (float)s->weight_decay;
+  const float b1 = (float)s->beta1, b2 = (float)s->beta2;
+  for (size_t i = 0; i < s->n; i++) {
+    const float g = s->grad[i], c = b1 * s->state[0][i] + (1.0f - b1) * g;
+    s->param[i] -= lr * ((c > 0.0f) - (c < 0.0f) + wd * s->param[i]);
+    s->state[0][i] = b2 * s->state[0][i] + (1.0f - b2) * g;
+  }
+  return ZS_OK;
+}
+
+// A user's optimizer is a host callback: with the optimizer offloaded (the
+// step in host memory) a CUDA run trains bitwise as on the host at every
+// stage; with the step on the device, finalize refuses it, saying to
+// offload.
+TEST_F(EngineCudaTest, CallbackOptimizerRunsWhenTheStepIsOnTheHost) {
+  for (int stage = 0; stage <= 3; stage++) {
+    const std::string what = "stage " + std::to_string(stage);
+    TrainConfig cfg;
+    cfg.stage = stage;
+    cfg.steps = 4;
+    cfg.optim_fn = LionForCuda;
+    cfg.optim_nstates = 1;
+    cfg.optim_name = "lion";
+    cfg.offload = 1;
+    auto hm = MakeTransformer();
+    TrainResult host = TrainSharded(*hm, cfg);
+    ASSERT_EQ(host.status, ZS_OK) << what << ": " << host.error;
+    cfg.device = ZS_DEVICE_CUDA;
+    cfg.copy = CudaCopy;
+    auto gm = MakeTransformer();
+    TrainResult gpu = TrainSharded(*gm, cfg);
+    ASSERT_EQ(gpu.status, ZS_OK) << what << ": " << gpu.error;
+    ExpectSameTraining(gpu, host, *hm, what + " CUDA with CPU offload");
+    cfg.offload = 0;
+    auto dm = MakeTransformer();
+    TrainResult refused = TrainSharded(*dm, cfg);
+    EXPECT_EQ(refused.status, ZS_ERR_UNSUPPORTED) << what;
+    EXPECT_NE(refused.error.find("optimizer 'lion' is a host callback"),
+              std::string::npos) << refused.error;
+    EXPECT_NE(refused.error.find("offload_optimizer"), std::string::npos)
+        << refused.error;
+  }
+}

@@ -196,7 +196,7 @@ void Build(zs_context* ctx, Gpt2* g) {
   for (int k = 0; k < 16; k++) {
     const int64_t L = KindLayers(k), shape[2] = {L, (int64_t)KindNumel(k) / L};
     ASSERT_EQ(zs_model_add_stacked(g->m, kNames[k], 2, shape, shape[1],
-                                   ZS_FLOAT32, 0, L > 1 ? g->U : &g->E,
+                                   ZS_FLOAT32, 0, k >= 2 && k < 14 ? g->U : &g->E,
                                    &g->kinds[k]),
               ZS_OK)
         << zs_last_error();
@@ -445,6 +445,85 @@ TEST_F(StackedTest, AccountingEqualsEstimateAtStage3) {
   }
   EXPECT_EQ(e.bytes[ZS_MEM_STACKED_VIEWS], 2 * std::max(most, embed));
   zs_model_destroy(g.m);
+  zs_context_destroy(ctx);
+}
+
+// zs_step_discard with a unit held (gathered, gradients acquired) ends
+// its views' holds too: nothing stays resident or counted, the next hold
+// copies the current values in, and the next step reduces what it wrote.
+TEST_F(StackedTest, DiscardEndsTheViewsHolds) {
+  for (int stage : {0, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    zs_context* ctx = Context(stage);
+    ASSERT_NE(ctx, nullptr);
+    zs_model* m = nullptr;
+    int U[2], kind;
+    ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+    ASSERT_EQ(zs_model_add_units(m, "blk", 2, U), ZS_OK);
+    const int64_t shape[2] = {2, 4};
+    ASSERT_EQ(zs_model_add_stacked(m, "w", 2, shape, 4, ZS_FLOAT32, 0, U, &kind),
+              ZS_OK);
+    for (int u : U) ASSERT_EQ(zs_unit_set_grad_uses(m, u, 1), ZS_OK);
+    ASSERT_EQ(zs_model_finalize(m), ZS_OK);
+    const float init[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    ASSERT_EQ(zs_kind_set(m, kind, init), ZS_OK);
+    float *w = nullptr, *dw = nullptr;
+    ASSERT_EQ(zs_kind_data(m, kind, (void**)&w), ZS_OK);
+    ASSERT_EQ(zs_kind_grad(m, kind, (void**)&dw), ZS_OK);
+    ASSERT_EQ(zs_unit_gather(m, U[0]), ZS_OK);
+    ASSERT_EQ(zs_unit_grad_acquire(m, U[0]), ZS_OK);
+    dw[0] = 100.0f;
+    ASSERT_EQ(zs_step_discard(m, nullptr), ZS_OK) << zs_last_error();
+    EXPECT_EQ(ViewsAccounted(ctx), 0u);
+    EXPECT_EQ(MappingRss(w) + MappingRss(dw), 0u);
+    for (int step = 0; step < 2; step++) {
+      std::vector<float> now(8);
+      ASSERT_EQ(zs_kind_get(m, kind, ZS_FIELD_PARAM, now.data()), ZS_OK);
+      for (int l = 0; l < 2; l++) {
+        ASSERT_EQ(zs_unit_gather(m, U[l]), ZS_OK);
+        ASSERT_EQ(zs_unit_grad_acquire(m, U[l]), ZS_OK);
+        for (int i = 0; i < 4; i++) {
+          EXPECT_EQ(w[4 * l + i], now[4 * l + i]) << "step " << step;
+          EXPECT_EQ(dw[4 * l + i], 0.0f) << "step " << step;
+          dw[4 * l + i] += 1.0f;
+        }
+        ASSERT_EQ(zs_unit_grad_release(m, U[l]), ZS_OK);
+        ASSERT_EQ(zs_unit_release(m, U[l]), ZS_OK);
+      }
+      ASSERT_EQ(zs_step(m, nullptr), ZS_OK) << zs_last_error();
+      std::vector<float> g(8);
+      ASSERT_EQ(zs_kind_get(m, kind, ZS_FIELD_GRAD, g.data()), ZS_OK);
+      for (float x : g) EXPECT_EQ(x, 1.0f) << "step " << step;
+      EXPECT_EQ(ViewsAccounted(ctx), 0u);
+    }
+    zs_model_destroy(m);
+    zs_context_destroy(ctx);
+  }
+}
+
+// Every layer of a kind needs a slice: finalize says which one lacks it.
+TEST_F(StackedTest, FinalizeNamesALayerWithoutASlice) {
+  zs_context* ctx = Context(0);
+  ASSERT_NE(ctx, nullptr);
+  zs_model* m = nullptr;
+  int u, kind, t;
+  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+  ASSERT_EQ(zs_model_add_unit(m, "a", &u), ZS_OK);
+  const int64_t shape[2] = {3, 5};
+  ASSERT_EQ(zs_model_add_kind(m, "fcb", 2, shape, ZS_FLOAT32, &kind), ZS_OK);
+  ASSERT_EQ(zs_model_add_slice(m, u, kind, 0, 0, 0, &t), ZS_OK);
+  ASSERT_EQ(zs_model_add_slice(m, u, kind, 2, 10, 0, &t), ZS_OK);
+  EXPECT_EQ(zs_model_add_slice(m, 99, kind, 1, 5, 0, &t), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_LAST_ERROR_HAS("zs_model_add_slice: kind 'fcb' layer 1: unit 99 does not exist");
+  zs_model_destroy(m);
+  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+  ASSERT_EQ(zs_model_add_unit(m, "a", &u), ZS_OK);
+  ASSERT_EQ(zs_model_add_kind(m, "fcb", 2, shape, ZS_FLOAT32, &kind), ZS_OK);
+  ASSERT_EQ(zs_model_add_slice(m, u, kind, 0, 0, 0, &t), ZS_OK);
+  ASSERT_EQ(zs_model_add_slice(m, u, kind, 2, 10, 0, &t), ZS_OK);
+  EXPECT_EQ(zs_model_finalize(m), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_LAST_ERROR_HAS("stacked kind 'fcb' layer 1 has no slice");
+  zs_model_destroy(m);
   zs_context_destroy(ctx);
 }
 
