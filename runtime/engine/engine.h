@@ -189,6 +189,11 @@ typedef struct zs__unit {
   int view_refs;      /* user gathers holding its stacked slices (ties
                          count): copied in at 0 -> 1, punched at 1 -> 0 */
   int gview_refs;     /* ... gradient acquires holding them */
+  int seen_this_step; /* gathered by the user in this training step */
+  int streak;         /* consecutive completed steps that gathered it: a
+                         unit is prefetched only when it was gathered in
+                         each of the last ZS__PREFETCH_STEADY (engine_sched.c)
+                         steps with a trace */
   int uses_explicit;  /* zs_unit_set_grad_uses, 0 = record */
   int uses_recorded;  /* most releases seen in a step; 0 = unknown */
 } zs__unit;
@@ -253,6 +258,8 @@ struct zs_model {
   int trace_pos;
   int trace_ok;     /* this step has matched the trace so far */
   int prefetches;   /* units holding a prefetch (issued, not yet used) */
+  int trace_steps;  /* completed steps recorded (capped): the steadiness
+                       window's length so far */
   int* reducing;    /* units in state REDUCING, oldest first */
   int nreducing, reducing_cap;
   size_t live_elems;     /* stage 3: elements of params_full allocated */

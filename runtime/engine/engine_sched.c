@@ -4,6 +4,15 @@
  * step departs from the trace, and the trace's end of step. Every decision
  * depends only on the trace, on sizes and on the order of calls, never on
  * timing, so every rank issues the same collectives.
+ *
+ * Only steady units are prefetched: those gathered in each of the last
+ * ZS__PREFETCH_STEADY completed steps (fewer while fewer steps have run, so
+ * the second step prefetches as before). A unit that is not steady (a
+ * branch taken on some steps) is skipped in the trace: not prefetched, and
+ * its gather, or its absence, is no departure; it is gathered on use. So a
+ * model whose path changes from step to step pays for a wrong guess once,
+ * and a model with a stable order behaves as it always did. The trace is
+ * the last step's order (recorded at every step's end).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +20,15 @@
 #include "runtime/engine/engine_nvme_param.h"
 #include "runtime/engine/engine_sched.h"
 #include "runtime/engine/engine_unit.h"
+
+/* Steps a unit must have been gathered in, in a row, to be prefetched. */
+#define ZS__PREFETCH_STEADY 2
+
+static int zs__steady(const zs_model* m, int unit) {
+  const int need = m->trace_steps < ZS__PREFETCH_STEADY ? m->trace_steps
+                                                        : ZS__PREFETCH_STEADY;
+  return m->units[unit].streak >= need;
+}
 
 /* Size in elements a prefetch of `unit` would add (itself and the owners
  * of its ties that are not gathered). */
@@ -74,7 +92,7 @@ zs_status zs__prefetch_issue(zs_model* m) {
     return ZS_OK;
   for (int j = m->trace_pos; j < m->trace_len && m->prefetches < depth; j++) {
     const int v = m->trace[j];
-    if (m->units[v].gather_refs > 0) continue;
+    if (m->units[v].gather_refs > 0 || !zs__steady(m, v)) continue;
     const size_t cost = zs__prefetch_cost(m, v);
     if (m->max_live_elems > 0 && m->live_elems + cost > m->max_live_elems)
       break;
@@ -115,22 +133,31 @@ static zs_status zs__grow_ints(int** arr, int* cap, int need) {
 }
 
 void zs__trace_end_step(zs_model* m) {
-  /* A step that followed the trace to its end keeps it; otherwise this
-   * step's order becomes the trace (recorded again). */
-  const int matched =
-      m->trace_valid && m->trace_ok && m->trace_pos == m->trace_len;
-  if (!matched && zs__grow_ints(&m->trace, &m->trace_cap, m->seen_len) == ZS_OK) {
+  /* This step's order becomes the trace, and each unit's streak of steps
+   * that gathered it goes on or ends. */
+  if (zs__grow_ints(&m->trace, &m->trace_cap, m->seen_len) == ZS_OK) {
     if (m->seen_len > 0)
       memcpy(m->trace, m->seen, (size_t)m->seen_len * sizeof(int));
     m->trace_len = m->seen_len;
     m->trace_valid = m->seen_len > 0;
   }
+  if (m->seen_len > 0) {
+    for (int i = 0; i < m->nunits; i++) {
+      zs__unit* u = &m->units[i];
+      u->streak = u->seen_this_step ? (u->streak < (1 << 20) ? u->streak + 1
+                                                              : u->streak)
+                                    : 0;
+    }
+    if (m->trace_steps < ZS__PREFETCH_STEADY) m->trace_steps++;
+  }
+  for (int i = 0; i < m->nunits; i++) m->units[i].seen_this_step = 0;
   m->seen_len = 0;
   m->trace_pos = 0;
   m->trace_ok = 1;
 }
 
 void zs__trace_drop_step(zs_model* m) {
+  for (int i = 0; i < m->nunits; i++) m->units[i].seen_this_step = 0;
   m->seen_len = 0;
   m->trace_pos = 0;
   m->trace_ok = 1;
@@ -142,7 +169,13 @@ zs_status zs__trace_follow(zs_model* m, int unit) {
   zs_status st = zs__grow_ints(&m->seen, &m->seen_cap, m->seen_len + 1);
   if (st != ZS_OK) return st;
   m->seen[m->seen_len++] = unit;
+  m->units[unit].seen_this_step = 1;
   if (!m->trace_valid || !m->trace_ok) return ZS_OK;
+  /* an unsteady unit is gathered on use, wherever it comes */
+  if (!zs__steady(m, unit)) return ZS_OK;
+  /* unsteady units of the trace are passed over: they may not come */
+  while (m->trace_pos < m->trace_len && !zs__steady(m, m->trace[m->trace_pos]))
+    m->trace_pos++;
   if (m->trace_pos < m->trace_len && m->trace[m->trace_pos] == unit) {
     m->trace_pos++;
     return ZS_OK;
