@@ -434,6 +434,11 @@ zs_status zs_model_set_optimizer(zs_model* m, const char* name, int nstates,
     return zs__poison(m, zs__error(ZS_ERR_INVALID_ARGUMENT,
         "zs_model_set_optimizer: name must be 1 to %d bytes without quotes, "
         "backslashes or newlines", (int)sizeof m->optim_name - 1));
+  if (strcmp(name, "adamw") == 0 || strcmp(name, "adam") == 0 ||
+      strcmp(name, "sgd") == 0)
+    return zs__poison(m, zs__error(ZS_ERR_INVALID_ARGUMENT,
+        "zs_model_set_optimizer: '%s' is a built-in optimizer's name (its "
+        "checkpoints would load into yours); name yours otherwise", name));
   m->optim_fn = fn;
   m->optim_user = user;
   m->optim_nstates = nstates;

@@ -1072,8 +1072,8 @@ typedef struct zs_optim_span {
 typedef zs_status (*zs_optimizer_fn)(void* user, const zs_optim_span* span);
 
 /* Replaces the built-in optimizer (zs_config.optimizer.kind) with fn.
- *  - name: 1 to 63 bytes, saved in checkpoints: a checkpoint of another
- *    optimizer or number of states does not load (weights-only does).
+ *  - name: 1-63 bytes, not a built-in's, saved in checkpoints: one of
+ *    another optimizer or state count loads weights-only.
  *  - nstates: 1..ZS_OPTIM_MAX_STATES fp32 buffers per element, accounted,
  *    sharded, offloaded, saved and resharded as Adam's moments are.
  *  - Spans: at most 65536 elements; with NVMe offload within a sub-group.

@@ -299,6 +299,10 @@ TEST_F(OptimCallbackTest, BadInput) {
             ZS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(zs_model_set_optimizer(zm, "", 1, Lion, nullptr),
             ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(zs_model_set_optimizer(zm, "adamw", 2, LlmcAdamW, nullptr),
+            ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(zs_last_error()).find("a built-in optimizer's name"),
+            std::string::npos) << zs_last_error();
   zs_model_destroy(zm);
   zs_context_destroy(ctx);
 
