@@ -141,10 +141,14 @@ static zs_status zs__host_kernel(const zs__opt_args* a, float* w,
     const zs_status st = a->fn(a->fn_user, &sp);
     if (st == ZS_OK) return ZS_OK;
     why[sizeof why - 1] = '\0';
-    return zs__error(st == ZS_ERR_REMOTE ? ZS_ERR_INTERNAL : st,
-                     "the optimizer callback returned %s%s%s (step %lld, "
-                     "elements %zu..%zu of the tensor)",
-                     zs_status_string(st), why[0] ? ": " : "", why,
+    /* a code outside the enum (or REMOTE, which names another rank) is
+     * reported as INTERNAL, the value kept in the message */
+    const int known = (int)st > 0 && (int)st <= (int)ZS_ERR_CORRUPT &&
+                      st != ZS_ERR_REMOTE;
+    return zs__error(known ? st : ZS_ERR_INTERNAL,
+                     "the optimizer callback returned %s (%d)%s%s (step %lld, "
+                     "elements [%zu, %zu) of the tensor)",
+                     zs_status_string(st), (int)st, why[0] ? ": " : "", why,
                      (long long)sp.step, sp.offset, sp.offset + n);
   }
   if (a->kind == ZS_OPTIM_SGD)

@@ -294,7 +294,8 @@ static zs_status zs__step_body(zs_model* m, int unit, void* arg) {
     return zs__error(ZS_ERR_INVALID_STATE, "zs_step: an earlier step failed "
                      "after updating part of the optimizer states (%s); drop "
                      "the pending gradients (zs_step_discard) and load a "
-                     "checkpoint (zs_checkpoint_load) to go on",
+                     "checkpoint with its optimizer states (zs_checkpoint_load "
+                     "without ZS_LOAD_WEIGHTS_ONLY) to go on",
                      m->broken_msg);
   if (m->must_discard)
     return zs__error(ZS_ERR_INVALID_STATE, "zs_step: %s, so the gradients "

@@ -1038,7 +1038,7 @@ int64_t zs_model_step_count(const zs_model* model, int group);
 
 /* One span of the optimizer's work, as zs_optimizer_fn receives it: n
  * consecutive elements of one tensor, inside this rank's optimizer shard
- * (the whole tensor at stage 0 on one rank). All pointers are host memory
+ * (at stage 0 every rank updates whole tensors). All pointers are host memory
  * (the library's), valid during the call only. */
 typedef struct zs_optim_span {
   size_t struct_size;   /* sizeof(zs_optim_span) of the library */
@@ -1072,17 +1072,17 @@ typedef struct zs_optim_span {
 typedef zs_status (*zs_optimizer_fn)(void* user, const zs_optim_span* span);
 
 /* Replaces the built-in optimizer (zs_config.optimizer.kind) with fn.
- *  - name: 1-63 bytes, not a built-in's, saved in checkpoints: one of
- *    another optimizer or state count loads weights-only.
+ *  - name: 1-63 bytes, no quotes, backslashes or newlines, not a
+ *    built-in's; saved in checkpoints (another optimizer's: weights-only).
  *  - nstates: 1..ZS_OPTIM_MAX_STATES fp32 buffers per element, accounted,
  *    sharded, offloaded, saved and resharded as Adam's moments are.
  *  - Spans: at most 65536 elements; with NVMe offload within a sub-group.
  *  - Runs on the host: with a CUDA context the optimizer must be offloaded
  *    (zs_config.offload_optimizer), else finalize is UNSUPPORTED.
- *  - Before finalize; not collective (every rank the same). Errors:
- *    INVALID_ARGUMENT (NULL fn, nstates or name out of range),
- *    INVALID_STATE. An error fn returns on one rank fails zs_step on every
- *    rank naming it; further steps are refused until a checkpoint loads. */
+ *  - Before finalize (again: replaces); not collective. Errors, poisoning
+ *    the model: INVALID_ARGUMENT (NULL fn, nstates or name), INVALID_STATE.
+ *  - fn failing on one rank fails zs_step on every rank naming it; steps
+ *    are then refused until a full zs_checkpoint_load (not weights-only). */
 zs_status zs_model_set_optimizer(zs_model* model, const char* name,
                                  int nstates, zs_optimizer_fn fn, void* user);
 

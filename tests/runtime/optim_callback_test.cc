@@ -280,6 +280,27 @@ TEST_F(OptimCallbackTest, AFailingCallbackFailsEveryRankNamingIt) {
   zs_context_destroy(ctx);
 }
 
+zs_status ReturnsNinetyNine(void*, const zs_optim_span*) {
+  return (zs_status)99;
+}
+
+// A code outside zs_status comes back as INTERNAL with the value named.
+TEST_F(OptimCallbackTest, AnUnknownCodeBecomesInternal) {
+  auto model = MakeMlp();
+  TrainConfig cfg;
+  cfg.optim_fn = ReturnsNinetyNine;
+  cfg.optim_nstates = 1;
+  cfg.steps = 1;
+  TrainResult r = TrainSharded(*model, cfg);
+  if (world_ == 1) {
+    EXPECT_EQ(r.status, ZS_ERR_INTERNAL) << r.error;
+    EXPECT_NE(r.error.find("returned unknown status (99)"), std::string::npos)
+        << r.error;
+  } else {
+    EXPECT_NE(r.status, ZS_OK);
+  }
+}
+
 TEST_F(OptimCallbackTest, BadInput) {
   zs_config c = ZS_CONFIG_INIT;
   zs_context* ctx = nullptr;
