@@ -189,6 +189,8 @@ typedef struct zs__unit {
   int view_refs;      /* user gathers holding its stacked slices (ties
                          count): copied in at 0 -> 1, punched at 1 -> 0 */
   int gview_refs;     /* ... gradient acquires holding them */
+  int strategy;       /* zs_unit_strategy */
+  int replicated;     /* at finalize: never sharded (policy of stage 0) */
   int seen_this_step; /* gathered by the user in this training step */
   int streak;         /* consecutive completed steps that gathered it: a
                          unit is prefetched only when it was gathered in
@@ -258,6 +260,7 @@ struct zs_model {
   int trace_pos;
   int trace_ok;     /* this step has matched the trace so far */
   int prefetches;   /* units holding a prefetch (issued, not yet used) */
+  size_t persistence_threshold; /* zs_model_set_persistence_threshold */
   int trace_steps;  /* completed steps recorded (capped): the steadiness
                        window's length so far */
   int* reducing;    /* units in state REDUCING, oldest first */

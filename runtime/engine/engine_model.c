@@ -417,6 +417,36 @@ zs_status zs_model_add_tied_tensor(zs_model* m, int unit, const char* name,
   return ZS_OK;
 }
 
+zs_status zs_unit_set_strategy(zs_model* m, int unit,
+                               zs_unit_strategy strategy) {
+  zs_status st = zs__check_open(m, "zs_unit_set_strategy");
+  if (st != ZS_OK) return st;
+  if (unit < 0 || unit >= m->nunits)
+    return zs__poison(m, zs__error(ZS_ERR_INVALID_ARGUMENT,
+        "zs_unit_set_strategy: unit %d does not exist (%d units)", unit,
+        m->nunits));
+  if (strategy != ZS_UNIT_DEFAULT && strategy != ZS_UNIT_SHARDED &&
+      strategy != ZS_UNIT_REPLICATED)
+    return zs__poison(m, zs__error(ZS_ERR_INVALID_ARGUMENT,
+        "zs_unit_set_strategy: unit '%s': strategy %d is not "
+        "ZS_UNIT_DEFAULT, _SHARDED or _REPLICATED", m->units[unit].name,
+        (int)strategy));
+  m->units[unit].strategy = (int)strategy;
+  return ZS_OK;
+}
+
+zs_status zs_model_set_persistence_threshold(zs_model* m, size_t elements) {
+  zs_status st = zs__check_open(m, "zs_model_set_persistence_threshold");
+  if (st != ZS_OK) return st;
+  m->persistence_threshold = elements;
+  return ZS_OK;
+}
+
+int zs_unit_replicated(const zs_model* m, int unit) {
+  if (m == NULL || !m->finalized || unit < 0 || unit >= m->nunits) return -1;
+  return m->units[unit].replicated;
+}
+
 zs_status zs_model_set_optimizer(zs_model* m, const char* name, int nstates,
                                  zs_optimizer_fn fn, void* user) {
   zs_status st = zs__check_open(m, "zs_model_set_optimizer");
@@ -748,10 +778,11 @@ static zs_status zs__describe(const zs_model* m, zs__sbuf* b) {
   for (int g = 0; g < m->ngroups; g++)
     zs__sbuf_printf(b, "group %d lr=%.17g weight_decay=%.17g\n", g, m->group_lr[g],
                     m->group_wd[g]);
+  zs__sbuf_printf(b, "persistence_threshold=%zu\n", m->persistence_threshold);
   for (int i = 0; i < m->nunits; i++)
-    zs__sbuf_printf(b, "unit %d '%s' tensors=%d grad_uses=%d\n", i,
-                    m->units[i].name, m->units[i].ntensors,
-                    m->units[i].uses_explicit);
+    zs__sbuf_printf(b, "unit %d '%s' tensors=%d grad_uses=%d strategy=%d\n",
+                    i, m->units[i].name, m->units[i].ntensors,
+                    m->units[i].uses_explicit, m->units[i].strategy);
   for (int i = 0; i < m->ntensors; i++) {
     const zs__tensor* t = &m->tensors[i];
     zs__sbuf_printf(b, "tensor %d '%s' unit=%d shape=[", i, t->name, t->unit);
@@ -822,11 +853,17 @@ static zs_status zs__layout_one(zs_model* m, zs__unit* u) {
             m->ctx->comm->max_count);
   for (int i = 0; i < n; i++)
     if (!alias[i]) m->tensors[u->tensors[i]].offset = offsets[i];
-  /* The unit's policy: where each field lives, from here on. */
+  /* The unit's policy: where each field lives, from here on. A replicated
+   * unit (its strategy, or the persistence threshold) has stage 0's, and
+   * its parameters are never offloaded. */
+  u->replicated = u->strategy == ZS_UNIT_REPLICATED ||
+                  (u->strategy == ZS_UNIT_DEFAULT && m->persistence_threshold > 0 &&
+                   u->layout.used <= m->persistence_threshold);
   const zs__policy_in pin = {
-      cfg->stage, m->ctx->device == m->ctx->host, u->dtype != ZS_FLOAT32,
-      u->trainable, (int)cfg->offload_optimizer.device,
-      (int)cfg->offload_param};
+      u->replicated ? 0 : cfg->stage, m->ctx->device == m->ctx->host,
+      u->dtype != ZS_FLOAT32, u->trainable,
+      (int)cfg->offload_optimizer.device,
+      u->replicated ? (int)ZS_OFFLOAD_NONE : (int)cfg->offload_param};
   ZS_CHECK(zs__policy_make(&pin, &u->policy));
   u->param_state =
       u->policy.gather_on_use ? ZS__PARAM_SHARDED : ZS__PARAM_RESIDENT;

@@ -327,6 +327,8 @@ static zs_status zs__estimate_params(double params,
 typedef struct zs__est_unit {
   size_t padded, shard, elem, gelem;
   int lowp, trainable;
+  int replicated; /* "replicated": true (zs_unit_set_strategy): stage 0's
+                     policy, parameters never offloaded */
   size_t grad_uses; /* "grad_uses": acquire/release pairs per micro-batch */
   int* owners; /* units owning tensors tied from this one */
   int nowners;
@@ -544,7 +546,8 @@ static zs_status zs__estimate_model(const char* description,
       ZS_FAIL(ZS_ERR_INVALID_ARGUMENT, "model description: %s: not an object",
               uwhere);
     static const char* const ukeys[] = {"name", "dtype", "grad_dtype",
-                                        "grad_uses", "tensors", NULL};
+                                        "grad_uses", "tensors", "replicated",
+                                        NULL};
     ZS_CHECK(zs__json_keys(it, ukeys, uwhere));
     const cJSON* un = cJSON_GetObjectItemCaseSensitive(it, "name");
     if (!cJSON_IsString(un) || un->valuestring[0] == '\0')
@@ -720,13 +723,25 @@ static zs_status zs__estimate_model(const char* description,
     u->elem = zs_dtype_size(dt);
     u->lowp = dt != ZS_FLOAT32;
     u->gelem = c->reduce_dtype < 0 ? zs_dtype_size(gdt) : 4;
+    const cJSON* rep = cJSON_GetObjectItemCaseSensitive(it, "replicated");
+    if (rep != NULL && !cJSON_IsBool(rep))
+      ZS_FAIL(ZS_ERR_INVALID_ARGUMENT, "model description: %s: \"replicated\" "
+              "must be true or false", where);
+    u->replicated = cJSON_IsTrue(rep);
+    /* a replicated unit: the policy of stage 0 (zs_unit_set_strategy) */
+    zs__estimate_config uc = *c;
+    if (u->replicated) {
+      uc.stage = 0;
+      uc.offload_params = ZS_OFFLOAD_NONE;
+    }
+    const zs__policy upol = zs__est_policy(&uc, 1, 1);
     zs__unit_layout l;
     ZS_CHECK(zs__layout_unit(numels, alias, n, zs__layout_align(u->elem),
                              c->ranks, offsets, &l));
     u->padded = l.padded;
     u->shard = l.shard;
     if (u->trainable) {
-      const size_t sp = zs__policy_span(&pol, l.padded, l.shard);
+      const size_t sp = zs__policy_span(&upol, l.padded, l.shard);
       if (sp > nv.largest_span) nv.largest_span = sp;
       if (sp * u->gelem > nv.span_grad_bytes) nv.span_grad_bytes = sp * u->gelem;
       if (sp * u->elem > nv.span_param_bytes) nv.span_param_bytes = sp * u->elem;
@@ -738,7 +753,7 @@ static zs_status zs__estimate_model(const char* description,
       nv.largest_param_shard_bytes = l.shard * u->elem;
     nv.param_file_bytes += zs__layout_nvme_round(l.shard * u->elem);
     if (u->elem > nv.widest_elem) nv.widest_elem = u->elem;
-    zs__estimate_states(c, &l, u->elem, u->gelem, u->lowp, u->trainable,
+    zs__estimate_states(&uc, &l, u->elem, u->gelem, u->lowp, u->trainable,
                         zs__estimate_nstates(c), out);
     ui++;
   }
@@ -765,11 +780,11 @@ static zs_status zs__estimate_model(const char* description,
       int best = -1;
       size_t best_gain = 0;
       for (int i = 0; i < nunits; i++) {
-        if (picked[i]) continue;
+        if (picked[i] || units[i].replicated) continue; /* resident */
         size_t gain = ZS__EST_FULL(i);
         for (int j = 0; j < units[i].nowners; j++) {
           const int o = units[i].owners[j];
-          if (o != i) gain += ZS__EST_FULL(o);
+          if (o != i && !units[o].replicated) gain += ZS__EST_FULL(o);
         }
         if (best < 0 || gain > best_gain) {
           best = i;
@@ -780,6 +795,7 @@ static zs_status zs__estimate_model(const char* description,
       picked[best] = 1;
       for (int j = -1; j < units[best].nowners; j++) {
         const int o = j < 0 ? best : units[best].owners[j];
+        if (units[o].replicated) continue;
         out->bytes[ZS_MEM_PARAMS_GATHERED] += ZS__EST_FULL(o);
         nv.gather_src_bytes += ZS__EST_SRC(o);
         counted[o] = 1;
@@ -823,10 +839,12 @@ static zs_status zs__estimate_model(const char* description,
     for (int i = 0; i < nunits; i++) {
       const size_t g = units[i].trainable ? units[i].padded * units[i].gelem : 0;
       const size_t s = units[i].trainable ? units[i].shard * units[i].gelem : 0;
+      /* a replicated unit accumulates in its resident gradients (stage 0) */
+      const int acc = accum && !units[i].replicated;
       /* accumulating all along: the buffer and the saved sum; reducing:
        * the temporaries and the new sum (the rest once, below) */
-      sum += along[i] ? (accum ? g : 0) + reopen * s : 0;
-      gain[i] = along[i] ? g + reopen * s : (accum ? 2 * g : g) + 2 * reopen * s;
+      sum += along[i] ? (acc ? g : 0) + reopen * s : 0;
+      gain[i] = along[i] ? g + reopen * s : (acc ? 2 * g : g) + 2 * reopen * s;
     }
     for (int k = 0; k <= reducing && k < nunits; k++) {
       if (k == reducing) { /* the next: accumulating, not all along */
@@ -835,7 +853,9 @@ static zs_status zs__estimate_model(const char* description,
           const int trainable = units[i].trainable;
           gain[i] = along[i] || gain[i] == 0 || !trainable
                         ? 0
-                        : (accum ? units[i].padded * units[i].gelem : 0) +
+                        : (accum && !units[i].replicated
+                               ? units[i].padded * units[i].gelem
+                               : 0) +
                               reopen * units[i].shard * units[i].gelem;
         }
       }

@@ -812,6 +812,34 @@ zs_status zs_model_set_tensor_group(zs_model* model, int tensor, int group);
  * the model is large. Errors: INVALID_ARGUMENT, INVALID_STATE. */
 zs_status zs_unit_set_grad_uses(zs_model* model, int unit, int uses);
 
+/* How a unit is sharded (zs_unit_set_strategy). */
+typedef enum zs_unit_strategy {
+  ZS_UNIT_DEFAULT = 0,   /* as the stage says, unless the model's
+                            persistence threshold replicates it */
+  ZS_UNIT_SHARDED = 1,   /* as the stage says, whatever its size */
+  ZS_UNIT_REPLICATED = 2 /* never sharded (FSDP's NO_SHARD): parameters,
+                            gradients and optimizer states whole on every
+                            rank, as at stage 0; no all-gather before use */
+} zs_unit_strategy;
+
+/* Sets a unit's strategy (default ZS_UNIT_DEFAULT). Before finalize; every
+ * rank the same (finalize compares). Errors: INVALID_ARGUMENT, INVALID_STATE;
+ * poisons the model on error. */
+zs_status zs_unit_set_strategy(zs_model* model, int unit,
+                               zs_unit_strategy strategy);
+
+/* Replicates every ZS_UNIT_DEFAULT unit of at most `elements` elements (its
+ * tensors' sum) at finalize, as DeepSpeed's
+ * stage3_param_persistence_threshold keeps small parameters gathered:
+ * gathering a LayerNorm's few hundred elements costs more latency than the
+ * memory it saves. 0 (default): none. Before finalize; every rank the same.
+ * Errors: INVALID_STATE. */
+zs_status zs_model_set_persistence_threshold(zs_model* model, size_t elements);
+
+/* 1 when the unit is replicated (after finalize), 0 when sharded, -1 for a
+ * NULL model, an unknown unit or before finalize. */
+int zs_unit_replicated(const zs_model* model, int unit);
+
 /* Freezes the layout and allocates storage (parameters zeroed). Collective.
  * Checks that every rank registered the same units, tensors (names, shapes,
  * dtypes, flags, ties, groups) and configuration, with one all-gather of a

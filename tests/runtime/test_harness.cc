@@ -471,6 +471,10 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
   if (st == ZS_OK) zs_memory_stats_get(ctx, &r.memory_baseline);
   if (st == ZS_OK) st = zs_model_create(ctx, &zm);
   if (st == ZS_OK) st = RegisterModel(model, zm);
+  for (size_t k = 0; st == ZS_OK && k < cfg.replicated.size(); k++)
+    st = zs_unit_set_strategy(zm, cfg.replicated[k], ZS_UNIT_REPLICATED);
+  if (st == ZS_OK && cfg.persistence_threshold > 0)
+    st = zs_model_set_persistence_threshold(zm, cfg.persistence_threshold);
   if (st == ZS_OK && cfg.optim_fn != nullptr)
     st = zs_model_set_optimizer(zm, cfg.optim_name.c_str(), cfg.optim_nstates,
                                 cfg.optim_fn, cfg.optim_user);

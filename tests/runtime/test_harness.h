@@ -77,6 +77,10 @@ struct TrainConfig {
   // ... per step (a run resumed at another world size), overriding it;
   // the last entry holds for the later steps.
   std::vector<int> reference_worlds;
+  // Sharded run: units made ZS_UNIT_REPLICATED, and the model's
+  // persistence threshold (elements; 0: none).
+  std::vector<int> replicated;
+  size_t persistence_threshold = 0;
   void (*copy)(void* dst, const void* src, size_t bytes) = nullptr;
 };
 
