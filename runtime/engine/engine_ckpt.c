@@ -479,6 +479,7 @@ zs_status zs_checkpoint_save(zs_model* m, const char* root, const char* name,
   zs__ckpt_meta cm;
   memset(&cm, 0, sizeof cm);
   uint64_t mine = 0;
+  uint64_t* all = NULL; /* every rank's file and blob sums */
   int wrote = 0; /* rank 0 created the temporary directory */
   int lock_fd = -1; /* rank 0: the root, flocked during the save */
   zs_status local = ZS_OK;
@@ -513,7 +514,7 @@ zs_status zs_checkpoint_save(zs_model* m, const char* root, const char* name,
   if (local == ZS_OK) local = zs__ckpt_write_rank(m, path, &mine);
   if (local == ZS_OK) zs__ckpt_crash_point(rank, rname);
   /* this rank's blob (zs_checkpoint_set_rank_blob), maybe empty */
-  uint64_t blob[3] = {0, (uint64_t)m->rank_blob_bytes, 0}, *all = NULL;
+  uint64_t blob[3] = {0, (uint64_t)m->rank_blob_bytes, 0};
   if (local == ZS_OK) {
     zs__ckpt_blob_file(rank, rname, sizeof rname);
     local = zs__ckpt_join(path, sizeof path, tmp, rname);
@@ -535,7 +536,6 @@ zs_status zs_checkpoint_save(zs_model* m, const char* root, const char* name,
     cm.blob_bytes[r] = all[3 * r + 1];
     cm.blob_xxh64[r] = all[3 * r + 2];
   }
-  free(all);
   ZS_CHECK(st);
   local = ZS_OK;
   if (rank == 0)
@@ -556,6 +556,7 @@ cleanup:
     zs__error(keep, "%s", msg);
   }
   if (lock_fd >= 0) close(lock_fd); /* (releases the flock) */
+  free(all);
   zs__ckpt_meta_free(&cm);
   return st;
 }
