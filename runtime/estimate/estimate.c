@@ -41,6 +41,9 @@ typedef struct zs__estimate_config {
   size_t largest_unit_elements;
   zs_device_kind device;
   int grad_accum_local;
+  int callback_states; /* > 0: a callback optimizer's state buffers (a
+                          description's "optimizer_states"), not the
+                          config's optimizer's */
 } zs__estimate_config;
 
 /* A unit's policy (core_policy.h), as the engine makes it at finalize;
@@ -72,6 +75,7 @@ static void zs__estimate_states(const zs__estimate_config* c,
 }
 
 static int zs__estimate_nstates(const zs__estimate_config* c) {
+  if (c->callback_states > 0) return c->callback_states;
   if (c->optimizer == ZS_OPTIM_SGD) return c->sgd_momentum ? 1 : 0;
   return 2;
 }
@@ -481,6 +485,7 @@ static zs_status zs__estimate_model(const char* description,
   int* alias = NULL;
   zs__est_slice* slices = NULL;
   int nunits = 0;
+  zs__estimate_config with_states; /* c with a description's states */
   zs__est_offload nv = {0, 0, 0, 0, 1, 0, 0, 0};
   const zs__policy pol = zs__est_policy(c, 1, 1);
   const size_t sg = zs__layout_nvme_sub_group(c->nvme_buffer_size,
@@ -495,8 +500,24 @@ static zs_status zs__estimate_model(const char* description,
             "text after it?)");
   {
     static const char* const top[] = {"format", "version", "units",
-                                      "activations", "other_bytes", NULL};
+                                      "activations", "other_bytes",
+                                      "optimizer_states", NULL};
     ZS_CHECK(zs__json_keys(root, top, "the top level"));
+    /* a model whose optimizer is a callback (zs_model_set_optimizer):
+     * its state buffers per element */
+    const cJSON* os = cJSON_GetObjectItemCaseSensitive(root, "optimizer_states");
+    if (os != NULL) {
+      if (!cJSON_IsNumber(os) || os->valuedouble < 1 ||
+          os->valuedouble > ZS_OPTIM_MAX_STATES ||
+          os->valuedouble != floor(os->valuedouble))
+        ZS_FAIL(ZS_ERR_INVALID_ARGUMENT, "model description: "
+                "\"optimizer_states\" must be a whole number 1..%d (a "
+                "callback optimizer's state buffers per element)",
+                ZS_OPTIM_MAX_STATES);
+      with_states = *c;
+      with_states.callback_states = (int)os->valuedouble;
+      c = &with_states;
+    }
     /* what the model code itself registers per rank outside activations
      * (zs_memory_register as "other", e.g. an fp32 copy of a 16-bit unit's
      * parameters) */

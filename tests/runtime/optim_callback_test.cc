@@ -280,6 +280,41 @@ TEST_F(OptimCallbackTest, AFailingCallbackFailsEveryRankNamingIt) {
   zs_context_destroy(ctx);
 }
 
+// The estimator with the description's "optimizer_states": a Lion model's
+// optimizer states (one buffer) to the byte; without it, AdamW's two.
+TEST_F(OptimCallbackTest, EstimateCountsTheCallbacksBuffers) {
+  for (int stage : {0, 3}) {
+    auto model = MakeTransformer();
+    TrainConfig cfg;
+    cfg.stage = stage;
+    cfg.steps = 1;
+    UseRule(&cfg, kRules[0]);
+    TrainResult r = TrainSharded(*model, cfg);
+    ASSERT_EQ(r.status, ZS_OK) << r.error;
+    std::string d = DescribeModel(*model);
+    d.insert(1, "\"optimizer_states\": 1, ");
+    zs_config c = ZS_CONFIG_INIT;
+    c.stage = stage;
+    c.optimizer = OptimizerFor(cfg);
+    zs_estimate_input in = ZS_ESTIMATE_INPUT_INIT;
+    in.ranks = world_;
+    zs_memory_estimate e{}, e2{};
+    e.struct_size = e2.struct_size = sizeof e;
+    ASSERT_EQ(zs_estimate_from_model(d.c_str(), &c, &in, &e), ZS_OK)
+        << zs_last_error();
+    EXPECT_EQ(r.memory.current[ZS_MEM_OPTIMIZER_STATES],
+              e.bytes[ZS_MEM_OPTIMIZER_STATES]) << "stage " << stage;
+    EXPECT_EQ(r.memory.model_state_bytes, e.model_state_bytes);
+    ASSERT_EQ(zs_estimate_from_model(DescribeModel(*model).c_str(), &c, &in, &e2),
+              ZS_OK);
+    EXPECT_EQ(e2.bytes[ZS_MEM_OPTIMIZER_STATES],
+              2 * e.bytes[ZS_MEM_OPTIMIZER_STATES]);
+    d.replace(d.find("1, "), 1, "9");
+    EXPECT_EQ(zs_estimate_from_model(d.c_str(), &c, &in, &e2),
+              ZS_ERR_INVALID_ARGUMENT);
+  }
+}
+
 zs_status ReturnsNinetyNine(void*, const zs_optim_span*) {
   return (zs_status)99;
 }
