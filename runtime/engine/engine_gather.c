@@ -43,8 +43,6 @@ static zs_status zs__unit_gather(zs_model* m, int unit, void* arg) {
   u->user_gathered = 1;
   /* stacked kinds: the slices of the unit and of its tie owners */
   zs__view_hold(m, u, ZS__VIEW_PARAMS);
-  for (int k = 0; k < u->nowners; k++)
-    zs__view_hold(m, &m->units[u->owners[k]], ZS__VIEW_PARAMS);
   if (m->ctx->prof != NULL)  /* from the call until the parameters are ready */
     zs__profiler_span(m->ctx->prof, 0, "gather", "gather", t0, zs__now(),
                       u->name, 0, 0, 0);
@@ -64,11 +62,6 @@ zs_status zs_unit_release(zs_model* m, int unit) {
                      "zs_unit_release: unit '%s' is not gathered (release "
                      "without a matching zs_unit_gather)", u->name);
   st = zs__view_drop(m, u, ZS__VIEW_PARAMS);
-  for (int k = u->nowners - 1; k >= 0; k--) {
-    const zs_status s2 = zs__view_drop(m, &m->units[u->owners[k]],
-                                       ZS__VIEW_PARAMS);
-    if (st == ZS_OK) st = s2;
-  }
   for (int k = u->nowners - 1; k >= 0; k--) zs__drop(m, u->owners[k]);
   /* Released in the forward pass (its gradients not touched yet this
    * step) with reshard_after_forward off: keep it for the backward. */

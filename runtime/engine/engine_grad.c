@@ -66,8 +66,6 @@ static zs_status zs__unit_grad_acquire(zs_model* m, int unit, void* arg) {
   }
   u->user_grad_open = 1;
   zs__view_hold(m, u, ZS__VIEW_GRADS);
-  for (int k = 0; k < u->nowners; k++)
-    zs__view_hold(m, &m->units[u->owners[k]], ZS__VIEW_GRADS);
   return ZS_OK;
 }
 
@@ -88,12 +86,7 @@ static zs_status zs__unit_grad_release(zs_model* m, int unit, void* arg) {
   zs__forward_hold_end(m, unit);
   /* stacked kinds: the views' gradient slices back into the accumulation
    * buffers before a reduction reads them */
-  zs_status vst = zs__view_drop(m, u, ZS__VIEW_GRADS);
-  for (int k = 0; k < u->nowners; k++) {
-    const zs_status s2 = zs__view_drop(m, &m->units[u->owners[k]],
-                                       ZS__VIEW_GRADS);
-    if (vst == ZS_OK) vst = s2;
-  }
+  const zs_status vst = zs__view_drop(m, u, ZS__VIEW_GRADS);
   /* Close everything even if a reduction fails, so refcounts stay exact. */
   st = zs__grad_close(m, unit, 1);
   for (int k = 0; k < u->nowners; k++) {

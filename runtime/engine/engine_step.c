@@ -421,11 +421,8 @@ static zs_status zs__discard_body(zs_model* m, int unit, void* arg) {
   for (int i = 0; i < m->nunits; i++) {
     /* the holds' stacked views too (their gradients are dropped below) */
     zs__unit* u = &m->units[i];
-    for (int k = -1; k < u->nowners; k++) {
-      zs__unit* o = k < 0 ? u : &m->units[u->owners[k]];
-      if (u->user_grad_open) (void)zs__view_drop(m, o, ZS__VIEW_GRADS);
-      if (u->user_gathered) (void)zs__view_drop(m, o, ZS__VIEW_PARAMS);
-    }
+    if (u->user_grad_open) (void)zs__view_drop(m, u, ZS__VIEW_GRADS);
+    if (u->user_gathered) (void)zs__view_drop(m, u, ZS__VIEW_PARAMS);
     zs__grad_abandon(m, i);
     zs__gather_abandon(m, i);
   }

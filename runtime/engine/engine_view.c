@@ -150,7 +150,7 @@ static const char* zs__slice_kind(const zs_model* m, const zs__unit* u, int i) {
   return m->kinds[m->tensors[u->tensors[i]].kind].name;
 }
 
-void zs__view_hold(zs_model* m, zs__unit* u, int which) {
+static void zs__view_hold_one(zs_model* m, zs__unit* u, int which) {
   int* refs = which == ZS__VIEW_PARAMS ? &u->view_refs : &u->gview_refs;
   if ((*refs)++ > 0) return;
   const size_t page = zs__page();
@@ -167,7 +167,7 @@ void zs__view_hold(zs_model* m, zs__unit* u, int which) {
   }
 }
 
-zs_status zs__view_drop(zs_model* m, zs__unit* u, int which) {
+static zs_status zs__view_drop_one(zs_model* m, zs__unit* u, int which) {
   int* refs = which == ZS__VIEW_PARAMS ? &u->view_refs : &u->gview_refs;
   if (*refs <= 0 || --(*refs) > 0) return ZS_OK;
   zs_status st = ZS_OK;
@@ -201,6 +201,21 @@ zs_status zs__view_drop(zs_model* m, zs__unit* u, int which) {
       n = 0;
     }
     zs__view_account(m, v, before, kind);
+  }
+  return st;
+}
+
+void zs__view_hold(zs_model* m, zs__unit* u, int which) {
+  zs__view_hold_one(m, u, which);
+  for (int k = 0; k < u->nowners; k++)
+    zs__view_hold_one(m, &m->units[u->owners[k]], which);
+}
+
+zs_status zs__view_drop(zs_model* m, zs__unit* u, int which) {
+  zs_status st = zs__view_drop_one(m, u, which);
+  for (int k = 0; k < u->nowners; k++) {
+    const zs_status s2 = zs__view_drop_one(m, &m->units[u->owners[k]], which);
+    if (st == ZS_OK) st = s2;
   }
   return st;
 }

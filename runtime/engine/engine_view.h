@@ -21,12 +21,14 @@ extern "C" {
 zs_status zs__views_create(zs_model* m);
 /* Unmaps and closes them, removing their accounting (NULL-safe per kind). */
 void zs__views_destroy(zs_model* m);
-/* A hold on unit u's slices in view `which` (ZS__VIEW_PARAMS or _GRADS):
- * at the first (refs 0 -> 1) each slice is copied in from the unit's full
- * parameters (params_full) or its gradient accumulation (grad_accum), and
- * its pages counted resident. Never fails (no allocation). */
+/* A hold on the slices of unit u and of the owners of its tied tensors
+ * (what a user's gather or gradient acquire of u covers) in view `which`
+ * (ZS__VIEW_PARAMS or _GRADS): at a unit's first (refs 0 -> 1) each slice
+ * is copied in from its full parameters (params_full) or its gradient
+ * accumulation (grad_accum), and its pages counted resident. Never fails
+ * (no allocation). */
 void zs__view_hold(zs_model* m, zs__unit* u, int which);
-/* Ends a hold: at the last, gradient slices are copied back into
+/* Ends such a hold: at a unit's last, gradient slices are copied back into
  * grad_accum (before the unit's reduction may start), and the pages no held
  * slice overlaps are punched out (fallocate PUNCH_HOLE). Errors: IO when
  * the system refuses the punch (the pages then stay resident and counted);
