@@ -743,24 +743,36 @@ static zs_status zs__ckpt_load_units(zs_model* m, zs__ckpt_reader* rd,
 
 /* Reads and verifies extras.bin into out (cap bytes; NULL: verify only);
  * `who` names the public call in errors. */
-static zs_status zs__ckpt_read_extras(const zs__ckpt_meta* cm, void* out,
-                                      size_t cap, const char* who) {
-  zs_status st = zs__ckpt_verify_file(cm, -1);
-  if (st != ZS_OK || out == NULL || cm->extras_bytes == 0) return st;
-  if (cm->extras_bytes > cap)
+/* Reads a small whole file of the checkpoint into out (cap bytes; NULL:
+ * verify only), verified first: file -1 is extras.bin, world + R rank R's
+ * blob (zs__ckpt_verify_file's numbering). who names the caller. */
+static zs_status zs__ckpt_read_whole(const zs__ckpt_meta* cm, int file,
+                                     void* out, size_t cap, const char* who) {
+  const uint64_t n = file < 0 ? cm->extras_bytes : cm->blob_bytes[file - cm->world];
+  char name[64], path[ZS__CKPT_PATH_MAX];
+  if (file < 0) snprintf(name, sizeof name, "%s", ZS__CKPT_EXTRAS);
+  else zs__ckpt_blob_file(file - cm->world, name, sizeof name);
+  /* extras.bin is checked even when empty; an empty blob has no data */
+  if (n == 0 && file >= 0) return ZS_OK;
+  zs_status st = zs__ckpt_verify_file(cm, file);
+  if (st != ZS_OK || out == NULL || n == 0) return st;
+  if (n > cap && file < 0)
     return zs__error(ZS_ERR_INVALID_ARGUMENT, "%s: the checkpoint's extras "
                      "are %llu bytes, the buffer holds %zu", who,
-                     (unsigned long long)cm->extras_bytes, cap);
-  char path[ZS__CKPT_PATH_MAX];
-  st = zs__ckpt_join(path, sizeof path, cm->dir, ZS__CKPT_EXTRAS);
+                     (unsigned long long)n, cap);
+  if (n > cap)
+    return zs__error(ZS_ERR_INVALID_ARGUMENT, "%s: rank %d's blob is %llu "
+                     "bytes, the buffer holds %zu", who, file - cm->world,
+                     (unsigned long long)n, cap);
+  st = zs__ckpt_join(path, sizeof path, cm->dir, name);
   if (st != ZS_OK) return st;
   FILE* f = fopen(path, "rb");
   if (f == NULL)
     return zs__error(ZS_ERR_IO, "checkpoint file '%s' cannot be opened: %s",
                      path, strerror(errno));
-  size_t got = fread(out, 1, (size_t)cm->extras_bytes, f);
+  size_t got = fread(out, 1, (size_t)n, f);
   fclose(f);
-  if (got != cm->extras_bytes)
+  if (got != n)
     return zs__error(ZS_ERR_CORRUPT, "checkpoint file '%s' is truncated", path);
   return ZS_OK;
 }
@@ -775,8 +787,8 @@ zs_status zs_checkpoint_read_extras(const char* path, void* extras,
   if (st == ZS_OK && extras_bytes != NULL)
     *extras_bytes = (size_t)cm.extras_bytes;
   if (st == ZS_OK)
-    st = zs__ckpt_read_extras(&cm, extras, extras_cap,
-                              "zs_checkpoint_read_extras");
+    st = zs__ckpt_read_whole(&cm, -1, extras, extras_cap,
+                             "zs_checkpoint_read_extras");
   zs__ckpt_meta_free(&cm);
   return st;
 }
@@ -819,26 +831,9 @@ zs_status zs_checkpoint_read_rank_blob(const char* path, int rank, void* out,
   /* version 1: no blobs (every rank's is empty) */
   const uint64_t n = st == ZS_OK && cm.blob_bytes != NULL ? cm.blob_bytes[rank] : 0;
   if (st == ZS_OK && bytes != NULL) *bytes = (size_t)n;
-  if (st == ZS_OK && n > 0) st = zs__ckpt_verify_file(&cm, cm.world + rank);
-  if (st == ZS_OK && n > 0 && out != NULL) {
-    char name[64], file[ZS__CKPT_PATH_MAX];
-    zs__ckpt_blob_file(rank, name, sizeof name);
-    if (n > cap)
-      st = zs__error(ZS_ERR_INVALID_ARGUMENT, "zs_checkpoint_read_rank_blob: "
-                     "rank %d's blob is %llu bytes, the buffer holds %zu",
-                     rank, (unsigned long long)n, cap);
-    if (st == ZS_OK) st = zs__ckpt_join(file, sizeof file, cm.dir, name);
-    FILE* f = st == ZS_OK ? fopen(file, "rb") : NULL;
-    if (st == ZS_OK && f == NULL)
-      st = zs__error(ZS_ERR_IO, "checkpoint file '%s' cannot be opened: %s",
-                     file, strerror(errno));
-    if (f != NULL) {
-      if (fread(out, 1, (size_t)n, f) != n)
-        st = zs__error(ZS_ERR_CORRUPT, "checkpoint file '%s' is truncated",
-                       file);
-      fclose(f);
-    }
-  }
+  if (st == ZS_OK && n > 0)
+    st = zs__ckpt_read_whole(&cm, cm.world + rank, out, cap,
+                             "zs_checkpoint_read_rank_blob");
   zs__ckpt_meta_free(&cm);
   return st;
 }
@@ -912,7 +907,7 @@ zs_status zs_checkpoint_load(zs_model* m, const char* path, unsigned flags,
   for (int f = rank; local == ZS_OK && f < nfiles; f += world)
     local = zs__ckpt_verify_file(&cm, f);
   if (local == ZS_OK)
-    local = zs__ckpt_read_extras(&cm, extras, extras_cap, "zs_checkpoint_load");
+    local = zs__ckpt_read_whole(&cm, -1, extras, extras_cap, "zs_checkpoint_load");
   if (local == ZS_OK) local = zs__ckpt_reader_open(&rd, &cm);
   ZS_CHECK(zs__comm_agree(comm, local, "zs_checkpoint_load"));
   local = zs__ckpt_load_units(m, &rd, map, weights_only);
