@@ -41,9 +41,6 @@ typedef struct zs__estimate_config {
   size_t largest_unit_elements;
   zs_device_kind device;
   int grad_accum_local;
-  int callback_states; /* > 0: a callback optimizer's state buffers (a
-                          description's "optimizer_states"), not the
-                          config's optimizer's */
 } zs__estimate_config;
 
 /* A unit's policy (core_policy.h), as the engine makes it at finalize;
@@ -75,7 +72,6 @@ static void zs__estimate_states(const zs__estimate_config* c,
 }
 
 static int zs__estimate_nstates(const zs__estimate_config* c) {
-  if (c->callback_states > 0) return c->callback_states;
   if (c->optimizer == ZS_OPTIM_SGD) return c->sgd_momentum ? 1 : 0;
   return 2;
 }
@@ -171,6 +167,9 @@ typedef struct zs__est_offload {
   size_t span_grad_bytes;  /* the largest trainable span's gradients */
   size_t span_param_bytes; /* ... and parameters (not always one unit's) */
   size_t gather_src_bytes; /* stage 3: the working set's shards */
+  int nstates;             /* optimizer state fields per element: the
+                              config's optimizer's, or a description's
+                              "optimizer_states" (a callback's) */
 } zs__est_offload;
 
 /* Whether reductions run one at a time, none beside the next unit's
@@ -199,7 +198,7 @@ static zs_status zs__estimate_total(zs_memory_estimate* out,
      * rounded up to 4 KiB; each slot of the pinned pool's ring holds a
      * sub-group's fields (engine_optim_nvme.c) */
     const size_t master = out->bytes[ZS_MEM_MASTER_WEIGHTS];
-    const size_t fields = (master > 0) + (size_t)zs__estimate_nstates(c);
+    const size_t fields = (master > 0) + (size_t)nv->nstates;
     ZS_REQUIRE(fields == 0 || c->nvme_buffer_count >= 3 * fields,
                "zs_estimate: nvme_buffer_count %zu is below the %zu buffers "
                "NVMe offload needs here (3 sub-groups in flight at least, x "
@@ -293,7 +292,7 @@ static zs_status zs__estimate_params(double params,
       (lu + W - 1) / W * zs_dtype_size(dt),
       zs__layout_nvme_round(l.shard * zs_dtype_size(dt)), zs_dtype_size(dt),
       n > 0 ? lu_span * zs_dtype_size(gdt) : 0,
-      n > 0 ? lu_span * zs_dtype_size(dt) : 0, 0};
+      n > 0 ? lu_span * zs_dtype_size(dt) : 0, 0, zs__estimate_nstates(c)};
   if (c->largest_unit_elements > 0 && n > 0) {
     /* Units given by their largest: the transient terms as for a
      * description of ceil(n / lu) units of lu elements (no ties): the
@@ -485,8 +484,7 @@ static zs_status zs__estimate_model(const char* description,
   int* alias = NULL;
   zs__est_slice* slices = NULL;
   int nunits = 0;
-  zs__estimate_config with_states; /* c with a description's states */
-  zs__est_offload nv = {0, 0, 0, 0, 1, 0, 0, 0};
+  zs__est_offload nv = {0, 0, 0, 0, 1, 0, 0, 0, zs__estimate_nstates(c)};
   const zs__policy pol = zs__est_policy(c, 1, 1);
   const size_t sg = zs__layout_nvme_sub_group(c->nvme_buffer_size,
                                               c->nvme_sub_group_size);
@@ -514,9 +512,7 @@ static zs_status zs__estimate_model(const char* description,
                 "\"optimizer_states\" must be a whole number 1..%d (a "
                 "callback optimizer's state buffers per element)",
                 ZS_OPTIM_MAX_STATES);
-      with_states = *c;
-      with_states.callback_states = (int)os->valuedouble;
-      c = &with_states;
+      nv.nstates = (int)os->valuedouble;
     }
     /* what the model code itself registers per rank outside activations
      * (zs_memory_register as "other", e.g. an fp32 copy of a 16-bit unit's
@@ -775,7 +771,7 @@ static zs_status zs__estimate_model(const char* description,
     nv.param_file_bytes += zs__layout_nvme_round(l.shard * u->elem);
     if (u->elem > nv.widest_elem) nv.widest_elem = u->elem;
     zs__estimate_states(&uc, &l, u->elem, u->gelem, u->lowp, u->trainable,
-                        zs__estimate_nstates(c), out);
+                        nv.nstates, out);
     ui++;
   }
   {
