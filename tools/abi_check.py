@@ -16,7 +16,8 @@ ABI promise"):
   - enumerators appended to an enum that ends in a `..._COUNT` sentinel:
     the sentinel's value grows, and each new enumerator takes a value from
     its old value on (no existing enumerator changes value; arrays sized by
-    a sentinel in the public structs use their ..._CAP, so they stay).
+    a sentinel in the public structs use their ..._CAP, so they stay),
+    also where the enum is a struct member's type.
 Anything else in the report (a function removed or changed, a member
 moved, removed, retyped or inserted before the end, a change to a struct
 that is not versioned, a line this script does not know) is a break: exit
@@ -52,6 +53,10 @@ NEUTRAL = [
     r"\d+ data member insertions?:",
     r"type size hasn't changed",
     r"\d+ enumerator (?:insertions?|changes?):",
+    # a member whose type changed: what changed follows (an enum judged
+    # below; anything else is a line this script does not know: a break)
+    r"\d+ data member changes?:",
+    r"type of '.*' changed:",
 ]
 UNDERLYING = re.compile(r"underlying type 'struct (\w+)'(?: at \S+)? changed:")
 SIZE = re.compile(r"type size changed from (\d+) to (\d+) \(in bits\)")

@@ -34,7 +34,8 @@ const char* zs__purpose_name(int purpose) {
  * size per rank for all-gather and reduce-scatter. */
 static size_t zs__coll_bytes(const zs__comm* c, const zs__coll* op) {
   size_t bytes = op->count * zs_dtype_size(op->dtype);
-  if (op->op == ZS_COLL_ALL_GATHER || op->op == ZS_COLL_REDUCE_SCATTER)
+  if (op->op == ZS_COLL_ALL_GATHER || op->op == ZS_COLL_REDUCE_SCATTER ||
+      op->op == ZS_COLL_GATHER)
     bytes *= (size_t)c->world;
   return bytes;
 }
@@ -182,7 +183,9 @@ static zs__coll* zs__coll_new(zs__comm* c, zs_coll_op kind, zs__coll_tag tag,
   op->tag = tag;
   op->count = count;
   op->dtype = dtype;
-  op->is_param_gather = kind == ZS_COLL_ALL_GATHER && tag.purpose == ZS__P_GATHER;
+  op->is_param_gather =
+      (kind == ZS_COLL_ALL_GATHER || kind == ZS_COLL_GATHER) &&
+      tag.purpose == ZS__P_GATHER;
   (void)c;
   return op;
 }
@@ -320,6 +323,22 @@ zs_status zs__comm_iall_gather(zs__comm* c, zs__coll_tag tag, const void* send,
   return zs__coll_started(c, st, op, -1, out);
 }
 
+zs_status zs__comm_igather_users(zs__comm* c, zs__coll_tag tag,
+                                 const void* send, void* recv, size_t count,
+                                 zs_dtype dtype, uint64_t users,
+                                 zs__coll** out) {
+  if (c->ops->gather_users == NULL || c->world > 64)
+    return zs__error(ZS_ERR_UNSUPPORTED, "gather to some ranks only: not on "
+                     "the %s backend with %d ranks (at most 64)", c->ops->name,
+                     c->world);
+  ZS__COLL_BEGIN(ZS_COLL_GATHER, count, dtype);
+  op->users = users;
+  zs__coll_call(c, op, ZS__CALL_GATHER_USERS, ZS__RED_SUM, send);
+  st = c->ops->gather_users(c, send, recv, count, dtype, users, NULL,
+                            &op->req);
+  return zs__coll_started(c, st, op, -1, out);
+}
+
 zs_status zs__comm_iall_gather_strided(zs__comm* c, zs__coll_tag tag,
                                        void* buf, size_t offset,
                                        size_t stride, size_t chunk,
@@ -398,7 +417,7 @@ size_t zs__comm_pending(const zs__comm* c, int lane, uint64_t from,
                                (uint8_t)op->redop, (uint8_t)op->tag.purpose,
                                (uint8_t)op->lane,  op->root,
                                op->tag.unit,       op->lane_seq,
-                               op->count};
+                               op->count,          op->users};
     n++;
   }
   return n;
@@ -442,6 +461,7 @@ zs_status zs__comm_icatch_up(zs__comm* c, const zs__coll_desc* d,
   const zs_coll_op kind =
       call == ZS__CALL_ALL_GATHER || call == ZS__CALL_ALL_GATHER_STRIDED
           ? ZS_COLL_ALL_GATHER
+      : call == ZS__CALL_GATHER_USERS ? ZS_COLL_GATHER
       : call == ZS__CALL_ALL_REDUCE ? ZS_COLL_ALL_REDUCE
       : call == ZS__CALL_BROADCAST  ? ZS_COLL_BROADCAST
                                     : ZS_COLL_REDUCE_SCATTER;
@@ -463,6 +483,14 @@ zs_status zs__comm_icatch_up(zs__comm* c, const zs__coll_desc* d,
       st = zs__catch_up_scratch(c, op, d->lane, W * n * e, (void**)&b);
       if (st == ZS_OK)
         st = c->ops->all_gather_strided(c, b, 0, n, n, dtype, NULL, &op->req);
+      break;
+    case ZS__CALL_GATHER_USERS: /* sends zeros; a user receives too */
+      op->users = d->users;
+      st = zs__catch_up_scratch(c, op, d->lane, (W + 1) * n * e, (void**)&b);
+      if (st == ZS_OK)
+        st = c->ops->gather_users(c, b, (d->users >> c->rank & 1) ? b + n * e
+                                                                  : NULL,
+                                  n, dtype, d->users, NULL, &op->req);
       break;
     case ZS__CALL_EXCHANGE:
       st = zs__catch_up_scratch(c, op, d->lane, 2 * W * n * e, (void**)&b);

@@ -38,7 +38,8 @@ typedef enum zs__call {
   ZS__CALL_ALL_REDUCE = 2,
   ZS__CALL_BROADCAST = 3,
   ZS__CALL_EXCHANGE = 4,
-  ZS__CALL_ALL_GATHER_STRIDED = 5
+  ZS__CALL_ALL_GATHER_STRIDED = 5,
+  ZS__CALL_GATHER_USERS = 6
 } zs__call;
 
 /* Lanes: a backend pairs the collectives of one lane across ranks in issue
@@ -116,6 +117,14 @@ typedef struct zs__comm_ops {
                                zs__comm_req** req);
   zs_status (*ctrl_broadcast)(zs__comm* c, void* buf, size_t count,
                               zs_dtype dtype, int root, zs__comm_req** req);
+  /* An all-gather to the ranks in `users` only (bit r: rank r; world <=
+   * 64): every rank sends its `count` elements from send to each user
+   * other than itself; a user receives rank r's at recv + r * count (count
+   * * world elements) and copies its own there; a rank outside `users`
+   * receives nothing (recv NULL). */
+  zs_status (*gather_users)(zs__comm* c, const void* send, void* recv,
+                            size_t count, zs_dtype dtype, uint64_t users,
+                            zs__stream* stream, zs__comm_req** req);
 } zs__comm_ops;
 
 /* Bytes of one failure notice (the failing rank's error message). */
@@ -227,6 +236,14 @@ zs_status zs__comm_iall_gather(zs__comm* c, zs__coll_tag tag, const void* send,
                                void* recv, size_t count, zs_dtype dtype,
                                zs__coll** out);
 
+/* Starts a gather to the ranks in `users` (comm ops' gather_users; counted
+ * and logged as ZS_COLL_GATHER, bytes as an all-gather's) and returns at
+ * once. recv: NULL on a rank outside `users`. */
+zs_status zs__comm_igather_users(zs__comm* c, zs__coll_tag tag,
+                                 const void* send, void* recv, size_t count,
+                                 zs_dtype dtype, uint64_t users,
+                                 zs__coll** out);
+
 /* Starts an in-place all-gather of one bucket of every rank's shard: rank
  * r's `chunk` elements at buf + r * stride + offset. */
 zs_status zs__comm_iall_gather_strided(zs__comm* c, zs__coll_tag tag,
@@ -314,6 +331,7 @@ struct zs__coll {
   uint64_t seq;       /* its log entry */
   double t_issue;
   int is_param_gather;
+  uint64_t users;     /* gather_users: the receiving ranks */
   void* tmp;          /* reduce-scatter temporary (device memory) */
   void* dst;          /* fixed-order reduce-scatter: the sum goes here */
   void* div_dst;      /* backend reduce-scatter: divided at completion */
@@ -344,6 +362,7 @@ typedef struct zs__coll_desc {
   uint64_t lane_seq;
   uint64_t count;  /* elements per rank (all-gather, reduce-scatter, the
                       exchange's chunk) or in all (all-reduce, broadcast) */
+  uint64_t users;  /* gather to users: the receiving ranks, else 0 */
 } zs__coll_desc;
 
 /* Copies the descriptions of this rank's collectives in flight on `lane`

@@ -351,6 +351,36 @@ static zs_status zs__mpi_all_gather_strided(zs__comm* c, void* buf,
   return zs__mpi_p2p_end(c, rc, "strided all-gather", r, req);
 }
 
+static zs_status zs__mpi_gather_users(zs__comm* c, const void* send,
+                                      void* recv, size_t count, zs_dtype dtype,
+                                      uint64_t users, zs__stream* stream,
+                                      zs__comm_req** req) {
+  (void)stream;
+  MPI_Datatype t;
+  int n = 0, tag = 0;
+  zs__comm_req* r = NULL;
+  zs_status st = zs__mpi_type(dtype, 0, &t);
+  if (st == ZS_OK) st = zs__mpi_count(count, "gather", &n);
+  if (st == ZS_OK) st = zs__mpi_p2p_begin(c, &r, &tag);
+  if (st != ZS_OK) return st;
+  const size_t elem = zs_dtype_size(dtype);
+  const int user = (int)(users >> c->rank & 1);
+  char* d = (char*)recv;
+  int rc = MPI_SUCCESS;
+  for (int p = 0; user && p < c->world && rc == MPI_SUCCESS; p++) {
+    if (p == c->rank) continue;
+    rc = MPI_Irecv(d + (size_t)p * count * elem, n, t, p, tag, zs__mpi_comm(c),
+                   &r->many[r->n++]);
+  }
+  for (int p = 0; p < c->world && rc == MPI_SUCCESS; p++) {
+    if (p == c->rank || !(users >> p & 1)) continue;
+    rc = MPI_Isend(send, n, t, p, tag, zs__mpi_comm(c), &r->many[r->n++]);
+  }
+  if (user && count > 0)
+    memcpy(d + (size_t)c->rank * count * elem, send, count * elem);
+  return zs__mpi_p2p_end(c, rc, "gather", r, req);
+}
+
 /* ---- The progress thread ---------------------------------------------------
  * While collectives are in flight, an MPI_Iprobe on a private communicator
  * runs Open MPI's progress engine (which advances every pending request)
@@ -670,7 +700,8 @@ static int zs__mpi_alive(const zs__comm* c) {
 static int zs__mpi_lane(zs__comm* c, zs__call call, const void* buf) {
   (void)c;
   (void)buf;
-  return call == ZS__CALL_EXCHANGE || call == ZS__CALL_ALL_GATHER_STRIDED;
+  return call == ZS__CALL_EXCHANGE || call == ZS__CALL_ALL_GATHER_STRIDED ||
+         call == ZS__CALL_GATHER_USERS;
 }
 
 static zs_status zs__mpi_ctrl_all_reduce(zs__comm* c, void* buf,
@@ -707,6 +738,7 @@ static const zs__comm_ops zs__mpi_ops = {
     zs__mpi_lane,
     zs__mpi_ctrl_all_reduce,
     zs__mpi_ctrl_broadcast,
+    zs__mpi_gather_users,
 };
 
 zs_status zs__comm_mpi_create(MPI_Comm comm, zs__comm** out) {

@@ -329,6 +329,43 @@ static zs_status zs__nccl_exchange(zs__comm* c, const void* send,
   return zs__nccl_end(c, r, "exchange", req);
 }
 
+static zs_status zs__nccl_gather_users(zs__comm* c, const void* send,
+                                       void* recv, size_t count,
+                                       zs_dtype dtype, uint64_t users,
+                                       zs__stream* stream,
+                                       zs__comm_req** req) {
+  zs__nccl_impl* n = zs__nimpl(c);
+  if (zs__is_host(send))
+    ZS__NCCL_HOST(n->host->ops->gather_users(n->host, send, recv, count, dtype,
+                                             users, stream, req ? &q_ : NULL));
+  ncclDataType_t t;
+  zs_status st = zs__nccl_begin(c, dtype, "gather", &t);
+  if (st != ZS_OK) return st;
+  const size_t elem = zs_dtype_size(dtype);
+  const int user = (int)(users >> c->rank & 1);
+  char* d = (char*)recv;
+  if (n->local)
+    return zs__local_copy(c, user ? d : NULL, send, user ? count * elem : 0,
+                          "gather", req);
+  ncclResult_t r = zs__nccl_fn.GroupStart();
+  for (int p = 0; p < c->world && r == ncclSuccess; p++) {
+    if (p == c->rank) continue;
+    if (users >> p & 1)
+      r = zs__nccl_fn.Send(send, count, t, p, n->comm, n->stream);
+    if (r == ncclSuccess && user)
+      r = zs__nccl_fn.Recv(d + (size_t)p * count * elem, count, t, p, n->comm,
+                           n->stream);
+  }
+  ncclResult_t r2 = zs__nccl_fn.GroupEnd();
+  if (r == ncclSuccess) r = r2;
+  if (r == ncclSuccess && user && count > 0 &&
+      cudaMemcpyAsync(d + (size_t)c->rank * count * elem, send, count * elem,
+                      cudaMemcpyDeviceToDevice, n->stream) != cudaSuccess)
+    return zs__error(ZS_ERR_DEVICE, "NCCL gather: local copy: %s",
+                     cudaGetErrorString(cudaGetLastError()));
+  return zs__nccl_end(c, r, "gather", req);
+}
+
 static zs_status zs__nccl_all_gather_strided(zs__comm* c, void* buf,
                                              size_t offset, size_t stride,
                                              size_t chunk, zs_dtype dtype,
@@ -501,6 +538,7 @@ static const zs__comm_ops zs__nccl_ops = {
     zs__nccl_lane,
     zs__nccl_ctrl_all_reduce,
     zs__nccl_ctrl_broadcast,
+    zs__nccl_gather_users,
 };
 
 /* One GPU per rank, as NCCL requires: every rank's machine (the kernel's

@@ -276,8 +276,8 @@ cleanup:
  * per rank). */
 #define ZS__DISCARD_NOTICE_AFTER_S 0.05
 
-/* Descriptions travel as three words each. */
-#define ZS__DESC_WORDS 3
+/* Descriptions travel as four words each. */
+#define ZS__DESC_WORDS 4
 
 static void zs__desc_pack(const zs__coll_desc* d, uint64_t* w) {
   w[0] = (uint64_t)d->call | (uint64_t)d->dtype << 8 |
@@ -285,6 +285,7 @@ static void zs__desc_pack(const zs__coll_desc* d, uint64_t* w) {
          (uint64_t)d->lane << 32;
   w[1] = d->count;
   w[2] = (uint64_t)(uint32_t)(d->root + 1) | (uint64_t)(uint32_t)d->unit << 32;
+  w[3] = d->users;
 }
 
 static zs__coll_desc zs__desc_unpack(const uint64_t* w, uint64_t lane_seq) {
@@ -297,6 +298,7 @@ static zs__coll_desc zs__desc_unpack(const uint64_t* w, uint64_t lane_seq) {
   d.count = w[1];
   d.root = (int32_t)(uint32_t)w[2] - 1;
   d.unit = (int32_t)(uint32_t)(w[2] >> 32);
+  d.users = w[3];
   d.lane_seq = lane_seq;
   return d;
 }
@@ -304,14 +306,15 @@ static zs__coll_desc zs__desc_unpack(const uint64_t* w, uint64_t lane_seq) {
 /* The same call of the same size: partners of each other. */
 static int zs__desc_same(const zs__coll_desc* a, const zs__coll_desc* b) {
   return a->call == b->call && a->dtype == b->dtype && a->redop == b->redop &&
-         a->lane == b->lane && a->root == b->root && a->count == b->count;
+         a->lane == b->lane && a->root == b->root && a->count == b->count &&
+         a->users == b->users;
 }
 
 static const char* zs__call_name(int call) {
   static const char* const names[] = {
       "all-gather", "reduce-scatter", "all-reduce",
       "broadcast",  "exchange (fixed-order reduce-scatter)",
-      "strided all-gather"};
+      "strided all-gather", "gather to the unit's users"};
   return call >= 0 && call < (int)(sizeof names / sizeof *names) ? names[call]
                                                                 : "?";
 }

@@ -124,6 +124,7 @@ double zs_busbw_factor(zs_coll_op op, int ranks) {
   const double n = ranks;
   switch (op) {
     case ZS_COLL_ALL_GATHER:
+    case ZS_COLL_GATHER:
     case ZS_COLL_REDUCE_SCATTER: return (n - 1) / n;
     case ZS_COLL_ALL_REDUCE: return 2 * (n - 1) / n;
     case ZS_COLL_BROADCAST: return 1.0;
@@ -140,7 +141,7 @@ const char* zs_phase_name(zs_phase phase) {
 
 const char* zs_coll_op_name(zs_coll_op op) {
   static const char* const names[ZS_COLL_OP_COUNT] = {
-      "all_gather", "reduce_scatter", "all_reduce", "broadcast"};
+      "all_gather", "reduce_scatter", "all_reduce", "broadcast", "gather"};
   if ((int)op < 0 || op >= ZS_COLL_OP_COUNT) return "invalid";
   return names[op];
 }

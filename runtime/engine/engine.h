@@ -190,6 +190,11 @@ typedef struct zs__unit {
                          count): copied in at 0 -> 1, punched at 1 -> 0 */
   int gview_refs;     /* ... gradient acquires holding them */
   int strategy;       /* zs_unit_strategy */
+  int allow_unused;   /* zs_unit_allow_unused: ranks may skip it; reduced
+                         in zs_step, never prefetched, and at stage 3
+                         gathered to its users only (engine_unit.c) */
+  int unused;         /* zs_unit_mark_unused in this micro-batch */
+  int touched;        /* gathered or acquired in this micro-batch */
   int replicated;     /* at finalize: never sharded (policy of stage 0) */
   int seen_this_step; /* gathered by the user in this training step */
   int streak;         /* consecutive completed steps that gathered it: a

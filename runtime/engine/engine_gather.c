@@ -19,6 +19,11 @@ static zs_status zs__unit_gather(zs_model* m, int unit, void* arg) {
     return zs__error(ZS_ERR_INVALID_STATE,
                      "zs_unit_gather: unit '%s' is already gathered; release "
                      "it before gathering it again", u->name);
+  if (u->unused)
+    return zs__error(ZS_ERR_INVALID_STATE,
+                     "zs_unit_gather: unit '%s' was marked unused in this "
+                     "micro-batch (zs_unit_mark_unused); it can be used "
+                     "again after zs_step", u->name);
   zs__progress(m);
   if (m->gathers && !m->eval) {
     st = zs__trace_follow(m, unit);
@@ -41,6 +46,7 @@ static zs_status zs__unit_gather(zs_model* m, int unit, void* arg) {
     return st;
   }
   u->user_gathered = 1;
+  u->touched = 1;
   /* stacked kinds: the slices of the unit and of its tie owners */
   zs__view_hold(m, u, ZS__VIEW_PARAMS);
   if (m->ctx->prof != NULL)  /* from the call until the parameters are ready */
@@ -64,10 +70,13 @@ zs_status zs_unit_release(zs_model* m, int unit) {
   st = zs__view_drop(m, u, ZS__VIEW_PARAMS);
   for (int k = u->nowners - 1; k >= 0; k--) zs__drop(m, u->owners[k]);
   /* Released in the forward pass (its gradients not touched yet this
-   * step) with reshard_after_forward off: keep it for the backward. */
-  if (u->policy.gather_on_use && !m->ctx->config.reshard_after_forward &&
-      !m->eval && !u->forward_hold && u->grad_state == ZS__GRAD_IDLE && u->releases == 0 &&
-      !u->user_grad_open)
+   * step) with reshard_after_forward off: keep it for the backward. A unit
+   * some ranks may not use is always kept: the others, which do not
+   * gather it in the backward, could not send their shards again. */
+  if (u->policy.gather_on_use && !m->eval && !u->forward_hold &&
+      u->releases == 0 && !u->user_grad_open &&
+      (u->allow_unused || (!m->ctx->config.reshard_after_forward &&
+                           u->grad_state == ZS__GRAD_IDLE)))
     u->forward_hold = 1;
   else
     zs__drop(m, unit);
@@ -109,7 +118,9 @@ zs_status zs_model_set_eval(zs_model* m, int eval) {
 static zs_status zs__unit_prefetch(zs_model* m, int unit, void* arg) {
   (void)arg;
   if (m->eval) return ZS_OK;
-  if (!m->units[unit].policy.gather_on_use || m->units[unit].gather_refs > 0)
+  /* (a unit some ranks may not use is gathered at its use only) */
+  if (!m->units[unit].policy.gather_on_use || m->units[unit].gather_refs > 0 ||
+      m->units[unit].allow_unused)
     return ZS_OK;
   if (m->max_live_elems > 0 &&
       m->live_elems + zs__prefetch_cost(m, unit) > m->max_live_elems)
@@ -121,6 +132,42 @@ static zs_status zs__unit_prefetch(zs_model* m, int unit, void* arg) {
 
 zs_status zs_unit_prefetch(zs_model* m, int unit) {
   return zs__public_call(m, "zs_unit_prefetch", unit, 1, zs__unit_prefetch, NULL);
+}
+
+static zs_status zs__unit_mark_unused(zs_model* m, int unit, void* arg) {
+  (void)arg;
+  zs__unit* u = &m->units[unit];
+  if (!u->allow_unused)
+    return zs__error(ZS_ERR_INVALID_STATE,
+                     "zs_unit_mark_unused: unit '%s' was not declared with "
+                     "zs_unit_allow_unused before zs_model_finalize", u->name);
+  if (u->unused)
+    return zs__error(ZS_ERR_INVALID_STATE,
+                     "zs_unit_mark_unused: unit '%s' is already marked unused "
+                     "in this micro-batch", u->name);
+  if (u->touched || u->user_gathered || u->user_grad_open || u->releases > 0)
+    return zs__error(ZS_ERR_INVALID_STATE,
+                     "zs_unit_mark_unused: unit '%s' was %s in this "
+                     "micro-batch; mark it before any use, where the rank "
+                     "would gather it", u->name,
+                     u->user_gathered || u->touched ? "gathered"
+                                                    : "given gradients");
+  zs__progress(m);
+  if (m->gathers && !m->eval) {
+    zs_status st = zs__trace_follow(m, unit);
+    if (st != ZS_OK) return st;
+  }
+  zs_status st = zs__unused_send(m, unit);
+  if (st == ZS_OK) u->unused = 1;
+  /* the prefetches a gather of the unit would start here, so that every
+   * rank issues the same collectives */
+  if (st == ZS_OK && !m->eval) st = zs__prefetch_issue(m);
+  return st;
+}
+
+zs_status zs_unit_mark_unused(zs_model* m, int unit) {
+  return zs__public_call(m, "zs_unit_mark_unused", unit, 1,
+                         zs__unit_mark_unused, NULL);
 }
 
 zs_status zs_tensor_data(zs_model* m, int tensor, void** data) {

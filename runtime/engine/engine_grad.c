@@ -32,6 +32,8 @@ static zs_status zs__grad_close(zs_model* m, int unit, int reduce) {
   const int expected = zs_unit_grad_uses(m, unit);
   /* Local accumulation reduces at the K-th micro-batch only. */
   if (m->ctx->config.grad_accum_local && !zs__accum_boundary(m)) return ZS_OK;
+  /* A unit some ranks may not use reduces in zs_step, on every rank. */
+  if (u->allow_unused) return ZS_OK;
   if (u->trainable && u->grad_refs == 0 && expected > 0 &&
       u->releases >= expected && u->grad_state == ZS__GRAD_ACCUM)
     return zs__grad_reduce_start(m, u);
@@ -52,6 +54,10 @@ static zs_status zs__unit_grad_acquire(zs_model* m, int unit, void* arg) {
     return zs__error(ZS_ERR_INVALID_STATE,
                      "zs_unit_grad_acquire: gradients of unit '%s' are already "
                      "acquired; release them first", u->name);
+  if (u->unused)
+    return zs__error(ZS_ERR_INVALID_STATE,
+                     "zs_unit_grad_acquire: unit '%s' was marked unused in "
+                     "this micro-batch (zs_unit_mark_unused)", u->name);
   zs__accounting_phase(m->ctx->acct, ZS_PHASE_BACKWARD);
   st = zs__grad_open(m, unit);
   if (st != ZS_OK) return st;
@@ -65,6 +71,7 @@ static zs_status zs__unit_grad_acquire(zs_model* m, int unit, void* arg) {
     }
   }
   u->user_grad_open = 1;
+  u->touched = 1;
   zs__view_hold(m, u, ZS__VIEW_GRADS);
   return ZS_OK;
 }

@@ -442,6 +442,17 @@ zs_status zs_model_set_persistence_threshold(zs_model* m, size_t elements) {
   return ZS_OK;
 }
 
+zs_status zs_unit_allow_unused(zs_model* m, int unit) {
+  zs_status st = zs__check_open(m, "zs_unit_allow_unused");
+  if (st != ZS_OK) return st;
+  if (unit < 0 || unit >= m->nunits)
+    return zs__poison(m, zs__error(ZS_ERR_INVALID_ARGUMENT,
+        "zs_unit_allow_unused: unit %d does not exist (%d units)", unit,
+        m->nunits));
+  m->units[unit].allow_unused = 1;
+  return ZS_OK;
+}
+
 int zs_unit_replicated(const zs_model* m, int unit) {
   if (m == NULL || !m->finalized || unit < 0 || unit >= m->nunits) return -1;
   return m->units[unit].replicated;
@@ -780,9 +791,10 @@ static zs_status zs__describe(const zs_model* m, zs__sbuf* b) {
                     m->group_wd[g]);
   zs__sbuf_printf(b, "persistence_threshold=%zu\n", m->persistence_threshold);
   for (int i = 0; i < m->nunits; i++)
-    zs__sbuf_printf(b, "unit %d '%s' tensors=%d grad_uses=%d strategy=%d\n",
-                    i, m->units[i].name, m->units[i].ntensors,
-                    m->units[i].uses_explicit, m->units[i].strategy);
+    zs__sbuf_printf(b, "unit %d '%s' tensors=%d grad_uses=%d strategy=%d "
+                    "allow_unused=%d\n", i, m->units[i].name,
+                    m->units[i].ntensors, m->units[i].uses_explicit,
+                    m->units[i].strategy, m->units[i].allow_unused);
   for (int i = 0; i < m->ntensors; i++) {
     const zs__tensor* t = &m->tensors[i];
     zs__sbuf_printf(b, "tensor %d '%s' unit=%d shape=[", i, t->name, t->unit);
@@ -1017,6 +1029,26 @@ zs_status zs_model_finalize(zs_model* m) {
                           "kind '%s' layer %d has no slice (give every layer "
                           "to a unit with zs_model_add_slice)",
                           m->kinds[k].name, l);
+  /* a unit some ranks may not use: its tensors are its own (a tie would
+   * make its use the owner's use, which every rank must share), and at
+   * stage 3 the gather to its users names them in 64 bits */
+  for (int i = 0; i < m->nunits && local == ZS_OK; i++) {
+    const zs__unit* u = &m->units[i];
+    if (!u->allow_unused) continue;
+    int tied = u->nowners > 0;
+    for (int j = 0; j < m->nunits && !tied; j++)
+      for (int k = 0; k < m->units[j].nowners; k++) tied |= m->units[j].owners[k] == i;
+    if (tied)
+      local = zs__error(ZS_ERR_INVALID_ARGUMENT, "zs_model_finalize: unit '%s' "
+                        "may be unused (zs_unit_allow_unused) but has tied "
+                        "tensors, to or from another unit; such a unit's "
+                        "tensors must be its own", u->name);
+    else if (m->ctx->world > 64 && u->policy.gather_on_use)
+      local = zs__error(ZS_ERR_UNSUPPORTED, "zs_model_finalize: unit '%s' may "
+                        "be unused (zs_unit_allow_unused): at stage 3 with at "
+                        "most 64 ranks (this job has %d)", u->name,
+                        m->ctx->world);
+  }
   /* a user's optimizer runs on the host: with a CUDA context only where
    * the policy steps in host memory (CPU or NVMe offload) */
   for (int i = 0; i < m->nunits && local == ZS_OK && m->optim_fn != NULL; i++)

@@ -25,6 +25,8 @@
 #define ZS__PREFETCH_STEADY 2
 
 static int zs__steady(const zs_model* m, int unit) {
+  /* a unit some ranks may not use is gathered at its use only */
+  if (m->units[unit].allow_unused) return 0;
   const int need = m->trace_steps < ZS__PREFETCH_STEADY ? m->trace_steps
                                                         : ZS__PREFETCH_STEADY;
   return m->units[unit].streak >= need;

@@ -32,7 +32,8 @@ static void zs__uses_warn(zs_model* m) {
   int n = 0, first = -1;
   for (int i = 0; i < m->nunits; i++) {
     const zs__unit* u = &m->units[i];
-    if (!u->trainable || u->releases == 0 || zs_unit_grad_uses(m, i) > 0)
+    if (!u->trainable || u->releases == 0 || zs_unit_grad_uses(m, i) > 0 ||
+        u->allow_unused)
       continue;
     if (first < 0) first = i;
     n++;
@@ -63,7 +64,10 @@ static zs_status zs__step_consistency(zs_model* m, zs_status local) {
   uint64_t uses = ZS__FNV_SEED, lrs = ZS__FNV_SEED;
   for (int i = 0; i < m->nunits; i++) {
     const zs__unit* u = &m->units[i];
-    int64_t rec[3] = {u->releases, u->uses_explicit, u->uses_recorded};
+    /* (a unit some ranks may not use has counts of its own on each rank,
+     * and reduces in zs_step whatever they are) */
+    int64_t rec[3] = {u->allow_unused ? 0 : u->releases, u->uses_explicit,
+                      u->allow_unused ? 0 : u->uses_recorded};
     uses = zs__hash_bytes(uses, rec, sizeof rec);
   }
   lrs = zs__hash_bytes(lrs, m->group_lr, sizeof(double) * (size_t)m->ngroups);
@@ -314,16 +318,25 @@ static zs_status zs__step_body(zs_model* m, int unit, void* arg) {
   const int boundary = zs__accum_boundary(m);
   const int reduce_now = boundary || !m->ctx->config.grad_accum_local;
   int applied = 0;
-  /* Unused prefetches and forward holds end with the step. */
+  /* Unused prefetches and forward holds end with the step, and so do the
+   * sends of shards of units this rank did not use (the optimizer writes
+   * the shards). */
   ZS_CHECK(zs__prefetch_drain(m));
+  for (int i = 0; i < m->nunits; i++)
+    ZS_CHECK(zs__unused_send_finish(m, &m->units[i]));
   /* Units whose last use was not known (first step, or fewer uses than
    * recorded, or not used at all: zero gradient) start their reductions
    * now, in unit order, which is the same on every rank; then every
-   * reduction in flight is finished, in unit order. */
+   * reduction in flight is finished, in unit order. A unit some ranks may
+   * not use always reduces here: a rank that did not touch it in this
+   * micro-batch adds zeros (re-opening it after an earlier micro-batch's
+   * reduction, as a user does). */
   for (int i = 0; i < m->nunits && reduce_now; i++) {
     zs__unit* u = &m->units[i];
     if (!u->trainable) continue;
-    if (u->grad_state == ZS__GRAD_IDLE) ZS_CHECK(zs__grad_prepare(m, u));
+    if (u->grad_state == ZS__GRAD_IDLE ||
+        (u->allow_unused && u->grad_state == ZS__GRAD_REDUCED))
+      ZS_CHECK(zs__grad_prepare(m, u));
     if (u->grad_state == ZS__GRAD_ACCUM) ZS_CHECK(zs__grad_reduce_start(m, u));
   }
   for (int i = 0; i < m->nunits; i++) {
@@ -341,6 +354,7 @@ cleanup:
   for (int i = 0; i < m->nunits; i++) {
     zs__unit* u = &m->units[i];
     u->releases = 0;
+    u->unused = u->touched = 0;
     /* Between micro-batches the reduced shard (or the local sum) is kept;
      * at the boundary and on failure everything goes. */
     if (boundary || st != ZS_OK) zs__grad_drop(m, u);
@@ -431,6 +445,7 @@ static zs_status zs__discard_body(zs_model* m, int unit, void* arg) {
 cleanup:
   for (int i = 0; i < m->nunits; i++) {
     m->units[i].releases = 0;
+    m->units[i].unused = m->units[i].touched = 0;
     zs__grad_drop(m, &m->units[i]);
   }
   zs__trace_drop_step(m);

@@ -106,6 +106,82 @@ zs_status zs__quiesce(zs_model* m) {
   return st;
 }
 
+/* A unit that may be unused (zs_unit_allow_unused), at stage 3: its
+ * all-gather goes to the ranks that use it this time. One all-reduce of a
+ * flag per rank agrees which those are (every rank reaches the unit at the
+ * same point: a user by zs_unit_gather, the others by zs_unit_mark_unused);
+ * then every rank sends its shard to them: the all-gather when all use
+ * it, a gather to the users when some do (a rank outside only sends),
+ * nothing when none does (*op NULL). dst: the full buffer on a user, NULL
+ * on a rank that does not use it. */
+static zs_status zs__gather_users(zs_model* m, int unit, const void* src,
+                                  void* dst, zs__coll** op) {
+  zs__comm* c = m->ctx->comm;
+  zs__unit* u = &m->units[unit];
+  const zs__coll_tag tag = zs__tag(ZS__P_GATHER, unit, u->name);
+  *op = NULL;
+  /* Heap, not stack: a collective's buffer (see zs__comm_free). */
+  uint64_t* flags = (uint64_t*)calloc((size_t)c->world, sizeof *flags);
+  if (flags == NULL)
+    return zs__error(ZS_ERR_OUT_OF_MEMORY, "gather of unit '%s': users",
+                     u->name);
+  flags[c->rank] = dst != NULL;
+  zs_status st = zs__comm_all_reduce(c, zs__tag(ZS__P_AGREE, unit, u->name),
+                                     ZS__IN_PLACE, flags, (size_t)c->world,
+                                     ZS_UINT64, ZS__RED_SUM);
+  uint64_t users = 0;
+  int n = 0;
+  for (int r = 0; st == ZS_OK && r < c->world; r++)
+    if (flags[r] != 0) {
+      users |= (uint64_t)1 << r;
+      n++;
+    }
+  zs__comm_free(c, flags);
+  if (st != ZS_OK || n == 0) return st;
+  if (n == c->world)
+    return zs__comm_iall_gather(c, tag, src, dst, u->layout.shard, u->dtype, op);
+  return zs__comm_igather_users(c, tag, src, dst, u->layout.shard, u->dtype,
+                                users, op);
+}
+
+/* The source of a unit's stage-3 gather: its shard, read from NVMe first
+ * when it lives there, and copied to the device when the collective needs
+ * device memory (until zs__gather_done). */
+static zs_status zs__gather_src(zs_model* m, zs__unit* u, const void** src) {
+  zs_status st = zs__param_gather_source(m, u);
+  *src = u->params_shard;
+  if (st == ZS_OK && u->policy.gather_via_copy)
+    st = zs__coll_source(m, u->params_shard, u->layout.shard * u->elem,
+                         u->name, 0, &u->gather_src, src);
+  return st;
+}
+
+/* A unit some ranks may not use: a send of its shard to the users from an
+ * earlier zs_unit_mark_unused completes before the unit moves again. */
+zs_status zs__unused_send_finish(zs_model* m, zs__unit* u) {
+  if (!u->allow_unused || u->gather_refs > 0 || u->gather_ops.n == 0)
+    return ZS_OK;
+  zs_status st = zs__inflight_wait(m->ctx->comm, &u->gather_ops);
+  zs__gather_done(m, u);
+  return st;
+}
+
+zs_status zs__unused_send(zs_model* m, int unit) {
+  zs__unit* u = &m->units[unit];
+  if (!u->policy.gather_on_use) return ZS_OK;
+  zs__coll* op = NULL;
+  const void* src = NULL;
+  zs_status st = zs__unused_send_finish(m, u);
+  if (st == ZS_OK) st = zs__gather_src(m, u, &src);
+  if (st == ZS_OK) st = zs__gather_users(m, unit, src, NULL, &op);
+  if (st == ZS_OK && op != NULL)
+    st = zs__inflight_push(m->ctx->comm, &u->gather_ops, op);
+  if (st != ZS_OK || op == NULL) zs__gather_done(m, u);
+  if (st != ZS_OK)
+    return zs__error_prefix(st, "zs_unit_mark_unused: unit '%s': ", u->name);
+  return ZS_OK;
+}
+
 /* Takes a reference; at stage 3 the first one allocates params_full and
  * starts its all-gather without waiting. */
 zs_status zs__hold(zs_model* m, int unit) {
@@ -113,27 +189,24 @@ zs_status zs__hold(zs_model* m, int unit) {
   if (u->policy.gather_on_use && u->gather_refs == 0) {
     zs__device* dev = m->ctx->device;
     zs__coll* op = NULL;
-    zs_status st = zs__param_state_set(u, ZS__PARAM_GATHERING);
+    zs_status st = zs__unused_send_finish(m, u);
+    if (st == ZS_OK) st = zs__param_state_set(u, ZS__PARAM_GATHERING);
     if (st != ZS_OK) return st;
-    /* parameter shards on NVMe: the shard comes into a buffer first */
-    st = zs__param_gather_source(m, u);
-    if (st != ZS_OK) {
-      (void)zs__param_state_set(u, ZS__PARAM_SHARDED);
-      return zs__error_prefix(st, "gather of unit '%s': ", u->name);
-    }
-    /* parameter shards in host memory or on NVMe with a GPU: NCCL reads
+    /* parameter shards on NVMe: the shard comes into a buffer first;
+     * parameter shards in host memory or on NVMe with a GPU: NCCL reads
      * a device copy */
-    const void* src = u->params_shard;
-    if (u->policy.gather_via_copy)
-      st = zs__coll_source(m, u->params_shard, u->layout.shard * u->elem,
-                           u->name, 0, &u->gather_src, &src);
+    const void* src = NULL;
+    st = zs__gather_src(m, u, &src);
     if (st == ZS_OK)
       st = zs__dev_alloc(dev, ZS_MEM_PARAMS_GATHERED, u->layout.padded * u->elem,
                          0, u->name, &u->params_full);
     if (st == ZS_OK)
-      st = zs__comm_iall_gather(m->ctx->comm, zs__tag(ZS__P_GATHER, unit, u->name),
-                                src, u->params_full, u->layout.shard, u->dtype,
-                                &op);
+      st = u->allow_unused
+               ? zs__gather_users(m, unit, src, u->params_full, &op)
+               : zs__comm_iall_gather(m->ctx->comm,
+                                      zs__tag(ZS__P_GATHER, unit, u->name), src,
+                                      u->params_full, u->layout.shard, u->dtype,
+                                      &op);
     if (st == ZS_OK) st = zs__inflight_push(m->ctx->comm, &u->gather_ops, op);
     if (st != ZS_OK) {
       /* not started, or completed by zs__inflight_push */
@@ -143,7 +216,9 @@ zs_status zs__hold(zs_model* m, int unit) {
       (void)zs__param_state_set(u, ZS__PARAM_SHARDED);
       return zs__error_prefix(st, "gather of unit '%s': ", u->name);
     }
-    m->live_elems += u->layout.padded;
+    /* (a unit some ranks may skip is outside the live limit: the prefetch
+     * decisions it feeds must be the same on every rank) */
+    if (!u->allow_unused) m->live_elems += u->layout.padded;
   }
   u->gather_refs++;
   return ZS_OK;
@@ -161,7 +236,7 @@ void zs__drop(zs_model* m, int unit) {
     zs__log(ZS_LOG_ERROR, "%s", zs_last_error());
   zs__dev_free(m->ctx->device, u->params_full);
   u->params_full = NULL;
-  m->live_elems -= u->layout.padded;
+  if (!u->allow_unused) m->live_elems -= u->layout.padded;
 }
 
 /* A reference for the user's gather: a prefetch of the unit, if any, is

@@ -66,6 +66,14 @@ zs_status zs__ready(zs_model* m, zs__unit* u);
 void zs__gather_abandon(zs_model* m, int unit);
 /* Ends the forward hold of a unit (at the end of its backward). */
 void zs__forward_hold_end(zs_model* m, int unit);
+/* A unit some ranks may not use (zs_unit_allow_unused), on a rank that
+ * does not (zs_unit_mark_unused), at stage 3: agrees on its users with the
+ * others and starts the send of this rank's shard to them (in gather_ops;
+ * nothing at stages 0-2). Errors: as zs__hold's, naming the unit. */
+zs_status zs__unused_send(zs_model* m, int unit);
+/* Completes such a send (before the unit is gathered again, and in
+ * zs_step before the optimizer writes the shard). Errors: COMM. */
+zs_status zs__unused_send_finish(zs_model* m, zs__unit* u);
 
 /* ---- Gradients ----
  *   IDLE --prepare--> ACCUM --reduce_start--> REDUCING

@@ -560,10 +560,13 @@ typedef enum zs_coll_op {
   ZS_COLL_REDUCE_SCATTER = 1,
   ZS_COLL_ALL_REDUCE = 2,
   ZS_COLL_BROADCAST = 3,
-  ZS_COLL_OP_COUNT = 4
+  ZS_COLL_GATHER = 4,  /* every rank's block to some ranks only: the
+                          stage-3 gather of a unit some ranks do not use
+                          (zs_unit_mark_unused); a rank outside only sends */
+  ZS_COLL_OP_COUNT = 5
 } zs_coll_op;
 
-/* "all_gather", "reduce_scatter", "all_reduce", "broadcast". */
+/* "all_gather", "reduce_scatter", "all_reduce", "broadcast", "gather". */
 const char* zs_coll_op_name(zs_coll_op op);
 
 /* Counters of every collective this rank issued on the context since
@@ -839,6 +842,31 @@ zs_status zs_model_set_persistence_threshold(zs_model* model, size_t elements);
 /* 1 when the unit is replicated (after finalize), 0 when sharded, -1 for a
  * NULL model, an unknown unit or before finalize. */
 int zs_unit_replicated(const zs_model* model, int unit);
+
+/* Declares that some ranks may skip `unit` in some micro-batches (an expert
+ * of a mixture of experts), as DDP's find_unused_parameters; each rank then
+ * reaches it, where the order of gathers has it, by zs_unit_gather or by
+ * zs_unit_mark_unused (docs/api.md, "Units a rank does not use").
+ * - gradients: reduced in zs_step, in unit order; a rank that skipped it
+ *   adds zeros (the combined batch's gradient);
+ * - stage 3: each gather agrees on the users (an all-reduce of W flags),
+ *   then sends them the shards (ZS_COLL_GATHER; an all-gather when all use
+ *   it; nothing when none does); a user keeps the parameters from the
+ *   forward to its gradient release; never prefetched.
+ * Before finalize, all ranks alike. Errors: INVALID_ARGUMENT (no such unit;
+ * finalize: tied tensors), INVALID_STATE; UNSUPPORTED (stage 3, > 64 ranks). */
+zs_status zs_unit_allow_unused(zs_model* model, int unit);
+
+/* This rank does not use `unit` (zs_unit_allow_unused) in this micro-batch:
+ * call it where it would gather the unit, before any use, at most once. The
+ * rank neither gathers the parameters nor opens the gradients (gather and
+ * grad acquire of it are INVALID_STATE until zs_step); its share of the
+ * reduction in zs_step is zeros. Collective at stage 3 (the agreement
+ * blocks; the send of this rank's shard completes by zs_step at the
+ * latest), bookkeeping at stages 0-2; in eval mode too.
+ * Errors: INVALID_ARGUMENT, INVALID_STATE (not declared, marked already,
+ * used in this micro-batch), OUT_OF_MEMORY, COMM, IO, REMOTE, TIMEOUT. */
+zs_status zs_unit_mark_unused(zs_model* model, int unit);
 
 /* Freezes the layout and allocates storage (parameters zeroed). Collective.
  * Checks that every rank registered the same units, tensors (names, shapes,

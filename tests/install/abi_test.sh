@@ -116,6 +116,16 @@ grep -q "ZS_MEM_PARAMS_GATHERED" "$tmp/abidiff.txt" ||
   { cat "$tmp/abidiff.txt"; echo "FAIL: the report does not name ZS_MEM_PARAMS_GATHERED"; exit 1; }
 echo "ok: an enumerator renumbered fails"
 
+# ... also where the enum is a member's type (zs_comm_record.op: appending
+# ZS_COLL_GATHER passes, as the unchanged build above shows)
+variant member_enum 's/^  ZS_COLL_ALL_REDUCE = 2,/  ZS_COLL_ALL_REDUCE = 6,/'
+if check "$tmp/member_enum/libzeroshard.so" "$tmp/member_enum/include"; then
+  cat "$tmp/abidiff.txt"; echo "FAIL: a renumbered member enum passed the ABI check"; exit 1
+fi
+grep -q "ZS_COLL_ALL_REDUCE" "$tmp/abidiff.txt" ||
+  { cat "$tmp/abidiff.txt"; echo "FAIL: the report does not name ZS_COLL_ALL_REDUCE"; exit 1; }
+echo "ok: a member's enumerator renumbered fails"
+
 variant appended 's/^#define ZS_VERSION_MINOR 2$/#define ZS_VERSION_MINOR 3/;s|^  /\* Appended fields go here, newest last (rule 1). \*/$|  int appended_field;|;/^  int micro_batch; /{n;s|$|\n  double appended_info;|}'
 grep -q "int appended_field;" "$tmp/appended/include/zeroshard.h" &&
   grep -q "double appended_info;" "$tmp/appended/include/zeroshard.h" ||

@@ -84,6 +84,26 @@ static void RoundTo(zs_dtype dtype, std::vector<float>& v) {
   zs_convert(v.data(), ZS_FLOAT32, h.data(), dtype, v.size());
 }
 
+// The sequence number after the last logged collective (0: none yet).
+static uint64_t LogEnd(zs_context* ctx) {
+  zs_comm_record last{};
+  last.struct_size = sizeof last;
+  const size_t n = zs_comm_log_get(ctx, nullptr, 0);
+  if (n == 0 || zs_comm_log_get(ctx, &last, 1) != 1) return 0;
+  return last.seq + 1;
+}
+
+// The logged records from sequence number `from` on.
+static std::vector<zs_comm_record> LogFrom(zs_context* ctx, uint64_t from) {
+  const size_t n = zs_comm_log_get(ctx, nullptr, 0);
+  std::vector<zs_comm_record> all(n == 0 ? 1 : n), out;
+  all[0].struct_size = sizeof all[0];
+  const size_t got = zs_comm_log_get(ctx, all.data(), n);
+  for (size_t i = 0; i < got; i++)
+    if (all[i].seq >= from) out.push_back(all[i]);
+  return out;
+}
+
 TrainResult TrainReference(Model& model, const TrainConfig& cfg) {
   TrainResult r;
   PlainAccess a(model);
@@ -226,6 +246,9 @@ class ShardedAccess : public Access {
   void set_scale(double s) { scale_ = s; }
   void BeginForward(int u) override { Check(zs_unit_gather(zm_, u), "gather"); }
   void EndForward(int u) override { Check(zs_unit_release(zm_, u), "release"); }
+  void Unused(int u) override {
+    Check(zs_unit_mark_unused(zm_, u), "mark_unused");
+  }
   void BeginBackward(int u) override {
     Check(zs_unit_gather(zm_, u), "gather");
     Check(zs_unit_grad_acquire(zm_, u), "grad_acquire");
@@ -473,6 +496,8 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
   if (st == ZS_OK) st = RegisterModel(model, zm);
   for (size_t k = 0; st == ZS_OK && k < cfg.replicated.size(); k++)
     st = zs_unit_set_strategy(zm, cfg.replicated[k], ZS_UNIT_REPLICATED);
+  for (size_t k = 0; st == ZS_OK && k < cfg.allow_unused.size(); k++)
+    st = zs_unit_allow_unused(zm, cfg.allow_unused[k]);
   if (st == ZS_OK && cfg.persistence_threshold > 0)
     st = zs_model_set_persistence_threshold(zm, cfg.persistence_threshold);
   if (st == ZS_OK && cfg.optim_fn != nullptr)
@@ -494,6 +519,7 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
        s++) {
     zs_comm_counters before{}, after{};
     zs_comm_counters_get(ctx, &before);
+    const uint64_t log_from = LogEnd(ctx);
     st = zs_model_set_lr(zm, ZS_ALL_GROUPS, LrAt(cfg, s));
     double sum = 0, total = 0;
     zs_step_info info{};
@@ -507,6 +533,7 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
     }
     zs_comm_counters_get(ctx, &after);
     r.step_counters.push_back(Diff(after, before));
+    r.step_log.push_back(LogFrom(ctx, log_from));
     r.infos.push_back(info);
     zs_memory_stats ms{};
     zs_memory_stats_get(ctx, &ms);

@@ -81,6 +81,9 @@ struct TrainConfig {
   // persistence threshold (elements; 0: none).
   std::vector<int> replicated;
   size_t persistence_threshold = 0;
+  // Sharded run: units declared with zs_unit_allow_unused (the model's
+  // Access::Unused marks them per micro-batch).
+  std::vector<int> allow_unused;
   void (*copy)(void* dst, const void* src, size_t bytes) = nullptr;
 };
 
@@ -90,6 +93,8 @@ struct TrainResult {
   std::vector<float> losses;               // global mean loss per step
   std::vector<zs_comm_counters> step_counters;  // counters diff per step
   std::vector<zs_memory_stats> step_memory;      // right after each zs_step
+  // sharded: the communication log's records of each optimizer step
+  std::vector<std::vector<zs_comm_record>> step_log;
   zs_memory_stats memory_baseline{};       // right after context creation
   zs_memory_stats memory{};                // after training
   zs_memory_stats memory_after_destroy{};  // after zs_model_destroy

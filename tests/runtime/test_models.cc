@@ -375,6 +375,94 @@ class Branch : public Model {
   }
 };
 
+// ==== A mixture of experts ==================================================
+
+}  // namespace
+
+int MoeRoute(int step, int j, int global_batch) {
+  // quarters of the batch over the table; entry 4 (expert c) is left out
+  // whenever step % 5 == 0, so then no slice uses c
+  static const int table[5] = {0, 1, -1, 0, 2};
+  const int quarter = j * 4 / global_batch;
+  return table[(quarter + step) % 5];
+}
+
+namespace {
+
+class Moe : public Model {
+ public:
+  explicit Moe(int global_batch) : G_(global_batch) {
+    AddLinear(this, "in", 6, 8);
+    AddLinear(this, "expert.a", 8, 8);
+    AddLinear(this, "expert.b", 8, 8);
+    AddLinear(this, "expert.c", 8, 8);
+    AddLinear(this, "out", 8, 2);
+  }
+  float Step(Access& a, int step, int b0, int nb) override {
+    Buf x, y;
+    FillBatch(9, step, b0, nb, 6, &x);
+    Teacher(x, nb, 6, 2, &y);
+    Linear l0{6, 8, true, {}, {}}, l2{8, 2, false, {}, {}};
+    Linear ex[3] = {{8, 8, true, {}, {}}, {8, 8, true, {}, {}}, {8, 8, true, {}, {}}};
+    std::vector<int> rows[3];
+    for (int i = 0; i < nb; i++) {
+      const int e = MoeRoute(step, b0 + i, G_);
+      if (e >= 0) rows[e].push_back(i);
+    }
+    a.BeginForward(0);
+    l0.Forward(a.Param(0), a.Param(1), x.data(), nb);
+    a.EndForward(0);
+    Buf h(l0.Out(), l0.Out() + (size_t)nb * 8);  // identity where no expert
+    std::vector<Buf> hin(3);
+    for (int e = 0; e < 3; e++) {
+      const int u = kExpertUnits[e], w = 2 * u;
+      if (rows[e].empty()) {
+        a.Unused(u);
+        continue;
+      }
+      const int n = (int)rows[e].size();
+      for (int i : rows[e]) hin[e].insert(hin[e].end(), l0.Out() + (size_t)i * 8,
+                                          l0.Out() + (size_t)i * 8 + 8);
+      a.BeginForward(u);
+      ex[e].Forward(a.Param(w), a.Param(w + 1), hin[e].data(), n);
+      a.EndForward(u);
+      for (int k = 0; k < n; k++)
+        std::memcpy(&h[(size_t)rows[e][k] * 8], ex[e].Out() + (size_t)k * 8,
+                    8 * sizeof(float));
+    }
+    a.BeginForward(4);
+    l2.Forward(a.Param(8), a.Param(9), h.data(), nb);
+    a.EndForward(4);
+    float loss = 0;
+    gpt2_mse_forward(&loss, l2.Out(), y.data(), nb, 2);
+    Buf dy((size_t)nb * 2, 0.f), dh((size_t)nb * 8, 0.f);
+    gpt2_mse_backward(dy.data(), 1.0f, l2.Out(), y.data(), nb, 2);
+    a.BeginBackward(4);
+    l2.Backward(a.Grad(8), a.Grad(9), dh.data(), dy.data(), h.data(), a.Param(8), nb);
+    a.EndBackward(4);
+    Buf dh0 = dh;  // identity rows pass through
+    for (int e = 2; e >= 0; e--) {
+      if (rows[e].empty()) continue;
+      const int u = kExpertUnits[e], w = 2 * u, n = (int)rows[e].size();
+      Buf dyc, dxc((size_t)n * 8, 0.f);
+      for (int i : rows[e]) dyc.insert(dyc.end(), &dh[(size_t)i * 8], &dh[(size_t)i * 8] + 8);
+      a.BeginBackward(u);
+      ex[e].Backward(a.Grad(w), a.Grad(w + 1), dxc.data(), dyc.data(), hin[e].data(),
+                     a.Param(w), n);
+      a.EndBackward(u);
+      for (int k = 0; k < n; k++)
+        std::memcpy(&dh0[(size_t)rows[e][k] * 8], &dxc[(size_t)k * 8], 8 * sizeof(float));
+    }
+    a.BeginBackward(0);
+    l0.Backward(a.Grad(0), a.Grad(1), nullptr, dh0.data(), x.data(), a.Param(0), nb);
+    a.EndBackward(0);
+    return loss;
+  }
+
+ private:
+  int G_;
+};
+
 // ==== A unit whose use count grows after the first step ====================
 
 class GrowingUse : public TwiceUsed {
@@ -414,5 +502,8 @@ std::unique_ptr<Model> MakeDegenerate() { return std::make_unique<Degenerate>();
 std::unique_ptr<Model> MakeTwiceUsed() { return std::make_unique<TwiceUsed>(); }
 std::unique_ptr<Model> MakeBranch() { return std::make_unique<Branch>(); }
 std::unique_ptr<Model> MakeGrowingUse() { return std::make_unique<GrowingUse>(); }
+std::unique_ptr<Model> MakeMoe(int global_batch) {
+  return std::make_unique<Moe>(global_batch);
+}
 
 }  // namespace zstest

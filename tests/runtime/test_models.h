@@ -48,6 +48,9 @@ class Access {
   virtual void EndBackward(int unit) = 0;
   virtual float* Param(int tensor) = 0;  // valid inside a Begin/End pair
   virtual float* Grad(int tensor) = 0;   // valid inside BeginBackward/End
+  // This slice of the batch does not use `unit` in this step (a unit that
+  // may go unused: zs_unit_mark_unused where it would be gathered).
+  virtual void Unused(int unit) { (void)unit; }
 };
 
 class Model {
@@ -70,6 +73,16 @@ std::unique_ptr<Model> MakeTransformer();  // embed, 1 block, tied LM head
 std::unique_ptr<Model> MakeDegenerate();   // odd, tiny and empty tensors
 std::unique_ptr<Model> MakeTwiceUsed();    // one unit applied twice
 std::unique_ptr<Model> MakeBranch();       // a unit used on odd steps only
+// A mixture of experts: "in", experts "expert.a", ".b", ".c" (units 1-3,
+// see kExpertUnits), "out". Sample j of step s goes to one expert, or to
+// none (identity), by its quarter of the global batch: MoeRoute. A slice of
+// the batch uses only the experts its samples go to (Access::Unused for
+// the others), so at 2-4 ranks some ranks skip an expert that others use,
+// and in some steps no rank uses expert c.
+std::unique_ptr<Model> MakeMoe(int global_batch = 24);  // kGlobalBatch
+constexpr int kExpertUnits[3] = {1, 2, 3};
+// The expert (0-2) of sample j at step s, or -1 for none.
+int MoeRoute(int step, int j, int global_batch);
 // A unit used once in step 0 and twice from step 1 on: the recorded use
 // count is too low, exercising the re-open path.
 std::unique_ptr<Model> MakeGrowingUse();
