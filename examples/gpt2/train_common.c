@@ -54,6 +54,7 @@ static void gpt2__defaults(gpt2_args* a) {
   a->log_every = 10;
   a->sample_bytes = 200;
   a->prefetch_depth = 2;
+  a->persistence_threshold = -1;
   a->nvme_param_buffers = 5;
   a->bucket_elements = 1L << 22;
   a->progress_thread = 1;
@@ -117,6 +118,11 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
                          "forward by a bit (a debugging aid)\n"
                          "  --prefetch-depth N  stage 3: units all-gathered "
                          "ahead of use, 0..64 [2]\n"
+                         "  --persistence-threshold N\n"
+                         "                      put each block's LayerNorms "
+                         "(4*channels elements) in a unit of their own,\n"
+                         "                      replicated (never "
+                         "all-gathered) when at most N elements [off]\n"
                          "  --bucket-elements N reduce-scatter bucket size "
                          "[4194304]\n"
                          "  --progress-thread B 1: a thread drives MPI "
@@ -256,6 +262,10 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
       }
     } else if (sharded && strcmp(f, "--progress-thread") == 0) {
       rc = gpt2__int(f, v, 0, 1, &a->progress_thread, err, cap);
+    } else if (sharded && strcmp(f, "--persistence-threshold") == 0) {
+      int n = 0;
+      rc = gpt2__int(f, v, 0, 1L << 30, &n, err, cap);
+      a->persistence_threshold = n;
     } else if (sharded && strcmp(f, "--bucket-elements") == 0) {
       int b = 0;
       rc = gpt2__int(f, v, 1, 2147483647, &b, err, cap);
@@ -512,6 +522,8 @@ gpt2_report* gpt2_report_create(const gpt2_args* a, const char* trainer,
   cJSON_AddBoolToObject(c, "checkpoint_activations", a->checkpoint_activations);
   cJSON_AddBoolToObject(c, "checkpoint_verify", a->checkpoint_verify);
   cJSON_AddNumberToObject(c, "prefetch_depth", a->prefetch_depth);
+  cJSON_AddNumberToObject(c, "persistence_threshold",
+                          (double)a->persistence_threshold);
   cJSON_AddNumberToObject(c, "bucket_elements", (double)a->bucket_elements);
   cJSON_AddNumberToObject(c, "progress_thread", a->progress_thread);
   static const char* const dtypes[3] = {"fp32", "bf16", "fp16"};

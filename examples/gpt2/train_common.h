@@ -39,6 +39,12 @@ typedef struct gpt2_args {
                             each recompute with the first forward, bitwise
                             (ZS_CHECKPOINT_VERIFY) */
   int prefetch_depth;  /* sharded: zs_config.prefetch_depth */
+  long persistence_threshold; /* sharded: -1 (default): each block's
+                           LayerNorms in the block's unit; >= 0: in a unit
+                           of their own ("block.L.ln", 4C elements, tied
+                           into the block), replicated when it has at most
+                           this many elements
+                           (zs_model_set_persistence_threshold) */
   long bucket_elements; /* sharded: zs_config.bucket_elements */
   int progress_thread; /* sharded: zs_config.progress_thread */
   int dtype;           /* sharded: parameter dtype (zs_dtype: 0 fp32, 1 bf16,

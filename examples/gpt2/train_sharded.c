@@ -80,6 +80,10 @@ typedef struct model {
   zs_driver* drv;   /* runs the layers: embed, block 0..L-1, head */
   int embed;        /* unit of wte, wpe, lnf */
   int* first;       /* first tensor id of unit u */
+  int* t_which;     /* tensor id -> its block (-1: the embed unit) ... */
+  int* t_index;     /* ... and its index there (gpt2_block_tensor's i) */
+  int ln_units;     /* --persistence-threshold: each block's LayerNorms in
+                       a unit of their own, tied into the block */
   gpt2_acts acts;   /* the backward's gradient buffers; the forward's are
                        bound to the driver's buffers layer by layer */
   const gpt2_layer_ops* ops; /* where the layers run: CPU or CUDA */
@@ -96,11 +100,7 @@ typedef struct model {
 static zs_status init_tensor(void* user, int tensor, const zs_tensor_desc* d,
                              void* data) {
   model* m = (model*)user;
-  int which = tensor < GPT2_EMBED_TENSORS
-                  ? -1
-                  : (tensor - GPT2_EMBED_TENSORS) / GPT2_BLOCK_TENSORS;
-  int i = which < 0 ? tensor
-                    : (tensor - GPT2_EMBED_TENSORS) % GPT2_BLOCK_TENSORS;
+  const int which = m->t_which[tensor], i = m->t_index[tensor];
   if (d->dtype == ZS_FLOAT32) {
     gpt2_init_tensor(&m->cfg, m->seed, which, i, (float*)data);
     return ZS_OK;
@@ -126,23 +126,101 @@ static void tensor_spec(const gpt2_config* cfg, int which, int i,
   else snprintf(name, 64, "h.%d.%s", which, tname);
 }
 
-/* Registers one unit: the embed unit (which = -1) or block `which`. */
+/* Whether block tensor i is a LayerNorm's (ln1_w, ln1_b, ln2_w, ln2_b). */
+static int is_layernorm(int i) {
+  const char* name;
+  int ndim, decay;
+  long long s[2];
+  (void)gpt2_block_tensor(&(gpt2_config){.channels = 1}, i, &name, &ndim, s,
+                          &decay);
+  return strncmp(name, "ln", 2) == 0;
+}
+
+/* Tensor k of the model as registered (embed's, then per block: with
+ * ln_units its LayerNorms' unit, then the block's): its block (-1: embed),
+ * index in gpt2_block_tensor's order, name, and the tensor it is tied to
+ * (-1: none; a block's LayerNorm with ln_units: the owner in the unit
+ * before). Returns 0 when k is past the last tensor. */
+static int tensor_plan(const gpt2_config* cfg, int ln_units, int k, int* which,
+                       int* i, char name[64], int* ndim, long long s[2],
+                       int* decay, int* tied_to) {
+  const int per_block = GPT2_BLOCK_TENSORS + (ln_units ? 4 : 0);
+  *tied_to = -1;
+  if (k < GPT2_EMBED_TENSORS) {
+    *which = -1;
+    *i = k;
+  } else {
+    const int b = (k - GPT2_EMBED_TENSORS) / per_block;
+    int r = (k - GPT2_EMBED_TENSORS) % per_block;
+    if (b >= cfg->layers) return 0;
+    *which = b;
+    if (ln_units && r < 4) { /* the LayerNorms' unit: its r-th one */
+      for (*i = 0; r > 0 || !is_layernorm(*i); (*i)++)
+        if (is_layernorm(*i)) r--;
+    } else {
+      *i = r - (ln_units ? 4 : 0);
+      if (ln_units && is_layernorm(*i)) {
+        int nth = 0;
+        for (int j = 0; j < *i; j++) nth += is_layernorm(j);
+        *tied_to = GPT2_EMBED_TENSORS + b * per_block + nth;
+      }
+    }
+  }
+  tensor_spec(cfg, *which, *i, name, ndim, s, decay);
+  if (*tied_to >= 0) strncat(name, ".tied", 63 - strlen(name));
+  return 1;
+}
+
+/* Tensors the model registers (tensor_plan's count). */
+static int model_tensor_count(const gpt2_config* cfg, int ln_units) {
+  return GPT2_EMBED_TENSORS +
+         cfg->layers * (GPT2_BLOCK_TENSORS + (ln_units ? 4 : 0));
+}
+
+/* Registers the units of the embedding (which = -1) or of block `which`:
+ * the block's unit, and with m->ln_units its LayerNorms' unit before it
+ * (its owners of ties: a gather of the block holds it too). Returns the
+ * unit the block's layer uses. */
 static int add_unit(model* m, int which, int no_decay) {
   char name[64];
-  int unit, n = which < 0 ? GPT2_EMBED_TENSORS : GPT2_BLOCK_TENSORS;
+  int unit = -1, ln = -1;
+  const int n = which < 0 ? GPT2_EMBED_TENSORS
+                          : GPT2_BLOCK_TENSORS + (m->ln_units ? 4 : 0);
+  const int k0 = which < 0 ? 0 : zs_model_tensor_count(m->zm);
+  if (which >= 0 && m->ln_units) {
+    snprintf(name, sizeof name, "block.%d.ln", which);
+    CHECK(zs_model_add_unit(m->zm, name, &ln));
+    /* used once per step, through the block's ties */
+    CHECK(zs_unit_set_grad_uses(m->zm, ln, 1));
+  }
   snprintf(name, sizeof name, which < 0 ? "embed" : "block.%d", which);
   CHECK(zs_model_add_unit(m->zm, name, &unit));
-  size_t elems = 0;
-  for (int i = 0; i < n; i++) {
-    int ndim, decay, t;
+  size_t elems = 0, ln_elems = 0;
+  for (int k = k0; k < k0 + n; k++) {
+    int w, i, ndim, decay, tie, t;
     long long s[2];
-    tensor_spec(&m->cfg, which, i, name, &ndim, s, &decay);
+    (void)tensor_plan(&m->cfg, m->ln_units, k, &w, &i, name, &ndim, s, &decay,
+                      &tie);
     int64_t shape[2] = {s[0], s[1]};
-    CHECK(zs_model_add_tensor(m->zm, unit, name, ndim, shape, m->dtype, 0, &t));
-    if (i == 0) m->first[unit] = t;
-    if (!decay) CHECK(zs_model_set_tensor_group(m->zm, t, no_decay));
-    elems += (size_t)s[0] * (ndim == 2 ? (size_t)s[1] : 1);
+    const int in_ln = ln >= 0 && k - k0 < 4;
+    if (tie >= 0)
+      CHECK(zs_model_add_tied_tensor(m->zm, unit, name, tie, &t));
+    else
+      CHECK(zs_model_add_tensor(m->zm, in_ln ? ln : unit, name, ndim, shape,
+                                m->dtype, 0, &t));
+    if (t != k) {
+      fprintf(stderr, "train_sharded: tensor %s registered as %d, planned "
+              "%d\n", name, t, k);
+      zs_context_remove_files(g_ctx);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    m->t_which[t] = w;
+    m->t_index[t] = i;
+    if (k - k0 == (ln >= 0 ? 4 : 0)) m->first[unit] = t;
+    if (!decay && tie < 0) CHECK(zs_model_set_tensor_group(m->zm, t, no_decay));
+    *(in_ln ? &ln_elems : &elems) += (size_t)s[0] * (ndim == 2 ? (size_t)s[1] : 1);
   }
+  if (ln >= 0) m->first[ln] = k0;
   if (elems > m->pcopy_elems) m->pcopy_elems = elems;
   return unit;
 }
@@ -291,8 +369,12 @@ static void model_build(model* m, const gpt2_args* a, int Bl) {
   const int L = a->layers, T = a->seq;
   m->cfg = gpt2_args_model(a);
   m->seed = a->seed;
-  m->first = (int*)calloc((size_t)L + 2, sizeof(int));
-  if (m->first == NULL ||
+  m->ln_units = a->persistence_threshold >= 0;
+  const size_t ntensors = (size_t)model_tensor_count(&m->cfg, m->ln_units);
+  m->first = (int*)calloc(2 * (size_t)L + 2, sizeof(int));
+  m->t_which = (int*)calloc(ntensors, sizeof(int));
+  m->t_index = (int*)calloc(ntensors, sizeof(int));
+  if (m->first == NULL || m->t_which == NULL || m->t_index == NULL ||
       gpt2_acts_alloc_grads_on(&m->cfg, Bl, T, m->ops, &m->acts) != 0)
     DIE("model buffers");
   if (m->ops != &gpt2_cpu_ops) {
@@ -307,6 +389,9 @@ static void model_build(model* m, const gpt2_args* a, int Bl) {
                          a->checkpoint_verify ? ZS_CHECKPOINT_VERIFY
                                               : a->checkpoint_activations,
                          &m->drv));
+  if (m->ln_units)
+    CHECK(zs_model_set_persistence_threshold(m->zm,
+                                             (size_t)a->persistence_threshold));
   m->embed = add_unit(m, -1, no_decay);
   const size_t stream = stream_bytes(m);
   /* The encoder's backward needs no parameters: no gather for it. */
@@ -349,6 +434,8 @@ static void model_free(model* m) {
   g_ctx = NULL;
   zs_context_destroy(m->ctx);
   free(m->first);
+  free(m->t_which);
+  free(m->t_index);
 }
 
 static int model_describe(model* m, const char* path, int Bl,
@@ -602,24 +689,26 @@ static int train_state_check(const gpt2_args* a, const train_state* ts,
 static int resume_tensors_check(const gpt2_args* a, const gpt2_config* cfg,
                                 const zs_checkpoint_tensor* ct, int n,
                                 char* err, size_t cap) {
-  const int want = GPT2_EMBED_TENSORS + cfg->layers * GPT2_BLOCK_TENSORS;
+  const int ln_units = a->persistence_threshold >= 0;
+  const int want = model_tensor_count(cfg, ln_units);
   if (n != want) {
     snprintf(err, cap, "--resume %s: the checkpoint has %d tensors, the "
-             "model of these flags %d (--layers %d): pass the --layers it "
-             "was trained with", a->resume, n, want, cfg->layers);
+             "model of these flags %d (--layers %d%s): pass the --layers "
+             "(and --persistence-threshold, or none) it was trained with",
+             a->resume, n, want, cfg->layers,
+             ln_units ? ", LayerNorms in units of their own" : "");
     return -1;
   }
   for (int k = 0; k < n; k++) {
-    const int which = k < GPT2_EMBED_TENSORS ? -1
-                      : (k - GPT2_EMBED_TENSORS) / GPT2_BLOCK_TENSORS;
-    const int i = which < 0 ? k : (k - GPT2_EMBED_TENSORS) % GPT2_BLOCK_TENSORS;
-    int ndim, decay;
+    int which, i, ndim, decay, tie;
     long long s[2];
     char name[64];
-    tensor_spec(cfg, which, i, name, &ndim, s, &decay);
+    (void)tensor_plan(cfg, ln_units, k, &which, &i, name, &ndim, s, &decay,
+                      &tie);
     const zs_checkpoint_tensor* t = &ct[k];
     const int same = strcmp(t->name, name) == 0 && t->ndim == ndim &&
-                     t->shape[0] == s[0] && (ndim < 2 || t->shape[1] == s[1]);
+                     t->shape[0] == s[0] && (ndim < 2 || t->shape[1] == s[1]) &&
+                     t->tied_to == tie;
     if (!same) {
       char there[64], here[64];
       snprintf(there, sizeof there, t->ndim == 2 ? "[%lld, %lld]" : "[%lld]",
@@ -656,7 +745,7 @@ static int resume_check(const gpt2_args* a, const gpt2_config* cfg, char* err,
   if (train_state_check(a, &ts, got, err, cap) != 0) return -1;
   /* room for this model's tensors: a checkpoint with more is another
    * model (read_tensors says how many, copying nothing) */
-  const int want = GPT2_EMBED_TENSORS + cfg->layers * GPT2_BLOCK_TENSORS;
+  const int want = model_tensor_count(cfg, a->persistence_threshold >= 0);
   zs_checkpoint_tensor* ct = (zs_checkpoint_tensor*)calloc((size_t)want, sizeof *ct);
   if (ct == NULL) {
     snprintf(err, cap, "--resume %s: out of memory", a->resume);

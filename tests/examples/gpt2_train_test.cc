@@ -184,6 +184,7 @@ struct FullReport {
   double act_peak = 0, act_unchecked = 0;
   // per rank, with NVMe offload: {file_bytes, param_reads, param_reads_ahead}
   std::vector<std::vector<double>> nvme;
+  double allgather_calls = -1;  // rank 0's, all steps
 };
 
 FullReport RunVariant(const std::string& flags, int ranks, const std::string& tag) {
@@ -209,6 +210,9 @@ FullReport RunVariant(const std::string& flags, int ranks, const std::string& ta
     const cJSON* sec = cJSON_GetObjectItem(it, "seconds");
     out.step_seconds.push_back(cJSON_IsNumber(sec) ? sec->valuedouble : -1);
   }
+  out.allgather_calls =
+      NumOr(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "comm"), "all_gather"),
+            "calls");
   const cJSON* train_s = cJSON_GetObjectItem(root, "train_s");
   if (cJSON_IsNumber(train_s)) out.train_s = train_s->valuedouble;
   cJSON* act = cJSON_GetObjectItem(root, "activations");
@@ -251,6 +255,29 @@ TEST(Gpt2Overlap, KnobsAndCheckpointingAreBitwiseIdentical) {
     for (size_t s = 0; s < r.losses.size(); s++)
       EXPECT_EQ(r.losses[s], base.losses[s]) << v << " step " << s + 1;
   }
+}
+
+// --persistence-threshold puts each block's LayerNorms (4C = 512 elements
+// at the default width) in a unit of their own; at 512 those units are
+// replicated: fewer all-gathers than with them sharded (0; their forward
+// and backward gathers go, one gradient all-gather per unit and step
+// comes), and training is bitwise the same in every layout (the reduction
+// order is the same).
+TEST(Gpt2Strategies, PersistenceThresholdReplicatesLayerNorms) {
+  FullReport base = RunVariant("", 4, "pt_base");
+  FullReport sharded = RunVariant("--persistence-threshold 0", 4, "pt_0");
+  FullReport repl = RunVariant("--persistence-threshold 512", 4, "pt_512");
+  ASSERT_EQ(base.losses.size(), 20u);
+  ASSERT_EQ(sharded.losses, base.losses);
+  ASSERT_EQ(repl.losses, base.losses);
+  EXPECT_LT(repl.allgather_calls, sharded.allgather_calls);
+  // replicated, the LayerNorms' units add to the blocks-only layout exactly
+  // their gradients' all-gather (stage 0's), 4 layers x 20 steps
+  EXPECT_EQ(repl.allgather_calls - base.allgather_calls, 4 * 20);
+  std::printf("all-gathers over 20 steps at 4 ranks: LayerNorms in the "
+              "blocks %.0f, in units of their own sharded %.0f, replicated "
+              "%.0f\n", base.allgather_calls, sharded.allgather_calls,
+              repl.allgather_calls);
 }
 
 // With checkpointing, activation memory is exactly the layers' kept
