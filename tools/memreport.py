@@ -36,7 +36,10 @@ COLORS = ["#4e79a7", "#a0cbe8", "#f28e2b", "#ffbe7d", "#59a14f",
 BUSBW = {"all_gather": lambda n: (n - 1) / n,
          "reduce_scatter": lambda n: (n - 1) / n,
          "all_reduce": lambda n: 2 * (n - 1) / n,
-         "broadcast": lambda n: 1.0}
+         "broadcast": lambda n: 1.0,
+         # a unit's shards to the ranks that use it (zs_unit_mark_unused):
+         # counted as an all-gather's
+         "gather": lambda n: (n - 1) / n}
 # Files of one run start within this many seconds of each other.
 SAME_RUN_S = 120.0
 

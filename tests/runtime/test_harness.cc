@@ -399,6 +399,8 @@ zs_comm_counters Diff(const zs_comm_counters& a, const zs_comm_counters& b) {
   for (int k = 0; k < ZS_COLL_OP_COUNT; k++) {
     d.calls[k] = a.calls[k] - b.calls[k];
     d.bytes[k] = a.bytes[k] - b.bytes[k];
+    d.seconds[k] = a.seconds[k] - b.seconds[k];
+    d.wait_seconds[k] = a.wait_seconds[k] - b.wait_seconds[k];
   }
   return d;
 }
