@@ -24,8 +24,12 @@
 #define ZS__CONFIG_SIZE_0_1                                        \
   ZS__ALIGN_UP(offsetof(zs_config, nvme) + sizeof(zs_nvme_config), \
                _Alignof(zs_config))
-/* 0.2 appended nothing. */
+/* 0.2 appended nothing. 0.3 appended param_persistence_threshold and
+ * heartbeat_timeout_s. */
 #define ZS__CONFIG_SIZE_0_2 ZS__CONFIG_SIZE_0_1
+#define ZS__CONFIG_SIZE_0_3                                          \
+  ZS__ALIGN_UP(offsetof(zs_config, heartbeat_timeout_s) + sizeof(double), \
+               _Alignof(zs_config))
 /* The releases before this library's minor version, oldest first; this
  * minor's own size is sizeof(zs_config). A release that appends fields
  * adds its predecessor's size here as a constant. */
@@ -35,6 +39,7 @@ static const struct {
 } zs__config_sizes[] = {
     {100, ZS__CONFIG_SIZE_0_1},
     {200, ZS__CONFIG_SIZE_0_2},
+    {300, ZS__CONFIG_SIZE_0_3}, /* (used once this library is 0.4 or later) */
 };
 #define ZS__NCONFIG_SIZES (sizeof zs__config_sizes / sizeof *zs__config_sizes)
 #define ZS__THIS_MINOR (ZS_VERSION_MAJOR * 10000 + ZS_VERSION_MINOR * 100)
@@ -105,9 +110,12 @@ _Static_assert(sizeof(zs_optimizer_config) == 72 &&
                    sizeof(zs_nvme_config) == 64,
                "an embedded config struct changed size: they are frozen");
 _Static_assert(ZS__CONFIG_SIZE_0_1 == 328, "zs_config's 0.1 prefix moved");
-#if ZS_VERSION_MAJOR == 0 && ZS_VERSION_MINOR == 2
-_Static_assert(sizeof(zs_config) == ZS__CONFIG_SIZE_0_2,
-               "0.2's zs_config is what this table says");
+ZS__FIELD_AT(zs_config, param_persistence_threshold, 328);
+ZS__FIELD_AT(zs_config, heartbeat_timeout_s, 336);
+#if ZS_VERSION_MAJOR == 0 && ZS_VERSION_MINOR == 3
+_Static_assert(sizeof(zs_config) == ZS__CONFIG_SIZE_0_3 &&
+                   ZS__CONFIG_SIZE_0_3 == 344,
+               "0.3's zs_config: 0.2's and the two fields it appended");
 #endif
 #undef ZS__FIELD_AT
 #endif
@@ -231,6 +239,8 @@ void zs__config_resolve(zs_config* c) {
   ZS__DEFAULT(nv->block_size, ZS_UNSET_SIZE, (size_t)1 << 20);
   ZS__DEFAULT(nv->param_buffer_count, ZS_UNSET_SIZE, 5);
   ZS__DEFAULT(nv->param_buffer_elements, ZS_UNSET_SIZE, 0);
+  ZS__DEFAULT(c->param_persistence_threshold, ZS_UNSET_SIZE, 0);
+  ZS__DEFAULT(c->heartbeat_timeout_s, ZS_UNSET_DOUBLE, 30.0);
 }
 #undef ZS__DEFAULT
 
@@ -382,6 +392,12 @@ zs_status zs__config_check(const zs_config* c) {
   ZS_REQUIRE(c->progress_thread == 0 || c->progress_thread == 1,
              "config.progress_thread: expected 0 or 1, got %d",
              c->progress_thread);
+  ZS_REQUIRE(zs__finite_nonneg(c->heartbeat_timeout_s) &&
+                 (c->heartbeat_timeout_s == 0.0 ||
+                  (c->heartbeat_timeout_s >= 1.0 &&
+                   c->heartbeat_timeout_s <= 86400.0)),
+             "config.heartbeat_timeout_s: expected 0 (off) or 1..86400 "
+             "seconds, got %g", c->heartbeat_timeout_s);
   ZS_REQUIRE(zs__finite_nonneg(c->collective_timeout_s),
              "config.collective_timeout_s: expected a finite value >= 0 "
              "(0: no timeout), got %g", c->collective_timeout_s);
@@ -546,8 +562,11 @@ size_t zs__config_describe(const zs_config* c, char* buf, size_t cap) {
                    (size_t)n < cap ? cap - (size_t)n : 0,
                    "config.reduce_dtype=%d\nconfig.grad_accum_steps=%d\n"
                    "config.grad_accum_local=%d\nconfig.clip=%s\n"
-                   "config.loss_scaler=%s\nconfig.offload=%s\n",
+                   "config.loss_scaler=%s\nconfig.offload=%s\n"
+                   "config.param_persistence_threshold=%zu\n"
+                   "config.heartbeat_timeout_s=%.17g\n",
                    (int)c->reduce_dtype, c->grad_accum_steps, c->grad_accum_local,
-                   clip, scaler, offload);
+                   clip, scaler, offload, c->param_persistence_threshold,
+                   c->heartbeat_timeout_s);
   return k < 0 ? (size_t)n : (size_t)n + (size_t)k;
 }

@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <stddef.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -318,7 +319,8 @@ static zs_status zs__json_apply(const cJSON* root, zs_config* c,
                      "config JSON: the top level must be an object");
   static const char* const keys[] = {"zero_optimization", "device",
                                      "optimizer", "log_level",
-                                     "collective_timeout", "progress_thread",
+                                     "collective_timeout", "heartbeat_timeout",
+                                     "progress_thread",
                                      "communication_data_type",
                                      "gradient_accumulation_steps",
                                      "gradient_accumulation_local",
@@ -333,7 +335,7 @@ static zs_status zs__json_apply(const cJSON* root, zs_config* c,
         "stage", "reduce_bucket_size", "prefetch_depth",
         "stage3_max_live_parameters", "reshard_after_forward",
         "deterministic_reduction", "offload_optimizer", "offload_param",
-        "sub_group_size", NULL};
+        "sub_group_size", "stage3_param_persistence_threshold", NULL};
     const char* zp = "zero_optimization";
     ZS_CHECK(zs__json_known_keys(zero, zp, zkeys));
     ZS_CHECK(zs__json_int(zero, "stage", zp, 0, 3, &c->stage));
@@ -344,6 +346,8 @@ static zs_status zs__json_apply(const cJSON* root, zs_config* c,
                            &c->max_live_elements));
     ZS_CHECK(zs__json_int(zero, "reshard_after_forward", zp, 0, 1,
                           &c->reshard_after_forward));
+    ZS_CHECK(zs__json_size(zero, "stage3_param_persistence_threshold", zp,
+                           &c->param_persistence_threshold));
     int det = r->reduce_order == ZS_REDUCE_FIXED;
     ZS_CHECK(zs__json_int(zero, "deterministic_reduction", zp, 0, 1, &det));
     if (cJSON_GetObjectItemCaseSensitive(zero, "deterministic_reduction"))
@@ -373,6 +377,8 @@ static zs_status zs__json_apply(const cJSON* root, zs_config* c,
     c->log_level = (zs_log_level)level;
   ZS_CHECK(zs__json_number(root, "collective_timeout", "",
                            &c->collective_timeout_s));
+  ZS_CHECK(zs__json_number(root, "heartbeat_timeout", "",
+                           &c->heartbeat_timeout_s));
   ZS_CHECK(zs__json_int(root, "progress_thread", "", 0, 1, &c->progress_thread));
   const cJSON* cdt = cJSON_GetObjectItemCaseSensitive(root,
                                                       "communication_data_type");
@@ -509,6 +515,32 @@ zs_status zs_config_from_json(const char* text, zs_config* config) {
     now = work;
     zs__config_resolve(&now);
     st = zs__json_apply(root, &work, &now);
+  }
+  /* a key whose field the caller's release lacks would be lost */
+  static const struct {
+    const char* block;
+    const char* key;
+    size_t end;
+  } newer[] = {
+      {"zero_optimization", "stage3_param_persistence_threshold",
+       offsetof(zs_config, param_persistence_threshold) + sizeof(size_t)},
+      {NULL, "heartbeat_timeout",
+       offsetof(zs_config, heartbeat_timeout_s) + sizeof(double)},
+  };
+  for (size_t i = 0; st == ZS_OK && i < sizeof newer / sizeof *newer; i++) {
+    const cJSON* o = newer[i].block != NULL
+                         ? cJSON_GetObjectItemCaseSensitive(root, newer[i].block)
+                         : root;
+    if (config->struct_size < newer[i].end && cJSON_IsObject(o) &&
+        cJSON_GetObjectItemCaseSensitive(o, newer[i].key) != NULL)
+      st = zs__error(ZS_ERR_INVALID_ARGUMENT,
+                     "config JSON: %s%s%s: this program's zs_config (version "
+                     "%u.%u, %zu bytes) has no field for it (0.3 added it): "
+                     "rebuild against this library's header, or drop the key",
+                     newer[i].block != NULL ? newer[i].block : "",
+                     newer[i].block != NULL ? "." : "", newer[i].key,
+                     config->version / 10000, config->version / 100 % 100,
+                     config->struct_size);
   }
   if (st == ZS_OK) {
     now = work;

@@ -81,7 +81,7 @@ extern "C" {
 /* ==== Version ============================================================ */
 
 #define ZS_VERSION_MAJOR 0
-#define ZS_VERSION_MINOR 2
+#define ZS_VERSION_MINOR 3
 #define ZS_VERSION_PATCH 0
 /* MAJOR*10000 + MINOR*100 + PATCH, e.g. 200 for 0.2.0. */
 #define ZS_VERSION_CODE \
@@ -358,6 +358,15 @@ typedef struct zs_config {
   zs_offload_device offload_param; /* stage 3 with offload_optimizer: the
                                       parameter shards too */
   zs_nvme_config nvme;      /* with ZS_OFFLOAD_NVME */
+  /* 0.3 */
+  size_t param_persistence_threshold; /* units of at most this many
+                               elements are replicated in every model of
+                               the context (zs_model_set_persistence_
+                               threshold overrides); 0 (default): none */
+  double heartbeat_timeout_s; /* a rank silent this long (stopped, hung
+                               outside the library, or gone) fails the
+                               others' waits with ZS_ERR_REMOTE naming it;
+                               0: off; default 30 (docs/running.md) */
   /* Appended fields go here, newest last (rule 1). */
 } zs_config;
 
@@ -377,7 +386,8 @@ typedef struct zs_config {
         NULL, {ZS_OFFLOAD_UNSET, ZS_UNSET_INT, ZS_UNSET_INT, ZS_UNSET_INT}, \
         ZS_OFFLOAD_UNSET,                                                   \
         {NULL, ZS_UNSET_SIZE, ZS_UNSET_SIZE, ZS_UNSET_SIZE, ZS_UNSET_INT,   \
-         ZS_AIO_UNSET, ZS_UNSET_SIZE, ZS_UNSET_SIZE, ZS_UNSET_SIZE}         \
+         ZS_AIO_UNSET, ZS_UNSET_SIZE, ZS_UNSET_SIZE, ZS_UNSET_SIZE},        \
+        ZS_UNSET_SIZE, ZS_UNSET_DOUBLE                                      \
   }
 
 /* Fills *config with the library's defaults (readable), struct_size and
@@ -835,8 +845,8 @@ zs_status zs_unit_set_strategy(zs_model* model, int unit,
  * tensors' sum) at finalize, as DeepSpeed's
  * stage3_param_persistence_threshold keeps small parameters gathered:
  * gathering a LayerNorm's few hundred elements costs more latency than the
- * memory it saves. 0 (default): none. Before finalize; every rank the same.
- * Errors: INVALID_STATE. */
+ * memory it saves. Default: zs_config.param_persistence_threshold (0:
+ * none). Before finalize; every rank the same. Errors: INVALID_STATE. */
 zs_status zs_model_set_persistence_threshold(zs_model* model, size_t elements);
 
 /* 1 when the unit is replicated (after finalize), 0 when sharded, -1 for a

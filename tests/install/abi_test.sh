@@ -126,7 +126,7 @@ grep -q "ZS_COLL_ALL_REDUCE" "$tmp/abidiff.txt" ||
   { cat "$tmp/abidiff.txt"; echo "FAIL: the report does not name ZS_COLL_ALL_REDUCE"; exit 1; }
 echo "ok: a member's enumerator renumbered fails"
 
-variant appended 's/^#define ZS_VERSION_MINOR 2$/#define ZS_VERSION_MINOR 3/;s|^  /\* Appended fields go here, newest last (rule 1). \*/$|  int appended_field;|;/^  int micro_batch; /{n;s|$|\n  double appended_info;|}'
+variant appended 's/^#define ZS_VERSION_MINOR 3$/#define ZS_VERSION_MINOR 4/;s|^  /\* Appended fields go here, newest last (rule 1). \*/$|  int appended_field;|;/^  int micro_batch; /{n;s|$|\n  double appended_info;|}'
 grep -q "int appended_field;" "$tmp/appended/include/zeroshard.h" &&
   grep -q "double appended_info;" "$tmp/appended/include/zeroshard.h" ||
   { echo "FAIL: the appending edit did not apply"; exit 1; }

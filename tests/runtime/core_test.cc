@@ -194,6 +194,7 @@ TEST(Names, CollectiveOps) {
   EXPECT_STREQ(zs_coll_op_name(ZS_COLL_REDUCE_SCATTER), "reduce_scatter");
   EXPECT_STREQ(zs_coll_op_name(ZS_COLL_ALL_REDUCE), "all_reduce");
   EXPECT_STREQ(zs_coll_op_name(ZS_COLL_BROADCAST), "broadcast");
+  EXPECT_STREQ(zs_coll_op_name(ZS_COLL_GATHER), "gather");
   for (int v : {static_cast<int>(ZS_COLL_OP_COUNT), -1, 77})
     EXPECT_STREQ(zs_coll_op_name(static_cast<zs_coll_op>(v)), "invalid")
         << "value " << v;
@@ -261,6 +262,8 @@ void ExpectConfigEq(const zs_config& a, const zs_config& b) {
   EXPECT_EQ(a.loss_scaler.growth_interval, b.loss_scaler.growth_interval);
   EXPECT_PRED2(SameDouble, a.loss_scaler.min_scale, b.loss_scaler.min_scale);
   EXPECT_EQ(a.loss_scaler.hysteresis, b.loss_scaler.hysteresis);
+  EXPECT_EQ(a.param_persistence_threshold, b.param_persistence_threshold);
+  EXPECT_PRED2(SameDouble, a.heartbeat_timeout_s, b.heartbeat_timeout_s);
 }
 
 // Precision settings: defaults, ranges (errors name the field) and the
@@ -687,6 +690,8 @@ void DefinedCopy(const zs_config& src, zs_config* dst) {
   dst->loss_scaler.growth_interval = src.loss_scaler.growth_interval;
   dst->loss_scaler.min_scale = src.loss_scaler.min_scale;
   dst->loss_scaler.hysteresis = src.loss_scaler.hysteresis;
+  dst->param_persistence_threshold = src.param_persistence_threshold;
+  dst->heartbeat_timeout_s = src.heartbeat_timeout_s;
 }
 
 TEST(ConfigJson, FullDeepSpeedStyleExample) {
@@ -930,6 +935,43 @@ TEST(ConfigJson, KeysGivenTwiceAreRefused) {
                   {"\"zero_optimization\" is given twice"});
   ExpectJsonError(R"({"optimizer": {"params": {"lr": 0.1, "lr": 0.2}}})",
                   {"optimizer.params.lr\" is given twice"});
+}
+
+// 0.3's fields: defaults, ranges, JSON keys (DeepSpeed's
+// stage3_param_persistence_threshold; heartbeat_timeout beside
+// collective_timeout), and a 0.2 caller's struct that lacks them.
+TEST(ConfigJson, PersistenceThresholdAndHeartbeat) {
+  zs_config c = Defaults();
+  EXPECT_EQ(c.param_persistence_threshold, 0u);
+  EXPECT_EQ(c.heartbeat_timeout_s, 30.0);
+  ASSERT_EQ(zs_config_from_json(
+                R"({"zero_optimization": {"stage3_param_persistence_threshold": )"
+                R"(1000}, "heartbeat_timeout": 5})", &c),
+            ZS_OK) << zs_last_error();
+  EXPECT_EQ(c.param_persistence_threshold, 1000u);
+  EXPECT_EQ(c.heartbeat_timeout_s, 5.0);
+  for (double bad : {-1.0, 0.5, 1e6}) {
+    zs_config b = Defaults();
+    b.heartbeat_timeout_s = bad;
+    EXPECT_EQ(zs_config_validate(&b), ZS_ERR_INVALID_ARGUMENT) << bad;
+    EXPECT_NE(std::string(zs_last_error()).find("config.heartbeat_timeout_s"),
+              std::string::npos) << zs_last_error();
+  }
+  zs_config off = Defaults();
+  off.heartbeat_timeout_s = 0;  // off
+  EXPECT_EQ(zs_config_validate(&off), ZS_OK) << zs_last_error();
+  // a caller of 0.2 (328 bytes, version 200): the keys have no field there
+  alignas(zs_config) unsigned char raw[sizeof(zs_config)] = {0};
+  zs_config* old = reinterpret_cast<zs_config*>(raw);
+  ASSERT_EQ(zs_config_init_sized(old, 328), ZS_OK) << zs_last_error();
+  EXPECT_LT(old->version, 300u);
+  EXPECT_EQ(zs_config_from_json(R"({"heartbeat_timeout": 5})", old),
+            ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(zs_last_error()).find("0.3 added it"),
+            std::string::npos) << zs_last_error();
+  EXPECT_EQ(zs_config_from_json(R"({"zero_optimization": {"stage": 1}})", old),
+            ZS_OK) << zs_last_error();
+  for (size_t i = 328; i < sizeof raw; i++) EXPECT_EQ(raw[i], 0) << i;
 }
 
 TEST(ConfigJson, DeepSpeedKeysWithoutACounterpartAreRefused) {
