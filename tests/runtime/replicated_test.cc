@@ -181,6 +181,20 @@ TEST_F(ReplicatedTest, ThresholdReplicatesSmallUnits) {
   EXPECT_EQ(zs_unit_replicated(m, forced), 0);
   zs_model_destroy(m);
   zs_context_destroy(ctx);
+  // the context's default (zs_config.param_persistence_threshold), and the
+  // model's call overriding it
+  c.param_persistence_threshold = 64;
+  ASSERT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), ZS_OK);
+  for (size_t over : {(size_t)0, (size_t)64}) {
+    ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+    ASSERT_EQ(zs_model_add_unit(m, "ln", &small), ZS_OK);
+    ASSERT_EQ(zs_model_add_tensor(m, small, "ln.w", 1, s64, ZS_FLOAT32, 0, &t), ZS_OK);
+    if (over == 0) ASSERT_EQ(zs_model_set_persistence_threshold(m, 0), ZS_OK);
+    ASSERT_EQ(zs_model_finalize(m), ZS_OK) << zs_last_error();
+    EXPECT_EQ(zs_unit_replicated(m, small), over == 0 ? 0 : 1);
+    zs_model_destroy(m);
+  }
+  zs_context_destroy(ctx);
 }
 
 }  // namespace
