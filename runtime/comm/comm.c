@@ -80,9 +80,24 @@ static int zs__comm_dead(zs__comm* c) {
   return 1;
 }
 
+/* A rank the heartbeats lost (comm_heartbeat.h) fails the communicator
+ * (no notice: the news goes round the ring already); 1 when it did. */
+int zs__comm_peer_check(zs__comm* c) {
+  char why[480];
+  const int r = zs__hb_lost(c->hb, why, sizeof why);
+  if (r < 0) return 0;
+  if (!c->failed) {
+    char msg[sizeof c->failed_why];
+    snprintf(msg, sizeof msg, "rank %d %.480s", r, why);
+    zs__comm_fail(c, ZS_ERR_REMOTE, msg, 0, 0);
+  }
+  return 1;
+}
+
 /* After a failure nothing new may start on the communicator. */
 zs_status zs__comm_usable(zs__comm* c) {
   (void)zs__comm_dead(c);
+  zs__comm_peer_check(c);
   if (!c->failed) return ZS_OK;
   return zs__error(c->failed_status,
                    "the context cannot be used any more (end the job): %s",
@@ -544,6 +559,8 @@ size_t zs__comm_log_read(const zs__comm* c, zs__comm_log_entry* out,
 
 void zs__comm_destroy(zs__comm* c) {
   if (c == NULL) return;
+  zs__hb_destroy(c->hb);
+  c->hb = NULL;
   if (!c->failed) free(c->log);
   c->ops->destroy(c);
 }

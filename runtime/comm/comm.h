@@ -14,6 +14,7 @@
 #ifndef ZS_RUNTIME_COMM_H_
 #define ZS_RUNTIME_COMM_H_
 
+#include "runtime/comm/comm_heartbeat.h"
 #include "runtime/core/core.h"
 #include "runtime/device/device.h"
 
@@ -192,6 +193,8 @@ struct zs__comm {
                            epoch arrived: it joins no collective of lane L
                            from discard_lane[L] on until the reconcile */
   uint64_t discard_lane[ZS__LANES];
+  zs__heartbeat* hb;    /* the other ranks' liveness (comm_heartbeat.h), or
+                           NULL (one rank, heartbeat_timeout_s 0); owned */
 };
 
 /* ---- Collectives the engine starts ------------------------------------- */
@@ -343,6 +346,9 @@ struct zs__coll {
 /* INVALID_STATE-like status of a failed communicator (its first status,
  * naming why), ZS_OK while it is usable; finds a finalized MPI too. */
 zs_status zs__comm_usable(zs__comm* c);
+/* 1 (and c failed with ZS_ERR_REMOTE naming the rank and why) when the
+ * heartbeats lost a rank (comm_heartbeat.h); 0 otherwise. */
+int zs__comm_peer_check(zs__comm* c);
 /* "the host device", "the cuda device at PCI ...": for messages. */
 void zs__comm_dev_name(const zs__device* dev, char* buf, size_t cap);
 /* What this rank holds by category, for messages. */

@@ -719,6 +719,52 @@ static zs_status zs__mpi_ctrl_broadcast(zs__comm* c, void* buf, size_t count,
                               dtype, root, "control broadcast", req);
 }
 
+zs_status zs__comm_mpi_heartbeat(zs__comm* mpi, zs__comm* owner,
+                                 double timeout_s) {
+  if (mpi->world == 1 || timeout_s <= 0) return ZS_OK;
+  MPI_Comm comm = zs__mpi_comm(mpi);
+  zs__heartbeat* hb = NULL;
+  zs__hb_record mine;
+  zs_status st = zs__hb_listen(mpi->rank, mpi->world, timeout_s, &hb, &mine);
+  char why[512] = "";
+  if (st != ZS_OK) snprintf(why, sizeof why, "%s", zs__error_body());
+  zs__hb_record* all =
+      (zs__hb_record*)calloc((size_t)mpi->world, sizeof *all);
+  if (all == NULL) mine.ok = 0;
+  int rc = MPI_Allgather(&mine, (int)sizeof mine, MPI_BYTE,
+                         all != NULL ? (void*)all : (void*)&mine,
+                         all != NULL ? (int)sizeof mine : 0, MPI_BYTE, comm);
+  if (rc != MPI_SUCCESS) {
+    free(all);
+    zs__hb_destroy(hb);
+    return zs__mpi_fail(rc, "heartbeat: Allgather of the addresses");
+  }
+  if (st == ZS_OK && all == NULL)
+    st = zs__error(ZS_ERR_OUT_OF_MEMORY, "heartbeat: addresses");
+  if (st == ZS_OK) st = zs__hb_start(hb, all);
+  if (st != ZS_OK && why[0] == '\0')
+    snprintf(why, sizeof why, "%s", zs__error_body());
+  free(all);
+  /* every rank the same outcome: the lowest failing rank's reason */
+  int bad = st != ZS_OK ? mpi->rank : mpi->world, first = mpi->world;
+  rc = MPI_Allreduce(&bad, &first, 1, MPI_INT, MPI_MIN, comm);
+  if (rc == MPI_SUCCESS && first < mpi->world) {
+    char theirs[512];
+    memcpy(theirs, why, sizeof theirs);
+    rc = MPI_Bcast(theirs, (int)sizeof theirs, MPI_CHAR, first, comm);
+    zs__hb_destroy(hb);
+    if (rc != MPI_SUCCESS) return zs__mpi_fail(rc, "heartbeat: Bcast");
+    theirs[sizeof theirs - 1] = '\0';
+    return zs__error(ZS_ERR_COMM, "rank %d: %s", first, theirs);
+  }
+  if (rc != MPI_SUCCESS) {
+    zs__hb_destroy(hb);
+    return zs__mpi_fail(rc, "heartbeat: Allreduce");
+  }
+  owner->hb = hb;
+  return ZS_OK;
+}
+
 static const zs__comm_ops zs__mpi_ops = {
     "mpi",
     zs__mpi_all_gather,

@@ -25,6 +25,32 @@
 
 /* ==== Waiting ============================================================= */
 
+/* When the heartbeats lost a rank (within `grace` seconds): c failed and
+ * ZS_ERR_REMOTE naming it, for the wait of op; ZS_OK otherwise. */
+static zs_status zs__coll_peer_lost(zs__comm* c, const zs__coll* op,
+                                    double grace) {
+  char why[ZS__NOTICE_BYTES - 64];
+  const double until = zs__now() + grace;
+  int r = zs__hb_lost(c->hb, why, sizeof why);
+  while (r < 0 && zs__now() < until) {
+    sched_yield();
+    r = zs__hb_lost(c->hb, why, sizeof why);
+  }
+  if (r < 0) return ZS_OK;
+  (void)zs__comm_peer_check(c);
+  char report[600], devname[96];
+  zs__comm_report(c, report, sizeof report);
+  zs__comm_dev_name(c->dev, devname, sizeof devname);
+  zs__hb_wait(c->hb, NULL);
+  return zs__error(ZS_ERR_REMOTE,
+                   "%s of %zu %s elements for unit %s (%s) on %s cannot "
+                   "complete: rank %d %s; the context cannot be used any "
+                   "more: end the job (MPI_Abort: docs/running.md) (%s)",
+                   zs_coll_op_name(op->op), op->count, zs_dtype_name(op->dtype),
+                   op->tag.name != NULL ? op->tag.name : "-",
+                   zs__purpose_name(op->tag.purpose), devname, r, why, report);
+}
+
 /* Waits for a started collective, polling (and yielding the core after a
  * short spin, which matters when ranks oversubscribe the cores). */
 zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
@@ -43,6 +69,16 @@ zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
     zs_status st = zs__coll_test(c, op, &done);
     if (st != ZS_OK || done) {
       c->counters.wait_seconds[kind] += zs__now() - t0;
+      if (spins >= 256) zs__hb_wait(c->hb, NULL);
+      /* MPI's own error about a peer that died: name the peer when the
+       * heartbeats know it */
+      if (st != ZS_OK && c->hb != NULL) {
+        char saved[ZS__NOTICE_BYTES];
+        snprintf(saved, sizeof saved, "%s", zs__error_body());
+        const zs_status s2 = zs__coll_peer_lost(c, op, 2.0);
+        if (s2 != ZS_OK) return s2;
+        zs__error(st, "%s", saved);
+      }
       if (st != ZS_OK || dropped_by < 0) return st;
       return zs__error(ZS_ERR_REMOTE,
                        "%s: rank %d dropped this micro-batch (zs_step_discard) "
@@ -53,10 +89,25 @@ zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
                        what, dropped_by);
     }
     if (spins < 256) continue;
+    const char* name = op->tag.name != NULL ? op->tag.name : "-";
+    if (spins == 256 && c->hb != NULL) { /* a wait that lasts: say on what */
+      char on[160];
+      snprintf(on, sizeof on, "%s of %zu %s elements for unit %s (%s), "
+               "collective %llu", zs_coll_op_name(op->op), op->count,
+               zs_dtype_name(op->dtype), name,
+               zs__purpose_name(op->tag.purpose), (unsigned long long)op->seq);
+      zs__hb_wait(c->hb, on);
+    }
     sched_yield();
     if ((spins & 63) != 0) continue;
     double now = zs__now();
-    const char* name = op->tag.name != NULL ? op->tag.name : "-";
+    /* A rank whose heartbeat stopped, or whose process ended: it will
+     * join nothing (the collective timeout stays for ranks that are alive
+     * but issued something else) */
+    if (c->hb != NULL) {
+      const zs_status lost = zs__coll_peer_lost(c, op, 0.0);
+      if (lost != ZS_OK) return lost;
+    }
     /* Another rank failed and will not join this collective (one it
      * issued before failing still completes: wait for that): give up
      * now. The request stays pending, so every buffer is kept. */
@@ -378,6 +429,10 @@ static zs_status zs__ctrl_run(zs__comm* c, zs_status st, zs__comm_req* req,
       c->ops->notify(c, notice);
       sent = 1;
     }
+    if (zs__comm_peer_check(c))
+      return zs__error(ZS_ERR_REMOTE, "zs_step_discard (%s) cannot complete: "
+                       "%s; the context cannot be used any more", what,
+                       c->failed_why);
     if (zs__comm_poll_notices(c)) {
       char why[ZS__NOTICE_BYTES];
       snprintf(why, sizeof why, "rank %d failed (%.1200s)", c->notice_from,

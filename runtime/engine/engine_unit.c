@@ -60,8 +60,12 @@ zs_status zs__public_call(zs_model* m, const char* fn, int unit, int gate,
                            : zs__check_finalized(m, fn);
   if (st == ZS_OK && gate) st = zs__check_discarded(m, fn);
   if (st != ZS_OK) return st;
+  zs__heartbeat* hb = m->ctx->comm->hb;
+  zs__hb_call(hb, fn, unit >= 0 ? m->units[unit].name : NULL);
   const uint64_t begin = zs__call_begin(m);
-  return zs__call_end(m, begin, body(m, unit, arg));
+  st = zs__call_end(m, begin, body(m, unit, arg));
+  zs__hb_return(hb);
+  return st;
 }
 
 /* A unit's all-gather is over (waited for, or never started): the NVMe

@@ -3,6 +3,7 @@
  * MPI_COMM_WORLD (initializing MPI if needed) and zs_context_create_mpi over
  * a caller's communicator.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <zs_mpi.h>
 
@@ -15,6 +16,20 @@
 static zs_status zs__comm_for_device(const zs_config* config, zs__comm** c) {
   if (zs__config_device(config) != ZS_DEVICE_CUDA) return ZS_OK;
   return zs__cuda_comm_create(*c, c); /* loads the CUDA plugin */
+}
+
+/* The heartbeats of a new context (zs__comm_mpi_heartbeat), with its
+ * resolved heartbeat_timeout_s; on failure the context is destroyed (every
+ * rank fails alike) and *out cleared. */
+static zs_status zs__heartbeat_start(zs_context* ctx, zs__comm* mpi,
+                                     zs__comm* c) {
+  zs_status st = zs__comm_mpi_heartbeat(mpi, c, ctx->config.heartbeat_timeout_s);
+  if (st == ZS_OK) return ZS_OK;
+  char saved[1024];
+  snprintf(saved, sizeof saved, "%s", zs__error_body());
+  zs_context_destroy(ctx);
+  return zs__error(st, "zs_context_create: heartbeats (heartbeat_timeout_s "
+                   "0 turns them off): %s", saved);
 }
 
 /* Open MPI reports some failures of non-blocking collectives (a message
@@ -57,9 +72,14 @@ zs_status zs_context_create_mpi(const zs_config* config, MPI_Comm comm,
   *out = NULL;
   zs__comm* c = NULL;
   zs_status st = zs__comm_mpi_create(comm, &c);
+  zs__comm* mpi = c;
   if (st == ZS_OK) st = zs__comm_for_device(config, &c);
   if (st != ZS_OK) return st;
   st = zs__engine_context_create(config, c, out);
+  if (st == ZS_OK) {
+    st = zs__heartbeat_start(*out, mpi, c);
+    if (st != ZS_OK) *out = NULL;
+  }
   if (st == ZS_OK) zs__mpi_check_world_errhandler(comm);
   return st;
 }
@@ -105,6 +125,10 @@ zs_status zs_context_create(const zs_config* config, zs_context** out) {
   if (st == ZS_OK) st = zs__comm_for_device(config, &c);
   if (st != ZS_OK) return st;
   st = zs__engine_context_create(config, c, out);
+  if (st == ZS_OK) {
+    st = zs__heartbeat_start(*out, mpi, c);
+    if (st != ZS_OK) *out = NULL;
+  }
   /* Only a context that exists owns MPI, so a failed create can be retried:
    * MPI stays up, and is finalized at exit if nothing owns it then. */
   if (st == ZS_OK && zs__mpi_we_initialized) zs__comm_mpi_own(mpi);

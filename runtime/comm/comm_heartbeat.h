@@ -1,0 +1,71 @@
+/*
+ * comm_heartbeat.h — liveness of the other ranks, apart from MPI: each rank
+ * sends a heartbeat (with what it is doing) to the rank before it in a
+ * ring, over a TCP connection of their own, from a thread of its own; the
+ * rank that stops hearing from the rank after it (silent for the timeout:
+ * stopped, or hung outside the library; or its connection closed without
+ * a goodbye: its process ended) passes the news down the ring, so every
+ * surviving rank learns which rank it is within the timeout plus one hop
+ * per rank. A wait that learns it fails (comm_wait.c) instead of waiting
+ * for the collective timeout. docs/running.md says why this channel.
+ */
+#ifndef ZS_RUNTIME_COMM_HEARTBEAT_H_
+#define ZS_RUNTIME_COMM_HEARTBEAT_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "runtime/core/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct zs__heartbeat zs__heartbeat;
+
+/* What each rank publishes to the others before they connect: where its
+ * listening socket is (IPv4, network byte order), its host's name, and
+ * whether it could listen at all. */
+typedef struct zs__hb_record {
+  uint32_t addr;
+  uint16_t port;
+  uint16_t ok;
+  char host[64];
+} zs__hb_record;
+
+/* Opens this rank's listening socket (any address, a free port) and fills
+ * *mine: the address its host name resolves to (ZS_HEARTBEAT_ADDR, an IPv4
+ * address, overrides it), or loopback. Errors: COMM naming the call that
+ * failed (mine->ok is 0 then, so the others learn of it too). */
+zs_status zs__hb_listen(int rank, int world, double timeout_s,
+                        zs__heartbeat** out, zs__hb_record* mine);
+
+/* After every rank's record is known (all: world records): connects to the
+ * rank before this one (it watches this rank), accepts the rank after
+ * (this one watches it), and starts the heartbeat thread. Ranks on this
+ * host are reached over loopback. Waits at most 60 s for the peers.
+ * Errors: COMM (a peer could not listen, or did not connect). */
+zs_status zs__hb_start(zs__heartbeat* hb, const zs__hb_record* all);
+
+/* Stops the thread and tells the watching rank this one leaves on purpose
+ * (it stops watching), then closes everything. NULL: nothing. */
+void zs__hb_destroy(zs__heartbeat* hb);
+
+/* The rank known to be lost (silent or gone), with why and what it was
+ * last known to be doing in `why` (cap bytes), or -1. Any thread. */
+int zs__hb_lost(zs__heartbeat* hb, char* why, size_t cap);
+
+/* What this rank does, sent with each heartbeat (cheap: a lock and a
+ * copy; NULL hb: nothing). zs__hb_call: a public call `fn` (a static
+ * string) began, on `unit` (a unit's name, or NULL); zs__hb_wait: it waits
+ * for `what` (NULL: no longer); zs__hb_return: the call returned to the
+ * caller's code. */
+void zs__hb_call(zs__heartbeat* hb, const char* fn, const char* unit);
+void zs__hb_wait(zs__heartbeat* hb, const char* what);
+void zs__hb_return(zs__heartbeat* hb);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif  // ZS_RUNTIME_COMM_HEARTBEAT_H_

@@ -1,0 +1,77 @@
+#!/bin/bash
+# heartbeat_test.sh VICTIM_BIN — a dead or hung rank is named, on every
+# other rank, within the heartbeat timeout + 10 s (heartbeat_timeout_s 5,
+# collective_timeout_s 600, 3 ranks, rank 1 the victim: the news of it
+# goes round the ring past the victim); a rank that only computes long is
+# not (tests/runtime/heartbeat_victim.c):
+#   stop:    the victim stops itself (SIGSTOP) under plain mpirun
+#   kill:    the victim kills itself (SIGKILL) under mpirun
+#            --enable-recovery, which does not end the job for it
+#   compute: the victim computes 6 x the timeout (2 s) between calls:
+#            every rank finishes
+# The stopped victim is killed at the end.
+set -u
+bin=$1
+tmp=$(mktemp -d)
+victims=()
+cleanup() {
+  for p in "${victims[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+np=3
+victim=1
+fail() { echo "FAIL: $*"; cat "$tmp"/*.out; exit 1; }
+
+run() { # MODE HEARTBEAT_S [mpirun flags...]
+  local mode=$1 hb=$2
+  shift 2
+  local t0=$SECONDS
+  timeout --kill-after=10 180 mpirun --oversubscribe --bind-to none -np $np \
+    --mca mpi_yield_when_idle 1 "$@" "$bin" "$mode" $victim "$hb" \
+    >"$tmp/$mode.out" 2>&1
+  local rc=$?
+  local pid
+  pid=$(sed -n "s/^rank $victim: pid //p" "$tmp/$mode.out")
+  [ -n "$pid" ] && victims+=("$pid")
+  echo "$mode: mpirun exit $rc after $((SECONDS - t0)) s"
+  grep -E "^rank [0-9]+: (OK|FAILED)" "$tmp/$mode.out" | cut -c1-400
+}
+
+# every rank but the victim failed with ZS_ERR_REMOTE naming it in time
+expect_named() { # MODE HEARTBEAT_S WHAT
+  local mode=$1 hb=$2 what=$3
+  for r in $(seq 0 $((np - 1))); do
+    [ "$r" = "$victim" ] && continue
+    local line
+    line=$(grep "^rank $r: FAILED after" "$tmp/$mode.out" | head -1)
+    [ -n "$line" ] || fail "$mode: rank $r did not fail"
+    case "$line" in
+      *"another rank failed"*"rank $victim $what"*) ;;
+      *) fail "$mode: rank $r's error does not name rank $victim ($what): $line" ;;
+    esac
+    local s
+    s=$(echo "$line" | sed -n 's/^rank [0-9]*: FAILED after \([0-9.]*\) s.*/\1/p')
+    awk -v s="$s" -v lim=$((hb + 10)) 'BEGIN { exit !(s >= 0 && s <= lim) }' ||
+      fail "$mode: rank $r failed after $s s, more than $((hb + 10)) s"
+    echo "ok: $mode: rank $r named rank $victim after $s s"
+  done
+}
+
+run stop 5
+expect_named stop 5 "sent no heartbeat"
+grep -q "last heard .* ago: in its own code for .* s since zs_step returned" "$tmp/stop.out" ||
+  fail "stop: the error does not say what the silent rank was last doing"
+
+run kill 5 --enable-recovery
+expect_named kill 5 "is gone"
+
+run compute 2
+for r in $(seq 0 $((np - 1))); do
+  grep -q "^rank $r: OK" "$tmp/compute.out" ||
+    fail "compute: rank $r did not finish (a rank computing 12 s with a 2 s heartbeat timeout was flagged?)"
+done
+echo "ok: compute: a rank computing 6 x the heartbeat timeout is not flagged"
+echo "PASS"
