@@ -55,6 +55,8 @@ static void gpt2__defaults(gpt2_args* a) {
   a->sample_bytes = 200;
   a->prefetch_depth = 2;
   a->persistence_threshold = -1;
+  a->collective_timeout = -1;
+  a->heartbeat_timeout = -1;
   a->nvme_param_buffers = 5;
   a->bucket_elements = 1L << 22;
   a->progress_thread = 1;
@@ -118,6 +120,14 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
                          "forward by a bit (a debugging aid)\n"
                          "  --prefetch-depth N  stage 3: units all-gathered "
                          "ahead of use, 0..64 [2]\n"
+                         "  --collective-timeout S\n"
+                         "                      seconds a collective waits "
+                         "for ranks that are alive but elsewhere [1800]\n"
+                         "  --heartbeat-timeout S\n"
+                         "                      seconds a rank may be silent "
+                         "(stopped, hung) before the others fail naming it;\n"
+                         "                      0: off [30] "
+                         "(docs/running.md)\n"
                          "  --persistence-threshold N\n"
                          "                      put each block's LayerNorms "
                          "(4*channels elements) in a unit of their own,\n"
@@ -262,6 +272,15 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
       }
     } else if (sharded && strcmp(f, "--progress-thread") == 0) {
       rc = gpt2__int(f, v, 0, 1, &a->progress_thread, err, cap);
+    } else if (sharded && strcmp(f, "--collective-timeout") == 0) {
+      rc = gpt2__double(f, v, 0.0, 1e9, &a->collective_timeout, err, cap);
+    } else if (sharded && strcmp(f, "--heartbeat-timeout") == 0) {
+      rc = gpt2__double(f, v, 0.0, 86400.0, &a->heartbeat_timeout, err, cap);
+      if (rc == 0 && a->heartbeat_timeout > 0 && a->heartbeat_timeout < 1) {
+        snprintf(err, cap, "--heartbeat-timeout: expected 0 (off) or 1..86400 "
+                 "seconds, got '%s'", v);
+        rc = -1;
+      }
     } else if (sharded && strcmp(f, "--persistence-threshold") == 0) {
       int n = 0;
       rc = gpt2__int(f, v, 0, 1L << 30, &n, err, cap);
@@ -522,6 +541,8 @@ gpt2_report* gpt2_report_create(const gpt2_args* a, const char* trainer,
   cJSON_AddBoolToObject(c, "checkpoint_activations", a->checkpoint_activations);
   cJSON_AddBoolToObject(c, "checkpoint_verify", a->checkpoint_verify);
   cJSON_AddNumberToObject(c, "prefetch_depth", a->prefetch_depth);
+  cJSON_AddNumberToObject(c, "collective_timeout_s", a->collective_timeout);
+  cJSON_AddNumberToObject(c, "heartbeat_timeout_s", a->heartbeat_timeout);
   cJSON_AddNumberToObject(c, "persistence_threshold",
                           (double)a->persistence_threshold);
   cJSON_AddNumberToObject(c, "bucket_elements", (double)a->bucket_elements);

@@ -39,6 +39,10 @@ typedef struct gpt2_args {
                             each recompute with the first forward, bitwise
                             (ZS_CHECKPOINT_VERIFY) */
   int prefetch_depth;  /* sharded: zs_config.prefetch_depth */
+  double collective_timeout; /* sharded: zs_config.collective_timeout_s (-1:
+                                the library's default) */
+  double heartbeat_timeout;  /* sharded: zs_config.heartbeat_timeout_s (-1:
+                                the library's default; 0: off) */
   long persistence_threshold; /* sharded: -1 (default): each block's
                            LayerNorms in the block's unit; >= 0: in a unit
                            of their own ("block.L.ln", 4C elements, tied

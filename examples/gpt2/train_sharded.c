@@ -627,6 +627,8 @@ static zs_config sharded_config(const gpt2_args* a) {
   z.prefetch_depth = a->prefetch_depth;
   z.bucket_elements = (size_t)a->bucket_elements;
   z.progress_thread = a->progress_thread;
+  if (a->collective_timeout >= 0) z.collective_timeout_s = a->collective_timeout;
+  if (a->heartbeat_timeout >= 0) z.heartbeat_timeout_s = a->heartbeat_timeout;
   z.grad_accum_steps = a->grad_accum;
   z.grad_accum_local = a->grad_accum_local;
   z.clip_grad_norm = a->clip > 0;

@@ -32,7 +32,9 @@
  * more than one rank): its context becomes unusable, and the others fail
  * in their next wait with ZS_ERR_REMOTE naming that rank and its error
  * instead of waiting for the timeout. A rank that times out tells them the
- * same way.
+ * same way. A rank that stops or dies outside any call is found by
+ * heartbeats: ZS_ERR_REMOTE naming it after zs_config.heartbeat_timeout_s
+ * (docs/running.md).
  *
  * Conventions used by every comment below:
  *  - "elements" and "bytes" are always said explicitly.

@@ -86,7 +86,9 @@ TEST_F(UnusedTest, ExpertsSkippedBySomeRanksTrainBitwiseTheReference) {
                                  std::to_string(users) + " users, " +
                                  (mine ? "used here)" : "unused here)");
           EXPECT_EQ(agreements, 1) << at;
-          if (!mine) EXPECT_EQ(all_gathers, 0) << at;
+          if (!mine) {
+            EXPECT_EQ(all_gathers, 0) << at;
+          }
           if (users == 0) {
             EXPECT_EQ(all_gathers + gathers, 0) << at;
           } else if (users == world_) {
@@ -117,7 +119,9 @@ TEST_F(UnusedTest, TheRoutingCoversEveryCase) {
     }
   EXPECT_TRUE(cases.count("none")) << world_ << " ranks";
   EXPECT_TRUE(cases.count("some")) << world_ << " ranks";
-  if (world_ <= 3) EXPECT_TRUE(cases.count("all")) << world_ << " ranks";
+  if (world_ <= 3) {
+    EXPECT_TRUE(cases.count("all")) << world_ << " ranks";
+  }
 }
 
 // K = 2 micro-batches, reduced each or accumulated locally: the routing
