@@ -104,6 +104,32 @@ TEST_F(UnusedTest, ExpertsSkippedBySomeRanksTrainBitwiseTheReference) {
   }
 }
 
+// At stage 3 with the parameter shards offloaded (host memory, NVMe with
+// two pool buffers: fewer than the experts a rank may skip in one
+// micro-batch), a rank that skips an expert sends its shard from there:
+// training is bitwise the run without offload, and no swap file is left.
+TEST_F(UnusedTest, OffloadedShardsAreSentFromTheirTier) {
+  TrainConfig cfg;
+  cfg.stage = 3;
+  cfg.steps = 6;
+  cfg.allow_unused = Experts();
+  auto names = MakeMoe();
+  TrainResult plain = TrainSharded(*MakeMoe(), cfg);
+  ASSERT_EQ(plain.status, ZS_OK) << plain.error;
+  const std::string dir = TestDir("unused_nvme");
+  cfg.offload = 1;
+  cfg.nvme.path = dir.c_str();
+  cfg.nvme.param_buffer_count = 2;
+  for (int param : {1, 2}) {
+    cfg.offload_param = param;
+    TrainResult off = TrainSharded(*MakeMoe(), cfg);
+    const std::string w = param == 1 ? "shards in host memory" : "shards on NVMe";
+    ASSERT_EQ(off.status, ZS_OK) << w << ": " << off.error;
+    ExpectSameTraining(plain, off, *names, w);
+  }
+  ExpectEmptyDir(dir, "unused_nvme");
+}
+
 // The routing table leaves each case to some step at 2-4 ranks: an expert
 // used by some ranks only, by every rank, and by none (what the test above
 // checks is not vacuous).
