@@ -272,13 +272,17 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
       }
     } else if (sharded && strcmp(f, "--progress-thread") == 0) {
       rc = gpt2__int(f, v, 0, 1, &a->progress_thread, err, cap);
-    } else if (sharded && strcmp(f, "--collective-timeout") == 0) {
-      rc = gpt2__double(f, v, 0.0, 1e9, &a->collective_timeout, err, cap);
-    } else if (sharded && strcmp(f, "--heartbeat-timeout") == 0) {
-      rc = gpt2__double(f, v, 0.0, 86400.0, &a->heartbeat_timeout, err, cap);
-      if (rc == 0 && a->heartbeat_timeout > 0 && a->heartbeat_timeout < 1) {
-        snprintf(err, cap, "--heartbeat-timeout: expected 0 (off) or 1..86400 "
-                 "seconds, got '%s'", v);
+    } else if (sharded && (strcmp(f, "--collective-timeout") == 0 ||
+                           strcmp(f, "--heartbeat-timeout") == 0)) {
+      /* 0 (off), or whole seconds' worth: a fraction of a second would
+       * fail collectives that are merely slow */
+      const int hb = f[2] == 'h';
+      const double hi = hb ? 86400.0 : 1e9;
+      double* out = hb ? &a->heartbeat_timeout : &a->collective_timeout;
+      rc = gpt2__double(f, v, 0.0, hi, out, err, cap);
+      if (rc != 0 || (*out > 0 && *out < 1)) {
+        snprintf(err, cap, "%s: expected 0 (off) or seconds in [1, %g], got "
+                 "'%s'", f, hi, v != NULL ? v : "(missing)");
         rc = -1;
       }
     } else if (sharded && strcmp(f, "--persistence-threshold") == 0) {

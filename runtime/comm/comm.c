@@ -84,7 +84,7 @@ static int zs__comm_dead(zs__comm* c) {
  * (no notice: the news goes round the ring already); 1 when it did. */
 int zs__comm_peer_check(zs__comm* c) {
   char why[480];
-  const int r = zs__hb_lost(c->hb, why, sizeof why);
+  const int r = zs__hb_lost(c->hb, 0, why, sizeof why);
   if (r < 0) return 0;
   if (!c->failed) {
     char msg[sizeof c->failed_why];

@@ -6,6 +6,9 @@
  *   "D <rank> <why>"           that rank is lost (passed down the ring)
  *   "Q"                        this rank leaves on purpose (context
  *                              destroyed): stop watching it
+ *   "L <rank>"                 that rank left (passed down the ring): a
+ *                              collective still waiting on it a few
+ *                              seconds later never completes
  * The thread never calls MPI, so neither a stuck collective nor a dead
  * peer inside MPI can stop it; it wakes once per interval, so it costs
  * nothing measurable (tools/zs bench overlap runs with it on and off).
@@ -28,6 +31,10 @@
 #include <unistd.h>
 
 #define ZS__HB_LINE 400 /* bytes of one message, newline included */
+/* A rank that left (zs_context_destroy) is lost for a wait still going on
+ * this long after the news (its last collectives may still be completing
+ * on the others when it leaves) */
+#define ZS__HB_LEAVE_GRACE_S 3.0
 
 struct zs__heartbeat {
   int rank, world;
@@ -54,6 +61,10 @@ struct zs__heartbeat {
   /* the lost rank (set once; read by any thread under lock) */
   int lost;       /* atomic read outside the lock; -1: none */
   char lost_why[ZS__HB_LINE + 200];
+  int left;       /* the first rank known to have left, or -1 (lock) */
+  double left_at; /* when this rank heard of it */
+  int blame;      /* zs__hb_blame */
+  zs__hb_record* peers; /* every rank's record (hosts, pids), from start */
 };
 
 static int zs__hb_cloexec_socket(void) {
@@ -73,10 +84,11 @@ zs_status zs__hb_listen(int rank, int world, double timeout_s,
   hb->timeout_s = timeout_s;
   hb->interval_s = timeout_s / 5 < 1.0 ? timeout_s / 5 : 1.0;
   hb->listen_fd = hb->out_fd = hb->in_fd = hb->wake[0] = hb->wake[1] = -1;
-  hb->lost = -1;
+  hb->lost = hb->left = -1;
   pthread_mutex_init(&hb->lock, NULL);
   *out = hb;
   gethostname(mine->host, sizeof mine->host - 1);
+  mine->pid = (uint32_t)getpid();
   /* where the others reach this rank: ZS_HEARTBEAT_ADDR, else the host
    * name's first IPv4 address, else loopback (one host) */
   struct in_addr a;
@@ -156,8 +168,25 @@ static void zs__hb_peer_said(const zs__heartbeat* hb, char* buf, size_t cap,
   if (hb->peer_doing[0] == '\0')
     snprintf(buf, cap, "nothing heard from it yet");
   else
-    snprintf(buf, cap, "last heard %.1f s ago: %s", now - hb->peer_last,
-             hb->peer_doing);
+    snprintf(buf, cap, "last heard %.1f s ago, when it was %s",
+             now - hb->peer_last, hb->peer_doing);
+}
+
+/* A rank left: noted once, and passed down the ring. */
+static void zs__hb_set_left(zs__heartbeat* hb, int rank, double now) {
+  int first = 0;
+  pthread_mutex_lock(&hb->lock);
+  if (hb->left < 0) {
+    hb->left = rank;
+    hb->left_at = now;
+    first = 1;
+  }
+  pthread_mutex_unlock(&hb->lock);
+  if (first && hb->watcher != rank && hb->watcher != hb->rank) {
+    char line[32];
+    snprintf(line, sizeof line, "L %d\n", rank);
+    zs__hb_send(hb->out_fd, line);
+  }
 }
 
 static void zs__hb_line(zs__heartbeat* hb, char* line, double now) {
@@ -167,6 +196,10 @@ static void zs__hb_line(zs__heartbeat* hb, char* line, double now) {
              line[1] == ' ' ? line + 2 : "");
   } else if (line[0] == 'Q') {
     hb->peer_left = 1;
+    zs__hb_set_left(hb, hb->watched, now);
+  } else if (line[0] == 'L') {
+    long r = strtol(line + 1, NULL, 10);
+    if (r >= 0 && r < hb->world) zs__hb_set_left(hb, (int)r, now);
   } else if (line[0] == 'D') {
     char* rest = NULL;
     long r = strtol(line + 1, &rest, 10);
@@ -219,8 +252,10 @@ static void* zs__hb_main(void* arg) {
       if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
         if (!hb->peer_left && hb->lost < 0) {
           zs__hb_peer_said(hb, said, sizeof said, now);
-          snprintf(why, sizeof why, "is gone: its process ended (its "
-                   "heartbeat connection closed without a goodbye; %s)", said);
+          snprintf(why, sizeof why, "(host %s, pid %u) is gone: its "
+                   "process ended (its heartbeat connection closed without a "
+                   "goodbye; %s)", hb->peers[hb->watched].host,
+                   hb->peers[hb->watched].pid, said);
           zs__hb_set_lost(hb, hb->watched, why);
         }
         hb->peer_left = 1; /* nothing more to read */
@@ -239,21 +274,50 @@ static void* zs__hb_main(void* arg) {
     }
     if (!hb->peer_left && hb->lost < 0 && now - hb->peer_last > hb->timeout_s) {
       zs__hb_peer_said(hb, said, sizeof said, now);
-      snprintf(why, sizeof why, "sent no heartbeat for %.0f s "
-               "(heartbeat_timeout_s): it is stopped, or hung outside "
-               "ZeroShard's calls (%s)", now - hb->peer_last, said);
+      snprintf(why, sizeof why, "(host %s, pid %u) sent no heartbeat for "
+               "%.0f s (heartbeat_timeout_s): it is stopped, or hung outside "
+               "ZeroShard's calls (%s)", hb->peers[hb->watched].host,
+               hb->peers[hb->watched].pid, now - hb->peer_last, said);
       zs__hb_set_lost(hb, hb->watched, why);
     }
   }
   return NULL;
 }
 
+/* connect() that gives up at deadline (a blocking one may wait minutes
+ * for an address that drops packets). 0, or -1 with errno set. */
+static int zs__hb_connect(int fd, const struct sockaddr_in* sa,
+                          double deadline) {
+  const int fl = fcntl(fd, F_GETFL, 0);
+  if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) != 0) return -1;
+  int rc = connect(fd, (const struct sockaddr*)sa, sizeof *sa);
+  if (rc != 0 && errno == EINPROGRESS) {
+    if (!zs__hb_poll(fd, POLLOUT, deadline)) {
+      errno = ETIMEDOUT;
+      return -1;
+    }
+    int err = 0;
+    socklen_t len = sizeof err;
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) return -1;
+    rc = err == 0 ? 0 : -1;
+    if (err != 0) errno = err;
+  }
+  if (rc == 0 && fcntl(fd, F_SETFL, fl) != 0) return -1;
+  return rc;
+}
+
+int zs__hb_blame(const zs__heartbeat* hb) { return hb != NULL ? hb->blame : 0; }
+
 zs_status zs__hb_start(zs__heartbeat* hb, const zs__hb_record* all) {
   for (int r = 0; r < hb->world; r++)
     if (!all[r].ok)
       return zs__error(ZS_ERR_COMM, "heartbeat: rank %d (host %s) could not "
                        "listen", r, all[r].host);
+  hb->peers = (zs__hb_record*)malloc((size_t)hb->world * sizeof *all);
+  if (hb->peers == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "heartbeat");
+  memcpy(hb->peers, all, (size_t)hb->world * sizeof *all);
   const double deadline = zs__now() + 60.0;
+  hb->blame = 2; /* until this rank reached the rank before it */
   /* out: to the watcher (loopback when it is on this host) */
   const zs__hb_record* w = &all[hb->watcher];
   char me[64];
@@ -270,9 +334,16 @@ zs_status zs__hb_start(zs__heartbeat* hb, const zs__hb_record* all) {
   int one = 1;
   (void)setsockopt(hb->out_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   int rc = -1;
-  while ((rc = connect(hb->out_fd, (struct sockaddr*)&sa, sizeof sa)) != 0 &&
-         (errno == EINTR || errno == ECONNREFUSED) && zs__now() < deadline)
-    usleep(100000);
+  for (;;) {
+    rc = zs__hb_connect(hb->out_fd, &sa, deadline);
+    if (rc == 0 || (errno != ECONNREFUSED && errno != EINTR) ||
+        zs__now() >= deadline)
+      break;
+    usleep(100000); /* refused: a fresh socket, once more */
+    close(hb->out_fd);
+    hb->out_fd = zs__hb_cloexec_socket();
+    if (hb->out_fd < 0) break;
+  }
   char ip[INET_ADDRSTRLEN] = "?";
   inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
   if (rc != 0)
@@ -286,6 +357,7 @@ zs_status zs__hb_start(zs__heartbeat* hb, const zs__hb_record* all) {
   if (send(hb->out_fd, hello, strlen(hello), MSG_NOSIGNAL) < 0)
     return zs__error(ZS_ERR_COMM, "heartbeat: send to rank %d: %s",
                      hb->watcher, strerror(errno));
+  hb->blame = 1; /* from here on: the rank after this one never came */
   /* in: from the watched rank (the port listens on every address: a
    * connection that does not say "H <watched rank>" at once is closed) */
   char got[32] = "";
@@ -318,6 +390,7 @@ zs_status zs__hb_start(zs__heartbeat* hb, const zs__hb_record* all) {
   if (pthread_create(&hb->thread, NULL, zs__hb_main, hb) != 0)
     return zs__error(ZS_ERR_COMM, "heartbeat: cannot start its thread");
   hb->thread_on = 1;
+  hb->blame = 0;
   return ZS_OK;
 }
 
@@ -333,15 +406,32 @@ void zs__hb_destroy(zs__heartbeat* hb) {
   for (size_t i = 0; i < sizeof fds / sizeof *fds; i++)
     if (*fds[i] >= 0) close(*fds[i]);
   pthread_mutex_destroy(&hb->lock);
+  free(hb->peers);
   free(hb);
 }
 
-int zs__hb_lost(zs__heartbeat* hb, char* why, size_t cap) {
-  if (hb == NULL || __atomic_load_n(&hb->lost, __ATOMIC_ACQUIRE) < 0)
-    return -1;
+int zs__hb_lost(zs__heartbeat* hb, int waiting, char* why, size_t cap) {
+  if (hb == NULL) return -1;
+  if (__atomic_load_n(&hb->lost, __ATOMIC_ACQUIRE) >= 0) {
+    pthread_mutex_lock(&hb->lock);
+    snprintf(why, cap, "%s", hb->lost_why);
+    const int r = hb->lost;
+    pthread_mutex_unlock(&hb->lock);
+    return r;
+  }
+  int r = -1;
+  if (!waiting) return -1;
   pthread_mutex_lock(&hb->lock);
-  snprintf(why, cap, "%s", hb->lost_why);
-  const int r = hb->lost;
+  const double grace = ZS__HB_LEAVE_GRACE_S > 2 * hb->interval_s
+                           ? ZS__HB_LEAVE_GRACE_S : 2 * hb->interval_s;
+  const double ago = zs__now() - hb->left_at;
+  if (hb->left >= 0 && ago > grace) {
+    r = hb->left;
+    snprintf(why, cap, "(host %s, pid %u) left the context "
+             "(zs_context_destroy) %.0f s ago, so it joins no collective any "
+             "more: the ranks' calls differ (one ended early)",
+             hb->peers[r].host, hb->peers[r].pid, ago);
+  }
   pthread_mutex_unlock(&hb->lock);
   return r;
 }

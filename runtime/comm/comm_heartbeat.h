@@ -30,6 +30,8 @@ typedef struct zs__hb_record {
   uint32_t addr;
   uint16_t port;
   uint16_t ok;
+  uint32_t pid;
+  uint32_t pad;
   char host[64];
 } zs__hb_record;
 
@@ -47,13 +49,21 @@ zs_status zs__hb_listen(int rank, int world, double timeout_s,
  * Errors: COMM (a peer could not listen, or did not connect). */
 zs_status zs__hb_start(zs__heartbeat* hb, const zs__hb_record* all);
 
+/* How much a failed zs__hb_start says about the cause: 2 when this rank
+ * could not reach the rank before it (its own view of the network), 1 when
+ * the rank after it never came (a symptom of that rank's failure), 0 when
+ * it did not fail. The setup reports the failure with the most. */
+int zs__hb_blame(const zs__heartbeat* hb);
+
 /* Stops the thread and tells the watching rank this one leaves on purpose
  * (it stops watching), then closes everything. NULL: nothing. */
 void zs__hb_destroy(zs__heartbeat* hb);
 
-/* The rank known to be lost (silent or gone), with why and what it was
- * last known to be doing in `why` (cap bytes), or -1. Any thread. */
-int zs__hb_lost(zs__heartbeat* hb, char* why, size_t cap);
+/* The rank known to be lost (silent or gone; with `waiting`, for a wait
+ * of a collective, also one that left the context with zs_context_destroy
+ * more than a few seconds ago), with its host and pid, why, and what it
+ * was last heard doing in `why` (cap bytes), or -1. Any thread. */
+int zs__hb_lost(zs__heartbeat* hb, int waiting, char* why, size_t cap);
 
 /* What this rank does, sent with each heartbeat (cheap: a lock and a
  * copy; NULL hb: nothing). zs__hb_call: a public call `fn` (a static

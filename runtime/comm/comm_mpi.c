@@ -741,21 +741,33 @@ zs_status zs__comm_mpi_heartbeat(zs__comm* mpi, zs__comm* owner,
   }
   if (st == ZS_OK && all == NULL)
     st = zs__error(ZS_ERR_OUT_OF_MEMORY, "heartbeat: addresses");
-  if (st == ZS_OK) st = zs__hb_start(hb, all);
+  /* (a rank that could not listen is the cause; the others only see
+   * that it could not: its own reason is the one to give) */
+  int blame = st != ZS_OK ? 3 : 0;
+  if (st == ZS_OK) {
+    st = zs__hb_start(hb, all);
+    blame = zs__hb_blame(hb);
+  }
   if (st != ZS_OK && why[0] == '\0')
     snprintf(why, sizeof why, "%s", zs__error_body());
   free(all);
-  /* every rank the same outcome: the lowest failing rank's reason */
-  int bad = st != ZS_OK ? mpi->rank : mpi->world, first = mpi->world;
-  rc = MPI_Allreduce(&bad, &first, 1, MPI_INT, MPI_MIN, comm);
-  if (rc == MPI_SUCCESS && first < mpi->world) {
+  /* every rank the same outcome: the reason that says most about the
+   * cause (its own listen, then reaching its neighbour, then a neighbour
+   * that never came), the lowest such rank's */
+  int key = st != ZS_OK ? blame * mpi->world + (mpi->world - 1 - mpi->rank)
+                        : -1, best = -1;
+  rc = MPI_Allreduce(&key, &best, 1, MPI_INT, MPI_MAX, comm);
+  if (rc == MPI_SUCCESS && best >= 0) {
+    const int first = mpi->world - 1 - best % mpi->world;
     char theirs[512];
     memcpy(theirs, why, sizeof theirs);
+    int code = (int)st;
     rc = MPI_Bcast(theirs, (int)sizeof theirs, MPI_CHAR, first, comm);
+    if (rc == MPI_SUCCESS) rc = MPI_Bcast(&code, 1, MPI_INT, first, comm);
     zs__hb_destroy(hb);
     if (rc != MPI_SUCCESS) return zs__mpi_fail(rc, "heartbeat: Bcast");
     theirs[sizeof theirs - 1] = '\0';
-    return zs__error(ZS_ERR_COMM, "rank %d: %s", first, theirs);
+    return zs__error((zs_status)code, "rank %d: %s", first, theirs);
   }
   if (rc != MPI_SUCCESS) {
     zs__hb_destroy(hb);

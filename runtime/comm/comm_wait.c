@@ -31,13 +31,17 @@ static zs_status zs__coll_peer_lost(zs__comm* c, const zs__coll* op,
                                     double grace) {
   char why[ZS__NOTICE_BYTES - 64];
   const double until = zs__now() + grace;
-  int r = zs__hb_lost(c->hb, why, sizeof why);
+  int r = zs__hb_lost(c->hb, 1, why, sizeof why);
   while (r < 0 && zs__now() < until) {
     sched_yield();
-    r = zs__hb_lost(c->hb, why, sizeof why);
+    r = zs__hb_lost(c->hb, 1, why, sizeof why);
   }
   if (r < 0) return ZS_OK;
-  (void)zs__comm_peer_check(c);
+  if (!c->failed) {
+    char msg[sizeof c->failed_why];
+    snprintf(msg, sizeof msg, "rank %d %.480s", r, why);
+    zs__comm_fail(c, ZS_ERR_REMOTE, msg, 0, 0);
+  }
   char report[600], devname[96];
   zs__comm_report(c, report, sizeof report);
   zs__comm_dev_name(c->dev, devname, sizeof devname);
@@ -101,13 +105,6 @@ zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
     sched_yield();
     if ((spins & 63) != 0) continue;
     double now = zs__now();
-    /* A rank whose heartbeat stopped, or whose process ended: it will
-     * join nothing (the collective timeout stays for ranks that are alive
-     * but issued something else) */
-    if (c->hb != NULL) {
-      const zs_status lost = zs__coll_peer_lost(c, op, 0.0);
-      if (lost != ZS_OK) return lost;
-    }
     /* Another rank failed and will not join this collective (one it
      * issued before failing still completes: wait for that): give up
      * now. The request stays pending, so every buffer is kept. */
@@ -141,13 +138,21 @@ zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
                        zs__purpose_name(op->tag.purpose), devname, from,
                        notice, report);
     }
+    /* A rank whose heartbeat stopped, or whose process ended: it will
+     * join nothing (a failure notice, above, says more and comes first;
+     * the collective timeout stays for ranks that are alive but issued
+     * something else) */
+    if (c->hb != NULL) {
+      const zs_status lost = zs__coll_peer_lost(c, op, 0.0);
+      if (lost != ZS_OK) return lost;
+    }
     if (c->timeout_s > 0 && now - t0 > c->timeout_s) {
       char report[600], devname[96], body[ZS__NOTICE_BYTES - 32];
       zs__comm_report(c, report, sizeof report);
       zs__comm_dev_name(c->dev, devname, sizeof devname);
       zs__error(ZS_ERR_TIMEOUT,
                 "%s of %zu %s elements for unit %s (%s) on %s did not "
-                "complete within %.0f s: another rank is probably waiting in "
+                "complete within %g s: another rank is probably waiting in "
                 "a different collective (it skipped or added a gather, "
                 "release or step, or failed); the context cannot be used any "
                 "more (%s)",

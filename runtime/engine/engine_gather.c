@@ -46,7 +46,7 @@ static zs_status zs__unit_gather(zs_model* m, int unit, void* arg) {
     return st;
   }
   u->user_gathered = 1;
-  u->touched = 1;
+  if (!m->eval) u->touched = 1; /* (a micro-batch's use; eval has none) */
   /* stacked kinds: the slices of the unit and of its tie owners */
   zs__view_hold(m, u, ZS__VIEW_PARAMS);
   if (m->ctx->prof != NULL)  /* from the call until the parameters are ready */
@@ -111,6 +111,9 @@ zs_status zs_model_set_eval(zs_model* m, int eval) {
                      "steps", m->seen_len);
   /* Unused prefetches and forward holds belong to the training step. */
   st = zs__prefetch_drain(m);
+  /* an eval pass's marks of unused units end with it (sends included) */
+  for (int i = 0; i < m->nunits && st == ZS_OK; i++)
+    st = zs__unused_send_finish(m, &m->units[i]);
   if (st == ZS_OK) m->eval = eval;
   return st;
 }
@@ -145,6 +148,10 @@ static zs_status zs__unit_mark_unused(zs_model* m, int unit, void* arg) {
     return zs__error(ZS_ERR_INVALID_STATE,
                      "zs_unit_mark_unused: unit '%s' is already marked unused "
                      "in this micro-batch", u->name);
+  if (u->user_gathered)
+    return zs__error(ZS_ERR_INVALID_STATE,
+                     "zs_unit_mark_unused: unit '%s' is gathered; release it "
+                     "first", u->name);
   if (u->touched || u->user_gathered || u->user_grad_open || u->releases > 0)
     return zs__error(ZS_ERR_INVALID_STATE,
                      "zs_unit_mark_unused: unit '%s' was %s in this "
@@ -158,7 +165,8 @@ static zs_status zs__unit_mark_unused(zs_model* m, int unit, void* arg) {
     if (st != ZS_OK) return st;
   }
   zs_status st = zs__unused_send(m, unit);
-  if (st == ZS_OK) u->unused = 1;
+  /* (in eval mode a mark stands for one gather: nothing carries over) */
+  if (st == ZS_OK && !m->eval) u->unused = 1;
   /* the prefetches a gather of the unit would start here, so that every
    * rank issues the same collectives */
   if (st == ZS_OK && !m->eval) st = zs__prefetch_issue(m);

@@ -7,6 +7,8 @@
 #   stop:    the victim stops itself (SIGSTOP) under plain mpirun
 #   kill:    the victim kills itself (SIGKILL) under mpirun
 #            --enable-recovery, which does not end the job for it
+#   leave:   the victim destroys its context early: named as having left
+#            (3 s after the news, within the same bound)
 #   compute: the victim computes 6 x the timeout (2 s) between calls:
 #            every rank finishes
 # The stopped victim is killed at the end.
@@ -43,13 +45,15 @@ run() { # MODE HEARTBEAT_S [mpirun flags...]
 # every rank but the victim failed with ZS_ERR_REMOTE naming it in time
 expect_named() { # MODE HEARTBEAT_S WHAT
   local mode=$1 hb=$2 what=$3
+  local vpid
+  vpid=$(sed -n "s/^rank $victim: pid //p" "$tmp/$mode.out")
   for r in $(seq 0 $((np - 1))); do
     [ "$r" = "$victim" ] && continue
     local line
     line=$(grep "^rank $r: FAILED after" "$tmp/$mode.out" | head -1)
     [ -n "$line" ] || fail "$mode: rank $r did not fail"
     case "$line" in
-      *"another rank failed"*"rank $victim $what"*) ;;
+      *"another rank failed"*"rank $victim (host "*"pid $vpid) $what"*) ;;
       *) fail "$mode: rank $r's error does not name rank $victim ($what): $line" ;;
     esac
     local s
@@ -62,11 +66,15 @@ expect_named() { # MODE HEARTBEAT_S WHAT
 
 run stop 5
 expect_named stop 5 "sent no heartbeat"
-grep -q "last heard .* ago: in its own code for .* s since zs_step returned" "$tmp/stop.out" ||
+grep -q "last heard .* ago, when it was in its own code for .* s since zs_step returned" "$tmp/stop.out" ||
   fail "stop: the error does not say what the silent rank was last doing"
 
 run kill 5 --enable-recovery
 expect_named kill 5 "is gone"
+
+# a rank that ends early (zs_context_destroy) while the others wait on it
+run leave 5
+expect_named leave 5 "left the context"
 
 run compute 2
 for r in $(seq 0 $((np - 1))); do

@@ -7,6 +7,8 @@
  *        kill:    the victim kills itself (SIGKILL)
  *        compute: the victim computes (sleeps, outside every ZeroShard
  *                 call) for 6 x HEARTBEAT_S, then goes on
+ *        leave:   the victim destroys its model and context (a rank that
+ *                 ends early), then sleeps 30 s
  * Every rank prints one line: "rank R: OK" after 5 steps, or
  * "rank R: FAILED after S s: STATUS: MESSAGE" when a call failed, S being
  * the seconds since it entered step 2; a failed rank then ends the job as
@@ -87,6 +89,13 @@ int main(int argc, char** argv) {
         }
         if (strcmp(mode, "kill") == 0) raise(SIGKILL);
         if (strcmp(mode, "compute") == 0) usleep((useconds_t)(6 * hb * 1e6));
+        if (strcmp(mode, "leave") == 0) {
+          zs_model_destroy(m);
+          zs_context_destroy(ctx);
+          sleep(30);
+          MPI_Finalize();
+          return 0;
+        }
       }
     }
     for (int u = 0; u < 2; u++) {

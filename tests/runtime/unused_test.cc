@@ -104,6 +104,52 @@ TEST_F(UnusedTest, ExpertsSkippedBySomeRanksTrainBitwiseTheReference) {
   }
 }
 
+// Eval passes: each gather of a unit by the ranks that use it is matched
+// by a mark on the others, pass after pass, and nothing carries over into
+// training (a helper's trial found the marks and uses stuck after one
+// pass).
+TEST_F(UnusedTest, EvalPassesLeaveNoMarks) {
+  for (int stage : {0, 3}) {
+    zs_config c = ZS_CONFIG_INIT;
+    c.stage = stage;
+    zs_context* ctx = nullptr;
+    ASSERT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), ZS_OK);
+    zs_model* m = nullptr;
+    int e = -1, t = -1;
+    const int64_t shape[1] = {64};
+    ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+    ASSERT_EQ(zs_model_add_unit(m, "e", &e), ZS_OK);
+    ASSERT_EQ(zs_model_add_tensor(m, e, "e.w", 1, shape, ZS_FLOAT32, 0, &t), ZS_OK);
+    ASSERT_EQ(zs_unit_allow_unused(m, e), ZS_OK);
+    ASSERT_EQ(zs_model_finalize(m), ZS_OK) << zs_last_error();
+    ASSERT_EQ(zs_model_set_eval(m, 1), ZS_OK);
+    for (int pass = 0; pass < 3; pass++) {
+      if ((rank_ + pass) % 2 == 0) {
+        ASSERT_EQ(zs_unit_gather(m, e), ZS_OK) << zs_last_error();
+        ASSERT_EQ(zs_unit_release(m, e), ZS_OK);
+      } else {
+        ASSERT_EQ(zs_unit_mark_unused(m, e), ZS_OK) << zs_last_error();
+      }
+    }
+    ASSERT_EQ(zs_model_set_eval(m, 0), ZS_OK) << zs_last_error();
+    // training: rank 0 uses it, the others mark it
+    if (rank_ == 0) {
+      ASSERT_EQ(zs_unit_gather(m, e), ZS_OK) << zs_last_error();
+      ASSERT_EQ(zs_unit_release(m, e), ZS_OK);
+      ASSERT_EQ(zs_unit_grad_acquire(m, e), ZS_OK);
+      ASSERT_EQ(zs_unit_grad_release(m, e), ZS_OK);
+    } else {
+      ASSERT_EQ(zs_unit_mark_unused(m, e), ZS_OK) << zs_last_error();
+    }
+    zs_step_info info{};
+    info.struct_size = sizeof info;
+    ASSERT_EQ(zs_step(m, &info), ZS_OK) << "stage " << stage << ": "
+                                         << zs_last_error();
+    zs_model_destroy(m);
+    zs_context_destroy(ctx);
+  }
+}
+
 // At stage 3 with the parameter shards offloaded (host memory, NVMe with
 // two pool buffers: fewer than the experts a rank may skip in one
 // micro-batch), a rank that skips an expert sends its shard from there:
