@@ -123,7 +123,11 @@ zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
     }
     if (failure && op->seq >= c->notice_seq) {
       const int from = c->notice_from;
-      const char* notice = c->notice_msg;
+      /* (a timed-out rank's notice ends as this message does: once) */
+      char notice[ZS__NOTICE_BYTES];
+      snprintf(notice, sizeof notice, "%s", c->notice_msg);
+      char* tail = strstr(notice, "; the context cannot be used any more");
+      if (tail != NULL) *tail = '\0';
       char report[600], devname[96], why[160];
       zs__comm_report(c, report, sizeof report);
       zs__comm_dev_name(c->dev, devname, sizeof devname);
