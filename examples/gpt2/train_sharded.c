@@ -151,12 +151,13 @@ static int tensor_plan(const gpt2_config* cfg, int ln_units, int k, int* which,
     *i = k;
   } else {
     const int b = (k - GPT2_EMBED_TENSORS) / per_block;
-    int r = (k - GPT2_EMBED_TENSORS) % per_block;
+    const int r = (k - GPT2_EMBED_TENSORS) % per_block;
     if (b >= cfg->layers) return 0;
     *which = b;
-    if (ln_units && r < 4) { /* the LayerNorms' unit: its r-th one */
-      for (*i = 0; r > 0 || !is_layernorm(*i); (*i)++)
-        if (is_layernorm(*i)) r--;
+    if (ln_units && r < 4) { /* the LayerNorms' unit: the r-th of them */
+      int nth = -1;
+      for (*i = 0; *i < GPT2_BLOCK_TENSORS; (*i)++)
+        if (is_layernorm(*i) && ++nth == r) break;
     } else {
       *i = r - (ln_units ? 4 : 0);
       if (ln_units && is_layernorm(*i)) {

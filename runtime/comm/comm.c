@@ -81,23 +81,23 @@ static int zs__comm_dead(zs__comm* c) {
 }
 
 /* A rank the heartbeats lost (comm_heartbeat.h) fails the communicator
- * (no notice: the news goes round the ring already); 1 when it did. */
-int zs__comm_peer_check(zs__comm* c) {
-  char why[480];
-  const int r = zs__hb_lost(c->hb, 0, why, sizeof why);
-  if (r < 0) return 0;
+ * (no notice: the news goes round the ring already). */
+int zs__comm_peer_check(zs__comm* c, int waiting, char* why, size_t cap) {
+  const int r = zs__hb_lost(c->hb, waiting, why, cap);
+  if (r < 0) return -1;
   if (!c->failed) {
     char msg[sizeof c->failed_why];
     snprintf(msg, sizeof msg, "rank %d %.480s", r, why);
     zs__comm_fail(c, ZS_ERR_REMOTE, msg, 0, 0);
   }
-  return 1;
+  return r;
 }
 
 /* After a failure nothing new may start on the communicator. */
 zs_status zs__comm_usable(zs__comm* c) {
   (void)zs__comm_dead(c);
-  zs__comm_peer_check(c);
+  char why[480];
+  (void)zs__comm_peer_check(c, 0, why, sizeof why);
   if (!c->failed) return ZS_OK;
   return zs__error(c->failed_status,
                    "the context cannot be used any more (end the job): %s",

@@ -346,9 +346,10 @@ struct zs__coll {
 /* INVALID_STATE-like status of a failed communicator (its first status,
  * naming why), ZS_OK while it is usable; finds a finalized MPI too. */
 zs_status zs__comm_usable(zs__comm* c);
-/* 1 (and c failed with ZS_ERR_REMOTE naming the rank and why) when the
- * heartbeats lost a rank (comm_heartbeat.h); 0 otherwise. */
-int zs__comm_peer_check(zs__comm* c);
+/* The rank the heartbeats lost (zs__hb_lost: with `waiting`, also one
+ * that left), with why in `why` (cap bytes), and c failed with
+ * ZS_ERR_REMOTE naming it; -1 when none. */
+int zs__comm_peer_check(zs__comm* c, int waiting, char* why, size_t cap);
 /* "the host device", "the cuda device at PCI ...": for messages. */
 void zs__comm_dev_name(const zs__device* dev, char* buf, size_t cap);
 /* What this rank holds by category, for messages. */

@@ -276,6 +276,17 @@ static zs_status zs__mpi_p2p_begin(zs__comm* c, zs__comm_req** req, int* tag) {
   return ZS_OK;
 }
 
+/* The start of a p2p operation of `count` elements of dtype each way:
+ * the MPI type, the count as an int, the request and the tag. */
+static zs_status zs__mpi_p2p_setup(zs__comm* c, zs_dtype dtype, size_t count,
+                                   const char* what, MPI_Datatype* t, int* n,
+                                   zs__comm_req** r, int* tag) {
+  zs_status st = zs__mpi_type(dtype, 0, t);
+  if (st == ZS_OK) st = zs__mpi_count(count, what, n);
+  if (st == ZS_OK) st = zs__mpi_p2p_begin(c, r, tag);
+  return st;
+}
+
 /* Completes a started p2p operation if the caller wanted it blocking. */
 static zs_status zs__mpi_p2p_end(zs__comm* c, int rc, const char* what,
                                  zs__comm_req* r, zs__comm_req** req) {
@@ -298,9 +309,7 @@ static zs_status zs__mpi_exchange(zs__comm* c, const void* send,
   MPI_Datatype t;
   int n = 0, tag = 0;
   zs__comm_req* r = NULL;
-  zs_status st = zs__mpi_type(dtype, 0, &t);
-  if (st == ZS_OK) st = zs__mpi_count(chunk, "exchange", &n);
-  if (st == ZS_OK) st = zs__mpi_p2p_begin(c, &r, &tag);
+  zs_status st = zs__mpi_p2p_setup(c, dtype, chunk, "exchange", &t, &n, &r, &tag);
   if (st != ZS_OK) return st;
   const size_t elem = zs_dtype_size(dtype);
   const char* s = (const char*)send;
@@ -331,9 +340,8 @@ static zs_status zs__mpi_all_gather_strided(zs__comm* c, void* buf,
   MPI_Datatype t;
   int n = 0, tag = 0;
   zs__comm_req* r = NULL;
-  zs_status st = zs__mpi_type(dtype, 0, &t);
-  if (st == ZS_OK) st = zs__mpi_count(chunk, "all-gather", &n);
-  if (st == ZS_OK) st = zs__mpi_p2p_begin(c, &r, &tag);
+  zs_status st = zs__mpi_p2p_setup(c, dtype, chunk, "all-gather", &t, &n, &r,
+                                   &tag);
   if (st != ZS_OK) return st;
   const size_t elem = zs_dtype_size(dtype);
   char* b = (char*)buf;
@@ -359,9 +367,7 @@ static zs_status zs__mpi_gather_users(zs__comm* c, const void* send,
   MPI_Datatype t;
   int n = 0, tag = 0;
   zs__comm_req* r = NULL;
-  zs_status st = zs__mpi_type(dtype, 0, &t);
-  if (st == ZS_OK) st = zs__mpi_count(count, "gather", &n);
-  if (st == ZS_OK) st = zs__mpi_p2p_begin(c, &r, &tag);
+  zs_status st = zs__mpi_p2p_setup(c, dtype, count, "gather", &t, &n, &r, &tag);
   if (st != ZS_OK) return st;
   const size_t elem = zs_dtype_size(dtype);
   const int user = (int)(users >> c->rank & 1);

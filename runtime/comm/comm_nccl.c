@@ -293,6 +293,17 @@ static zs_status zs__nccl_broadcast(zs__comm* c, void* buf, size_t count,
                       "broadcast", req);
 }
 
+/* This rank's own block of an exchange or gather: a device copy on the
+ * communication stream, after the NCCL calls. */
+static zs_status zs__nccl_own_copy(zs__nccl_impl* n, void* dst, const void* src,
+                                   size_t bytes, const char* what) {
+  if (cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, n->stream) ==
+      cudaSuccess)
+    return ZS_OK;
+  return zs__error(ZS_ERR_DEVICE, "NCCL %s: local copy: %s", what,
+                   cudaGetErrorString(cudaGetLastError()));
+}
+
 static zs_status zs__nccl_exchange(zs__comm* c, const void* send,
                                    const size_t* offsets, void* recv,
                                    size_t chunk, zs_dtype dtype,
@@ -320,12 +331,11 @@ static zs_status zs__nccl_exchange(zs__comm* c, const void* send,
   }
   ncclResult_t r2 = zs__nccl_fn.GroupEnd();
   if (r == ncclSuccess) r = r2;
-  if (r == ncclSuccess &&
-      cudaMemcpyAsync(d + (size_t)c->rank * chunk * elem,
-                      s + offsets[c->rank] * elem, chunk * elem,
-                      cudaMemcpyDeviceToDevice, n->stream) != cudaSuccess)
-    return zs__error(ZS_ERR_DEVICE, "NCCL exchange: local copy: %s",
-                     cudaGetErrorString(cudaGetLastError()));
+  if (r == ncclSuccess) {
+    st = zs__nccl_own_copy(n, d + (size_t)c->rank * chunk * elem,
+                           s + offsets[c->rank] * elem, chunk * elem, "exchange");
+    if (st != ZS_OK) return st;
+  }
   return zs__nccl_end(c, r, "exchange", req);
 }
 
@@ -358,11 +368,11 @@ static zs_status zs__nccl_gather_users(zs__comm* c, const void* send,
   }
   ncclResult_t r2 = zs__nccl_fn.GroupEnd();
   if (r == ncclSuccess) r = r2;
-  if (r == ncclSuccess && user && count > 0 &&
-      cudaMemcpyAsync(d + (size_t)c->rank * count * elem, send, count * elem,
-                      cudaMemcpyDeviceToDevice, n->stream) != cudaSuccess)
-    return zs__error(ZS_ERR_DEVICE, "NCCL gather: local copy: %s",
-                     cudaGetErrorString(cudaGetLastError()));
+  if (r == ncclSuccess && user && count > 0) {
+    st = zs__nccl_own_copy(n, d + (size_t)c->rank * count * elem, send,
+                           count * elem, "gather");
+    if (st != ZS_OK) return st;
+  }
   return zs__nccl_end(c, r, "gather", req);
 }
 

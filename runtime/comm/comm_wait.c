@@ -25,23 +25,26 @@
 
 /* ==== Waiting ============================================================= */
 
+/* "all_gather of 1376 fp32 elements for unit u0 (param gather)". */
+static void zs__coll_text(const zs__coll* op, char* buf, size_t cap) {
+  snprintf(buf, cap, "%s of %zu %s elements for unit %s (%s)",
+           zs_coll_op_name(op->op), op->count, zs_dtype_name(op->dtype),
+           op->tag.name != NULL ? op->tag.name : "-",
+           zs__purpose_name(op->tag.purpose));
+}
+
 /* When the heartbeats lost a rank (within `grace` seconds): c failed and
  * ZS_ERR_REMOTE naming it, for the wait of op; ZS_OK otherwise. */
 static zs_status zs__coll_peer_lost(zs__comm* c, const zs__coll* op,
                                     double grace) {
   char why[ZS__NOTICE_BYTES - 64];
   const double until = zs__now() + grace;
-  int r = zs__hb_lost(c->hb, 1, why, sizeof why);
+  int r = zs__comm_peer_check(c, 1, why, sizeof why);
   while (r < 0 && zs__now() < until) {
     sched_yield();
-    r = zs__hb_lost(c->hb, 1, why, sizeof why);
+    r = zs__comm_peer_check(c, 1, why, sizeof why);
   }
   if (r < 0) return ZS_OK;
-  if (!c->failed) {
-    char msg[sizeof c->failed_why];
-    snprintf(msg, sizeof msg, "rank %d %.480s", r, why);
-    zs__comm_fail(c, ZS_ERR_REMOTE, msg, 0, 0);
-  }
   char report[600], devname[96];
   zs__comm_report(c, report, sizeof report);
   zs__comm_dev_name(c->dev, devname, sizeof devname);
@@ -96,10 +99,9 @@ zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
     const char* name = op->tag.name != NULL ? op->tag.name : "-";
     if (spins == 256 && c->hb != NULL) { /* a wait that lasts: say on what */
       char on[160];
-      snprintf(on, sizeof on, "%s of %zu %s elements for unit %s (%s), "
-               "collective %llu", zs_coll_op_name(op->op), op->count,
-               zs_dtype_name(op->dtype), name,
-               zs__purpose_name(op->tag.purpose), (unsigned long long)op->seq);
+      zs__coll_text(op, on, sizeof on);
+      snprintf(on + strlen(on), sizeof on - strlen(on), ", collective %llu",
+               (unsigned long long)op->seq);
       zs__hb_wait(c->hb, on);
     }
     sched_yield();
@@ -114,9 +116,7 @@ zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
     if (!failure && !c->reconciling && c->discard_from >= 0 &&
         op->lane_seq >= c->discard_lane[op->lane]) {
       dropped_by = c->discard_from;
-      snprintf(what, sizeof what, "%s of %zu %s elements for unit %s (%s)",
-               zs_coll_op_name(op->op), op->count, zs_dtype_name(op->dtype),
-               name, zs__purpose_name(op->tag.purpose));
+      zs__coll_text(op, what, sizeof what);
       zs_status rs = zs__comm_reconcile(c, NULL);
       if (rs != ZS_OK) return rs; /* failed: op stays pending, as above */
       continue;
@@ -438,7 +438,8 @@ static zs_status zs__ctrl_run(zs__comm* c, zs_status st, zs__comm_req* req,
       c->ops->notify(c, notice);
       sent = 1;
     }
-    if (zs__comm_peer_check(c))
+    char lost[480];
+    if (zs__comm_peer_check(c, 0, lost, sizeof lost) >= 0)
       return zs__error(ZS_ERR_REMOTE, "zs_step_discard (%s) cannot complete: "
                        "%s; the context cannot be used any more", what,
                        c->failed_why);

@@ -152,13 +152,12 @@ static zs_status zs__unit_mark_unused(zs_model* m, int unit, void* arg) {
     return zs__error(ZS_ERR_INVALID_STATE,
                      "zs_unit_mark_unused: unit '%s' is gathered; release it "
                      "first", u->name);
-  if (u->touched || u->user_gathered || u->user_grad_open || u->releases > 0)
+  if (u->touched || u->user_grad_open || u->releases > 0)
     return zs__error(ZS_ERR_INVALID_STATE,
                      "zs_unit_mark_unused: unit '%s' was %s in this "
                      "micro-batch; mark it before any use, where the rank "
                      "would gather it", u->name,
-                     u->user_gathered || u->touched ? "gathered"
-                                                    : "given gradients");
+                     u->touched ? "gathered" : "given gradients");
   zs__progress(m);
   if (m->gathers && !m->eval) {
     zs_status st = zs__trace_follow(m, unit);

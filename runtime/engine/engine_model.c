@@ -418,14 +418,21 @@ zs_status zs_model_add_tied_tensor(zs_model* m, int unit, const char* name,
   return ZS_OK;
 }
 
-zs_status zs_unit_set_strategy(zs_model* m, int unit,
-                               zs_unit_strategy strategy) {
-  zs_status st = zs__check_open(m, "zs_unit_set_strategy");
+/* zs__check_open, and `unit` one of the model's (else the model is
+ * poisoned: a per-unit setting missing on one rank must fail finalize). */
+static zs_status zs__check_open_unit(zs_model* m, int unit, const char* fn) {
+  zs_status st = zs__check_open(m, fn);
   if (st != ZS_OK) return st;
   if (unit < 0 || unit >= m->nunits)
     return zs__poison(m, zs__error(ZS_ERR_INVALID_ARGUMENT,
-        "zs_unit_set_strategy: unit %d does not exist (%d units)", unit,
-        m->nunits));
+        "%s: unit %d does not exist (%d units)", fn, unit, m->nunits));
+  return ZS_OK;
+}
+
+zs_status zs_unit_set_strategy(zs_model* m, int unit,
+                               zs_unit_strategy strategy) {
+  zs_status st = zs__check_open_unit(m, unit, "zs_unit_set_strategy");
+  if (st != ZS_OK) return st;
   if (strategy != ZS_UNIT_DEFAULT && strategy != ZS_UNIT_SHARDED &&
       strategy != ZS_UNIT_REPLICATED)
     return zs__poison(m, zs__error(ZS_ERR_INVALID_ARGUMENT,
@@ -444,12 +451,8 @@ zs_status zs_model_set_persistence_threshold(zs_model* m, size_t elements) {
 }
 
 zs_status zs_unit_allow_unused(zs_model* m, int unit) {
-  zs_status st = zs__check_open(m, "zs_unit_allow_unused");
+  zs_status st = zs__check_open_unit(m, unit, "zs_unit_allow_unused");
   if (st != ZS_OK) return st;
-  if (unit < 0 || unit >= m->nunits)
-    return zs__poison(m, zs__error(ZS_ERR_INVALID_ARGUMENT,
-        "zs_unit_allow_unused: unit %d does not exist (%d units)", unit,
-        m->nunits));
   m->units[unit].allow_unused = 1;
   return ZS_OK;
 }
