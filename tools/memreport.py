@@ -30,9 +30,11 @@ import sys
 
 CATEGORIES = ["params", "params_gathered", "grads", "master_weights",
               "optimizer_states", "comm_buffers", "activations",
-              "offload_host", "nvme_staging", "other", "stacked_views"]
+              "offload_host", "nvme_staging", "other", "stacked_views",
+              "comm_segment"]
 COLORS = ["#4e79a7", "#a0cbe8", "#f28e2b", "#ffbe7d", "#59a14f",
-          "#e15759", "#b07aa1", "#76b7b2", "#edc948", "#bab0ac", "#9c755f"]
+          "#e15759", "#b07aa1", "#76b7b2", "#edc948", "#bab0ac", "#9c755f",
+          "#ff9da7"]
 BUSBW = {"all_gather": lambda n: (n - 1) / n,
          "reduce_scatter": lambda n: (n - 1) / n,
          "all_reduce": lambda n: 2 * (n - 1) / n,

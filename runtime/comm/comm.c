@@ -373,13 +373,22 @@ zs_status zs__comm_ireduce_scatter(zs__comm* c, zs__coll_tag tag,
   ZS__COLL_BEGIN(ZS_COLL_REDUCE_SCATTER, chunk, dtype);
   op->divisor = divisor;
   const size_t elem = zs_dtype_size(dtype), W = (size_t)c->world;
-  st = zs__dev_alloc(c->dev, ZS_MEM_COMM_BUFFERS, W * chunk * elem, 0,
-                     ZS__LABEL_BUCKET, &op->tmp);
+  /* (a backend that sums as it receives needs no temporary) */
+  const int in_backend =
+      order == ZS__REDUCE_FIXED && c->ops->reduce_scatter_fixed != NULL;
+  if (!in_backend)
+    st = zs__dev_alloc(c->dev, ZS_MEM_COMM_BUFFERS, W * chunk * elem, 0,
+                       ZS__LABEL_BUCKET, &op->tmp);
   size_t* offsets = st == ZS_OK ? (size_t*)malloc(W * sizeof *offsets) : NULL;
   if (st == ZS_OK && offsets == NULL)
     st = zs__error(ZS_ERR_OUT_OF_MEMORY, "reduce-scatter offsets");
   for (size_t r = 0; st == ZS_OK && r < W; r++) offsets[r] = r * stride + offset;
-  if (st == ZS_OK && order == ZS__REDUCE_FIXED) {
+  if (st == ZS_OK && in_backend) {
+    /* Described as the exchange it pairs with. */
+    zs__coll_call(c, op, ZS__CALL_EXCHANGE, ZS__RED_SUM, dst);
+    st = c->ops->reduce_scatter_fixed(c, send, offsets, dst, chunk, divisor,
+                                      dtype, NULL, &op->req);
+  } else if (st == ZS_OK && order == ZS__REDUCE_FIXED) {
     /* Each rank receives every rank's chunk of its shard, then sums them in
      * rank order at completion. */
     op->dst = dst;

@@ -126,6 +126,18 @@ typedef struct zs__comm_ops {
   zs_status (*gather_users)(zs__comm* c, const void* send, void* recv,
                             size_t count, zs_dtype dtype, uint64_t users,
                             zs__stream* stream, zs__comm_req** req);
+  /* The fixed-order reduce-scatter in one call: dst (chunk elements) gets
+   * the sum over ranks r = 0, 1, ..., W-1, in that order, of rank r's
+   * send + offsets[rank] (offsets: world entries, elements, copied),
+   * divided by divisor, computed as zs__host_sum_ranks does (the same bits
+   * as an exchange followed by sum_chunks). It must pair with a partner's
+   * exchange of the same chunk (a reconciliation's catch-up issues one).
+   * NULL: comm.c runs the exchange and the sum itself. */
+  zs_status (*reduce_scatter_fixed)(zs__comm* c, const void* send,
+                                    const size_t* offsets, void* dst,
+                                    size_t chunk, float divisor,
+                                    zs_dtype dtype, zs__stream* stream,
+                                    zs__comm_req** req);
 } zs__comm_ops;
 
 /* Bytes of one failure notice (the failing rank's error message). */

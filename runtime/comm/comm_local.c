@@ -142,6 +142,7 @@ static const zs__comm_ops zs__local_ops = {
     NULL, /* no other rank to agree with */
     NULL,
     zs__local_gather_users,
+    NULL, /* reduce-scatter: an exchange and a sum */
 };
 
 zs_status zs__comm_local_create(zs__comm** out) {

@@ -9,8 +9,11 @@
  */
 #define _GNU_SOURCE
 #include "runtime/comm/comm_mpi.h"
+#include "runtime/comm/comm_shm.h"
 
 #include <limits.h>
+#include <sched.h>
+#include <unistd.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +40,11 @@ typedef struct zs__mpi_impl {
   MPI_Request notice_recv;   /* MPI_REQUEST_NULL once completed */
   char notice_in[ZS__NOTICE_BYTES];
   struct zs__notice_send* notice_sends; /* sent, oldest first */
+  /* Host collectives through shared memory (comm_shm.h), or NULL: all on
+   * MPI. Point-to-point gathers to users, notices and control collectives
+   * stay on MPI. */
+  zs__shm* shm;
+  zs__accounting* shm_acct; /* the segment is accounted here (not owned) */
 } zs__mpi_impl;
 
 /* One notice sent to every other rank: its text and its requests, freed
@@ -53,7 +61,8 @@ static int zs__mpi_owners;
 
 /* One MPI request (collectives) or several (point-to-point exchanges). */
 struct zs__comm_req {
-  MPI_Request request; /* used when many == NULL */
+  zs__shm_op* shm;     /* a shared-memory collective, or NULL */
+  MPI_Request request; /* used when many == NULL and shm == NULL */
   int n;               /* requests in many (may be 0: nothing to wait for) */
   MPI_Request* many;
 };
@@ -134,10 +143,65 @@ static zs_status zs__mpi_finish(int rc, const char* what, zs__comm_req** req) {
   return zs__mpi_fail(rc, what);
 }
 
+/* ---- Shared-memory host collectives (comm_shm.h) ---------------------- */
+
+static zs__shm* zs__mpi_shm(zs__comm* c) {
+  return ((zs__mpi_impl*)c->impl)->shm;
+}
+
+/* Queues a on the segment's worker; req == NULL: waits for it. */
+static zs_status zs__mpi_shm_post(zs__comm* c, zs__shm_args a,
+                                  zs__comm_req** req) {
+  zs__shm_op* op = NULL;
+  zs__comm_req* r = NULL;
+  if (req != NULL &&
+      (r = (zs__comm_req*)calloc(1, sizeof *r)) == NULL)
+    return zs__error(ZS_ERR_OUT_OF_MEMORY, "shared-memory request");
+  zs_status st = zs__shm_post(zs__mpi_shm(c), &a, &op);
+  if (st != ZS_OK) {
+    free(r);
+    return st;
+  }
+  if (r != NULL) {
+    r->shm = op;
+    *req = r;
+    return ZS_OK;
+  }
+  for (unsigned spins = 0; !zs__shm_done(op); spins++)
+    if (spins > 64) sched_yield();
+  return zs__shm_finish(op);
+}
+
+/* Offsets of contiguous blocks of `count` (a reduce-scatter's layout). */
+static zs_status zs__mpi_shm_blocks(zs__comm* c, size_t count,
+                                    size_t** out) {
+  *out = (size_t*)malloc((size_t)c->world * sizeof **out);
+  if (*out == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "offsets");
+  for (int r = 0; r < c->world; r++) (*out)[r] = (size_t)r * count;
+  return ZS_OK;
+}
+
+static zs_status zs__mpi_reduce_scatter_fixed(zs__comm* c, const void* send,
+                                              const size_t* offsets,
+                                              void* dst, size_t chunk,
+                                              float divisor, zs_dtype dtype,
+                                              zs__stream* stream,
+                                              zs__comm_req** req) {
+  (void)stream;
+  zs__shm_args a = {ZS__SHM_REDUCE_SCATTER, send, dst, chunk, dtype,
+                    offsets, 0, 0, divisor, 0, 0};
+  return zs__mpi_shm_post(c, a, req);
+}
+
 static zs_status zs__mpi_all_gather(zs__comm* c, const void* send, void* recv,
                                     size_t count, zs_dtype dtype,
                                     zs__stream* stream, zs__comm_req** req) {
   (void)stream;
+  if (zs__mpi_shm(c) != NULL) {
+    zs__shm_args a = {ZS__SHM_ALL_GATHER, send == ZS__IN_PLACE ? NULL : send,
+                      recv, count, dtype, NULL, 0, 0, 1.0f, 0, 0};
+    return zs__mpi_shm_post(c, a, req);
+  }
   MPI_Datatype t;
   int n = 0;
   MPI_Request* r;
@@ -158,6 +222,17 @@ static zs_status zs__mpi_reduce_scatter(zs__comm* c, const void* send,
                                         zs__stream* stream,
                                         zs__comm_req** req) {
   (void)stream;
+  if (zs__mpi_shm(c) != NULL && op == ZS__RED_SUM) {
+    /* (summed in rank order: one order of the several MPI may pick) */
+    size_t* offsets = NULL;
+    zs_status st = zs__mpi_shm_blocks(c, count, &offsets);
+    if (st != ZS_OK) return st;
+    zs__shm_args a = {ZS__SHM_REDUCE_SCATTER, send, recv, count, dtype,
+                      offsets, 0, 0, 1.0f, 0, 0};
+    st = zs__mpi_shm_post(c, a, req);
+    free(offsets);
+    return st;
+  }
   MPI_Datatype t;
   int n = 0;
   MPI_Request* r;
@@ -213,6 +288,11 @@ static zs_status zs__mpi_all_reduce(zs__comm* c, const void* send, void* recv,
                                     zs__red_op op, zs__stream* stream,
                                     zs__comm_req** req) {
   (void)stream;
+  if (zs__mpi_shm(c) != NULL) {
+    zs__shm_args a = {ZS__SHM_ALL_REDUCE, send == ZS__IN_PLACE ? NULL : send,
+                      recv, count, dtype, NULL, 0, 0, 1.0f, (int)op, 0};
+    return zs__mpi_shm_post(c, a, req);
+  }
   return zs__mpi_all_reduce_on(zs__mpi_comm(c), send, recv, count, dtype, op,
                                "all-reduce", req);
 }
@@ -221,6 +301,11 @@ static zs_status zs__mpi_broadcast(zs__comm* c, void* buf, size_t count,
                                    zs_dtype dtype, int root,
                                    zs__stream* stream, zs__comm_req** req) {
   (void)stream;
+  if (zs__mpi_shm(c) != NULL) {
+    zs__shm_args a = {ZS__SHM_BROADCAST, NULL, buf, count, dtype, NULL,
+                      0, 0, 1.0f, 0, root};
+    return zs__mpi_shm_post(c, a, req);
+  }
   return zs__mpi_broadcast_on(zs__mpi_comm(c), buf, count, dtype, root,
                               "broadcast", req);
 }
@@ -232,6 +317,13 @@ static void zs__mpi_req_free(zs__comm_req* req) {
 
 static zs_status zs__mpi_wait(zs__comm* c, zs__comm_req* req) {
   (void)c;
+  if (req->shm != NULL) {
+    for (unsigned spins = 0; !zs__shm_done(req->shm); spins++)
+      if (spins > 64) sched_yield();
+    zs_status st = zs__shm_finish(req->shm);
+    free(req);
+    return st;
+  }
   int rc = req->many != NULL
                ? MPI_Waitall(req->n, req->many, MPI_STATUSES_IGNORE)
                : MPI_Wait(&req->request, MPI_STATUS_IGNORE);
@@ -241,6 +333,13 @@ static zs_status zs__mpi_wait(zs__comm* c, zs__comm_req* req) {
 
 static zs_status zs__mpi_test(zs__comm* c, zs__comm_req* req, int* done) {
   (void)c;
+  if (req->shm != NULL) {
+    *done = zs__shm_done(req->shm);
+    if (!*done) return ZS_OK;
+    zs_status st = zs__shm_finish(req->shm);
+    free(req);
+    return st;
+  }
   int rc = MPI_SUCCESS;
   if (req->many == NULL)
     rc = MPI_Test(&req->request, done, MPI_STATUS_IGNORE);
@@ -306,6 +405,11 @@ static zs_status zs__mpi_exchange(zs__comm* c, const void* send,
                                   size_t chunk, zs_dtype dtype,
                                   zs__stream* stream, zs__comm_req** req) {
   (void)stream;
+  if (zs__mpi_shm(c) != NULL) {
+    zs__shm_args a = {ZS__SHM_EXCHANGE, send, recv, chunk, dtype, offsets,
+                      0, 0, 1.0f, 0, 0};
+    return zs__mpi_shm_post(c, a, req);
+  }
   MPI_Datatype t;
   int n = 0, tag = 0;
   zs__comm_req* r = NULL;
@@ -337,6 +441,11 @@ static zs_status zs__mpi_all_gather_strided(zs__comm* c, void* buf,
                                             zs__stream* stream,
                                             zs__comm_req** req) {
   (void)stream;
+  if (zs__mpi_shm(c) != NULL) {
+    zs__shm_args a = {ZS__SHM_ALL_GATHER_STRIDED, NULL, buf, chunk, dtype,
+                      NULL, offset, stride, 1.0f, 0, 0};
+    return zs__mpi_shm_post(c, a, req);
+  }
   MPI_Datatype t;
   int n = 0, tag = 0;
   zs__comm_req* r = NULL;
@@ -668,6 +777,13 @@ static void zs__mpi_notice_end(zs__mpi_impl* impl, int world) {
 static void zs__mpi_destroy(zs__comm* c) {
   zs__mpi_impl* impl = (zs__mpi_impl*)c->impl;
   zs__mpi_progress_stop(impl);
+  if (impl->shm != NULL) {
+    if (c->failed) zs__shm_abort(impl->shm, c->failed_why);
+    zs__shm_destroy(impl->shm);
+    if (impl->shm_acct != NULL)
+      zs__accounting_remove(impl->shm_acct, ZS__OWNER_RUNTIME, impl, NULL,
+                            NULL);
+  }
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) {
@@ -704,8 +820,10 @@ static int zs__mpi_alive(const zs__comm* c) {
 
 /* Collectives and point-to-point operations pair up independently. */
 static int zs__mpi_lane(zs__comm* c, zs__call call, const void* buf) {
-  (void)c;
   (void)buf;
+  /* (with shared memory every collective but the gather to users runs on
+   * its one worker, in issue order) */
+  if (zs__mpi_shm(c) != NULL) return call == ZS__CALL_GATHER_USERS;
   return call == ZS__CALL_EXCHANGE || call == ZS__CALL_ALL_GATHER_STRIDED ||
          call == ZS__CALL_GATHER_USERS;
 }
@@ -783,6 +901,92 @@ zs_status zs__comm_mpi_heartbeat(zs__comm* mpi, zs__comm* owner,
   return ZS_OK;
 }
 
+/* ---- Shared-memory host collectives: setup ------------------------------ */
+
+static void zs__mpi_abort(zs__comm* c) {
+  zs__mpi_impl* impl = (zs__mpi_impl*)c->impl;
+  if (impl->shm != NULL) zs__shm_abort(impl->shm, c->failed_why);
+}
+
+/* The backend with shared-memory host collectives: zs__mpi_ops plus the
+ * one-call fixed-order reduce-scatter and the worker's abort. */
+static zs__comm_ops zs__mpi_shm_ops;
+static pthread_once_t zs__mpi_shm_once = PTHREAD_ONCE_INIT;
+static const zs__comm_ops zs__mpi_ops;
+
+static void zs__mpi_shm_ops_init(void) {
+  zs__mpi_shm_ops = zs__mpi_ops;
+  zs__mpi_shm_ops.name = "mpi+shm";
+  zs__mpi_shm_ops.reduce_scatter_fixed = zs__mpi_reduce_scatter_fixed;
+  zs__mpi_shm_ops.abort = zs__mpi_abort;
+}
+
+zs_status zs__comm_mpi_host_collectives(zs__comm* mpi,
+                                        zs_host_collectives mode,
+                                        size_t* segment_bytes) {
+  *segment_bytes = 0;
+  zs__mpi_impl* impl = (zs__mpi_impl*)mpi->impl;
+  if (mpi->world == 1 || mode == ZS_HOST_COLLECTIVES_MPI || impl->shm != NULL)
+    return ZS_OK;
+  if (mpi->local_size != mpi->world) {
+    if (mode == ZS_HOST_COLLECTIVES_SHM)
+      return zs__error(ZS_ERR_INVALID_ARGUMENT,
+                       "host_collectives shm: the %d ranks are not all on "
+                       "one host (this host has %d of them); shared memory "
+                       "needs them on one: use auto or mpi", mpi->world,
+                       mpi->local_size);
+    return ZS_OK;
+  }
+  MPI_Comm comm = impl->comm;
+  /* rank 0 names and makes the segment; the others attach to it */
+  char path[256] = "";
+  zs__shm* shm = NULL;
+  zs_status st = ZS_OK;
+  if (mpi->rank == 0) {
+    static unsigned made;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    snprintf(path, sizeof path, "%s/zeroshard-%d-%u-%lx", zs__shm_dir(),
+             (int)getpid(), made++, (unsigned long)ts.tv_nsec);
+    st = zs__shm_open(path, 1, 0, mpi->world, &shm);
+    if (st != ZS_OK) path[0] = '\0'; /* (tells the others) */
+  }
+  int rc = MPI_Bcast(path, (int)sizeof path, MPI_CHAR, 0, comm);
+  if (rc == MPI_SUCCESS && mpi->rank != 0 && path[0] != '\0')
+    st = zs__shm_open(path, 0, mpi->rank, mpi->world, &shm);
+  else if (rc == MPI_SUCCESS && mpi->rank != 0)
+    st = zs__error(ZS_ERR_IO, "rank 0 could not make the segment");
+  /* every rank the same outcome: the lowest failing rank's reason */
+  char why[512] = "";
+  if (st != ZS_OK) snprintf(why, sizeof why, "%s", zs__error_body());
+  int key = st != ZS_OK ? mpi->world - mpi->rank : 0, best = 0;
+  if (rc == MPI_SUCCESS)
+    rc = MPI_Allreduce(&key, &best, 1, MPI_INT, MPI_MAX, comm);
+  if (rc == MPI_SUCCESS && best > 0)
+    rc = MPI_Bcast(why, (int)sizeof why, MPI_CHAR, mpi->world - best, comm);
+  if (mpi->rank == 0 && path[0] != '\0') zs__shm_unlink(path);
+  if (rc != MPI_SUCCESS) {
+    zs__shm_destroy(shm);
+    return zs__mpi_fail(rc, "host collectives: setting up the segment");
+  }
+  if (best > 0) {
+    zs__shm_destroy(shm);
+    why[sizeof why - 1] = '\0';
+    if (mode == ZS_HOST_COLLECTIVES_SHM)
+      return zs__error(ZS_ERR_IO, "host_collectives shm: rank %d: %s",
+                       mpi->world - best, why);
+    if (mpi->rank == 0)
+      zs__log(ZS_LOG_WARN, "host collectives: shared memory unavailable, "
+              "using MPI's (rank %d: %s)", mpi->world - best, why);
+    return ZS_OK;
+  }
+  pthread_once(&zs__mpi_shm_once, zs__mpi_shm_ops_init);
+  impl->shm = shm;
+  mpi->ops = &zs__mpi_shm_ops;
+  *segment_bytes = ZS__SHM_RANK_BYTES;
+  return ZS_OK;
+}
+
 static const zs__comm_ops zs__mpi_ops = {
     "mpi",
     zs__mpi_all_gather,
@@ -803,6 +1007,7 @@ static const zs__comm_ops zs__mpi_ops = {
     zs__mpi_ctrl_all_reduce,
     zs__mpi_ctrl_broadcast,
     zs__mpi_gather_users,
+    NULL, /* reduce-scatter: an exchange and a sum */
 };
 
 zs_status zs__comm_mpi_create(MPI_Comm comm, zs__comm** out) {

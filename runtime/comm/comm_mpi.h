@@ -28,6 +28,22 @@ zs_status zs__comm_mpi_create(MPI_Comm comm, zs__comm** out);
 zs_status zs__comm_mpi_heartbeat(zs__comm* mpi, zs__comm* owner,
                                  double timeout_s);
 
+/* Moves the host-memory collectives of MPI communicator `mpi` to a
+ * shared-memory segment (comm_shm.h) as `mode` says: AUTO when more than
+ * one rank and all on this host (MPI_COMM_TYPE_SHARED), SHM the same but
+ * an error when they are not; nothing for MPI or one rank. Rank 0 makes
+ * the segment (in $ZS_SHM_DIR, else /dev/shm) and broadcasts its name,
+ * the others attach, the ranks agree on the outcome (every rank returns
+ * the same), and the name is removed at once (nothing is left behind
+ * whatever happens later). *segment_bytes: this rank's part (bytes; 0:
+ * none), for the accounting. Collective; blocking. Errors (SHM; AUTO falls
+ * back to MPI with a warning instead): INVALID_ARGUMENT (ranks on several
+ * hosts), IO naming the rank, path and errno (ENOSPC: the file system is
+ * full). */
+zs_status zs__comm_mpi_host_collectives(zs__comm* mpi,
+                                        zs_host_collectives mode,
+                                        size_t* segment_bytes);
+
 /* Marks the communicator as one of the owners of an MPI that ZeroShard
  * initialized: destroying the last owner calls MPI_Finalize. */
 void zs__comm_mpi_own(zs__comm* c);

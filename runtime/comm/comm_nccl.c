@@ -549,6 +549,7 @@ static const zs__comm_ops zs__nccl_ops = {
     zs__nccl_ctrl_all_reduce,
     zs__nccl_ctrl_broadcast,
     zs__nccl_gather_users,
+    NULL, /* reduce-scatter: an exchange and a sum */
 };
 
 /* One GPU per rank, as NCCL requires: every rank's machine (the kernel's

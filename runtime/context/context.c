@@ -117,6 +117,15 @@ cleanup:
   return st;
 }
 
+zs_status zs__context_count_segment(zs_context* ctx, size_t bytes) {
+  if (bytes == 0 || ctx->segment_bytes > 0) return ZS_OK;
+  zs_status st = zs__accounting_add(ctx->acct, ZS__OWNER_RUNTIME,
+                                    ZS_MEM_COMM_SEGMENT, &ctx->segment_bytes,
+                                    bytes, "shared-memory segment");
+  if (st == ZS_OK) ctx->segment_bytes = bytes;
+  return st;
+}
+
 void zs_context_destroy(zs_context* ctx) {
   if (ctx == NULL) return;
   zs__hooks_run(&ctx->hooks); /* the engine's models and NVMe offload */
@@ -125,6 +134,9 @@ void zs_context_destroy(zs_context* ctx) {
   if (ctx->log_counted)
     (void)zs__accounting_remove(ctx->acct, ZS__OWNER_RUNTIME, ctx->comm->log,
                                 NULL, NULL);
+  if (ctx->segment_bytes > 0)
+    (void)zs__accounting_remove(ctx->acct, ZS__OWNER_RUNTIME,
+                                &ctx->segment_bytes, NULL, NULL);
   if (ctx->host != ctx->device) zs__device_destroy(ctx->host);
   zs__device_destroy(ctx->device);
   if (ctx->prof != NULL) {

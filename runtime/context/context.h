@@ -23,6 +23,9 @@ struct zs_context {
   int world;
   zs__accounting* acct; /* owned */
   int log_counted;       /* the communication log is in the accounting */
+  size_t segment_bytes;  /* this rank's part of the shared-memory segment
+                            of host collectives, in the accounting
+                            (comm_segment) under its own address; 0: none */
   zs__device* device;   /* owned */
   zs__device* host;     /* the host backend, for buffers in host memory
                            (CPU offload); == device on the host backend,
@@ -41,6 +44,10 @@ struct zs_context {
                                   the layout of the output structs it
                                   passes (core_compat.c) */
 };
+
+/* Counts `bytes` of the communicator's shared-memory segment under
+ * comm_segment (removed by zs_context_destroy). Errors: OUT_OF_MEMORY. */
+zs_status zs__context_count_segment(zs_context* ctx, size_t bytes);
 
 /* Builds a context around an existing communicator (takes ownership of comm
  * even on failure). Validates the config and checks it is identical on every

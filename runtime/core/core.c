@@ -114,7 +114,7 @@ const char* zs_mem_category_name(zs_mem_category category) {
   static const char* const names[ZS_MEM_CATEGORY_COUNT] = {
       "params",       "params_gathered", "grads",        "master_weights",
       "optimizer_states", "comm_buffers", "activations", "offload_host",
-      "nvme_staging", "other", "stacked_views"};
+      "nvme_staging", "other", "stacked_views", "comm_segment"};
   if ((int)category < 0 || category >= ZS_MEM_CATEGORY_COUNT) return "invalid";
   return names[category];
 }

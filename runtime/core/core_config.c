@@ -24,11 +24,12 @@
 #define ZS__CONFIG_SIZE_0_1                                        \
   ZS__ALIGN_UP(offsetof(zs_config, nvme) + sizeof(zs_nvme_config), \
                _Alignof(zs_config))
-/* 0.2 appended nothing. 0.3 appended param_persistence_threshold and
- * heartbeat_timeout_s. */
+/* 0.2 appended nothing. 0.3 appended param_persistence_threshold,
+ * heartbeat_timeout_s and host_collectives. */
 #define ZS__CONFIG_SIZE_0_2 ZS__CONFIG_SIZE_0_1
-#define ZS__CONFIG_SIZE_0_3                                          \
-  ZS__ALIGN_UP(offsetof(zs_config, heartbeat_timeout_s) + sizeof(double), \
+#define ZS__CONFIG_SIZE_0_3                                           \
+  ZS__ALIGN_UP(offsetof(zs_config, host_collectives) +                 \
+                   sizeof(zs_host_collectives),                        \
                _Alignof(zs_config))
 /* The releases before this library's minor version, oldest first; this
  * minor's own size is sizeof(zs_config). A release that appends fields
@@ -112,10 +113,11 @@ _Static_assert(sizeof(zs_optimizer_config) == 72 &&
 _Static_assert(ZS__CONFIG_SIZE_0_1 == 328, "zs_config's 0.1 prefix moved");
 ZS__FIELD_AT(zs_config, param_persistence_threshold, 328);
 ZS__FIELD_AT(zs_config, heartbeat_timeout_s, 336);
+ZS__FIELD_AT(zs_config, host_collectives, 344);
 #if ZS_VERSION_MAJOR == 0 && ZS_VERSION_MINOR == 3
 _Static_assert(sizeof(zs_config) == ZS__CONFIG_SIZE_0_3 &&
-                   ZS__CONFIG_SIZE_0_3 == 344,
-               "0.3's zs_config: 0.2's and the two fields it appended");
+                   ZS__CONFIG_SIZE_0_3 == 352,
+               "0.3's zs_config: 0.2's and the three fields it appended");
 #endif
 #undef ZS__FIELD_AT
 #endif
@@ -241,6 +243,16 @@ void zs__config_resolve(zs_config* c) {
   ZS__DEFAULT(nv->param_buffer_elements, ZS_UNSET_SIZE, 0);
   ZS__DEFAULT(c->param_persistence_threshold, ZS_UNSET_SIZE, 0);
   ZS__DEFAULT(c->heartbeat_timeout_s, ZS_UNSET_DOUBLE, 30.0);
+  ZS__DEFAULT(c->host_collectives, ZS_HOST_COLLECTIVES_UNSET,
+              ZS_HOST_COLLECTIVES_AUTO);
+  /* (the environment wins: whole test suites run in either mode) */
+  const char* hc = getenv("ZS_HOST_COLLECTIVES");
+  if (hc != NULL && strcmp(hc, "auto") == 0)
+    c->host_collectives = ZS_HOST_COLLECTIVES_AUTO;
+  else if (hc != NULL && strcmp(hc, "shm") == 0)
+    c->host_collectives = ZS_HOST_COLLECTIVES_SHM;
+  else if (hc != NULL && strcmp(hc, "mpi") == 0)
+    c->host_collectives = ZS_HOST_COLLECTIVES_MPI;
 }
 #undef ZS__DEFAULT
 
@@ -389,6 +401,17 @@ zs_status zs__config_check(const zs_config* c) {
                  c->reduce_order == ZS_REDUCE_BACKEND,
              "config.reduce_order: expected ZS_REDUCE_FIXED (0) or "
              "ZS_REDUCE_BACKEND (1), got %d", (int)c->reduce_order);
+  ZS_REQUIRE(c->host_collectives >= ZS_HOST_COLLECTIVES_AUTO &&
+                 c->host_collectives <= ZS_HOST_COLLECTIVES_MPI,
+             "config.host_collectives: expected ZS_HOST_COLLECTIVES_AUTO "
+             "(0), _SHM (1) or _MPI (2), got %d", (int)c->host_collectives);
+  {
+    const char* hc = getenv("ZS_HOST_COLLECTIVES");
+    ZS_REQUIRE(hc == NULL || strcmp(hc, "auto") == 0 ||
+                   strcmp(hc, "shm") == 0 || strcmp(hc, "mpi") == 0,
+               "environment: ZS_HOST_COLLECTIVES=%s: expected auto, shm or "
+               "mpi", hc);
+  }
   ZS_REQUIRE(c->progress_thread == 0 || c->progress_thread == 1,
              "config.progress_thread: expected 0 or 1, got %d",
              c->progress_thread);
@@ -564,9 +587,10 @@ size_t zs__config_describe(const zs_config* c, char* buf, size_t cap) {
                    "config.grad_accum_local=%d\nconfig.clip=%s\n"
                    "config.loss_scaler=%s\nconfig.offload=%s\n"
                    "config.param_persistence_threshold=%zu\n"
-                   "config.heartbeat_timeout_s=%.17g\n",
+                   "config.heartbeat_timeout_s=%.17g\n"
+                   "config.host_collectives=%d\n",
                    (int)c->reduce_dtype, c->grad_accum_steps, c->grad_accum_local,
                    clip, scaler, offload, c->param_persistence_threshold,
-                   c->heartbeat_timeout_s);
+                   c->heartbeat_timeout_s, (int)c->host_collectives);
   return k < 0 ? (size_t)n : (size_t)n + (size_t)k;
 }

@@ -380,6 +380,19 @@ static zs_status zs__json_apply(const cJSON* root, zs_config* c,
   ZS_CHECK(zs__json_number(root, "heartbeat_timeout", "",
                            &c->heartbeat_timeout_s));
   ZS_CHECK(zs__json_int(root, "progress_thread", "", 0, 1, &c->progress_thread));
+  const cJSON* hc = cJSON_GetObjectItemCaseSensitive(root, "host_collectives");
+  if (hc != NULL) {
+    if (cJSON_IsString(hc) && strcmp(hc->valuestring, "auto") == 0)
+      c->host_collectives = ZS_HOST_COLLECTIVES_AUTO;
+    else if (cJSON_IsString(hc) && strcmp(hc->valuestring, "shm") == 0)
+      c->host_collectives = ZS_HOST_COLLECTIVES_SHM;
+    else if (cJSON_IsString(hc) && strcmp(hc->valuestring, "mpi") == 0)
+      c->host_collectives = ZS_HOST_COLLECTIVES_MPI;
+    else
+      ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+              "config JSON: host_collectives: expected \"auto\", \"shm\" "
+              "or \"mpi\"");
+  }
   const cJSON* cdt = cJSON_GetObjectItemCaseSensitive(root,
                                                       "communication_data_type");
   if (cdt != NULL) {
@@ -526,6 +539,8 @@ zs_status zs_config_from_json(const char* text, zs_config* config) {
        offsetof(zs_config, param_persistence_threshold) + sizeof(size_t)},
       {NULL, "heartbeat_timeout",
        offsetof(zs_config, heartbeat_timeout_s) + sizeof(double)},
+      {NULL, "host_collectives",
+       offsetof(zs_config, host_collectives) + sizeof(zs_host_collectives)},
   };
   for (size_t i = 0; st == ZS_OK && i < sizeof newer / sizeof *newer; i++) {
     const cJSON* o = newer[i].block != NULL

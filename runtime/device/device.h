@@ -148,6 +148,14 @@ struct zs__device {
   const int* hold_memory;
 };
 
+/* The fixed-order sum on host memory: dst[i] = ((src[0][i] + src[1][i]) +
+ * ...) / divisor over n pieces of `count` elements each, in fp32, rounded
+ * once to dtype (fp32, bf16, fp16): the host backend's sum_chunks, and the
+ * shared-memory reduce-scatter's (comm_shm.c), so both give the same bits.
+ * dst must not overlap src. Errors: UNSUPPORTED (another dtype). */
+zs_status zs__host_sum_ranks(void* dst, const void* const* src, int n,
+                             size_t count, float divisor, zs_dtype dtype);
+
 /* The host backend: 64-byte aligned malloc, memcpy, memset, no-op streams. */
 zs_status zs__device_host_create(zs__accounting* acct, zs__device** out);
 

@@ -81,38 +81,52 @@ static zs_status zs__host_div_add(zs__device* dev, void* dst, const void* base,
   return ZS_OK;
 }
 
+zs_status zs__host_sum_ranks(void* dst, const void* const* src, int n,
+                             size_t count, float divisor, zs_dtype dtype) {
+  if (!zs__host_float_type(dtype))
+    return zs__error(ZS_ERR_UNSUPPORTED, "host sum of ranks: dtype %s",
+                     zs_dtype_name(dtype));
+  if (n <= 0) {
+    memset(dst, 0, count * zs_dtype_size(dtype));
+    return ZS_OK;
+  }
+  if (dtype == ZS_FLOAT32) {
+    float* d = (float*)dst;
+    memcpy(d, src[0], count * sizeof(float));
+    for (int r = 1; r < n; r++) {
+      const float* x = (const float*)src[r];
+      for (size_t i = 0; i < count; i++) d[i] += x[i];
+    }
+    if (divisor != 1.0f)
+      for (size_t i = 0; i < count; i++) d[i] /= divisor;
+    return ZS_OK;
+  }
+  for (size_t i = 0; i < count; i++) {
+    float v = zs__load(src[0], dtype, i);
+    for (int r = 1; r < n; r++) v += zs__load(src[r], dtype, i);
+    zs__store(dst, dtype, i, divisor != 1.0f ? v / divisor : v);
+  }
+  return ZS_OK;
+}
+
 static zs_status zs__host_sum_chunks(zs__device* dev, void* dst,
                                      const void* src, int nchunks,
                                      size_t chunk, float divisor,
                                      zs_dtype dtype, zs__stream* stream) {
   (void)dev;
   (void)stream;
-  if (!zs__host_float_type(dtype))
-    return zs__error(ZS_ERR_UNSUPPORTED, "host sum_chunks: dtype %s",
-                     zs_dtype_name(dtype));
-  if (nchunks <= 0) {
-    memset(dst, 0, chunk * zs_dtype_size(dtype));
-    return ZS_OK;
-  }
-  if (dtype == ZS_FLOAT32) {
-    float* d = (float*)dst;
-    const float* s = (const float*)src;
-    memcpy(d, s, chunk * sizeof(float));
-    for (int r = 1; r < nchunks; r++) {
-      const float* x = s + (size_t)r * chunk;
-      for (size_t i = 0; i < chunk; i++) d[i] += x[i];
-    }
-    if (divisor != 1.0f)
-      for (size_t i = 0; i < chunk; i++) d[i] /= divisor;
-    return ZS_OK;
-  }
-  for (size_t i = 0; i < chunk; i++) {
-    float v = zs__load(src, dtype, i);
-    for (int r = 1; r < nchunks; r++)
-      v += zs__load(src, dtype, (size_t)r * chunk + i);
-    zs__store(dst, dtype, i, divisor != 1.0f ? v / divisor : v);
-  }
-  return ZS_OK;
+  enum { STACK = 64 };
+  const void* on_stack[STACK] = {0};
+  const void** p = on_stack;
+  if (nchunks > STACK &&
+      (p = (const void**)malloc((size_t)nchunks * sizeof *p)) == NULL)
+    return zs__error(ZS_ERR_OUT_OF_MEMORY, "host sum_chunks: %d pointers",
+                     nchunks);
+  const size_t bytes = chunk * zs_dtype_size(dtype);
+  for (int r = 0; r < nchunks; r++) p[r] = (const char*)src + (size_t)r * bytes;
+  zs_status st = zs__host_sum_ranks(dst, p, nchunks, chunk, divisor, dtype);
+  if (p != on_stack) free((void*)p);
+  return st;
 }
 
 /* Elements per pass of the fused path: small enough that the fp32 gradient

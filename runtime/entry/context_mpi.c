@@ -32,6 +32,26 @@ static zs_status zs__heartbeat_start(zs_context* ctx, zs__comm* mpi,
                    "0 turns them off): %s", saved);
 }
 
+/* The host collectives of a new context (zs__comm_mpi_host_collectives,
+ * with its resolved host_collectives); on failure the context is
+ * destroyed (every rank fails alike) and *out cleared. */
+static zs_status zs__host_collectives_start(zs_context* ctx, zs__comm* mpi) {
+  size_t bytes = 0;
+  zs_status st = zs__comm_mpi_host_collectives(
+      mpi, ctx->config.host_collectives, &bytes);
+  if (st == ZS_OK) st = zs__context_count_segment(ctx, bytes);
+  if (st == ZS_OK) {
+    /* zs_context_config tells which one AUTO picked */
+    ctx->config.host_collectives =
+        bytes > 0 ? ZS_HOST_COLLECTIVES_SHM : ZS_HOST_COLLECTIVES_MPI;
+    return ZS_OK;
+  }
+  char saved[1024];
+  snprintf(saved, sizeof saved, "%s", zs__error_body());
+  zs_context_destroy(ctx);
+  return zs__error(st, "zs_context_create: %s", saved);
+}
+
 /* Open MPI reports some failures of non-blocking collectives (a message
  * truncated when ranks' collectives no longer pair up) on MPI_COMM_WORLD,
  * whatever communicator they ran on; with its default handler that ends
@@ -77,7 +97,8 @@ zs_status zs_context_create_mpi(const zs_config* config, MPI_Comm comm,
   if (st != ZS_OK) return st;
   st = zs__engine_context_create(config, c, out);
   if (st == ZS_OK) {
-    st = zs__heartbeat_start(*out, mpi, c);
+    st = zs__host_collectives_start(*out, mpi);
+    if (st == ZS_OK) st = zs__heartbeat_start(*out, mpi, c);
     if (st != ZS_OK) *out = NULL;
   }
   if (st == ZS_OK) zs__mpi_check_world_errhandler(comm);
@@ -126,7 +147,8 @@ zs_status zs_context_create(const zs_config* config, zs_context** out) {
   if (st != ZS_OK) return st;
   st = zs__engine_context_create(config, c, out);
   if (st == ZS_OK) {
-    st = zs__heartbeat_start(*out, mpi, c);
+    st = zs__host_collectives_start(*out, mpi);
+    if (st == ZS_OK) st = zs__heartbeat_start(*out, mpi, c);
     if (st != ZS_OK) *out = NULL;
   }
   /* Only a context that exists owns MPI, so a failed create can be retried:

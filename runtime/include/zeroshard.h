@@ -163,7 +163,9 @@ typedef enum zs_mem_category {
   ZS_MEM_OTHER = 9,            /* anything else (temporaries, metadata) */
   ZS_MEM_STACKED_VIEWS = 10,   /* resident pages of stacked kinds' views
                                   (zs_model_add_stacked) */
-  ZS_MEM_CATEGORY_COUNT = 11
+  ZS_MEM_COMM_SEGMENT = 11,    /* this rank's part of the shared-memory
+                                  segment of host collectives (0.3) */
+  ZS_MEM_CATEGORY_COUNT = 12
 } zs_mem_category;
 
 /* Room the output structs' per-category, per-phase and per-op arrays keep
@@ -210,6 +212,21 @@ typedef enum zs_reduce_order {
   ZS_REDUCE_BACKEND = 1  /* the backend's reduce-scatter: results depend on
                             bucket sizes, within float rounding */
 } zs_reduce_order;
+
+/* How collectives on host memory travel between the ranks of one host
+ * (zs_config.host_collectives; docs/running.md, "Host collectives"). The
+ * environment variable ZS_HOST_COLLECTIVES=auto|shm|mpi overrides it. */
+typedef enum zs_host_collectives {
+  ZS_HOST_COLLECTIVES_UNSET = ZS_UNSET_INT, /* default: AUTO */
+  ZS_HOST_COLLECTIVES_AUTO = 0, /* SHM when every rank is on this host (and
+                                   more than one), else MPI */
+  ZS_HOST_COLLECTIVES_SHM = 1,  /* a shared-memory segment (in /dev/shm, or
+                                   $ZS_SHM_DIR) and a worker thread per
+                                   rank; sums in rank order, the bits of
+                                   MPI's fixed order; every rank must be on
+                                   one host */
+  ZS_HOST_COLLECTIVES_MPI = 2   /* MPI's collectives */
+} zs_host_collectives;
 
 typedef enum zs_optimizer_kind {
   ZS_OPTIM_UNSET = ZS_UNSET_INT, /* default: ADAMW */
@@ -369,6 +386,8 @@ typedef struct zs_config {
                                outside the library, or gone) fails the
                                others' waits with ZS_ERR_REMOTE naming it;
                                0: off; default 30 (docs/running.md) */
+  zs_host_collectives host_collectives; /* host-memory collectives among
+                               the ranks of one host; default AUTO */
   /* Appended fields go here, newest last (rule 1). */
 } zs_config;
 
@@ -389,7 +408,7 @@ typedef struct zs_config {
         ZS_OFFLOAD_UNSET,                                                   \
         {NULL, ZS_UNSET_SIZE, ZS_UNSET_SIZE, ZS_UNSET_SIZE, ZS_UNSET_INT,   \
          ZS_AIO_UNSET, ZS_UNSET_SIZE, ZS_UNSET_SIZE, ZS_UNSET_SIZE},        \
-        ZS_UNSET_SIZE, ZS_UNSET_DOUBLE                                      \
+        ZS_UNSET_SIZE, ZS_UNSET_DOUBLE, ZS_HOST_COLLECTIVES_UNSET           \
   }
 
 /* Fills *config with the library's defaults (readable), struct_size and

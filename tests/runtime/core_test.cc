@@ -174,7 +174,7 @@ TEST(Names, MemoryCategories) {
   const char* want[] = {"params",         "params_gathered",  "grads",
                         "master_weights", "optimizer_states", "comm_buffers",
                         "activations",    "offload_host",     "nvme_staging",
-                        "other",          "stacked_views"};
+                        "other",          "stacked_views",    "comm_segment"};
   ASSERT_EQ(sizeof want / sizeof want[0],
             static_cast<size_t>(ZS_MEM_CATEGORY_COUNT));
   for (int c = 0; c < ZS_MEM_CATEGORY_COUNT; c++)

@@ -1,0 +1,554 @@
+/*
+ * comm_shm.c — host collectives through a shared-memory segment
+ * (comm_shm.h has the algorithm).
+ */
+#define _GNU_SOURCE
+#include "runtime/comm/comm_shm.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "runtime/device/device.h"
+
+/* A rank's control page: counters on cache lines of their own (each is a
+ * futex other ranks sleep on), then what the others read about it. */
+typedef struct zs__shm_ctrl {
+  uint32_t written; /* last round whose piece is in the slot */
+  char pad0[60];
+  uint32_t read;    /* last round this rank finished reading */
+  char pad1[60];
+  int32_t pid;
+  uint32_t gone;    /* 1: left (destroy), 2: gave up (abort) */
+  uint64_t desc[2]; /* the collective of the last round per half */
+  char why[256];    /* why it gave up */
+} zs__shm_ctrl;
+
+_Static_assert(sizeof(zs__shm_ctrl) <= ZS__SHM_CTRL_BYTES,
+               "control page too small");
+
+struct zs__shm_op {
+  zs__shm_args a;
+  size_t* offsets;     /* a.offsets' copy */
+  zs__shm_op* next;    /* queue */
+  int done;            /* atomic: the worker is finished with it */
+  zs_status status;
+  char why[512];
+};
+
+struct zs__shm {
+  int rank, world;
+  int fd;
+  char* base;          /* the mapping */
+  size_t bytes;
+  uint32_t round;      /* rounds completed (the same on every rank) */
+  int check_pids;      /* every rank's pid is visible from here */
+  int pids_checked;    /* (looked at the first post) */
+  pthread_t worker;
+  int worker_on;
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  zs__shm_op* head;    /* queued, oldest first */
+  zs__shm_op* tail;
+  int stop;            /* destroy: the worker exits once idle */
+  int abort;           /* atomic: give up what is queued and running */
+  zs_status broken;    /* a collective failed: every later one fails */
+  char broken_why[512];
+};
+
+static zs__shm_ctrl* zs__shm_ctrl_of(const zs__shm* s, int r) {
+  return (zs__shm_ctrl*)(s->base + (size_t)r * ZS__SHM_RANK_BYTES);
+}
+
+static char* zs__shm_half(const zs__shm* s, int r, uint32_t round) {
+  return s->base + (size_t)r * ZS__SHM_RANK_BYTES + ZS__SHM_CTRL_BYTES +
+         (size_t)(round & 1) * ZS__SHM_HALF_BYTES;
+}
+
+const char* zs__shm_dir(void) {
+  const char* d = getenv("ZS_SHM_DIR");
+  return d != NULL && d[0] != '\0' ? d : "/dev/shm";
+}
+
+static const char* zs__shm_kind_name(int kind) {
+  static const char* const names[] = {"all-gather", "strided all-gather",
+                                      "exchange", "reduce-scatter",
+                                      "all-reduce", "broadcast"};
+  return kind >= 0 && kind < 6 ? names[kind] : "(unknown collective)";
+}
+
+/* ---- Futex waits on the shared counters -------------------------------- */
+
+static void zs__shm_wake(uint32_t* addr) {
+  syscall(SYS_futex, addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+static void zs__shm_publish(uint32_t* addr, uint32_t v) {
+  __atomic_store_n(addr, v, __ATOMIC_RELEASE);
+  zs__shm_wake(addr);
+}
+
+/* (wrap-safe) v has reached target */
+static int zs__shm_reached(uint32_t v, uint32_t target) {
+  return (int32_t)(v - target) >= 0;
+}
+
+/* Waits until rank r's counter at `field` reaches target. Fails (setting
+ * op's status) when this rank aborts, r gave up or left without reaching
+ * it, or r's process is gone. */
+static zs_status zs__shm_wait(zs__shm* s, zs__shm_op* op, int r,
+                              uint32_t* field, uint32_t target,
+                              const char* what) {
+  zs__shm_ctrl* peer = zs__shm_ctrl_of(s, r);
+  double last_pid_check = 0, gave_up_seen = 0;
+  for (unsigned spins = 0;; spins++) {
+    uint32_t v = __atomic_load_n(field, __ATOMIC_ACQUIRE);
+    if (zs__shm_reached(v, target)) return ZS_OK;
+    if (spins < 64) {
+      __builtin_ia32_pause();
+      continue;
+    }
+    if (__atomic_load_n(&s->abort, __ATOMIC_ACQUIRE)) {
+      op->status = ZS_ERR_COMM;
+      snprintf(op->why, sizeof op->why, "%s", s->broken_why);
+      return op->status;
+    }
+    const uint32_t gone = __atomic_load_n(&peer->gone, __ATOMIC_ACQUIRE);
+    const double now = zs__now();
+    /* A rank that gave up sent its failure notice first (comm.c), which
+     * names the collective it will not join: it is given a moment to
+     * arrive, and this rank's abort to follow. */
+    if (gone == 2 && gave_up_seen == 0) gave_up_seen = now;
+    if (gone == 1 || (gone == 2 && now - gave_up_seen > 2.0)) {
+      /* (its last counters may have come with its departure) */
+      v = __atomic_load_n(field, __ATOMIC_ACQUIRE);
+      if (zs__shm_reached(v, target)) return ZS_OK;
+      char why[256];
+      memcpy(why, peer->why, sizeof why);
+      why[sizeof why - 1] = '\0';
+      op->status = ZS_ERR_REMOTE;
+      if (gone == 1)
+        snprintf(op->why, sizeof op->why,
+                 "rank %d (pid %d) left (destroyed its context) while this "
+                 "rank waited for it to %s in a shared-memory %s",
+                 r, (int)peer->pid, what, zs__shm_kind_name(op->a.kind));
+      else
+        snprintf(op->why, sizeof op->why,
+                 "rank %d (pid %d) gave up a shared-memory %s: %s", r,
+                 (int)peer->pid, zs__shm_kind_name(op->a.kind), why);
+      return op->status;
+    }
+    if (s->check_pids && now - last_pid_check > 0.25) {
+      last_pid_check = now;
+      if (kill((pid_t)peer->pid, 0) != 0 && errno == ESRCH) {
+        op->status = ZS_ERR_REMOTE;
+        snprintf(op->why, sizeof op->why,
+                 "rank %d (pid %d) exited while this rank waited for it to "
+                 "%s in a shared-memory %s",
+                 r, (int)peer->pid, what, zs__shm_kind_name(op->a.kind));
+        return op->status;
+      }
+    }
+    /* sleep until the counter moves (or 5 ms, to look again) */
+    struct timespec ts = {0, 5000000};
+    syscall(SYS_futex, field, FUTEX_WAIT, v, &ts, NULL, 0);
+  }
+}
+
+/* ---- One collective ----------------------------------------------------- */
+
+/* Elements per round per rank (and per destination for the exchange and
+ * reduce-scatter). */
+static size_t zs__shm_piece(const zs__shm* s, const zs__shm_args* a) {
+  const size_t e = zs_dtype_size(a->dtype);
+  const int per_dest =
+      a->kind == ZS__SHM_EXCHANGE || a->kind == ZS__SHM_REDUCE_SCATTER;
+  return ZS__SHM_HALF_BYTES / (e * (per_dest ? (size_t)s->world : 1));
+}
+
+/* What a round carries, to compare across ranks. */
+static uint64_t zs__shm_desc(const zs__shm_args* a) {
+  return ((uint64_t)a->kind << 56) | ((uint64_t)(a->dtype & 0xff) << 48) |
+         ((uint64_t)a->count & 0xffffffffffffull);
+}
+
+static void zs__shm_desc_text(uint64_t d, char* buf, size_t cap) {
+  const int kind = (int)(d >> 56), dtype = (int)((d >> 48) & 0xff);
+  snprintf(buf, cap, "%s of %llu %s elements", zs__shm_kind_name(kind),
+           (unsigned long long)(d & 0xffffffffffffull),
+           dtype < ZS_DTYPE_COUNT ? zs_dtype_name((zs_dtype)dtype) : "?");
+}
+
+/* dst[i] = combine over ranks in rank order (all-reduce of a dtype or an
+ * operation zs__host_sum_ranks does not cover). */
+#define ZS__SHM_COMBINE(T)                                                 \
+  do {                                                                     \
+    T* d = (T*)dst;                                                        \
+    memcpy(d, src[0], n * sizeof(T));                                      \
+    for (int r = 1; r < w; r++) {                                          \
+      const T* x = (const T*)src[r];                                       \
+      for (size_t i = 0; i < n; i++)                                       \
+        d[i] = op == 0 ? d[i] + x[i]                                       \
+             : op == 1 ? (x[i] > d[i] ? x[i] : d[i])                       \
+                       : (x[i] < d[i] ? x[i] : d[i]);                      \
+    }                                                                      \
+  } while (0)
+
+static zs_status zs__shm_combine(void* dst, const void* const* src, int w,
+                                 size_t n, zs_dtype dtype, int op) {
+  if (op == 0 && (dtype == ZS_FLOAT32 || dtype == ZS_BFLOAT16 ||
+                  dtype == ZS_FLOAT16))
+    return zs__host_sum_ranks(dst, src, w, n, 1.0f, dtype);
+  switch (dtype) {
+    case ZS_FLOAT32: ZS__SHM_COMBINE(float); return ZS_OK;
+    case ZS_FLOAT64: ZS__SHM_COMBINE(double); return ZS_OK;
+    case ZS_INT64: ZS__SHM_COMBINE(int64_t); return ZS_OK;
+    case ZS_UINT64: ZS__SHM_COMBINE(uint64_t); return ZS_OK;
+    case ZS_UINT8: ZS__SHM_COMBINE(uint8_t); return ZS_OK;
+    default:
+      return zs__error(ZS_ERR_UNSUPPORTED, "shared-memory all-reduce: %s "
+                       "of dtype %s", op == 0 ? "sum" : op == 1 ? "max" : "min",
+                       zs_dtype_name(dtype));
+  }
+}
+
+/* Round k's piece: elements [k * piece, + len). */
+static void zs__shm_write(zs__shm* s, const zs__shm_op* op, size_t at,
+                          size_t len, char* half) {
+  const zs__shm_args* a = &op->a;
+  const size_t e = zs_dtype_size(a->dtype), W = (size_t)s->world,
+               me = (size_t)s->rank;
+  const char* send = (const char*)a->send;
+  char* recv = (char*)a->recv;
+  switch (a->kind) {
+    case ZS__SHM_ALL_GATHER: {
+      const char* mine = send != NULL ? send : recv + me * a->count * e;
+      memcpy(half, mine + at * e, len * e);
+      break;
+    }
+    case ZS__SHM_ALL_GATHER_STRIDED:
+      memcpy(half, recv + (me * a->stride + a->offset + at) * e, len * e);
+      break;
+    case ZS__SHM_EXCHANGE:
+    case ZS__SHM_REDUCE_SCATTER: {
+      const size_t piece = zs__shm_piece(s, a);
+      for (size_t d = 0; d < W; d++)
+        memcpy(half + d * piece * e, send + (op->offsets[d] + at) * e,
+               len * e);
+      break;
+    }
+    case ZS__SHM_ALL_REDUCE:
+      memcpy(half, (send != NULL ? send : recv) + at * e, len * e);
+      break;
+    case ZS__SHM_BROADCAST:
+      if ((int)me == a->root) memcpy(half, recv + at * e, len * e);
+      break;
+  }
+}
+
+static zs_status zs__shm_read(zs__shm* s, const zs__shm_op* op, size_t at,
+                              size_t len, uint32_t round) {
+  const zs__shm_args* a = &op->a;
+  const int W = s->world, me = s->rank;
+  const size_t e = zs_dtype_size(a->dtype);
+  char* recv = (char*)a->recv;
+  const void* src[256];
+  switch (a->kind) {
+    case ZS__SHM_ALL_GATHER:
+      for (int r = 0; r < W; r++) {
+        if (r == me && a->send == NULL) continue;
+        memcpy(recv + ((size_t)r * a->count + at) * e,
+               zs__shm_half(s, r, round), len * e);
+      }
+      return ZS_OK;
+    case ZS__SHM_ALL_GATHER_STRIDED:
+      for (int r = 0; r < W; r++)
+        if (r != me)
+          memcpy(recv + ((size_t)r * a->stride + a->offset + at) * e,
+                 zs__shm_half(s, r, round), len * e);
+      return ZS_OK;
+    case ZS__SHM_EXCHANGE: {
+      const size_t piece = zs__shm_piece(s, a);
+      for (int r = 0; r < W; r++)
+        memcpy(recv + ((size_t)r * a->count + at) * e,
+               zs__shm_half(s, r, round) + (size_t)me * piece * e, len * e);
+      return ZS_OK;
+    }
+    case ZS__SHM_REDUCE_SCATTER: {
+      const size_t piece = zs__shm_piece(s, a);
+      for (int r = 0; r < W; r++)
+        src[r] = zs__shm_half(s, r, round) + (size_t)me * piece * e;
+      return zs__host_sum_ranks(recv + at * e, src, W, len, a->divisor,
+                                a->dtype);
+    }
+    case ZS__SHM_ALL_REDUCE:
+      for (int r = 0; r < W; r++) src[r] = zs__shm_half(s, r, round);
+      return zs__shm_combine(recv + at * e, src, W, len, a->dtype, a->op);
+    case ZS__SHM_BROADCAST:
+      if (me != a->root)
+        memcpy(recv + at * e, zs__shm_half(s, a->root, round), len * e);
+      return ZS_OK;
+  }
+  return ZS_OK;
+}
+
+static void zs__shm_run(zs__shm* s, zs__shm_op* op) {
+  const zs__shm_args* a = &op->a;
+  zs__shm_ctrl* mine = zs__shm_ctrl_of(s, s->rank);
+  const size_t piece = zs__shm_piece(s, a);
+  const uint64_t desc = zs__shm_desc(a);
+  for (size_t at = 0; at < a->count; at += piece) {
+    const size_t len = a->count - at < piece ? a->count - at : piece;
+    const uint32_t g = s->round + 1;
+    /* every rank is done with the half this round overwrites */
+    if (g > 2)
+      for (int r = 0; r < s->world; r++)
+        if (zs__shm_wait(s, op, r, &zs__shm_ctrl_of(s, r)->read, g - 2,
+                         "finish reading an earlier round") != ZS_OK)
+          return;
+    zs__shm_write(s, op, at, len, zs__shm_half(s, s->rank, g));
+    mine->desc[g & 1] = desc;
+    zs__shm_publish(&mine->written, g);
+    for (int r = 0; r < s->world; r++) {
+      zs__shm_ctrl* peer = zs__shm_ctrl_of(s, r);
+      if (zs__shm_wait(s, op, r, &peer->written, g, "write its piece") !=
+          ZS_OK)
+        return;
+      const uint64_t theirs = peer->desc[g & 1];
+      if (theirs != desc) {
+        char t0[96], t1[96];
+        zs__shm_desc_text(desc, t0, sizeof t0);
+        zs__shm_desc_text(theirs, t1, sizeof t1);
+        op->status = ZS_ERR_MISMATCH;
+        snprintf(op->why, sizeof op->why,
+                 "shared-memory collectives do not pair up: this rank's "
+                 "is a %s, rank %d's a %s (the ranks issued different "
+                 "collectives)", t0, r, t1);
+        return;
+      }
+    }
+    zs_status st = zs__shm_read(s, op, at, len, g);
+    if (st != ZS_OK) {
+      op->status = st;
+      snprintf(op->why, sizeof op->why, "%s", zs__error_body());
+      return;
+    }
+    s->round = g;
+    zs__shm_publish(&mine->read, g);
+  }
+}
+
+static void zs__shm_complete(zs__shm* s, zs__shm_op* op) {
+  if (op->status != ZS_OK && s->broken == ZS_OK) {
+    /* nothing after a failed collective can pair up any more */
+    pthread_mutex_lock(&s->lock);
+    s->broken = op->status;
+    snprintf(s->broken_why, sizeof s->broken_why, "%s", op->why);
+    pthread_mutex_unlock(&s->lock);
+    zs__shm_ctrl* mine = zs__shm_ctrl_of(s, s->rank);
+    snprintf(mine->why, sizeof mine->why, "%.255s", op->why);
+    __atomic_store_n(&mine->gone, 2, __ATOMIC_RELEASE);
+  }
+  __atomic_store_n(&op->done, 1, __ATOMIC_RELEASE);
+}
+
+static void* zs__shm_main(void* arg) {
+  zs__shm* s = (zs__shm*)arg;
+  pthread_mutex_lock(&s->lock);
+  for (;;) {
+    while (s->head == NULL && !s->stop) pthread_cond_wait(&s->cond, &s->lock);
+    if (s->head == NULL) break;
+    zs__shm_op* op = s->head;
+    s->head = op->next;
+    if (s->head == NULL) s->tail = NULL;
+    const zs_status broken = s->broken;
+    pthread_mutex_unlock(&s->lock);
+    if (broken != ZS_OK) {
+      op->status = broken;
+      snprintf(op->why, sizeof op->why, "%s", s->broken_why);
+    } else {
+      zs__shm_run(s, op);
+    }
+    zs__shm_complete(s, op);
+    pthread_mutex_lock(&s->lock);
+  }
+  pthread_mutex_unlock(&s->lock);
+  return NULL;
+}
+
+/* ---- Segment ------------------------------------------------------------ */
+
+zs_status zs__shm_open(const char* path, int create, int rank, int world,
+                       zs__shm** out) {
+  *out = NULL;
+  if (world < 1 || world > 256 || rank < 0 || rank >= world)
+    return zs__error(ZS_ERR_INVALID_ARGUMENT, "shared-memory collectives: "
+                     "rank %d of %d (at most 256 ranks)", rank, world);
+  zs__shm* s = (zs__shm*)calloc(1, sizeof *s);
+  if (s == NULL)
+    return zs__error(ZS_ERR_OUT_OF_MEMORY, "shared-memory collectives");
+  s->rank = rank;
+  s->world = world;
+  s->bytes = zs__shm_segment_bytes(world);
+  s->fd = open(path, create ? O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC
+                            : O_RDWR | O_CLOEXEC, 0600);
+  zs_status st = ZS_OK;
+  if (s->fd < 0) {
+    st = zs__error(ZS_ERR_IO, "shared-memory segment %s: %s: %s", path,
+                   create ? "cannot create it" : "cannot open it",
+                   strerror(errno));
+  } else if (create) {
+    /* every page now: a full /dev/shm fails here, not as SIGBUS later */
+    int rc = posix_fallocate(s->fd, 0, (off_t)s->bytes);
+    if (rc != 0) {
+      st = zs__error(ZS_ERR_IO, "shared-memory segment %s: cannot allocate "
+                     "%zu bytes: %s%s", path, s->bytes, strerror(rc),
+                     rc == ENOSPC ? " (set ZS_SHM_DIR to a larger tmpfs, or "
+                                    "host_collectives to mpi)" : "");
+      unlink(path);
+    }
+  }
+  if (st == ZS_OK) {
+    void* p = mmap(NULL, s->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd,
+                   0);
+    if (p == MAP_FAILED)
+      st = zs__error(ZS_ERR_IO, "shared-memory segment %s: mmap of %zu "
+                     "bytes: %s", path, s->bytes, strerror(errno));
+    else
+      s->base = (char*)p;
+  }
+  if (st == ZS_OK) {
+    off_t size = lseek(s->fd, 0, SEEK_END);
+    if (size < (off_t)s->bytes)
+      st = zs__error(ZS_ERR_IO, "shared-memory segment %s: %lld bytes, "
+                     "expected %zu (made for another world size?)", path,
+                     (long long)size, s->bytes);
+  }
+  if (st == ZS_OK) {
+    zs__shm_ctrl* mine = zs__shm_ctrl_of(s, rank);
+    mine->pid = (int32_t)getpid();
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_cond_init(&s->cond, NULL);
+    s->broken = ZS_OK;
+    if (pthread_create(&s->worker, NULL, zs__shm_main, s) != 0) {
+      pthread_mutex_destroy(&s->lock);
+      pthread_cond_destroy(&s->cond);
+      st = zs__error(ZS_ERR_INTERNAL, "shared-memory collectives: cannot "
+                     "start the worker thread");
+    } else {
+      s->worker_on = 1;
+    }
+  }
+  if (st != ZS_OK) {
+    if (s->base != NULL) munmap(s->base, s->bytes);
+    if (s->fd >= 0) close(s->fd);
+    free(s);
+    return st;
+  }
+  *out = s;
+  return ZS_OK;
+}
+
+void zs__shm_unlink(const char* path) { unlink(path); }
+
+/* After every rank attached: their pids are checked while waiting only if
+ * each is visible from here (not in a pid namespace of its own). */
+static void zs__shm_check_pids(zs__shm* s) {
+  s->check_pids = 1;
+  for (int r = 0; r < s->world; r++) {
+    const pid_t pid = (pid_t)zs__shm_ctrl_of(s, r)->pid;
+    if (pid <= 0 || (kill(pid, 0) != 0 && errno == ESRCH)) s->check_pids = 0;
+  }
+}
+
+zs_status zs__shm_post(zs__shm* s, const zs__shm_args* a, zs__shm_op** out) {
+  *out = NULL;
+  if (a->kind == ZS__SHM_BROADCAST && (a->root < 0 || a->root >= s->world))
+    return zs__error(ZS_ERR_INVALID_ARGUMENT, "shared-memory broadcast: root "
+                     "%d of %d ranks", a->root, s->world);
+  if ((int)a->dtype < 0 || a->dtype >= ZS_DTYPE_COUNT)
+    return zs__error(ZS_ERR_INVALID_ARGUMENT, "shared-memory %s: dtype %d",
+                     zs__shm_kind_name(a->kind), (int)a->dtype);
+  zs__shm_op* op = (zs__shm_op*)calloc(1, sizeof *op);
+  if (op == NULL)
+    return zs__error(ZS_ERR_OUT_OF_MEMORY, "shared-memory collective");
+  op->a = *a;
+  if (a->kind == ZS__SHM_EXCHANGE || a->kind == ZS__SHM_REDUCE_SCATTER) {
+    op->offsets = (size_t*)malloc((size_t)s->world * sizeof *op->offsets);
+    if (op->offsets == NULL) {
+      free(op);
+      return zs__error(ZS_ERR_OUT_OF_MEMORY, "shared-memory collective");
+    }
+    memcpy(op->offsets, a->offsets, (size_t)s->world * sizeof *op->offsets);
+    op->a.offsets = op->offsets;
+  }
+  pthread_mutex_lock(&s->lock);
+  if (!s->pids_checked) { /* (by the first collective every rank is in) */
+    zs__shm_check_pids(s);
+    s->pids_checked = 1;
+  }
+  if (s->tail != NULL) s->tail->next = op;
+  else s->head = op;
+  s->tail = op;
+  pthread_cond_signal(&s->cond);
+  pthread_mutex_unlock(&s->lock);
+  *out = op;
+  return ZS_OK;
+}
+
+int zs__shm_done(const zs__shm_op* op) {
+  return __atomic_load_n(&op->done, __ATOMIC_ACQUIRE);
+}
+
+zs_status zs__shm_finish(zs__shm_op* op) {
+  zs_status st = op->status;
+  if (st != ZS_OK) zs__error(st, "%s", op->why);
+  free(op->offsets);
+  free(op);
+  return st;
+}
+
+void zs__shm_abort(zs__shm* s, const char* why) {
+  pthread_mutex_lock(&s->lock);
+  if (s->broken == ZS_OK) {
+    s->broken = ZS_ERR_COMM;
+    snprintf(s->broken_why, sizeof s->broken_why, "%s", why);
+    zs__shm_ctrl* mine = zs__shm_ctrl_of(s, s->rank);
+    snprintf(mine->why, sizeof mine->why, "%.255s", why);
+    __atomic_store_n(&mine->gone, 2, __ATOMIC_RELEASE);
+  }
+  __atomic_store_n(&s->abort, 1, __ATOMIC_RELEASE);
+  pthread_cond_signal(&s->cond);
+  pthread_mutex_unlock(&s->lock);
+}
+
+void zs__shm_destroy(zs__shm* s) {
+  if (s == NULL) return;
+  zs__shm_ctrl* mine = zs__shm_ctrl_of(s, s->rank);
+  pthread_mutex_lock(&s->lock);
+  if (s->head != NULL) { /* (only after a failure) */
+    s->broken = s->broken != ZS_OK ? s->broken : ZS_ERR_COMM;
+    __atomic_store_n(&s->abort, 1, __ATOMIC_RELEASE);
+  }
+  s->stop = 1;
+  pthread_cond_signal(&s->cond);
+  pthread_mutex_unlock(&s->lock);
+  if (s->worker_on) pthread_join(s->worker, NULL);
+  if (__atomic_load_n(&mine->gone, __ATOMIC_ACQUIRE) == 0)
+    __atomic_store_n(&mine->gone, 1, __ATOMIC_RELEASE);
+  pthread_mutex_destroy(&s->lock);
+  pthread_cond_destroy(&s->cond);
+  munmap(s->base, s->bytes);
+  close(s->fd);
+  free(s);
+}
