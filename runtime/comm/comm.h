@@ -138,6 +138,11 @@ typedef struct zs__comm_ops {
                                     size_t chunk, float divisor,
                                     zs_dtype dtype, zs__stream* stream,
                                     zs__comm_req** req);
+  /* Sleeps until req may have completed, for at most about a millisecond
+   * (waits call it between tests, instead of yielding the core, so a
+   * waiting caller leaves the cores to the ranks' workers). NULL: waits
+   * yield. */
+  void (*idle)(zs__comm* c, zs__comm_req* req);
 } zs__comm_ops;
 
 /* Bytes of one failure notice (the failing rank's error message). */

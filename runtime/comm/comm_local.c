@@ -143,6 +143,7 @@ static const zs__comm_ops zs__local_ops = {
     NULL,
     zs__local_gather_users,
     NULL, /* reduce-scatter: an exchange and a sum */
+    NULL, /* waits yield */
 };
 
 zs_status zs__comm_local_create(zs__comm** out) {

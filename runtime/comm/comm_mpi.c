@@ -167,8 +167,7 @@ static zs_status zs__mpi_shm_post(zs__comm* c, zs__shm_args a,
     *req = r;
     return ZS_OK;
   }
-  for (unsigned spins = 0; !zs__shm_done(op); spins++)
-    if (spins > 64) sched_yield();
+  while (!zs__shm_done(op)) zs__shm_idle(op, 0.01);
   return zs__shm_finish(op);
 }
 
@@ -318,8 +317,7 @@ static void zs__mpi_req_free(zs__comm_req* req) {
 static zs_status zs__mpi_wait(zs__comm* c, zs__comm_req* req) {
   (void)c;
   if (req->shm != NULL) {
-    for (unsigned spins = 0; !zs__shm_done(req->shm); spins++)
-      if (spins > 64) sched_yield();
+    while (!zs__shm_done(req->shm)) zs__shm_idle(req->shm, 0.01);
     zs_status st = zs__shm_finish(req->shm);
     free(req);
     return st;
@@ -556,7 +554,9 @@ static void* zs__mpi_progress_main(void* arg) {
       MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, impl->probe_comm, &flag,
                  MPI_STATUS_IGNORE);
     }
-    const int fast = busy && now - last_issue < 0.002;
+    /* (shared-memory collectives run on their own worker: only the
+     * occasional point-to-point gather needs MPI's progress then) */
+    const int fast = busy && now - last_issue < 0.002 && impl->shm == NULL;
     struct timespec ts = {0, fast ? 20000 : 500000};
     nanosleep(&ts, NULL);
   }
@@ -914,11 +914,18 @@ static zs__comm_ops zs__mpi_shm_ops;
 static pthread_once_t zs__mpi_shm_once = PTHREAD_ONCE_INIT;
 static const zs__comm_ops zs__mpi_ops;
 
+static void zs__mpi_idle(zs__comm* c, zs__comm_req* req) {
+  (void)c;
+  if (req->shm != NULL) zs__shm_idle(req->shm, 0.001);
+  else sched_yield();
+}
+
 static void zs__mpi_shm_ops_init(void) {
   zs__mpi_shm_ops = zs__mpi_ops;
   zs__mpi_shm_ops.name = "mpi+shm";
   zs__mpi_shm_ops.reduce_scatter_fixed = zs__mpi_reduce_scatter_fixed;
   zs__mpi_shm_ops.abort = zs__mpi_abort;
+  zs__mpi_shm_ops.idle = zs__mpi_idle;
 }
 
 zs_status zs__comm_mpi_host_collectives(zs__comm* mpi,
@@ -1008,6 +1015,7 @@ static const zs__comm_ops zs__mpi_ops = {
     zs__mpi_ctrl_broadcast,
     zs__mpi_gather_users,
     NULL, /* reduce-scatter: an exchange and a sum */
+    NULL, /* waits yield */
 };
 
 zs_status zs__comm_mpi_create(MPI_Comm comm, zs__comm** out) {

@@ -550,6 +550,7 @@ static const zs__comm_ops zs__nccl_ops = {
     zs__nccl_ctrl_broadcast,
     zs__nccl_gather_users,
     NULL, /* reduce-scatter: an exchange and a sum */
+    NULL, /* waits yield */
 };
 
 /* One GPU per rank, as NCCL requires: every rank's machine (the kernel's

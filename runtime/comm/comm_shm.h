@@ -107,6 +107,8 @@ zs_status zs__shm_post(zs__shm* s, const zs__shm_args* a, zs__shm_op** out);
 /* 1 once op completed (the worker no longer touches its buffers). Never
  * blocks. */
 int zs__shm_done(const zs__shm_op* op);
+/* Sleeps until op completes, or for at most max_s seconds. */
+void zs__shm_idle(const zs__shm_op* op, double max_s);
 /* The status of a completed op (with its error message set in the calling
  * thread), and op freed. */
 zs_status zs__shm_finish(zs__shm_op* op);

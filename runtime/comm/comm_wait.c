@@ -104,7 +104,8 @@ zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
                (unsigned long long)op->seq);
       zs__hb_wait(c->hb, on);
     }
-    sched_yield();
+    if (c->ops->idle != NULL && op->req != NULL) c->ops->idle(c, op->req);
+    else sched_yield();
     if ((spins & 63) != 0) continue;
     double now = zs__now();
     /* Another rank failed and will not join this collective (one it
