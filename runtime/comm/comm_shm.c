@@ -35,6 +35,7 @@ typedef struct zs__shm_ctrl {
   uint32_t gone;    /* 1: left (destroy), 2: gave up (abort) */
   uint64_t desc[2]; /* the collective of the last round per half */
   char why[256];    /* why it gave up */
+  char host[64];    /* for messages */
 } zs__shm_ctrl;
 
 _Static_assert(sizeof(zs__shm_ctrl) <= ZS__SHM_CTRL_BYTES,
@@ -141,25 +142,35 @@ static zs_status zs__shm_wait(zs__shm* s, zs__shm_op* op, int r,
       memcpy(why, peer->why, sizeof why);
       why[sizeof why - 1] = '\0';
       op->status = ZS_ERR_REMOTE;
+      char host[64];
+      memcpy(host, peer->host, sizeof host);
+      host[sizeof host - 1] = '\0';
       if (gone == 1)
         snprintf(op->why, sizeof op->why,
-                 "rank %d (pid %d) left (destroyed its context) while this "
-                 "rank waited for it to %s in a shared-memory %s",
-                 r, (int)peer->pid, what, zs__shm_kind_name(op->a.kind));
+                 "rank %d (host %s, pid %d) left the context "
+                 "(zs_context_destroy) while this rank waited for it to %s "
+                 "in a shared-memory %s, so it joins no collective any "
+                 "more: the ranks' calls differ (one ended early)",
+                 r, host, (int)peer->pid, what,
+                 zs__shm_kind_name(op->a.kind));
       else
         snprintf(op->why, sizeof op->why,
-                 "rank %d (pid %d) gave up a shared-memory %s: %s", r,
-                 (int)peer->pid, zs__shm_kind_name(op->a.kind), why);
+                 "rank %d (host %s, pid %d) gave up a shared-memory %s: %s",
+                 r, host, (int)peer->pid, zs__shm_kind_name(op->a.kind), why);
       return op->status;
     }
     if (s->check_pids && now - last_pid_check > 0.25) {
       last_pid_check = now;
       if (kill((pid_t)peer->pid, 0) != 0 && errno == ESRCH) {
+        char host[64];
+        memcpy(host, peer->host, sizeof host);
+        host[sizeof host - 1] = '\0';
         op->status = ZS_ERR_REMOTE;
         snprintf(op->why, sizeof op->why,
-                 "rank %d (pid %d) exited while this rank waited for it to "
-                 "%s in a shared-memory %s",
-                 r, (int)peer->pid, what, zs__shm_kind_name(op->a.kind));
+                 "rank %d (host %s, pid %d) is gone: its process ended "
+                 "while this rank waited for it to %s in a shared-memory %s",
+                 r, host, (int)peer->pid, what,
+                 zs__shm_kind_name(op->a.kind));
         return op->status;
       }
     }
@@ -236,7 +247,7 @@ static uint64_t zs__shm_desc(const zs__shm_args* a) {
 
 static void zs__shm_desc_text(uint64_t d, char* buf, size_t cap) {
   const int kind = (int)(d >> 56), dtype = (int)((d >> 48) & 0xff);
-  snprintf(buf, cap, "%s of %llu %s elements", zs__shm_kind_name(kind),
+  snprintf(buf, cap, "an %s of %llu %s elements", zs__shm_kind_name(kind),
            (unsigned long long)(d & 0xffffffffffffull),
            dtype < ZS_DTYPE_COUNT ? zs_dtype_name((zs_dtype)dtype) : "?");
 }
@@ -408,8 +419,8 @@ static void zs__shm_run(zs__shm* s, zs__shm_op* op) {
         zs__shm_desc_text(theirs, t1, sizeof t1);
         op->status = ZS_ERR_MISMATCH;
         snprintf(op->why, sizeof op->why,
-                 "shared-memory collectives do not pair up: this rank's "
-                 "is a %s, rank %d's a %s (the ranks issued different "
+                 "shared-memory collectives do not pair up: this rank "
+                 "issued %s, rank %d %s (the ranks issued different "
                  "collectives)", t0, r, t1);
         return;
       }
@@ -532,6 +543,8 @@ zs_status zs__shm_open(const char* path, int create, int rank, int world,
   if (st == ZS_OK) {
     zs__shm_ctrl* mine = zs__shm_ctrl_of(s, rank);
     mine->pid = (int32_t)getpid();
+    if (gethostname(mine->host, sizeof mine->host - 1) != 0)
+      snprintf(mine->host, sizeof mine->host, "?");
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->cond, NULL);
     s->broken = ZS_OK;

@@ -34,19 +34,17 @@
 #include <stdint.h>
 
 #include "runtime/core/core.h"
+#include "runtime/core/core_mem.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* One half of a rank's slot (bytes): a round moves at most this much per
- * rank. */
-#define ZS__SHM_HALF_BYTES ((size_t)1 << 20)
-/* A rank's control page (bytes): its counters, pid and descriptions. */
-#define ZS__SHM_CTRL_BYTES ((size_t)4096)
-/* What one rank's part of the segment takes (bytes): accounted on that
- * rank as comm_segment; the segment is world times this. */
-#define ZS__SHM_RANK_BYTES (ZS__SHM_CTRL_BYTES + 2 * ZS__SHM_HALF_BYTES)
+/* The segment's layout: ZS__SHM_HALF_BYTES (a round moves at most this
+ * much per rank), ZS__SHM_CTRL_BYTES (a rank's counters, pid and
+ * descriptions) and ZS__SHM_RANK_BYTES (one rank's part, accounted on that
+ * rank as comm_segment) are in core_mem.h, where the estimator reads them.
+ * The segment is world times ZS__SHM_RANK_BYTES. */
 
 typedef struct zs__shm zs__shm;
 typedef struct zs__shm_op zs__shm_op;

@@ -41,6 +41,13 @@ typedef struct zs__estimate_config {
   size_t largest_unit_elements;
   zs_device_kind device;
   int grad_accum_local;
+  /* (0.1's zs_estimate_config ends here: zs__estimate_v01 copies that
+   * much of a 0.1 caller's struct and sets the fields below) */
+  int host_shm;  /* host collectives through the shared-memory segment:
+                    more than one rank, all on one host, the host device,
+                    host_collectives not MPI */
+  int rs_temps;  /* reduce-scatters hold bucket temporaries (all but the
+                    segment's fixed-order one, which sums as it reads) */
 } zs__estimate_config;
 
 /* A unit's policy (core_policy.h), as the engine makes it at finalize;
@@ -238,6 +245,8 @@ static zs_status zs__estimate_total(zs_memory_estimate* out,
   }
   /* every context's communication log (context.c), on every rank */
   out->bytes[ZS_MEM_OTHER] += ZS__COMM_LOG_BYTES;
+  /* this rank's part of the host collectives' segment (comm_shm.h) */
+  if (c->host_shm) out->bytes[ZS_MEM_COMM_SEGMENT] += ZS__SHM_RANK_BYTES;
   if (c->device == ZS_DEVICE_CUDA) {
     /* The optimizer steps on the host while parameters and gradients stay
      * in device memory: two slots of page-locked staging, each the largest
@@ -316,10 +325,11 @@ static zs_status zs__estimate_params(double params,
       out->bytes[ZS_MEM_PARAMS_GATHERED] = gathered * lu * zs_dtype_size(dt);
       nv.gather_src_bytes = gathered * ((lu + W - 1) / W) * zs_dtype_size(dt);
     }
+    const size_t temps = c->rs_temps ? g : 0;
     out->bytes[ZS_MEM_COMM_BUFFERS] =
         micro && c->grad_accum_local
-            ? reducing * g + accum * units * g
-            : reducing * (g + accum * g + 2 * s) +
+            ? reducing * temps + accum * units * g
+            : reducing * (temps + accum * g + 2 * s) +
                   (!serial && units > reducing) * (accum * g + s);
   }
   return zs__estimate_total(out, c, &nv);
@@ -860,8 +870,10 @@ static zs_status zs__estimate_model(const char* description,
       const int acc = accum && !units[i].replicated;
       /* accumulating all along: the buffer and the saved sum; reducing:
        * the temporaries and the new sum (the rest once, below) */
+      const size_t temps = c->rs_temps ? g : 0;
       sum += along[i] ? (acc ? g : 0) + reopen * s : 0;
-      gain[i] = along[i] ? g + reopen * s : (acc ? 2 * g : g) + 2 * reopen * s;
+      gain[i] = along[i] ? temps + reopen * s
+                         : (acc ? g : 0) + temps + 2 * reopen * s;
     }
     for (int k = 0; k <= reducing && k < nunits; k++) {
       if (k == reducing) { /* the next: accumulating, not all along */
@@ -984,6 +996,10 @@ static zs_status zs__estimate_config_of(const zs_config* config,
   out->nvme_param_buffer_count = c.nvme.param_buffer_count;
   out->nvme_param_buffer_elements = c.nvme.param_buffer_elements;
   out->device = c.device;
+  out->host_shm = out->ranks > 1 && out->nodes == 1 &&
+                  c.device != ZS_DEVICE_CUDA &&
+                  c.host_collectives != ZS_HOST_COLLECTIVES_MPI;
+  out->rs_temps = !(out->host_shm && c.reduce_order == ZS_REDUCE_FIXED);
   return ZS_OK;
 }
 
@@ -1040,10 +1056,16 @@ static zs_status zs__estimate_v01(double params, const char* description,
   size_t size = 0;
   zs_status st = zs__out_size(ZS__OUT_MEMORY_ESTIMATE, 100, out, fn, &size);
   if (st != ZS_OK) return st;
+  /* 0.1's fields, and host collectives as 0.1's defaults make them */
+  zs__estimate_config c;
+  memset(&c, 0, sizeof c);
+  memcpy(&c, config, offsetof(zs__estimate_config, host_shm));
+  c.host_shm = c.ranks > 1 && c.nodes == 1 && c.device != ZS_DEVICE_CUDA;
+  c.rs_temps = !c.host_shm;
   zs_memory_estimate full;
   memset(&full, 0, sizeof full);
-  st = description != NULL ? zs__estimate_model(description, config, &full)
-                           : zs__estimate_params(params, config, &full);
+  st = description != NULL ? zs__estimate_model(description, &c, &full)
+                           : zs__estimate_params(params, &c, &full);
   if (st == ZS_OK) zs__out_write(ZS__OUT_MEMORY_ESTIMATE, 100, &full, out, size);
   return st;
 }

@@ -11,6 +11,9 @@
 #            (3 s after the news, within the same bound)
 #   compute: the victim computes 6 x the timeout (2 s) between calls:
 #            every rank finishes
+# kill and leave run again with heartbeats off (0): the shared-memory host
+# collectives (the default on one host) name the rank themselves, within
+# 10 s.
 # The stopped victim is killed at the end.
 set -u
 bin=$1
@@ -75,6 +78,14 @@ expect_named kill 5 "is gone"
 # a rank that ends early (zs_context_destroy) while the others wait on it
 run leave 5
 expect_named leave 5 "left the context"
+
+# heartbeats off: the shared-memory collectives see the process end (the
+# pid is gone) and name it, long before the 600 s collective timeout; and
+# a rank that leaves, at once
+run kill 0 --enable-recovery
+expect_named kill 0 "is gone: its process ended"
+run leave 0
+expect_named leave 0 "left the context"
 
 run compute 2
 for r in $(seq 0 $((np - 1))); do

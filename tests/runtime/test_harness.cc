@@ -473,6 +473,7 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
   c.reshard_after_forward = cfg.reshard_after_forward;
   c.max_live_elements = cfg.max_live_elements;
   c.progress_thread = cfg.progress_thread;
+  c.host_collectives = (zs_host_collectives)cfg.host_collectives;
   c.grad_accum_steps = cfg.grad_accum;
   c.grad_accum_local = cfg.grad_accum_local;
   c.clip_grad_norm = cfg.max_grad_norm > 0;

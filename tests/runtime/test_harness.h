@@ -33,6 +33,9 @@ struct TrainConfig {
   int reshard_after_forward = 1;
   size_t max_live_elements = 0;
   int progress_thread = 1;
+  // zs_config.host_collectives (ZS_HOST_COLLECTIVES_*; unset: AUTO, or
+  // what ZS_HOST_COLLECTIVES says).
+  int host_collectives = ZS_HOST_COLLECTIVES_UNSET;
   // Precision, clipping, accumulation (docs/precision.md).
   int global_batch = kGlobalBatch;  // sequences per optimizer step
   int grad_accum = 1;        // K micro-batches per optimizer step
