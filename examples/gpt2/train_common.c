@@ -57,6 +57,7 @@ static void gpt2__defaults(gpt2_args* a) {
   a->persistence_threshold = -1;
   a->collective_timeout = -1;
   a->heartbeat_timeout = -1;
+  a->host_collectives = -1;
   a->nvme_param_buffers = 5;
   a->bucket_elements = 1L << 22;
   a->progress_thread = 1;
@@ -128,6 +129,12 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
                          "(stopped, hung) before the others fail naming it;\n"
                          "                      0: off [30] "
                          "(docs/running.md)\n"
+                         "  --host-collectives M auto|shm|mpi: collectives "
+                         "between the ranks of one host through a\n"
+                         "                      shared-memory segment (shm) "
+                         "or MPI's; auto: shm when all ranks are on\n"
+                         "                      one host "
+                         "(docs/running.md) [auto]\n"
                          "  --persistence-threshold N\n"
                          "                      put each block's LayerNorms "
                          "(4*channels elements) in a unit of their own,\n"
@@ -285,6 +292,16 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
       if (rc != 0 || (*out > 0 && *out < 1)) {
         snprintf(err, cap, "%s: expected 0 (off) or seconds in [1, %g], got "
                  "'%s'", f, hi, v != NULL ? v : "(missing)");
+        rc = -1;
+      }
+    } else if (sharded && strcmp(f, "--host-collectives") == 0) {
+      static const char* const modes[3] = {"auto", "shm", "mpi"};
+      a->host_collectives = -1;
+      for (int k = 0; k < 3 && v != NULL; k++)
+        if (strcmp(v, modes[k]) == 0) a->host_collectives = k;
+      if (a->host_collectives < 0) {
+        snprintf(err, cap, "--host-collectives: expected auto, shm or mpi, "
+                 "got '%s'", v != NULL ? v : "(missing)");
         rc = -1;
       }
     } else if (sharded && strcmp(f, "--persistence-threshold") == 0) {
@@ -549,6 +566,8 @@ gpt2_report* gpt2_report_create(const gpt2_args* a, const char* trainer,
   cJSON_AddNumberToObject(c, "prefetch_depth", a->prefetch_depth);
   cJSON_AddNumberToObject(c, "collective_timeout_s", a->collective_timeout);
   cJSON_AddNumberToObject(c, "heartbeat_timeout_s", a->heartbeat_timeout);
+  if (a->host_collectives_used != NULL)
+    cJSON_AddStringToObject(c, "host_collectives", a->host_collectives_used);
   cJSON_AddNumberToObject(c, "persistence_threshold",
                           (double)a->persistence_threshold);
   cJSON_AddNumberToObject(c, "bucket_elements", (double)a->bucket_elements);

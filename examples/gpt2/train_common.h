@@ -41,6 +41,11 @@ typedef struct gpt2_args {
   int prefetch_depth;  /* sharded: zs_config.prefetch_depth */
   double collective_timeout; /* sharded: zs_config.collective_timeout_s (-1:
                                 the library's default) */
+  int host_collectives;      /* sharded: zs_config.host_collectives (-1:
+                                the library's default, AUTO) */
+  const char* host_collectives_used; /* sharded: "shm" or "mpi", what the
+                                context uses (zs_context_config), for the
+                                report; NULL before the context exists */
   double heartbeat_timeout;  /* sharded: zs_config.heartbeat_timeout_s (-1:
                                 the library's default; 0: off) */
   long persistence_threshold; /* sharded: -1 (default): each block's

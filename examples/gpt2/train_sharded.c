@@ -630,6 +630,8 @@ static zs_config sharded_config(const gpt2_args* a) {
   z.progress_thread = a->progress_thread;
   if (a->collective_timeout >= 0) z.collective_timeout_s = a->collective_timeout;
   if (a->heartbeat_timeout >= 0) z.heartbeat_timeout_s = a->heartbeat_timeout;
+  if (a->host_collectives >= 0)
+    z.host_collectives = (zs_host_collectives)a->host_collectives;
   z.grad_accum_steps = a->grad_accum;
   z.grad_accum_local = a->grad_accum_local;
   z.clip_grad_norm = a->clip > 0;
@@ -920,6 +922,9 @@ int main(int argc, char** argv) {
   /* on the GPU: one per rank, chosen by the context (by local rank) */
   m.ops = args.device ? &gpt2_cuda_ops : &gpt2_cpu_ops;
   CHECK(zs_context_create_mpi(&zcfg, MPI_COMM_WORLD, &m.ctx));
+  args.host_collectives_used =
+      zs_context_config(m.ctx)->host_collectives == ZS_HOST_COLLECTIVES_SHM
+          ? "shm" : "mpi";
   g_ctx = m.ctx;
   signal(SIGTERM, on_signal);
   signal(SIGINT, on_signal);

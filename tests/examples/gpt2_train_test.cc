@@ -185,6 +185,7 @@ struct FullReport {
   // per rank, with NVMe offload: {file_bytes, param_reads, param_reads_ahead}
   std::vector<std::vector<double>> nvme;
   double allgather_calls = -1;  // rank 0's, all steps
+  std::string host_collectives;  // config.host_collectives: what was used
 };
 
 FullReport RunVariant(const std::string& flags, int ranks, const std::string& tag) {
@@ -213,6 +214,9 @@ FullReport RunVariant(const std::string& flags, int ranks, const std::string& ta
   out.allgather_calls =
       NumOr(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "comm"), "all_gather"),
             "calls");
+  const cJSON* hc = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "config"),
+                                        "host_collectives");
+  if (cJSON_IsString(hc)) out.host_collectives = hc->valuestring;
   const cJSON* train_s = cJSON_GetObjectItem(root, "train_s");
   if (cJSON_IsNumber(train_s)) out.train_s = train_s->valuedouble;
   cJSON* act = cJSON_GetObjectItem(root, "activations");
@@ -255,6 +259,29 @@ TEST(Gpt2Overlap, KnobsAndCheckpointingAreBitwiseIdentical) {
     for (size_t s = 0; s < r.losses.size(); s++)
       EXPECT_EQ(r.losses[s], base.losses[s]) << v << " step " << s + 1;
   }
+}
+
+// The host collectives through the shared-memory segment (the default on
+// one host) and through MPI sum in the same rank order: the loss curves
+// and gradient norms are bitwise equal, at stages 2 and 3, with clipping,
+// at 3 and 4 ranks.
+TEST(Gpt2HostCollectives, SharedMemoryAndMpiAreBitwiseIdentical) {
+  for (int ranks : {3, 4})
+    for (const char* flags : {"--stage 3 --clip 1", "--stage 2"}) {
+      const std::string tag = std::to_string(ranks) + (flags[8] == '3' ? "s3" : "s2");
+      FullReport shm = RunVariant(std::string(flags) + " --host-collectives shm",
+                                  ranks, "hc_shm_" + tag);
+      FullReport mpi = RunVariant(std::string(flags) + " --host-collectives mpi",
+                                  ranks, "hc_mpi_" + tag);
+      FullReport dflt = RunVariant(flags, ranks, "hc_auto_" + tag);
+      EXPECT_EQ(shm.host_collectives, "shm");
+      EXPECT_EQ(mpi.host_collectives, "mpi");
+      EXPECT_EQ(dflt.host_collectives, "shm") << "auto on one host";
+      ASSERT_EQ(shm.losses.size(), 20u) << flags;
+      EXPECT_EQ(shm.losses, mpi.losses) << ranks << " ranks, " << flags;
+      EXPECT_EQ(shm.grad_norms, mpi.grad_norms) << ranks << " ranks, " << flags;
+      EXPECT_EQ(dflt.losses, shm.losses) << ranks << " ranks, " << flags;
+    }
 }
 
 // --persistence-threshold puts each block's LayerNorms (4C = 512 elements
