@@ -43,8 +43,9 @@ typedef struct zs__mpi_impl {
   /* Host collectives through shared memory (comm_shm.h), or NULL: all on
    * MPI. Point-to-point gathers to users, notices and control collectives
    * stay on MPI. */
-  zs__shm* shm;
-  zs__accounting* shm_acct; /* the segment is accounted here (not owned) */
+  zs__shm* shm[ZS__SHM_LANES]; /* per lane (zs__mpi_lane): lane 0's
+                                  collectives and lane 1's exchanges pair up
+                                  independently, as on MPI */
 } zs__mpi_impl;
 
 /* One notice sent to every other rank: its text and its requests, freed
@@ -145,19 +146,22 @@ static zs_status zs__mpi_finish(int rc, const char* what, zs__comm_req** req) {
 
 /* ---- Shared-memory host collectives (comm_shm.h) ---------------------- */
 
-static zs__shm* zs__mpi_shm(zs__comm* c) {
-  return ((zs__mpi_impl*)c->impl)->shm;
+/* The segment of lane 0 (collectives) or 1 (exchanges), or NULL. */
+static zs__shm* zs__mpi_shm_lane(zs__comm* c, int lane) {
+  return ((zs__mpi_impl*)c->impl)->shm[lane];
 }
+static zs__shm* zs__mpi_shm(zs__comm* c) { return zs__mpi_shm_lane(c, 0); }
 
-/* Queues a on the segment's worker; req == NULL: waits for it. */
-static zs_status zs__mpi_shm_post(zs__comm* c, zs__shm_args a,
+/* Queues a on lane's worker (the lane zs__mpi_lane gives its call);
+ * req == NULL: waits for it. */
+static zs_status zs__mpi_shm_post(zs__comm* c, int lane, zs__shm_args a,
                                   zs__comm_req** req) {
   zs__shm_op* op = NULL;
   zs__comm_req* r = NULL;
   if (req != NULL &&
       (r = (zs__comm_req*)calloc(1, sizeof *r)) == NULL)
     return zs__error(ZS_ERR_OUT_OF_MEMORY, "shared-memory request");
-  zs_status st = zs__shm_post(zs__mpi_shm(c), &a, &op);
+  zs_status st = zs__shm_post(zs__mpi_shm_lane(c, lane), &a, &op);
   if (st != ZS_OK) {
     free(r);
     return st;
@@ -189,7 +193,7 @@ static zs_status zs__mpi_reduce_scatter_fixed(zs__comm* c, const void* send,
   (void)stream;
   zs__shm_args a = {ZS__SHM_REDUCE_SCATTER, send, dst, chunk, dtype,
                     offsets, 0, 0, divisor, 0, 0};
-  return zs__mpi_shm_post(c, a, req);
+  return zs__mpi_shm_post(c, 1, a, req); /* (as the exchange it stands for) */
 }
 
 static zs_status zs__mpi_all_gather(zs__comm* c, const void* send, void* recv,
@@ -199,7 +203,7 @@ static zs_status zs__mpi_all_gather(zs__comm* c, const void* send, void* recv,
   if (zs__mpi_shm(c) != NULL) {
     zs__shm_args a = {ZS__SHM_ALL_GATHER, send == ZS__IN_PLACE ? NULL : send,
                       recv, count, dtype, NULL, 0, 0, 1.0f, 0, 0};
-    return zs__mpi_shm_post(c, a, req);
+    return zs__mpi_shm_post(c, 0, a, req);
   }
   MPI_Datatype t;
   int n = 0;
@@ -228,7 +232,7 @@ static zs_status zs__mpi_reduce_scatter(zs__comm* c, const void* send,
     if (st != ZS_OK) return st;
     zs__shm_args a = {ZS__SHM_REDUCE_SCATTER, send, recv, count, dtype,
                       offsets, 0, 0, 1.0f, 0, 0};
-    st = zs__mpi_shm_post(c, a, req);
+    st = zs__mpi_shm_post(c, 0, a, req);
     free(offsets);
     return st;
   }
@@ -290,7 +294,7 @@ static zs_status zs__mpi_all_reduce(zs__comm* c, const void* send, void* recv,
   if (zs__mpi_shm(c) != NULL) {
     zs__shm_args a = {ZS__SHM_ALL_REDUCE, send == ZS__IN_PLACE ? NULL : send,
                       recv, count, dtype, NULL, 0, 0, 1.0f, (int)op, 0};
-    return zs__mpi_shm_post(c, a, req);
+    return zs__mpi_shm_post(c, 0, a, req);
   }
   return zs__mpi_all_reduce_on(zs__mpi_comm(c), send, recv, count, dtype, op,
                                "all-reduce", req);
@@ -303,7 +307,7 @@ static zs_status zs__mpi_broadcast(zs__comm* c, void* buf, size_t count,
   if (zs__mpi_shm(c) != NULL) {
     zs__shm_args a = {ZS__SHM_BROADCAST, NULL, buf, count, dtype, NULL,
                       0, 0, 1.0f, 0, root};
-    return zs__mpi_shm_post(c, a, req);
+    return zs__mpi_shm_post(c, 0, a, req);
   }
   return zs__mpi_broadcast_on(zs__mpi_comm(c), buf, count, dtype, root,
                               "broadcast", req);
@@ -406,7 +410,7 @@ static zs_status zs__mpi_exchange(zs__comm* c, const void* send,
   if (zs__mpi_shm(c) != NULL) {
     zs__shm_args a = {ZS__SHM_EXCHANGE, send, recv, chunk, dtype, offsets,
                       0, 0, 1.0f, 0, 0};
-    return zs__mpi_shm_post(c, a, req);
+    return zs__mpi_shm_post(c, 1, a, req);
   }
   MPI_Datatype t;
   int n = 0, tag = 0;
@@ -442,7 +446,7 @@ static zs_status zs__mpi_all_gather_strided(zs__comm* c, void* buf,
   if (zs__mpi_shm(c) != NULL) {
     zs__shm_args a = {ZS__SHM_ALL_GATHER_STRIDED, NULL, buf, chunk, dtype,
                       NULL, offset, stride, 1.0f, 0, 0};
-    return zs__mpi_shm_post(c, a, req);
+    return zs__mpi_shm_post(c, 1, a, req);
   }
   MPI_Datatype t;
   int n = 0, tag = 0;
@@ -556,7 +560,7 @@ static void* zs__mpi_progress_main(void* arg) {
     }
     /* (shared-memory collectives run on their own worker: only the
      * occasional point-to-point gather needs MPI's progress then) */
-    const int fast = busy && now - last_issue < 0.002 && impl->shm == NULL;
+    const int fast = busy && now - last_issue < 0.002 && impl->shm[0] == NULL;
     struct timespec ts = {0, fast ? 20000 : 500000};
     nanosleep(&ts, NULL);
   }
@@ -777,12 +781,10 @@ static void zs__mpi_notice_end(zs__mpi_impl* impl, int world) {
 static void zs__mpi_destroy(zs__comm* c) {
   zs__mpi_impl* impl = (zs__mpi_impl*)c->impl;
   zs__mpi_progress_stop(impl);
-  if (impl->shm != NULL) {
-    if (c->failed) zs__shm_abort(impl->shm, c->failed_why);
-    zs__shm_destroy(impl->shm);
-    if (impl->shm_acct != NULL)
-      zs__accounting_remove(impl->shm_acct, ZS__OWNER_RUNTIME, impl, NULL,
-                            NULL);
+  for (int l = 0; l < ZS__SHM_LANES; l++) {
+    if (impl->shm[l] == NULL) continue;
+    if (c->failed) zs__shm_abort(impl->shm[l], c->failed_why);
+    zs__shm_destroy(impl->shm[l]);
   }
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -821,9 +823,8 @@ static int zs__mpi_alive(const zs__comm* c) {
 /* Collectives and point-to-point operations pair up independently. */
 static int zs__mpi_lane(zs__comm* c, zs__call call, const void* buf) {
   (void)buf;
-  /* (with shared memory every collective but the gather to users runs on
-   * its one worker, in issue order) */
-  if (zs__mpi_shm(c) != NULL) return call == ZS__CALL_GATHER_USERS;
+  /* (with shared memory the same: each lane has a segment and a worker of
+   * its own) */
   return call == ZS__CALL_EXCHANGE || call == ZS__CALL_ALL_GATHER_STRIDED ||
          call == ZS__CALL_GATHER_USERS;
 }
@@ -905,7 +906,8 @@ zs_status zs__comm_mpi_heartbeat(zs__comm* mpi, zs__comm* owner,
 
 static void zs__mpi_abort(zs__comm* c) {
   zs__mpi_impl* impl = (zs__mpi_impl*)c->impl;
-  if (impl->shm != NULL) zs__shm_abort(impl->shm, c->failed_why);
+  for (int l = 0; l < ZS__SHM_LANES; l++)
+    if (impl->shm[l] != NULL) zs__shm_abort(impl->shm[l], c->failed_why);
 }
 
 /* The backend with shared-memory host collectives: zs__mpi_ops plus the
@@ -933,7 +935,7 @@ zs_status zs__comm_mpi_host_collectives(zs__comm* mpi,
                                         size_t* segment_bytes) {
   *segment_bytes = 0;
   zs__mpi_impl* impl = (zs__mpi_impl*)mpi->impl;
-  if (mpi->world == 1 || mode == ZS_HOST_COLLECTIVES_MPI || impl->shm != NULL)
+  if (mpi->world == 1 || mode == ZS_HOST_COLLECTIVES_MPI || impl->shm[0] != NULL)
     return ZS_OK;
   if (mpi->local_size != mpi->world) {
     if (mode == ZS_HOST_COLLECTIVES_SHM)
@@ -945,22 +947,29 @@ zs_status zs__comm_mpi_host_collectives(zs__comm* mpi,
     return ZS_OK;
   }
   MPI_Comm comm = impl->comm;
-  /* rank 0 names and makes the segment; the others attach to it */
-  char path[256] = "";
-  zs__shm* shm = NULL;
+  /* rank 0 names and makes a segment per lane; the others attach */
+  char path[ZS__SHM_LANES][256];
+  memset(path, 0, sizeof path);
+  zs__shm* shm[ZS__SHM_LANES] = {NULL};
   zs_status st = ZS_OK;
   if (mpi->rank == 0) {
     static unsigned made;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    snprintf(path, sizeof path, "%s/zeroshard-%d-%u-%lx", zs__shm_dir(),
-             (int)getpid(), made++, (unsigned long)ts.tv_nsec);
-    st = zs__shm_open(path, 1, 0, mpi->world, &shm);
-    if (st != ZS_OK) path[0] = '\0'; /* (tells the others) */
+    for (int l = 0; st == ZS_OK && l < ZS__SHM_LANES; l++) {
+      snprintf(path[l], sizeof path[l], "%s/zeroshard-%d-%u-%lx-%d",
+               zs__shm_dir(), (int)getpid(), made, (unsigned long)ts.tv_nsec,
+               l);
+      st = zs__shm_open(path[l], 1, 0, mpi->world, &shm[l]);
+      if (st != ZS_OK) path[l][0] = '\0';
+    }
+    made++;
+    if (st != ZS_OK) path[0][0] = '\0'; /* (tells the others) */
   }
   int rc = MPI_Bcast(path, (int)sizeof path, MPI_CHAR, 0, comm);
-  if (rc == MPI_SUCCESS && mpi->rank != 0 && path[0] != '\0')
-    st = zs__shm_open(path, 0, mpi->rank, mpi->world, &shm);
+  if (rc == MPI_SUCCESS && mpi->rank != 0 && path[0][0] != '\0')
+    for (int l = 0; st == ZS_OK && l < ZS__SHM_LANES; l++)
+      st = zs__shm_open(path[l], 0, mpi->rank, mpi->world, &shm[l]);
   else if (rc == MPI_SUCCESS && mpi->rank != 0)
     st = zs__error(ZS_ERR_IO, "rank 0 could not make the segment");
   /* every rank the same outcome: the lowest failing rank's reason */
@@ -971,13 +980,13 @@ zs_status zs__comm_mpi_host_collectives(zs__comm* mpi,
     rc = MPI_Allreduce(&key, &best, 1, MPI_INT, MPI_MAX, comm);
   if (rc == MPI_SUCCESS && best > 0)
     rc = MPI_Bcast(why, (int)sizeof why, MPI_CHAR, mpi->world - best, comm);
-  if (mpi->rank == 0 && path[0] != '\0') zs__shm_unlink(path);
-  if (rc != MPI_SUCCESS) {
-    zs__shm_destroy(shm);
+  for (int l = 0; mpi->rank == 0 && l < ZS__SHM_LANES; l++)
+    if (path[l][0] != '\0') zs__shm_unlink(path[l]);
+  if (rc != MPI_SUCCESS || best > 0)
+    for (int l = 0; l < ZS__SHM_LANES; l++) zs__shm_destroy(shm[l]);
+  if (rc != MPI_SUCCESS)
     return zs__mpi_fail(rc, "host collectives: setting up the segment");
-  }
   if (best > 0) {
-    zs__shm_destroy(shm);
     why[sizeof why - 1] = '\0';
     if (mode == ZS_HOST_COLLECTIVES_SHM)
       return zs__error(ZS_ERR_IO, "host_collectives shm: rank %d: %s",
@@ -988,9 +997,9 @@ zs_status zs__comm_mpi_host_collectives(zs__comm* mpi,
     return ZS_OK;
   }
   pthread_once(&zs__mpi_shm_once, zs__mpi_shm_ops_init);
-  impl->shm = shm;
+  for (int l = 0; l < ZS__SHM_LANES; l++) impl->shm[l] = shm[l];
   mpi->ops = &zs__mpi_shm_ops;
-  *segment_bytes = ZS__SHM_RANK_BYTES;
+  *segment_bytes = ZS__SHM_LANES * ZS__SHM_RANK_BYTES;
   return ZS_OK;
 }
 

@@ -239,15 +239,22 @@ static size_t zs__shm_piece(const zs__shm* s, const zs__shm_args* a) {
   return ZS__SHM_HALF_BYTES / (e * (per_dest ? (size_t)s->world : 1));
 }
 
-/* What a round carries, to compare across ranks. */
+/* What a round carries, to compare across ranks. A reduce-scatter
+ * writes what an exchange does (each rank's piece for every rank) and
+ * pairs with one: a reconciliation's catch-up partner for it is an
+ * exchange (comm.h, reduce_scatter_fixed). */
 static uint64_t zs__shm_desc(const zs__shm_args* a) {
-  return ((uint64_t)a->kind << 56) | ((uint64_t)(a->dtype & 0xff) << 48) |
+  const int kind =
+      a->kind == ZS__SHM_REDUCE_SCATTER ? ZS__SHM_EXCHANGE : (int)a->kind;
+  return ((uint64_t)kind << 56) | ((uint64_t)(a->dtype & 0xff) << 48) |
          ((uint64_t)a->count & 0xffffffffffffull);
 }
 
 static void zs__shm_desc_text(uint64_t d, char* buf, size_t cap) {
   const int kind = (int)(d >> 56), dtype = (int)((d >> 48) & 0xff);
-  snprintf(buf, cap, "an %s of %llu %s elements", zs__shm_kind_name(kind),
+  snprintf(buf, cap, "%s of %llu %s elements",
+           kind == ZS__SHM_EXCHANGE ? "exchange or reduce-scatter"
+                                    : zs__shm_kind_name(kind),
            (unsigned long long)(d & 0xffffffffffffull),
            dtype < ZS_DTYPE_COUNT ? zs_dtype_name((zs_dtype)dtype) : "?");
 }

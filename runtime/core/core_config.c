@@ -25,11 +25,12 @@
   ZS__ALIGN_UP(offsetof(zs_config, nvme) + sizeof(zs_nvme_config), \
                _Alignof(zs_config))
 /* 0.2 appended nothing. 0.3 appended param_persistence_threshold,
- * heartbeat_timeout_s and host_collectives. */
+ * heartbeat_timeout_s, host_collectives and reserved_0_3 (which ends the
+ * struct without padding: an int appended later must not fit in 0.3's
+ * padding, or the two releases' sizes would be equal). */
 #define ZS__CONFIG_SIZE_0_2 ZS__CONFIG_SIZE_0_1
 #define ZS__CONFIG_SIZE_0_3                                           \
-  ZS__ALIGN_UP(offsetof(zs_config, host_collectives) +                 \
-                   sizeof(zs_host_collectives),                        \
+  ZS__ALIGN_UP(offsetof(zs_config, reserved_0_3) + sizeof(int),        \
                _Alignof(zs_config))
 /* The releases before this library's minor version, oldest first; this
  * minor's own size is sizeof(zs_config). A release that appends fields
@@ -114,10 +115,11 @@ _Static_assert(ZS__CONFIG_SIZE_0_1 == 328, "zs_config's 0.1 prefix moved");
 ZS__FIELD_AT(zs_config, param_persistence_threshold, 328);
 ZS__FIELD_AT(zs_config, heartbeat_timeout_s, 336);
 ZS__FIELD_AT(zs_config, host_collectives, 344);
+ZS__FIELD_AT(zs_config, reserved_0_3, 348);
 #if ZS_VERSION_MAJOR == 0 && ZS_VERSION_MINOR == 3
 _Static_assert(sizeof(zs_config) == ZS__CONFIG_SIZE_0_3 &&
                    ZS__CONFIG_SIZE_0_3 == 352,
-               "0.3's zs_config: 0.2's and the three fields it appended");
+               "0.3's zs_config: 0.2's and the four fields it appended");
 #endif
 #undef ZS__FIELD_AT
 #endif

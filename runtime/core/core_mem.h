@@ -54,9 +54,12 @@ void zs__accounting_step_done(zs__accounting* acct);
  * entries of 40 bytes; comm.c checks the two agree), in bytes, counted
  * under ZS_MEM_OTHER: the estimator's figure for it. */
 #define ZS__COMM_LOG_BYTES ((size_t)8192 * 40)
-/* The shared-memory segment of host collectives (comm_shm.h): per rank a
- * control page and a slot of two halves; each rank accounts its own part
- * (ZS__SHM_RANK_BYTES, under comm_segment): the estimator's figure too. */
+/* The shared-memory segments of host collectives (comm_shm.h), one per
+ * lane of the MPI backend (its collectives, and its exchanges, pair up
+ * independently): per rank a control page and a slot of two halves; each
+ * rank accounts its own parts (ZS__SHM_LANES x ZS__SHM_RANK_BYTES, under
+ * comm_segment): the estimator's figure too. */
+#define ZS__SHM_LANES 2
 #define ZS__SHM_HALF_BYTES ((size_t)1 << 20)
 #define ZS__SHM_CTRL_BYTES ((size_t)4096)
 #define ZS__SHM_RANK_BYTES (ZS__SHM_CTRL_BYTES + 2 * ZS__SHM_HALF_BYTES)

@@ -246,7 +246,8 @@ static zs_status zs__estimate_total(zs_memory_estimate* out,
   /* every context's communication log (context.c), on every rank */
   out->bytes[ZS_MEM_OTHER] += ZS__COMM_LOG_BYTES;
   /* this rank's part of the host collectives' segment (comm_shm.h) */
-  if (c->host_shm) out->bytes[ZS_MEM_COMM_SEGMENT] += ZS__SHM_RANK_BYTES;
+  if (c->host_shm)
+    out->bytes[ZS_MEM_COMM_SEGMENT] += ZS__SHM_LANES * ZS__SHM_RANK_BYTES;
   if (c->device == ZS_DEVICE_CUDA) {
     /* The optimizer steps on the host while parameters and gradients stay
      * in device memory: two slots of page-locked staging, each the largest

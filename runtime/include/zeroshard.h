@@ -388,6 +388,10 @@ typedef struct zs_config {
                                0: off; default 30 (docs/running.md) */
   zs_host_collectives host_collectives; /* host-memory collectives among
                                the ranks of one host; default AUTO */
+  int reserved_0_3;         /* 0; ends 0.3's struct on 8 bytes, so that a
+                               later release's appended field never lands
+                               in padding (struct_size tells releases
+                               apart) */
   /* Appended fields go here, newest last (rule 1). */
 } zs_config;
 
@@ -408,7 +412,7 @@ typedef struct zs_config {
         ZS_OFFLOAD_UNSET,                                                   \
         {NULL, ZS_UNSET_SIZE, ZS_UNSET_SIZE, ZS_UNSET_SIZE, ZS_UNSET_INT,   \
          ZS_AIO_UNSET, ZS_UNSET_SIZE, ZS_UNSET_SIZE, ZS_UNSET_SIZE},        \
-        ZS_UNSET_SIZE, ZS_UNSET_DOUBLE, ZS_HOST_COLLECTIVES_UNSET           \
+        ZS_UNSET_SIZE, ZS_UNSET_DOUBLE, ZS_HOST_COLLECTIVES_UNSET, 0        \
   }
 
 /* Fills *config with the library's defaults (readable), struct_size and

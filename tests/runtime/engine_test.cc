@@ -69,7 +69,7 @@ class EngineTest : public ZsMpiTest {
   static size_t ContextBytes(zs_context* ctx) {
     return ZS__COMM_LOG_CAP * sizeof(zs__comm_log_entry) +
            (zs_context_config(ctx)->host_collectives == ZS_HOST_COLLECTIVES_SHM
-                ? ZS__SHM_RANK_BYTES
+                ? ZS__SHM_LANES * ZS__SHM_RANK_BYTES
                 : 0);
   }
   static bool Contains(const std::string& s, const std::string& part) {

@@ -125,9 +125,10 @@ TEST(Estimate, ReproducesTheZeroPaperFigureOne) {
     EXPECT_EQ(std::string(buf), printed[stage]) << "stage " << stage;
     // nothing else without a model but what every context holds: its
     // log, and (64 ranks on one host: shared-memory host collectives) its
-    // part of the segment, a control page and two 1 MiB halves
+    // part of the two lanes' segments, each a control page and two 1 MiB
+    // halves
     EXPECT_EQ(e.bytes[ZS_MEM_OTHER], other);
-    EXPECT_EQ(e.bytes[ZS_MEM_COMM_SEGMENT], 4096u + 2 * (1u << 20));
+    EXPECT_EQ(e.bytes[ZS_MEM_COMM_SEGMENT], 2 * (4096u + 2 * (1u << 20)));
     EXPECT_EQ(e.total, e.model_state_bytes + other +
                            e.bytes[ZS_MEM_COMM_SEGMENT]);
   }
@@ -214,6 +215,8 @@ TEST(Estimate, ReductionBuffersCountATieOwnerAccumulating) {
       {"name": "c", "tensors": [{"name": "y", "numel": 480}]},
       {"name": "d", "tensors": [{"name": "v", "numel": 160}]}]})";
   Est c;
+  // MPI's host collectives: reduce-scatters hold bucket temporaries
+  c.cfg.host_collectives = ZS_HOST_COLLECTIVES_MPI;
   c.in.ranks = 2;  // (one rank reduces one unit at a time: below)
   c.cfg.stage = 2;
   zs_memory_estimate e{};
@@ -224,6 +227,21 @@ TEST(Estimate, ReductionBuffersCountATieOwnerAccumulating) {
   c.cfg.stage = 1;  // the gradients accumulate in place: temporaries only
   ASSERT_EQ(Model(model, &c, &e), ZS_OK);
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], (1600u + 800u) * 4);
+  // The shared-memory segment's reduce-scatter sums as it reads: no
+  // temporaries, the segment instead (a rank's part)
+  c.cfg.host_collectives = ZS_HOST_COLLECTIVES_AUTO;
+  c.cfg.stage = 2;
+  ASSERT_EQ(Model(model, &c, &e), ZS_OK);
+  EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], (1600u + 800u + 480u + 160u) * 4);
+  EXPECT_EQ(e.bytes[ZS_MEM_COMM_SEGMENT], 2 * (4096u + 2 * (1u << 20)));
+  c.cfg.stage = 1;
+  ASSERT_EQ(Model(model, &c, &e), ZS_OK);
+  EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], 0u);
+  c.cfg.reduce_order = ZS_REDUCE_BACKEND;  // packs the bucket: temporaries
+  ASSERT_EQ(Model(model, &c, &e), ZS_OK);
+  EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], (1600u + 800u) * 4);
+  c.cfg.reduce_order = ZS_REDUCE_FIXED;
+  c.cfg.host_collectives = ZS_HOST_COLLECTIVES_MPI;
   // One rank: a reduction is a local copy, finished before the next unit
   // accumulates: the owner all along and the largest unit reducing.
   c.in.ranks = 1;
@@ -257,6 +275,8 @@ TEST(Estimate, ReductionBuffersWithGradUsesAndMicroBatches) {
       {"name": "c", "tensors": [{"name": "y", "numel": 480}]},
       {"name": "d", "tensors": [{"name": "v", "numel": 160}]}]})";
   Est c;
+  // MPI's host collectives: reduce-scatters hold bucket temporaries
+  c.cfg.host_collectives = ZS_HOST_COLLECTIVES_MPI;
   c.in.ranks = 2;
   c.cfg.stage = 2;
   zs_memory_estimate e{};
@@ -285,6 +305,7 @@ TEST(Estimate, ReductionBuffersWithGradUsesAndMicroBatches) {
   EXPECT_EQ(e.bytes[ZS_MEM_COMM_BUFFERS], ((1600u + 1600u) + (800u + 800u) + 240u) * 4);
   // a count with --largest-layer: 20 units of 4e8 at 8 ranks (s = 5e7)
   Est p;
+  p.cfg.host_collectives = ZS_HOST_COLLECTIVES_MPI;
   p.in.ranks = 8;
   p.cfg.stage = 3;
   p.in.param_dtype = ZS_BFLOAT16;
@@ -306,6 +327,8 @@ TEST(Estimate, ReductionBuffersWithGradUsesAndMicroBatches) {
 // memory; with parameter offload at stage 3 the parameter shards too.
 TEST(Estimate, OffloadMovesStatesToTheHost) {
   Est c;
+  // MPI's host collectives: reduce-scatters hold bucket temporaries
+  c.cfg.host_collectives = ZS_HOST_COLLECTIVES_MPI;
   c.in.ranks = 8;
   c.cfg.stage = 2;
   c.in.param_dtype = ZS_BFLOAT16;
@@ -339,6 +362,8 @@ TEST(Estimate, OffloadMovesStatesToTheHost) {
 // place: none.
 TEST(Estimate, CudaOffloadStagesTheLargestSpan) {
   Est c;
+  // MPI's host collectives: reduce-scatters hold bucket temporaries
+  c.cfg.host_collectives = ZS_HOST_COLLECTIVES_MPI;
   c.in.ranks = 8;
   c.cfg.stage = 3;
   c.in.param_dtype = ZS_BFLOAT16;
@@ -378,6 +403,8 @@ TEST(Estimate, CudaOffloadStagesTheLargestSpan) {
 // GPU, the three gathered units' shards copied to the device.
 TEST(Estimate, LargestLayerGivesTheWorkingSetAndReductionBuffers) {
   Est c;
+  // MPI's host collectives: reduce-scatters hold bucket temporaries
+  c.cfg.host_collectives = ZS_HOST_COLLECTIVES_MPI;
   c.in.ranks = 8;
   c.cfg.stage = 3;
   c.in.param_dtype = ZS_BFLOAT16;

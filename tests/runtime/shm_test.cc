@@ -102,7 +102,7 @@ TEST_F(ShmTest, ReduceScatterIsBitwiseTheMpiPath) {
   Comm shm(ZS_HOST_COLLECTIVES_SHM), mpi(ZS_HOST_COLLECTIVES_MPI);
   ASSERT_EQ(shm.st, ZS_OK) << zs_last_error();
   ASSERT_EQ(mpi.st, ZS_OK) << zs_last_error();
-  EXPECT_EQ(shm.segment, world_ > 1 ? ZS__SHM_RANK_BYTES : 0u);
+  EXPECT_EQ(shm.segment, world_ > 1 ? ZS__SHM_LANES * ZS__SHM_RANK_BYTES : 0u);
   const size_t W = (size_t)world_;
   // one element; uneven; one round; several rounds (a round carries
   // ZS__SHM_HALF_BYTES / (W * 4) fp32 elements per rank)
@@ -303,7 +303,7 @@ TEST_F(ShmTest, AutoPicksSharedMemoryAndAccountsForIt) {
       << zs_last_error();
   EXPECT_EQ(ms.current[ZS_MEM_COMM_SEGMENT], est.bytes[ZS_MEM_COMM_SEGMENT]);
   EXPECT_EQ(ms.current[ZS_MEM_COMM_SEGMENT],
-            world_ > 1 ? ZS__SHM_RANK_BYTES : 0u);
+            world_ > 1 ? ZS__SHM_LANES * ZS__SHM_RANK_BYTES : 0u);
   zs_context_destroy(ctx);
   // forced MPI: no segment, and the estimator knows
   ASSERT_EQ(CreateContext(ZS_HOST_COLLECTIVES_MPI, &ctx), ZS_OK);

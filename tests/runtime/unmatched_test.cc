@@ -98,9 +98,14 @@ TEST_F(UnmatchedTest, OneRankSkippingAUnitIsDiscardedOrEndsTheContext) {
     EXPECT_NE(step, ZS_OK) << why;
   }
   // every later call says the context is over at once, the discard the old
-  // message sent callers to included
+  // message sent callers to included (on MPI the truncated all-gather
+  // failed the communicator: "cannot be used any more"; on the
+  // shared-memory segment, where the units' equal sizes let the gathers
+  // pair up, the step's check found the sequences differ and the discard
+  // cannot line them up again: "cannot go on")
   EXPECT_NE(zs_step_discard(m, nullptr), ZS_OK);
-  EXPECT_TRUE(Contains(zs_last_error(), "cannot be used any more"))
+  EXPECT_TRUE(Contains(zs_last_error(), "cannot be used any more") ||
+              Contains(zs_last_error(), "the context cannot go on"))
       << zs_last_error();
   zs_model_destroy(m);
   zs_context_destroy(ctx);
