@@ -15,9 +15,10 @@
  *            (nccl-tests' bus bytes: (W-1)/W of the size, twice that for
  *            the all-reduce) from one private buffer to another: the
  *            memory system's bound on this machine, now.
- * Each repetition (--reps, default 5) runs the three back to back, in an
+ * Each repetition (--reps, default 7) runs the three back to back, in an
  * order that rotates per repetition; a contender's time is the slowest
- * rank's mean over the repetition's iterations. The table (nccl-tests'
+ * rank's mean over the repetition's iterations (as many as move about
+ * 256 MiB, at least one). The table (nccl-tests'
  * columns: size, count, type, redop, time in us, algbw and busbw in GB/s)
  * shows medians; the ratios zs/mpi and zs/memcpy (busbw) are medians of
  * the per-repetition ratios, with their range. Results are checked
@@ -166,7 +167,7 @@ int main(int argc, char** argv) {
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &world_);
-  int reps = 5;
+  int reps = 7;
   size_t min_size = 1024, max_size = (size_t)256 << 20;
   zs_host_collectives mode = ZS_HOST_COLLECTIVES_SHM;
   for (int i = 1; i < argc; i++) {
@@ -267,8 +268,8 @@ int main(int argc, char** argv) {
           world_);
       b.copy_bytes = (size_t)((double)bytes * factor);
       long wrong = check(&b, k, ZS);
-      /* iterations: about 64 MiB of data per timing, at least 1 */
-      int iters = (int)(((size_t)64 << 20) / bytes);
+      /* iterations: about 256 MiB of data per timing, at least 1 */
+      int iters = (int)(((size_t)256 << 20) / bytes);
       if (iters < 1) iters = 1;
       if (iters > 200) iters = 200;
       for (int w = 0; w < NWHO; w++) (void)timed(&b, k, w, 1); /* warm */

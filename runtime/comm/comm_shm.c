@@ -327,74 +327,81 @@ static void zs__shm_write(zs__shm* s, const zs__shm_op* op, size_t at,
   }
 }
 
-static zs_status zs__shm_read(zs__shm* s, const zs__shm_op* op, size_t at,
-                              size_t len, uint32_t round) {
+/* Whether rank r's piece of a round is copied as soon as r wrote it
+ * (all-gathers, exchanges, broadcasts), rather than summed once every rank
+ * wrote (reduce-scatters, all-reduces: in rank order). */
+static int zs__shm_copies(zs__shm_kind k) {
+  return k != ZS__SHM_REDUCE_SCATTER && k != ZS__SHM_ALL_REDUCE;
+}
+
+/* Copies what this rank takes from rank r's piece of a round. */
+static void zs__shm_copy_from(zs__shm* s, const zs__shm_op* op, size_t at,
+                              size_t len, uint32_t round, int r) {
+  const zs__shm_args* a = &op->a;
+  const int me = s->rank;
+  const size_t e = zs_dtype_size(a->dtype);
+  char* recv = (char*)a->recv;
+  const char* half = zs__shm_half(s, r, round);
+  switch (a->kind) {
+    case ZS__SHM_ALL_GATHER:
+      if (r == me && a->send == NULL) return;
+      zs__shm_out(op, recv + ((size_t)r * a->count + at) * e, half, len * e);
+      return;
+    case ZS__SHM_ALL_GATHER_STRIDED:
+      if (r != me)
+        zs__shm_out(op, recv + ((size_t)r * a->stride + a->offset + at) * e,
+                    half, len * e);
+      return;
+    case ZS__SHM_EXCHANGE:
+      zs__shm_out(op, recv + ((size_t)r * a->count + at) * e,
+                  r == me ? (const char*)a->send + (op->offsets[me] + at) * e
+                          : half + (size_t)me * zs__shm_piece(s, a) * e,
+                  len * e);
+      return;
+    case ZS__SHM_BROADCAST:
+      if (r == a->root && me != a->root)
+        zs__shm_out(op, recv + at * e, half, len * e);
+      return;
+    default:
+      return;
+  }
+}
+
+/* Sums a round's pieces (every rank wrote it), in rank order. */
+static zs_status zs__shm_sum(zs__shm* s, const zs__shm_op* op, size_t at,
+                             size_t len, uint32_t round) {
   const zs__shm_args* a = &op->a;
   const int W = s->world, me = s->rank;
   const size_t e = zs_dtype_size(a->dtype);
   char* recv = (char*)a->recv;
   const void* src[256];
-  switch (a->kind) {
-    case ZS__SHM_ALL_GATHER:
-      for (int r = 0; r < W; r++) {
-        if (r == me && a->send == NULL) continue;
-        zs__shm_out(op, recv + ((size_t)r * a->count + at) * e,
-               r == me ? (const char*)a->send + at * e
-                       : zs__shm_half(s, r, round),
-               len * e);
-      }
-      return ZS_OK;
-    case ZS__SHM_ALL_GATHER_STRIDED:
-      for (int r = 0; r < W; r++)
-        if (r != me)
-          zs__shm_out(op, recv + ((size_t)r * a->stride + a->offset + at) * e,
-                 zs__shm_half(s, r, round), len * e);
-      return ZS_OK;
-    case ZS__SHM_EXCHANGE: {
-      const size_t piece = zs__shm_piece(s, a);
-      for (int r = 0; r < W; r++)
-        zs__shm_out(op, recv + ((size_t)r * a->count + at) * e,
-               r == me ? (const char*)a->send + (op->offsets[me] + at) * e
-                       : zs__shm_half(s, r, round) + (size_t)me * piece * e,
-               len * e);
-      return ZS_OK;
-    }
-    case ZS__SHM_REDUCE_SCATTER: {
-      const size_t piece = zs__shm_piece(s, a);
-      for (int r = 0; r < W; r++)
-        src[r] = r == me ? (const char*)a->send + (op->offsets[me] + at) * e
-                         : zs__shm_half(s, r, round) + (size_t)me * piece * e;
-      if (!op->stream)
-        return zs__host_sum_ranks(recv + at * e, src, W, len, a->divisor,
-                                  a->dtype);
-      /* a large output: summed where this rank's own piece would be in
-       * its slot (it never writes it there), which the cache holds, then
-       * streamed out */
-      char* sum = zs__shm_half(s, me, round) + (size_t)me * piece * e;
-      zs_status st = zs__host_sum_ranks(sum, src, W, len, a->divisor,
-                                        a->dtype);
-      if (st == ZS_OK) zs__shm_out(op, recv + at * e, sum, len * e);
-      return st;
-    }
-    case ZS__SHM_ALL_REDUCE: {
-      /* this rank's slice of the piece, summed in rank order into its
-       * output, then published in its own slot (zs__shm_run) */
-      const size_t lo = len * (size_t)me / (size_t)W,
-                   hi = len * (size_t)(me + 1) / (size_t)W;
-      for (int r = 0; r < W; r++) src[r] = zs__shm_half(s, r, round) + lo * e;
-      zs_status st = zs__shm_combine(recv + (at + lo) * e, src, W, hi - lo,
-                                     a->dtype, a->op);
-      if (st == ZS_OK)
-        memcpy(zs__shm_half(s, me, round) + lo * e, recv + (at + lo) * e,
-               (hi - lo) * e);
-      return st;
-    }
-    case ZS__SHM_BROADCAST:
-      if (me != a->root)
-        zs__shm_out(op, recv + at * e, zs__shm_half(s, a->root, round), len * e);
-      return ZS_OK;
+  if (a->kind == ZS__SHM_REDUCE_SCATTER) {
+    const size_t piece = zs__shm_piece(s, a);
+    for (int r = 0; r < W; r++)
+      src[r] = r == me ? (const char*)a->send + (op->offsets[me] + at) * e
+                       : zs__shm_half(s, r, round) + (size_t)me * piece * e;
+    if (!op->stream)
+      return zs__host_sum_ranks(recv + at * e, src, W, len, a->divisor,
+                                a->dtype);
+    /* a large output: summed where this rank's own piece would be in its
+     * slot (it never writes it there), which the cache holds, then
+     * streamed out */
+    char* sum = zs__shm_half(s, me, round) + (size_t)me * piece * e;
+    zs_status st = zs__host_sum_ranks(sum, src, W, len, a->divisor, a->dtype);
+    if (st == ZS_OK) zs__shm_out(op, recv + at * e, sum, len * e);
+    return st;
   }
-  return ZS_OK;
+  /* all-reduce: this rank's slice of the piece, summed in rank order into
+   * its output, then published in its own slot (zs__shm_run) */
+  const size_t lo = len * (size_t)me / (size_t)W,
+               hi = len * (size_t)(me + 1) / (size_t)W;
+  for (int r = 0; r < W; r++) src[r] = zs__shm_half(s, r, round) + lo * e;
+  zs_status st = zs__shm_combine(recv + (at + lo) * e, src, W, hi - lo,
+                                 a->dtype, a->op);
+  if (st == ZS_OK)
+    memcpy(zs__shm_half(s, me, round) + lo * e, recv + (at + lo) * e,
+           (hi - lo) * e);
+  return st;
 }
 
 static void zs__shm_run(zs__shm* s, zs__shm_op* op) {
@@ -414,7 +421,10 @@ static void zs__shm_run(zs__shm* s, zs__shm_op* op) {
     zs__shm_write(s, op, at, len, zs__shm_half(s, s->rank, g));
     mine->desc[g & 1] = desc;
     zs__shm_publish(&mine->written, g);
-    for (int r = 0; r < s->world; r++) {
+    /* each peer's piece as soon as it is there (others first, own last) */
+    const int copies = zs__shm_copies(a->kind);
+    for (int k = 1; k <= s->world; k++) {
+      const int r = (s->rank + k) % s->world;
       zs__shm_ctrl* peer = zs__shm_ctrl_of(s, r);
       if (zs__shm_wait(s, op, r, &peer->written, g, "write its piece") !=
           ZS_OK)
@@ -431,8 +441,9 @@ static void zs__shm_run(zs__shm* s, zs__shm_op* op) {
                  "collectives)", t0, r, t1);
         return;
       }
+      if (copies) zs__shm_copy_from(s, op, at, len, g, r);
     }
-    zs_status st = zs__shm_read(s, op, at, len, g);
+    zs_status st = copies ? ZS_OK : zs__shm_sum(s, op, at, len, g);
     if (st == ZS_OK && a->kind == ZS__SHM_ALL_REDUCE) {
       /* (a reduce-scatter, then an all-gather of the slices: each
        * element still summed in rank order, by one rank) */
