@@ -25,9 +25,22 @@ def zs_mpi_test(name, srcs, deps = [], ranks = [1, 2, 3, 4], size = "medium", ta
         data = data,
         **kwargs
     )
+    native.test_suite(name = name, tests = _runs(name, "", ranks, size, tags, env, data), tags = tags)
+    if mpi_host_collectives:
+        mpi_env = dict(env)
+        mpi_env["ZS_HOST_COLLECTIVES"] = "mpi"
+        mpi_tags = tags + ["zs_long"]
+        native.test_suite(
+            name = name + "_mpi",
+            tests = _runs(name, "_mpi", [n for n in ranks if n > 1], size, mpi_tags, mpi_env, data),
+            tags = mpi_tags,
+        )
+
+def _runs(name, suffix, ranks, size, tags, env, data):
+    """One sh_test NAME{suffix}_npN per world size N; returns their labels."""
     tests = []
     for n in ranks:
-        test_name = "%s_np%d" % (name, n)
+        test_name = "%s%s_np%d" % (name, suffix, n)
         native.sh_test(
             name = test_name,
             size = size,
@@ -38,24 +51,4 @@ def zs_mpi_test(name, srcs, deps = [], ranks = [1, 2, 3, 4], size = "medium", ta
             env = env,
         )
         tests.append(":" + test_name)
-    native.test_suite(name = name, tests = tests, tags = tags)
-    if not mpi_host_collectives:
-        return
-    mpi_tests = []
-    mpi_env = dict(env)
-    mpi_env["ZS_HOST_COLLECTIVES"] = "mpi"
-    for n in ranks:
-        if n == 1:
-            continue
-        test_name = "%s_mpi_np%d" % (name, n)
-        native.sh_test(
-            name = test_name,
-            size = size,
-            srcs = ["//tests/testing:run_mpi.sh"],
-            args = [str(n), "$(location :%s_bin)" % name],
-            data = [":" + name + "_bin"] + data,
-            tags = tags + ["mpi", "exclusive", "zs_long"],
-            env = mpi_env,
-        )
-        mpi_tests.append(":" + test_name)
-    native.test_suite(name = name + "_mpi", tests = mpi_tests, tags = tags + ["zs_long"])
+    return tests

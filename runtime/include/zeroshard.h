@@ -387,7 +387,9 @@ typedef struct zs_config {
                                others' waits with ZS_ERR_REMOTE naming it;
                                0: off; default 30 (docs/running.md) */
   zs_host_collectives host_collectives; /* host-memory collectives among
-                               the ranks of one host; default AUTO */
+                               the ranks of one host; default AUTO;
+                               zs_context_config gives what AUTO picked
+                               (SHM or MPI) */
   int reserved_0_3;         /* 0; ends 0.3's struct on 8 bytes, so that a
                                later release's appended field never lands
                                in padding (struct_size tells releases

@@ -9,8 +9,10 @@
 //    (and max for integers);
 //  - ranks that issue different collectives fail with ZS_ERR_MISMATCH
 //    naming both, at once, instead of mixing data;
-//  - a segment that cannot be made: AUTO falls back to MPI (zs_context_
-//    config says so), SHM fails on every rank naming the path;
+//  - a segment that cannot be made (a directory that does not exist; a
+//    full tmpfs, run by shm_full_test.sh): AUTO falls back to MPI
+//    (zs_context_config says so) and trains, SHM fails on every rank
+//    naming the path and the error;
 //  - the choice and the accounting: AUTO picks shm with more than one
 //    rank, and comm_segment holds what the estimator says;
 //  - training at stages 0-3, fp32 and bf16 with loss scaling, clipping and
@@ -343,6 +345,35 @@ TEST_F(ShmTest, ASegmentThatCannotBeMadeFallsBackOrFails) {
               Contains(err, "No such file or directory"))
       << err;
   if (getenv("ZS_TEST_PRINT")) printf("rank %d: %s\n", rank_, err.c_str());
+  unsetenv("ZS_SHM_DIR");
+}
+
+// Run by shm_full_test.sh, with ZS_TEST_SHM_FULL_DIR a 1 MiB tmpfs: the
+// segments do not fit. AUTO falls back to MPI and trains; SHM fails on
+// every rank naming the path and the error.
+TEST_F(ShmTest, AFullFileSystemFallsBackOrFails) {
+  const char* dir = getenv("ZS_TEST_SHM_FULL_DIR");
+  if (dir == nullptr || world_ < 2)
+    GTEST_SKIP() << "run by shm_full_test.sh (a full tmpfs, 2+ ranks)";
+  setenv("ZS_SHM_DIR", dir, 1);
+  zs_context* ctx = nullptr;
+  ASSERT_EQ(CreateContext(ZS_HOST_COLLECTIVES_AUTO, &ctx), ZS_OK)
+      << zs_last_error();
+  EXPECT_EQ(zs_context_config(ctx)->host_collectives, ZS_HOST_COLLECTIVES_MPI);
+  zs_context_destroy(ctx);
+  TrainConfig cfg;
+  cfg.stage = 3;
+  cfg.steps = 3;
+  auto m = zstest::MakeTransformer();
+  TrainResult r = zstest::TrainSharded(*m, cfg);
+  EXPECT_EQ(r.status, ZS_OK) << r.error;
+  zs_status st = CreateContext(ZS_HOST_COLLECTIVES_SHM, &ctx);
+  EXPECT_EQ(st, ZS_ERR_IO);
+  EXPECT_EQ(ctx, nullptr);
+  const std::string err = zs_last_error();
+  EXPECT_TRUE(Contains(err, dir) && Contains(err, "No space left on device") &&
+              Contains(err, "ZS_SHM_DIR"))
+      << err;
   unsetenv("ZS_SHM_DIR");
 }
 
