@@ -10,6 +10,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,6 +95,11 @@ static const char* zs__shm_kind_name(int kind) {
 
 /* ---- Futex waits on the shared counters -------------------------------- */
 
+/* Yields of a wait before it sleeps on the futex. */
+#ifndef ZS__SHM_YIELDS
+#define ZS__SHM_YIELDS 200
+#endif
+
 static void zs__shm_wake(uint32_t* addr) {
   syscall(SYS_futex, addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
@@ -121,6 +127,12 @@ static zs_status zs__shm_wait(zs__shm* s, zs__shm_op* op, int r,
     if (zs__shm_reached(v, target)) return ZS_OK;
     if (spins < 64) {
       __builtin_ia32_pause();
+      continue;
+    }
+    /* then give the core to whoever may be about to write it (ranks may
+     * outnumber the cores), for a while, before sleeping */
+    if (spins < 64 + ZS__SHM_YIELDS) {
+      sched_yield();
       continue;
     }
     if (__atomic_load_n(&s->abort, __ATOMIC_ACQUIRE)) {
@@ -646,6 +658,11 @@ int zs__shm_done(const zs__shm_op* op) {
 }
 
 void zs__shm_idle(const zs__shm_op* op, double max_s) {
+  /* (yield first: a small collective completes within a few) */
+  for (int i = 0; i < 16; i++) {
+    if (__atomic_load_n(&op->done, __ATOMIC_ACQUIRE)) return;
+    sched_yield();
+  }
   if (__atomic_load_n(&op->done, __ATOMIC_ACQUIRE)) return;
   struct timespec ts = {(time_t)max_s,
                         (long)((max_s - (double)(time_t)max_s) * 1e9)};
