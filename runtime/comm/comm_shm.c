@@ -54,7 +54,7 @@ struct zs__shm_op {
 
 struct zs__shm {
   int rank, world;
-  int fd;
+  int fd;              /* while opening; -1 after (the mapping stays) */
   char* base;          /* the mapping */
   size_t bytes;
   uint32_t round;      /* rounds completed (the same on every rank) */
@@ -95,6 +95,15 @@ static const char* zs__shm_kind_name(int kind) {
 
 /* ---- Futex waits on the shared counters -------------------------------- */
 
+/* A spin-wait hint to the core (x86 PAUSE, Arm YIELD). */
+static inline void zs__shm_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__) || defined(__arm__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
 /* Yields of a wait before it sleeps on the futex. */
 #ifndef ZS__SHM_YIELDS
 #define ZS__SHM_YIELDS 200
@@ -114,6 +123,15 @@ static int zs__shm_reached(uint32_t v, uint32_t target) {
   return (int32_t)(v - target) >= 0;
 }
 
+/* "rank R (host H, pid P)", as the heartbeats name a rank. */
+static void zs__shm_peer_name(const zs__shm_ctrl* peer, int r, char* buf,
+                              size_t cap) {
+  char host[sizeof peer->host];
+  memcpy(host, peer->host, sizeof host);
+  host[sizeof host - 1] = '\0';
+  snprintf(buf, cap, "rank %d (host %s, pid %d)", r, host, (int)peer->pid);
+}
+
 /* Waits until rank r's counter at `field` reaches target. Fails (setting
  * op's status) when this rank aborts, r gave up or left without reaching
  * it, or r's process is gone. */
@@ -126,7 +144,7 @@ static zs_status zs__shm_wait(zs__shm* s, zs__shm_op* op, int r,
     uint32_t v = __atomic_load_n(field, __ATOMIC_ACQUIRE);
     if (zs__shm_reached(v, target)) return ZS_OK;
     if (spins < 64) {
-      __builtin_ia32_pause();
+      zs__shm_cpu_relax();
       continue;
     }
     /* then give the core to whoever may be about to write it (ranks may
@@ -150,39 +168,32 @@ static zs_status zs__shm_wait(zs__shm* s, zs__shm_op* op, int r,
       /* (its last counters may have come with its departure) */
       v = __atomic_load_n(field, __ATOMIC_ACQUIRE);
       if (zs__shm_reached(v, target)) return ZS_OK;
-      char why[256];
+      char why[sizeof peer->why], name[128];
       memcpy(why, peer->why, sizeof why);
       why[sizeof why - 1] = '\0';
+      zs__shm_peer_name(peer, r, name, sizeof name);
       op->status = ZS_ERR_REMOTE;
-      char host[64];
-      memcpy(host, peer->host, sizeof host);
-      host[sizeof host - 1] = '\0';
       if (gone == 1)
         snprintf(op->why, sizeof op->why,
-                 "rank %d (host %s, pid %d) left the context "
-                 "(zs_context_destroy) while this rank waited for it to %s "
-                 "in a shared-memory %s, so it joins no collective any "
-                 "more: the ranks' calls differ (one ended early)",
-                 r, host, (int)peer->pid, what,
-                 zs__shm_kind_name(op->a.kind));
+                 "%s left the context (zs_context_destroy) while this rank "
+                 "waited for it to %s in a shared-memory %s, so it joins no "
+                 "collective any more: the ranks' calls differ (one ended "
+                 "early)", name, what, zs__shm_kind_name(op->a.kind));
       else
-        snprintf(op->why, sizeof op->why,
-                 "rank %d (host %s, pid %d) gave up a shared-memory %s: %s",
-                 r, host, (int)peer->pid, zs__shm_kind_name(op->a.kind), why);
+        snprintf(op->why, sizeof op->why, "%s gave up a shared-memory %s: %s",
+                 name, zs__shm_kind_name(op->a.kind), why);
       return op->status;
     }
     if (s->check_pids && now - last_pid_check > 0.25) {
       last_pid_check = now;
       if (kill((pid_t)peer->pid, 0) != 0 && errno == ESRCH) {
-        char host[64];
-        memcpy(host, peer->host, sizeof host);
-        host[sizeof host - 1] = '\0';
+        char name[128];
+        zs__shm_peer_name(peer, r, name, sizeof name);
         op->status = ZS_ERR_REMOTE;
         snprintf(op->why, sizeof op->why,
-                 "rank %d (host %s, pid %d) is gone: its process ended "
-                 "while this rank waited for it to %s in a shared-memory %s",
-                 r, host, (int)peer->pid, what,
-                 zs__shm_kind_name(op->a.kind));
+                 "%s is gone: its process ended while this rank waited for "
+                 "it to %s in a shared-memory %s",
+                 name, what, zs__shm_kind_name(op->a.kind));
         return op->status;
       }
     }
@@ -536,8 +547,9 @@ zs_status zs__shm_open(const char* path, int create, int rank, int world,
   s->rank = rank;
   s->world = world;
   s->bytes = zs__shm_segment_bytes(world);
-  s->fd = open(path, create ? O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC
-                            : O_RDWR | O_CLOEXEC, 0600);
+  s->fd = open(path,
+               O_RDWR | O_CLOEXEC | O_NOFOLLOW | (create ? O_CREAT | O_EXCL : 0),
+               0600);
   zs_status st = ZS_OK;
   if (s->fd < 0) {
     st = zs__error(ZS_ERR_IO, "shared-memory segment %s: %s: %s", path,
@@ -554,6 +566,13 @@ zs_status zs__shm_open(const char* path, int create, int rank, int world,
       unlink(path);
     }
   }
+  if (st == ZS_OK) { /* (a mapping past the file's end would be SIGBUS) */
+    off_t size = lseek(s->fd, 0, SEEK_END);
+    if (size < (off_t)s->bytes)
+      st = zs__error(ZS_ERR_IO, "shared-memory segment %s: %lld bytes, "
+                     "expected %zu (made for another world size?)", path,
+                     (long long)size, s->bytes);
+  }
   if (st == ZS_OK) {
     void* p = mmap(NULL, s->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd,
                    0);
@@ -563,13 +582,8 @@ zs_status zs__shm_open(const char* path, int create, int rank, int world,
     else
       s->base = (char*)p;
   }
-  if (st == ZS_OK) {
-    off_t size = lseek(s->fd, 0, SEEK_END);
-    if (size < (off_t)s->bytes)
-      st = zs__error(ZS_ERR_IO, "shared-memory segment %s: %lld bytes, "
-                     "expected %zu (made for another world size?)", path,
-                     (long long)size, s->bytes);
-  }
+  if (s->fd >= 0) close(s->fd); /* (the mapping stays) */
+  s->fd = -1;
   if (st == ZS_OK) {
     zs__shm_ctrl* mine = zs__shm_ctrl_of(s, rank);
     mine->pid = (int32_t)getpid();
@@ -589,7 +603,6 @@ zs_status zs__shm_open(const char* path, int create, int rank, int world,
   }
   if (st != ZS_OK) {
     if (s->base != NULL) munmap(s->base, s->bytes);
-    if (s->fd >= 0) close(s->fd);
     free(s);
     return st;
   }
@@ -708,6 +721,5 @@ void zs__shm_destroy(zs__shm* s) {
   pthread_mutex_destroy(&s->lock);
   pthread_cond_destroy(&s->cond);
   munmap(s->base, s->bytes);
-  close(s->fd);
   free(s);
 }
