@@ -822,6 +822,7 @@ static int zs__mpi_alive(const zs__comm* c) {
 
 /* Collectives and point-to-point operations pair up independently. */
 static int zs__mpi_lane(zs__comm* c, zs__call call, const void* buf) {
+  (void)c;
   (void)buf;
   /* (with shared memory the same: each lane has a segment and a worker of
    * its own) */
@@ -948,7 +949,8 @@ zs_status zs__comm_mpi_host_collectives(zs__comm* mpi,
   }
   MPI_Comm comm = impl->comm;
   /* rank 0 names and makes a segment per lane; the others attach */
-  char path[ZS__SHM_LANES][256];
+  char path[ZS__SHM_LANES][PATH_MAX];
+  int made_here[ZS__SHM_LANES] = {0}; /* rank 0: files to remove */
   memset(path, 0, sizeof path);
   zs__shm* shm[ZS__SHM_LANES] = {NULL};
   zs_status st = ZS_OK;
@@ -957,14 +959,26 @@ zs_status zs__comm_mpi_host_collectives(zs__comm* mpi,
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     for (int l = 0; st == ZS_OK && l < ZS__SHM_LANES; l++) {
-      snprintf(path[l], sizeof path[l], "%s/zeroshard-%d-%u-%lx-%d",
-               zs__shm_dir(), (int)getpid(), made, (unsigned long)ts.tv_nsec,
-               l);
-      st = zs__shm_open(path[l], 1, 0, mpi->world, &shm[l]);
-      if (st != ZS_OK) path[l][0] = '\0';
+      const int n = snprintf(path[l], sizeof path[l],
+                             "%s/zeroshard-%d-%u-%lx-%d", zs__shm_dir(),
+                             (int)getpid(), made, (unsigned long)ts.tv_nsec,
+                             l);
+      if (n < 0 || (size_t)n >= sizeof path[l])
+        st = zs__error(ZS_ERR_INVALID_ARGUMENT, "shared-memory segment: "
+                       "ZS_SHM_DIR is too long (%zu characters; a path "
+                       "holds at most %d)", strlen(zs__shm_dir()),
+                       PATH_MAX - 1);
+      else
+        st = zs__shm_open(path[l], 1, 0, mpi->world, &shm[l]);
+      made_here[l] = st == ZS_OK;
     }
     made++;
-    if (st != ZS_OK) path[0][0] = '\0'; /* (tells the others) */
+    if (st != ZS_OK) { /* the lanes made are of no use: removed now */
+      for (int l = 0; l < ZS__SHM_LANES; l++)
+        if (made_here[l]) zs__shm_unlink(path[l]);
+      memset(made_here, 0, sizeof made_here);
+      path[0][0] = '\0'; /* (tells the others) */
+    }
   }
   int rc = MPI_Bcast(path, (int)sizeof path, MPI_CHAR, 0, comm);
   if (rc == MPI_SUCCESS && mpi->rank != 0 && path[0][0] != '\0')
@@ -980,8 +994,8 @@ zs_status zs__comm_mpi_host_collectives(zs__comm* mpi,
     rc = MPI_Allreduce(&key, &best, 1, MPI_INT, MPI_MAX, comm);
   if (rc == MPI_SUCCESS && best > 0)
     rc = MPI_Bcast(why, (int)sizeof why, MPI_CHAR, mpi->world - best, comm);
-  for (int l = 0; mpi->rank == 0 && l < ZS__SHM_LANES; l++)
-    if (path[l][0] != '\0') zs__shm_unlink(path[l]);
+  for (int l = 0; l < ZS__SHM_LANES; l++)
+    if (made_here[l]) zs__shm_unlink(path[l]);
   if (rc != MPI_SUCCESS || best > 0)
     for (int l = 0; l < ZS__SHM_LANES; l++) zs__shm_destroy(shm[l]);
   if (rc != MPI_SUCCESS)

@@ -35,6 +35,9 @@ typedef struct zs__shm_ctrl {
   int32_t pid;
   uint32_t gone;    /* 1: left (destroy), 2: gave up (abort) */
   uint64_t desc[2]; /* the collective of the last round per half */
+  uint64_t extra[2]; /* ... its reduction and root */
+  uint64_t pidns;   /* its pid namespace (the inode of /proc/self/ns/pid),
+                       0 if unknown: pids are compared only within one */
   char why[256];    /* why it gave up */
   char host[64];    /* for messages */
 } zs__shm_ctrl;
@@ -57,7 +60,8 @@ struct zs__shm {
   int fd;              /* while opening; -1 after (the mapping stays) */
   char* base;          /* the mapping */
   size_t bytes;
-  uint32_t round;      /* rounds completed (the same on every rank) */
+  uint64_t round;      /* rounds completed (the same on every rank); the
+                          shared counters hold its low 32 bits */
   int check_pids;      /* every rank's pid is visible from here */
   int pids_checked;    /* (looked at the first post) */
   pthread_t worker;
@@ -123,6 +127,21 @@ static int zs__shm_reached(uint32_t v, uint32_t target) {
   return (int32_t)(v - target) >= 0;
 }
 
+/* Whether process pid has ended: it does not exist, or it is a zombie
+ * (its parent, the launcher, has not reaped it yet). */
+static int zs__shm_pid_gone(pid_t pid) {
+  if (kill(pid, 0) != 0) return errno == ESRCH;
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE* f = fopen(path, "r");
+  if (f == NULL) return 0;
+  const size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char* p = strrchr(buf, ')'); /* (the name may hold anything) */
+  return p != NULL && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+}
+
 /* "rank R (host H, pid P)", as the heartbeats name a rank. */
 static void zs__shm_peer_name(const zs__shm_ctrl* peer, int r, char* buf,
                               size_t cap) {
@@ -186,7 +205,7 @@ static zs_status zs__shm_wait(zs__shm* s, zs__shm_op* op, int r,
     }
     if (s->check_pids && now - last_pid_check > 0.25) {
       last_pid_check = now;
-      if (kill((pid_t)peer->pid, 0) != 0 && errno == ESRCH) {
+      if (zs__shm_pid_gone((pid_t)peer->pid)) {
         char name[128];
         zs__shm_peer_name(peer, r, name, sizeof name);
         op->status = ZS_ERR_REMOTE;
@@ -432,17 +451,22 @@ static void zs__shm_run(zs__shm* s, zs__shm_op* op) {
   zs__shm_ctrl* mine = zs__shm_ctrl_of(s, s->rank);
   const size_t piece = zs__shm_piece(s, a);
   const uint64_t desc = zs__shm_desc(a);
+  /* (a broadcast's root and an all-reduce's operation must agree too) */
+  const uint64_t extra =
+      a->kind == ZS__SHM_BROADCAST ? (uint64_t)a->root + 1
+      : a->kind == ZS__SHM_ALL_REDUCE ? ((uint64_t)a->op + 1) << 32 : 0;
   for (size_t at = 0; at < a->count; at += piece) {
     const size_t len = a->count - at < piece ? a->count - at : piece;
-    const uint32_t g = s->round + 1;
+    const uint32_t g = (uint32_t)(s->round + 1);
     /* every rank is done with the half this round overwrites */
-    if (g > 2)
+    if (s->round >= 2)
       for (int r = 0; r < s->world; r++)
         if (zs__shm_wait(s, op, r, &zs__shm_ctrl_of(s, r)->read, g - 2,
                          "finish reading an earlier round") != ZS_OK)
           return;
     zs__shm_write(s, op, at, len, zs__shm_half(s, s->rank, g));
     mine->desc[g & 1] = desc;
+    mine->extra[g & 1] = extra;
     zs__shm_publish(&mine->written, g);
     /* each peer's piece as soon as it is there (others first, own last) */
     const int copies = zs__shm_copies(a->kind);
@@ -453,7 +477,7 @@ static void zs__shm_run(zs__shm* s, zs__shm_op* op) {
           ZS_OK)
         return;
       const uint64_t theirs = peer->desc[g & 1];
-      if (theirs != desc) {
+      if (theirs != desc || peer->extra[g & 1] != extra) {
         char t0[96], t1[96];
         zs__shm_desc_text(desc, t0, sizeof t0);
         zs__shm_desc_text(theirs, t1, sizeof t1);
@@ -489,7 +513,7 @@ static void zs__shm_run(zs__shm* s, zs__shm_op* op) {
       snprintf(op->why, sizeof op->why, "%s", zs__error_body());
       return;
     }
-    s->round = g;
+    s->round++;
     zs__shm_publish(&mine->read, g);
   }
 }
@@ -534,6 +558,16 @@ static void* zs__shm_main(void* arg) {
 }
 
 /* ---- Segment ------------------------------------------------------------ */
+
+/* This process's pid namespace, 0 if unknown. */
+static uint64_t zs__shm_pidns(void) {
+  char link[64];
+  ssize_t n = readlink("/proc/self/ns/pid", link, sizeof link - 1);
+  unsigned long long ino = 0;
+  if (n <= 0) return 0;
+  link[n] = '\0';
+  return sscanf(link, "pid:[%llu]", &ino) == 1 ? (uint64_t)ino : 0;
+}
 
 zs_status zs__shm_open(const char* path, int create, int rank, int world,
                        zs__shm** out) {
@@ -587,6 +621,7 @@ zs_status zs__shm_open(const char* path, int create, int rank, int world,
   if (st == ZS_OK) {
     zs__shm_ctrl* mine = zs__shm_ctrl_of(s, rank);
     mine->pid = (int32_t)getpid();
+    mine->pidns = zs__shm_pidns();
     if (gethostname(mine->host, sizeof mine->host - 1) != 0)
       snprintf(mine->host, sizeof mine->host, "?");
     pthread_mutex_init(&s->lock, NULL);
@@ -612,15 +647,18 @@ zs_status zs__shm_open(const char* path, int create, int rank, int world,
 
 void zs__shm_unlink(const char* path) { unlink(path); }
 
-/* After every rank attached: their pids are checked while waiting only if
- * each is visible from here (not in a pid namespace of its own). */
+/* After every rank attached: their pids mean something here only if every
+ * rank is in this rank's pid namespace (a rank that died since is then
+ * found by its first wait, not taken for one in another namespace). */
 static void zs__shm_check_pids(zs__shm* s) {
-  s->check_pids = 1;
+  const uint64_t mine = zs__shm_ctrl_of(s, s->rank)->pidns;
+  s->check_pids = mine != 0;
   for (int r = 0; r < s->world; r++) {
-    const pid_t pid = (pid_t)zs__shm_ctrl_of(s, r)->pid;
-    if (pid <= 0 || (kill(pid, 0) != 0 && errno == ESRCH)) s->check_pids = 0;
+    const zs__shm_ctrl* c = zs__shm_ctrl_of(s, r);
+    if (c->pid <= 0 || c->pidns != mine) s->check_pids = 0;
   }
 }
+
 
 zs_status zs__shm_post(zs__shm* s, const zs__shm_args* a, zs__shm_op** out) {
   *out = NULL;

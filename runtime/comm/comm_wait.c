@@ -67,6 +67,8 @@ zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
   if (usable != ZS_OK) return usable;
   const double t0 = zs__now();
   const zs_coll_op kind = op->op;
+  /* (a failed test frees op: its description for the messages after) */
+  const zs__coll desc = *op;
   double warn_at = t0 + 60.0;
   int dropped_by = -1; /* a rank that discarded without issuing op */
   char what[160];
@@ -82,7 +84,7 @@ zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
       if (st != ZS_OK && c->hb != NULL) {
         char saved[ZS__NOTICE_BYTES];
         snprintf(saved, sizeof saved, "%s", zs__error_body());
-        const zs_status s2 = zs__coll_peer_lost(c, op, 2.0);
+        const zs_status s2 = zs__coll_peer_lost(c, &desc, 2.0);
         if (s2 != ZS_OK) return s2;
         zs__error(st, "%s", saved);
       }

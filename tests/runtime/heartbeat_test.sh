@@ -86,6 +86,10 @@ run kill 0 --enable-recovery
 expect_named kill 0 "is gone: its process ended"
 run leave 0
 expect_named leave 0 "left the context"
+# ... and a rank dead before the others' first collective (its pid gone
+# before they look)
+run kill_early 0 --enable-recovery
+expect_named kill_early 0 "is gone: its process ended"
 
 run compute 2
 for r in $(seq 0 $((np - 1))); do

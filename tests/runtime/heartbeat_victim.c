@@ -9,6 +9,9 @@
  *                 call) for 6 x HEARTBEAT_S, then goes on
  *        leave:   the victim destroys its model and context (a rank that
  *                 ends early), then sleeps 30 s
+ *        kill_early: the victim kills itself right after its context is
+ *                 made, the others wait 1 s before their first
+ *                 collective (S counts from then)
  * Every rank prints one line: "rank R: OK" after 5 steps, or
  * "rank R: FAILED after S s: STATUS: MESSAGE" when a call failed, S being
  * the seconds since it entered step 2; a failed rank then ends the job as
@@ -63,6 +66,17 @@ int main(int argc, char** argv) {
   zs_context* ctx = NULL;
   zs_model* m = NULL;
   check(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), "context");
+  if (strcmp(mode, "kill_early") == 0) {
+    /* before any collective of the others: they notice it only when they
+     * wait for it (their first gathers) */
+    t_step2 = now_s();
+    if (rank == victim) {
+      printf("rank %d: pid %d\n", rank, (int)getpid());
+      fflush(stdout);
+      raise(SIGKILL);
+    }
+    sleep(1);
+  }
   check(zs_model_create(ctx, &m), "model");
   int units[2], t = -1;
   const int64_t shape[1] = {4096};
