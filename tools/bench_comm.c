@@ -44,7 +44,6 @@ enum { AG = 0, RS = 1, AR = 2, NCOLL = 3 };
 enum { ZS = 0, MPI = 1, MEMCPY = 2, NWHO = 3 };
 static const char* const kColl[NCOLL] = {"all_gather", "reduce_scatter",
                                          "all_reduce"};
-static const char* const kWho[NWHO] = {"zs", "mpi", "memcpy"};
 
 static int rank_, world_;
 
@@ -327,7 +326,6 @@ int main(int argc, char** argv) {
              64 << 20);
     printf("%s\n", json);
   }
-  (void)kWho;
   free(t);
   free(r1);
   free(r2);

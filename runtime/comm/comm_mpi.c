@@ -152,6 +152,12 @@ static zs__shm* zs__mpi_shm_lane(zs__comm* c, int lane) {
 }
 static zs__shm* zs__mpi_shm(zs__comm* c) { return zs__mpi_shm_lane(c, 0); }
 
+/* Completes a queued shared-memory collective (blocking), frees it. */
+static zs_status zs__mpi_shm_wait(zs__shm_op* op) {
+  while (!zs__shm_done(op)) zs__shm_idle(op, 0.01);
+  return zs__shm_finish(op);
+}
+
 /* Queues a on lane's worker (the lane zs__mpi_lane gives its call);
  * req == NULL: waits for it. */
 static zs_status zs__mpi_shm_post(zs__comm* c, int lane, zs__shm_args a,
@@ -171,8 +177,7 @@ static zs_status zs__mpi_shm_post(zs__comm* c, int lane, zs__shm_args a,
     *req = r;
     return ZS_OK;
   }
-  while (!zs__shm_done(op)) zs__shm_idle(op, 0.01);
-  return zs__shm_finish(op);
+  return zs__mpi_shm_wait(op);
 }
 
 /* Offsets of contiguous blocks of `count` (a reduce-scatter's layout). */
@@ -321,8 +326,7 @@ static void zs__mpi_req_free(zs__comm_req* req) {
 static zs_status zs__mpi_wait(zs__comm* c, zs__comm_req* req) {
   (void)c;
   if (req->shm != NULL) {
-    while (!zs__shm_done(req->shm)) zs__shm_idle(req->shm, 0.01);
-    zs_status st = zs__shm_finish(req->shm);
+    zs_status st = zs__mpi_shm_wait(req->shm);
     free(req);
     return st;
   }

@@ -518,16 +518,23 @@ static void zs__shm_run(zs__shm* s, zs__shm_op* op) {
   }
 }
 
+/* The first failure (s->lock held): every later collective fails with it,
+ * and the other ranks read in this rank's control page that it gave up. */
+static void zs__shm_break_locked(zs__shm* s, zs_status st, const char* why) {
+  if (s->broken != ZS_OK) return;
+  s->broken = st;
+  snprintf(s->broken_why, sizeof s->broken_why, "%s", why);
+  zs__shm_ctrl* mine = zs__shm_ctrl_of(s, s->rank);
+  snprintf(mine->why, sizeof mine->why, "%.255s", why);
+  __atomic_store_n(&mine->gone, 2, __ATOMIC_RELEASE);
+}
+
 static void zs__shm_complete(zs__shm* s, zs__shm_op* op) {
-  if (op->status != ZS_OK && s->broken == ZS_OK) {
+  if (op->status != ZS_OK) {
     /* nothing after a failed collective can pair up any more */
     pthread_mutex_lock(&s->lock);
-    s->broken = op->status;
-    snprintf(s->broken_why, sizeof s->broken_why, "%s", op->why);
+    zs__shm_break_locked(s, op->status, op->why);
     pthread_mutex_unlock(&s->lock);
-    zs__shm_ctrl* mine = zs__shm_ctrl_of(s, s->rank);
-    snprintf(mine->why, sizeof mine->why, "%.255s", op->why);
-    __atomic_store_n(&mine->gone, 2, __ATOMIC_RELEASE);
   }
   __atomic_store_n(&op->done, 1, __ATOMIC_RELEASE);
   syscall(SYS_futex, &op->done, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
@@ -730,13 +737,7 @@ zs_status zs__shm_finish(zs__shm_op* op) {
 
 void zs__shm_abort(zs__shm* s, const char* why) {
   pthread_mutex_lock(&s->lock);
-  if (s->broken == ZS_OK) {
-    s->broken = ZS_ERR_COMM;
-    snprintf(s->broken_why, sizeof s->broken_why, "%s", why);
-    zs__shm_ctrl* mine = zs__shm_ctrl_of(s, s->rank);
-    snprintf(mine->why, sizeof mine->why, "%.255s", why);
-    __atomic_store_n(&mine->gone, 2, __ATOMIC_RELEASE);
-  }
+  zs__shm_break_locked(s, ZS_ERR_COMM, why);
   __atomic_store_n(&s->abort, 1, __ATOMIC_RELEASE);
   pthread_cond_signal(&s->cond);
   pthread_mutex_unlock(&s->lock);

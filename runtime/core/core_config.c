@@ -247,16 +247,22 @@ void zs__config_resolve(zs_config* c) {
   ZS__DEFAULT(c->heartbeat_timeout_s, ZS_UNSET_DOUBLE, 30.0);
   ZS__DEFAULT(c->host_collectives, ZS_HOST_COLLECTIVES_UNSET,
               ZS_HOST_COLLECTIVES_AUTO);
-  /* (the environment wins: whole test suites run in either mode) */
-  const char* hc = getenv("ZS_HOST_COLLECTIVES");
-  if (hc != NULL && strcmp(hc, "auto") == 0)
-    c->host_collectives = ZS_HOST_COLLECTIVES_AUTO;
-  else if (hc != NULL && strcmp(hc, "shm") == 0)
-    c->host_collectives = ZS_HOST_COLLECTIVES_SHM;
-  else if (hc != NULL && strcmp(hc, "mpi") == 0)
-    c->host_collectives = ZS_HOST_COLLECTIVES_MPI;
+  /* (the environment wins: whole test suites run in either mode; a bad
+   * value is refused by zs__config_check) */
+  (void)zs__host_collectives_parse(getenv("ZS_HOST_COLLECTIVES"),
+                                   &c->host_collectives);
 }
 #undef ZS__DEFAULT
+
+int zs__host_collectives_parse(const char* word, zs_host_collectives* out) {
+  static const char* const words[3] = {"auto", "shm", "mpi"};
+  for (int k = 0; word != NULL && k < 3; k++)
+    if (strcmp(word, words[k]) == 0) {
+      *out = (zs_host_collectives)(ZS_HOST_COLLECTIVES_AUTO + k);
+      return 1;
+    }
+  return 0;
+}
 
 zs_status zs__config_resolved(const zs_config* in, zs_config* out,
                               unsigned int* caller_version) {
@@ -409,8 +415,8 @@ zs_status zs__config_check(const zs_config* c) {
              "(0), _SHM (1) or _MPI (2), got %d", (int)c->host_collectives);
   {
     const char* hc = getenv("ZS_HOST_COLLECTIVES");
-    ZS_REQUIRE(hc == NULL || strcmp(hc, "auto") == 0 ||
-                   strcmp(hc, "shm") == 0 || strcmp(hc, "mpi") == 0,
+    zs_host_collectives ignored;
+    ZS_REQUIRE(hc == NULL || zs__host_collectives_parse(hc, &ignored),
                "environment: ZS_HOST_COLLECTIVES=%s: expected auto, shm or "
                "mpi", hc);
   }

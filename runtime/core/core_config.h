@@ -25,6 +25,9 @@ zs_status zs__config_accept(const zs_config* in, zs_config* out,
 /* Replaces every UNSET field (and ZS_WEIGHT_DECAY_DEFAULT) by its
  * default. */
 void zs__config_resolve(zs_config* c);
+/* "auto", "shm", "mpi" (the JSON key's and ZS_HOST_COLLECTIVES' words):
+ * 1 and *out set, or 0 for anything else (NULL included). */
+int zs__host_collectives_parse(const char* word, zs_host_collectives* out);
 /* accept, then resolve. */
 zs_status zs__config_resolved(const zs_config* in, zs_config* out,
                               unsigned int* caller_version);

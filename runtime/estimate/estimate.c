@@ -950,6 +950,17 @@ static const struct {
   size_t size;
 } zs__input_sizes[] = {{200, sizeof(zs_estimate_input)}};
 
+/* host_shm and rs_temps of c (its ranks, nodes and device set) for the
+ * config's host_collectives and reduce_order, as the context decides. */
+static void zs__est_host_collectives(zs__estimate_config* c,
+                                     zs_host_collectives mode,
+                                     zs_reduce_order order) {
+  c->host_shm = c->ranks > 1 && c->nodes == 1 &&
+                c->device != ZS_DEVICE_CUDA &&
+                mode != ZS_HOST_COLLECTIVES_MPI;
+  c->rs_temps = !(c->host_shm && order == ZS_REDUCE_FIXED);
+}
+
 /* The estimator's view of (config, input): the config resolved (its own
  * rules, docs/profiling.md, are checked by zs__estimate_check), the input's
  * UNSET fields at their defaults. */
@@ -997,10 +1008,7 @@ static zs_status zs__estimate_config_of(const zs_config* config,
   out->nvme_param_buffer_count = c.nvme.param_buffer_count;
   out->nvme_param_buffer_elements = c.nvme.param_buffer_elements;
   out->device = c.device;
-  out->host_shm = out->ranks > 1 && out->nodes == 1 &&
-                  c.device != ZS_DEVICE_CUDA &&
-                  c.host_collectives != ZS_HOST_COLLECTIVES_MPI;
-  out->rs_temps = !(out->host_shm && c.reduce_order == ZS_REDUCE_FIXED);
+  zs__est_host_collectives(out, c.host_collectives, c.reduce_order);
   return ZS_OK;
 }
 
@@ -1061,8 +1069,7 @@ static zs_status zs__estimate_v01(double params, const char* description,
   zs__estimate_config c;
   memset(&c, 0, sizeof c);
   memcpy(&c, config, offsetof(zs__estimate_config, host_shm));
-  c.host_shm = c.ranks > 1 && c.nodes == 1 && c.device != ZS_DEVICE_CUDA;
-  c.rs_temps = !c.host_shm;
+  zs__est_host_collectives(&c, ZS_HOST_COLLECTIVES_AUTO, ZS_REDUCE_FIXED);
   zs_memory_estimate full;
   memset(&full, 0, sizeof full);
   st = description != NULL ? zs__estimate_model(description, &c, &full)
