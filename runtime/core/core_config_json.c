@@ -320,6 +320,7 @@ static zs_status zs__json_apply(const cJSON* root, zs_config* c,
   static const char* const keys[] = {"zero_optimization", "device",
                                      "optimizer", "log_level",
                                      "collective_timeout", "heartbeat_timeout",
+                                     "host_collectives",
                                      "progress_thread",
                                      "communication_data_type",
                                      "gradient_accumulation_steps",
@@ -381,18 +382,12 @@ static zs_status zs__json_apply(const cJSON* root, zs_config* c,
                            &c->heartbeat_timeout_s));
   ZS_CHECK(zs__json_int(root, "progress_thread", "", 0, 1, &c->progress_thread));
   const cJSON* hc = cJSON_GetObjectItemCaseSensitive(root, "host_collectives");
-  if (hc != NULL) {
-    if (cJSON_IsString(hc) && strcmp(hc->valuestring, "auto") == 0)
-      c->host_collectives = ZS_HOST_COLLECTIVES_AUTO;
-    else if (cJSON_IsString(hc) && strcmp(hc->valuestring, "shm") == 0)
-      c->host_collectives = ZS_HOST_COLLECTIVES_SHM;
-    else if (cJSON_IsString(hc) && strcmp(hc->valuestring, "mpi") == 0)
-      c->host_collectives = ZS_HOST_COLLECTIVES_MPI;
-    else
-      ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
-              "config JSON: host_collectives: expected \"auto\", \"shm\" "
-              "or \"mpi\"");
-  }
+  if (hc != NULL &&
+      !zs__host_collectives_parse(cJSON_GetStringValue(hc),
+                                  &c->host_collectives))
+    ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+            "config JSON: host_collectives: expected \"auto\", \"shm\" or "
+            "\"mpi\"");
   const cJSON* cdt = cJSON_GetObjectItemCaseSensitive(root,
                                                       "communication_data_type");
   if (cdt != NULL) {

@@ -264,6 +264,7 @@ void ExpectConfigEq(const zs_config& a, const zs_config& b) {
   EXPECT_EQ(a.loss_scaler.hysteresis, b.loss_scaler.hysteresis);
   EXPECT_EQ(a.param_persistence_threshold, b.param_persistence_threshold);
   EXPECT_PRED2(SameDouble, a.heartbeat_timeout_s, b.heartbeat_timeout_s);
+  EXPECT_EQ(a.host_collectives, b.host_collectives);
 }
 
 // Precision settings: defaults, ranges (errors name the field) and the
@@ -692,6 +693,7 @@ void DefinedCopy(const zs_config& src, zs_config* dst) {
   dst->loss_scaler.hysteresis = src.loss_scaler.hysteresis;
   dst->param_persistence_threshold = src.param_persistence_threshold;
   dst->heartbeat_timeout_s = src.heartbeat_timeout_s;
+  dst->host_collectives = src.host_collectives;
 }
 
 TEST(ConfigJson, FullDeepSpeedStyleExample) {
@@ -972,6 +974,57 @@ TEST(ConfigJson, PersistenceThresholdAndHeartbeat) {
   EXPECT_EQ(zs_config_from_json(R"({"zero_optimization": {"stage": 1}})", old),
             ZS_OK) << zs_last_error();
   for (size_t i = 328; i < sizeof raw; i++) EXPECT_EQ(raw[i], 0) << i;
+}
+
+// host_collectives (0.3): default AUTO, the JSON words, bad values named,
+// ZS_HOST_COLLECTIVES overriding the config (and refused when it is not
+// one of the words), and a 0.2 caller's struct that lacks the field.
+TEST(ConfigJson, HostCollectives) {
+  unsetenv("ZS_HOST_COLLECTIVES");
+  zs_config c = Defaults();
+  EXPECT_EQ(c.host_collectives, ZS_HOST_COLLECTIVES_AUTO);
+  const struct {
+    const char* word;
+    zs_host_collectives want;
+  } words[] = {{"shm", ZS_HOST_COLLECTIVES_SHM},
+               {"mpi", ZS_HOST_COLLECTIVES_MPI},
+               {"auto", ZS_HOST_COLLECTIVES_AUTO}};
+  for (const auto& w : words) {
+    ASSERT_EQ(zs_config_from_json(
+                  (std::string(R"({"host_collectives": ")") + w.word + "\"}")
+                      .c_str(), &c),
+              ZS_OK) << zs_last_error();
+    EXPECT_EQ(c.host_collectives, w.want) << w.word;
+  }
+  ExpectJsonError(R"({"host_collectives": "SHM"})",
+                  {"host_collectives: expected \"auto\""});
+  ExpectJsonError(R"({"host_collectives": 1})",
+                  {"host_collectives: expected \"auto\""});
+  zs_config b = Defaults();
+  b.host_collectives = (zs_host_collectives)7;
+  EXPECT_EQ(zs_config_validate(&b), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(zs_last_error()).find("config.host_collectives"),
+            std::string::npos) << zs_last_error();
+  // the environment wins over the config, and a bad word is refused
+  zs_config in = ZS_CONFIG_INIT, out = Defaults();
+  in.host_collectives = ZS_HOST_COLLECTIVES_SHM;
+  setenv("ZS_HOST_COLLECTIVES", "mpi", 1);
+  ASSERT_EQ(zs_config_resolve(&in, &out), ZS_OK) << zs_last_error();
+  EXPECT_EQ(out.host_collectives, ZS_HOST_COLLECTIVES_MPI);
+  setenv("ZS_HOST_COLLECTIVES", "fast", 1);
+  EXPECT_EQ(zs_config_validate(&in), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(zs_last_error()).find("ZS_HOST_COLLECTIVES=fast"),
+            std::string::npos) << zs_last_error();
+  unsetenv("ZS_HOST_COLLECTIVES");
+  EXPECT_EQ(zs_config_validate(&in), ZS_OK) << zs_last_error();
+  // a 0.2 caller has no field for the key
+  alignas(zs_config) unsigned char raw[sizeof(zs_config)] = {0};
+  zs_config* old = reinterpret_cast<zs_config*>(raw);
+  ASSERT_EQ(zs_config_init_sized(old, 328), ZS_OK) << zs_last_error();
+  EXPECT_EQ(zs_config_from_json(R"({"host_collectives": "mpi"})", old),
+            ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(zs_last_error()).find("0.3 added it"),
+            std::string::npos) << zs_last_error();
 }
 
 TEST(ConfigJson, DeepSpeedKeysWithoutACounterpartAreRefused) {
