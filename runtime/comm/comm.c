@@ -24,7 +24,8 @@ const char* zs__purpose_name(int purpose) {
       "other",          "consistency check", "agreement",
       "param gather",   "grad reduce",       "grad gather (stage 0)",
       "param update gather", "init broadcast", "tensor set",
-      "tensor get",     "grad norm",         "discard catch-up"};
+      "tensor get",     "grad norm",         "discard catch-up",
+      "replica reduce"};
   if (purpose < 0 || purpose >= (int)(sizeof names / sizeof *names))
     return "other";
   return names[purpose];
@@ -43,6 +44,7 @@ static size_t zs__coll_bytes(const zs__comm* c, const zs__coll* op) {
 /* Counts a collective at issue and folds it into the sequence hash (in
  * issue order, which is what ranks must agree on) and the log. */
 static void zs__comm_note(zs__comm* c, zs__coll* op, int root) {
+  zs__comm* t = zs__comm_top(c); /* (a group's go to the context's) */
   const size_t bytes = zs__coll_bytes(c, op);
   op->root = root;
   op->lane_seq = c->lane_count[op->lane]++;
@@ -51,22 +53,29 @@ static void zs__comm_note(zs__comm* c, zs__coll* op, int root) {
   if (c->pending_tail != NULL) c->pending_tail->next = op;
   else c->pending_head = op;
   c->pending_tail = op;
-  c->counters.calls[op->op]++;
-  c->counters.bytes[op->op] += bytes;
-  uint64_t rec[6] = {(uint64_t)op->op,         (uint64_t)op->count,
+  t->counters.calls[op->op]++;
+  t->counters.bytes[op->op] += bytes;
+  uint64_t rec[7] = {(uint64_t)op->op,         (uint64_t)op->count,
                      (uint64_t)op->dtype,      (uint64_t)(int64_t)root,
-                     (uint64_t)op->tag.purpose, (uint64_t)(int64_t)op->tag.unit};
-  c->seq_hash = zs__hash_bytes(c->seq_hash, rec, sizeof rec);
-  op->seq = __atomic_fetch_add(&c->seq_count, 1, __ATOMIC_RELAXED);
+                     (uint64_t)op->tag.purpose, (uint64_t)(int64_t)op->tag.unit,
+                     (uint64_t)c->group};
+  /* (the group joins the hash only where there are groups: without
+   * hybrid sharding the sequence hashes as before) */
+  t->seq_hash = zs__hash_bytes(t->seq_hash, rec,
+                               c->parent != NULL ? sizeof rec
+                                                 : sizeof rec - sizeof rec[6]);
+  op->seq = __atomic_fetch_add(&t->seq_count, 1, __ATOMIC_RELAXED);
   op->t_issue = zs__now();
-  if (c->log != NULL) {
-    zs__comm_log_entry* e = &c->log[op->seq % ZS__COMM_LOG_CAP];
-    *e = (zs__comm_log_entry){op->seq,  (uint8_t)op->op,     (uint8_t)op->tag.purpose,
-                              op->tag.unit, (uint64_t)bytes, op->t_issue, 0.0};
+  if (t->log != NULL) {
+    zs__comm_log_entry* e = &t->log[op->seq % ZS__COMM_LOG_CAP];
+    *e = (zs__comm_log_entry){op->seq,       (uint8_t)op->op,
+                              (uint8_t)op->tag.purpose, c->group,
+                              op->tag.unit,  (uint64_t)bytes,
+                              op->t_issue,   0.0};
   }
   __atomic_add_fetch(&c->in_flight, 1, __ATOMIC_RELAXED);
-  if (op->is_param_gather && ++c->gathers_in_flight > c->max_in_flight_gathers)
-    c->max_in_flight_gathers = c->gathers_in_flight;
+  if (op->is_param_gather && ++t->gathers_in_flight > t->max_in_flight_gathers)
+    t->max_in_flight_gathers = t->gathers_in_flight;
 }
 
 /* 1 (and c failed, telling no one: that too would be a call) when the
@@ -83,7 +92,7 @@ static int zs__comm_dead(zs__comm* c) {
 /* A rank the heartbeats lost (comm_heartbeat.h) fails the communicator
  * (no notice: the news goes round the ring already). */
 int zs__comm_peer_check(zs__comm* c, int waiting, char* why, size_t cap) {
-  const int r = zs__hb_lost(c->hb, waiting, why, cap);
+  const int r = zs__hb_lost(zs__comm_top(c)->hb, waiting, why, cap);
   if (r < 0) return -1;
   if (!c->failed) {
     char msg[sizeof c->failed_why];
@@ -98,6 +107,11 @@ zs_status zs__comm_usable(zs__comm* c) {
   (void)zs__comm_dead(c);
   char why[480];
   (void)zs__comm_peer_check(c, 0, why, sizeof why);
+  /* a group fails with the context's communicator (a failure notice, a
+   * timeout or an abandon there), telling no one: it was told there */
+  if (!c->failed && c->parent != NULL && c->parent->failed) {
+    zs__comm_fail(c, c->parent->failed_status, c->parent->failed_why, 0, 0);
+  }
   if (!c->failed) return ZS_OK;
   return zs__error(c->failed_status,
                    "the context cannot be used any more (end the job): %s",
@@ -114,6 +128,12 @@ void zs__comm_fail(zs__comm* c, zs_status st, const char* why, int notify,
     c->failed = 1;
     c->failed_status = st;
     snprintf(c->failed_why, sizeof c->failed_why, "%s", why);
+  }
+  /* a group's failure is the context's: the notice goes to every rank of
+   * it, on the context's communicator, whose sequence from_seq counts */
+  if (c->parent != NULL) {
+    zs__comm_fail(c->parent, st, why, notify, from_seq);
+    notify = 0;
   }
   /* (not when the backend is gone: sending would be a call too) */
   if (notify && !c->notified && c->ops->notify != NULL &&
@@ -153,6 +173,15 @@ static void zs__comm_discard_notice(zs__comm* c, int from, const char* text) {
 int zs__comm_poll_notices(zs__comm* c) {
   char text[ZS__NOTICE_BYTES];
   int from = -1;
+  /* a group: failure notices come on the context's communicator (whose
+   * sequence numbers the group's collectives carry); discard notices on
+   * the group's own */
+  if (c->parent != NULL && zs__comm_poll_notices(c->parent) &&
+      (c->notice_from < 0 || c->parent->notice_seq < c->notice_seq)) {
+    c->notice_from = c->parent->notice_from;
+    c->notice_seq = c->parent->notice_seq;
+    snprintf(c->notice_msg, sizeof c->notice_msg, "%s", c->parent->notice_msg);
+  }
   while (c->ops->poll_notice != NULL &&
          c->ops->poll_notice(c, &from, text, sizeof text)) {
     if (text[0] == 'D') {
@@ -180,7 +209,7 @@ zs_status zs__comm_abandon(zs__comm* c, zs_status st) {
   snprintf(body, sizeof body, "%s", zs__error_body());
   /* later calls: INVALID_STATE, not st (a caller retrying on
    * OUT_OF_MEMORY would loop) */
-  zs__comm_fail(c, ZS_ERR_INVALID_STATE, body, 1, c->seq_count);
+  zs__comm_fail(c, ZS_ERR_INVALID_STATE, body, 1, zs__comm_top(c)->seq_count);
   return zs__error(st, "%s (this rank skips collectives the others issue: "
                    "they were told and fail now; the context cannot be "
                    "used any more)", body);
@@ -215,24 +244,25 @@ static zs_status zs__coll_finish(zs__comm* c, zs__coll* op) {
     st = c->dev->ops->div_add(c->dev, op->div_dst, NULL, op->div_dst,
                               op->divisor, op->count, op->dtype, NULL);
   double now = zs__now();
-  c->counters.seconds[op->op] += now - op->t_issue;
-  if (c->prof != NULL) {
+  zs__comm* t = zs__comm_top(c);
+  t->counters.seconds[op->op] += now - op->t_issue;
+  if (t->prof != NULL) {
     const size_t bytes = zs__coll_bytes(c, op);
     const double dt = now - op->t_issue;
     const double algbw = dt > 0 ? (double)bytes / dt / 1e9 : 0.0;
     char name[48];
     snprintf(name, sizeof name, "%s (%s)", zs_coll_op_name(op->op),
              zs__purpose_name(op->tag.purpose));
-    zs__profiler_span(c->prof, 1, name, "comm", op->t_issue, now,
+    zs__profiler_span(t->prof, 1, name, "comm", op->t_issue, now,
                       op->tag.name, bytes, algbw,
                       algbw * zs_busbw_factor(op->op, c->world));
   }
-  if (c->log != NULL) {
-    zs__comm_log_entry* e = &c->log[op->seq % ZS__COMM_LOG_CAP];
+  if (t->log != NULL) {
+    zs__comm_log_entry* e = &t->log[op->seq % ZS__COMM_LOG_CAP];
     if (e->seq == op->seq) e->t_done = now;
   }
   __atomic_sub_fetch(&c->in_flight, 1, __ATOMIC_RELAXED);
-  if (op->is_param_gather) c->gathers_in_flight--;
+  if (op->is_param_gather) t->gathers_in_flight--;
   if (op->prev != NULL) op->prev->next = op->next;
   else c->pending_head = op->next;
   if (op->next != NULL) op->next->prev = op->prev;
@@ -568,7 +598,7 @@ size_t zs__comm_log_read(const zs__comm* c, zs__comm_log_entry* out,
 
 void zs__comm_destroy(zs__comm* c) {
   if (c == NULL) return;
-  zs__hb_destroy(c->hb);
+  if (c->parent == NULL) zs__hb_destroy(c->hb); /* (a group's is borrowed) */
   c->hb = NULL;
   if (!c->failed) free(c->log);
   c->ops->destroy(c);

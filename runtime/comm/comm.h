@@ -154,11 +154,22 @@ typedef struct zs__comm_log_entry {
   uint64_t seq;        /* position in this rank's collective sequence */
   uint8_t op;          /* zs_coll_op */
   uint8_t purpose;     /* zs__purpose */
+  uint8_t group;       /* zs__group: the communicator it ran on */
   int32_t unit;        /* -1: not about a unit */
   uint64_t bytes;      /* as nccl-tests counts them */
   double t_issue;
   double t_done;       /* 0 while in flight */
 } zs__comm_log_entry;
+
+/* Which communicator of a context a collective ran on. */
+typedef enum zs__group {
+  ZS__GROUP_WORLD = 0,   /* every rank of the context */
+  ZS__GROUP_SHARD = 1,   /* the ranks a unit's shards are spread over (all
+                            of them without hybrid sharding: then this is
+                            the context's communicator too) */
+  ZS__GROUP_REPLICA = 2  /* the ranks holding the same shard, one per shard
+                            group (hybrid sharding only) */
+} zs__group;
 
 /* A short name of a zs__purpose ("param gather", "grad reduce", ...). */
 const char* zs__purpose_name(int purpose);
@@ -211,8 +222,22 @@ struct zs__comm {
                            from discard_lane[L] on until the reconcile */
   uint64_t discard_lane[ZS__LANES];
   zs__heartbeat* hb;    /* the other ranks' liveness (comm_heartbeat.h), or
-                           NULL (one rank, heartbeat_timeout_s 0); owned */
+                           NULL (one rank, heartbeat_timeout_s 0); owned,
+                           except a group's (the parent's, borrowed) */
+  uint8_t group;        /* zs__group, for the log */
+  zs__comm* parent;     /* a group's (shard or replica group of hybrid
+                           sharding: docs/running.md, "Shard groups"): the
+                           context's communicator, which keeps the
+                           counters, the log, the collective sequence and
+                           the failure notices of both (zs__comm_top);
+                           NULL for the context's own */
 };
+
+/* The communicator that keeps c's counters, log, sequence and failure
+ * notices: c's parent for a group, else c. */
+static inline zs__comm* zs__comm_top(zs__comm* c) {
+  return c->parent != NULL ? c->parent : c;
+}
 
 /* ---- Collectives the engine starts ------------------------------------- */
 
@@ -230,8 +255,11 @@ typedef enum zs__purpose {
   ZS__P_SET = 8,          /* zs_tensor_set */
   ZS__P_GET = 9,          /* zs_tensor_get */
   ZS__P_NORM = 10,        /* zs_step: gradient norm / overflow agreement */
-  ZS__P_CATCH_UP = 11     /* zs__comm_reconcile: a partner for a collective
+  ZS__P_CATCH_UP = 11,    /* zs__comm_reconcile: a partner for a collective
                              this rank never issued */
+  ZS__P_REPLICA = 12      /* hybrid sharding: the all-reduce of a unit's
+                             reduced gradient shard across the replica
+                             group (a reduce-scatter and an all-gather) */
 } zs__purpose;
 
 typedef struct zs__coll_tag {

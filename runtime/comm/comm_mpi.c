@@ -1106,3 +1106,15 @@ zs_status zs__comm_mpi_create(MPI_Comm comm, zs__comm** out) {
   *out = c;
   return ZS_OK;
 }
+
+zs_status zs__comm_mpi_split(zs__comm* mpi, int color, int key,
+                             zs__comm** out) {
+  zs__mpi_impl* impl = (zs__mpi_impl*)mpi->impl;
+  MPI_Comm sub = MPI_COMM_NULL;
+  *out = NULL;
+  const int rc = MPI_Comm_split(impl->comm, color, key, &sub);
+  if (rc != MPI_SUCCESS) return zs__mpi_fail(rc, "Comm_split");
+  zs_status st = zs__comm_mpi_create(sub, out);
+  MPI_Comm_free(&sub);
+  return st;
+}

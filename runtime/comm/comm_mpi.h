@@ -48,6 +48,13 @@ zs_status zs__comm_mpi_host_collectives(zs__comm* mpi,
  * initialized: destroying the last owner calls MPI_Finalize. */
 void zs__comm_mpi_own(zs__comm* c);
 
+/* A communicator of the ranks of mpi (an MPI communicator of
+ * zs__comm_mpi_create) with the same `color`, ordered by `key`
+ * (MPI_Comm_split; collective over mpi): hybrid sharding's shard and
+ * replica groups. Errors: COMM, OUT_OF_MEMORY. */
+zs_status zs__comm_mpi_split(zs__comm* mpi, int color, int key,
+                             zs__comm** out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -77,7 +77,7 @@ zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
     int done = 0;
     zs_status st = zs__coll_test(c, op, &done);
     if (st != ZS_OK || done) {
-      c->counters.wait_seconds[kind] += zs__now() - t0;
+      zs__comm_top(c)->counters.wait_seconds[kind] += zs__now() - t0;
       if (spins >= 256) zs__hb_wait(c->hb, NULL);
       /* MPI's own error about a peer that died: name the peer when the
        * heartbeats know it */
@@ -399,6 +399,7 @@ static int zs__catch_up_safe(int purpose) {
     case ZS__P_AGREE:
     case ZS__P_GATHER:
     case ZS__P_REDUCE:
+    case ZS__P_REPLICA:
     case ZS__P_GET:
     case ZS__P_CATCH_UP:
       return 1;
@@ -417,7 +418,7 @@ static zs_status zs__ctrl_run(zs__comm* c, zs_status st, zs__comm_req* req,
   if (st != ZS_OK) {
     char body[ZS__NOTICE_BYTES - 32];
     snprintf(body, sizeof body, "%s", zs__error_body());
-    zs__comm_fail(c, st, body, 1, c->seq_count);
+    zs__comm_fail(c, st, body, 1, zs__comm_top(c)->seq_count);
     return st;
   }
   const double t0 = zs__now();
@@ -429,7 +430,7 @@ static zs_status zs__ctrl_run(zs__comm* c, zs_status st, zs__comm_req* req,
       char body[ZS__NOTICE_BYTES - 32];
       snprintf(body, sizeof body, "zs_step_discard (%s): %s", what,
                zs__error_body());
-      zs__comm_fail(c, st, body, 1, c->seq_count);
+      zs__comm_fail(c, st, body, 1, zs__comm_top(c)->seq_count);
       return zs__error(st, "%s", body);
     }
     if (done) return ZS_OK;
@@ -462,7 +463,7 @@ static zs_status zs__ctrl_run(zs__comm* c, zs_status st, zs__comm_req* req,
                "(collective_timeout_s): a rank neither called "
                "zs_step_discard nor waits in a ZeroShard call; the context "
                "cannot be used any more", what, c->timeout_s);
-      zs__comm_fail(c, ZS_ERR_TIMEOUT, body, 1, c->seq_count);
+      zs__comm_fail(c, ZS_ERR_TIMEOUT, body, 1, zs__comm_top(c)->seq_count);
       return zs__error(ZS_ERR_TIMEOUT, "%s", body);
     }
   }
@@ -719,7 +720,7 @@ zs_status zs__comm_reconcile(zs__comm* c, int* matched) {
     if (st != ZS_OK) {
       char body[ZS__NOTICE_BYTES - 32];
       snprintf(body, sizeof body, "%s", zs__error_body());
-      zs__comm_fail(c, st, body, 1, c->seq_count);
+      zs__comm_fail(c, st, body, 1, zs__comm_top(c)->seq_count);
       goto fail;
     }
     if (matched != NULL) *matched = 1;

@@ -26,6 +26,10 @@ zs_status zs__context_create(const zs_config* config, zs__comm* comm,
   ctx->comm = comm;
   ctx->rank = comm->rank;
   ctx->world = comm->world;
+  ctx->shard_comm = comm; /* (until zs__context_set_groups) */
+  ctx->shard_rank = comm->rank;
+  ctx->shard_ranks = comm->world;
+  ctx->replicas = 1;
   zs__set_log_rank(comm->world > 1 ? comm->rank : -1);
   /* The communication log records from the first collective on (the
    * configuration check below); a failed allocation is reported after it. */
@@ -118,11 +122,15 @@ cleanup:
 }
 
 zs_status zs__context_count_segment(zs_context* ctx, size_t bytes) {
-  if (bytes == 0 || ctx->segment_bytes > 0) return ZS_OK;
+  if (bytes == 0) return ZS_OK;
+  if (ctx->segment_bytes > 0)
+    (void)zs__accounting_remove(ctx->acct, ZS__OWNER_RUNTIME,
+                                &ctx->segment_bytes, NULL, NULL);
+  const size_t total = ctx->segment_bytes + bytes;
   zs_status st = zs__accounting_add(ctx->acct, ZS__OWNER_RUNTIME,
                                     ZS_MEM_COMM_SEGMENT, &ctx->segment_bytes,
-                                    bytes, "shared-memory segment");
-  if (st == ZS_OK) ctx->segment_bytes = bytes;
+                                    total, "shared-memory segments");
+  ctx->segment_bytes = st == ZS_OK ? total : 0;
   return st;
 }
 
@@ -148,6 +156,8 @@ void zs_context_destroy(zs_context* ctx) {
     ctx->prof = NULL;
   }
   zs__accounting_destroy(ctx->acct);
+  if (ctx->shard_comm != ctx->comm) zs__comm_destroy(ctx->shard_comm);
+  zs__comm_destroy(ctx->replica_comm);
   zs__comm_destroy(ctx->comm);
   free(ctx);
 }

@@ -31,6 +31,15 @@ struct zs_context {
                            (CPU offload); == device on the host backend,
                            else owned */
   zs__comm* comm;       /* owned; may finalize MPI when destroyed */
+  /* Hybrid sharding (config.shard_group_size G; docs/running.md, "Shard
+   * groups"): units are sharded over the shard group (ranks G*g ..
+   * G*g+G-1, this rank its shard_rank-th) and replicated across the
+   * replica group (ranks j, j+G, j+2G, ...: one per shard group, this rank
+   * its replica_rank-th). Without it the shard group is every rank. */
+  zs__comm* shard_comm;   /* == comm (G == world), or owned */
+  zs__comm* replica_comm; /* NULL (one replica), or owned */
+  int shard_rank, shard_ranks;   /* this rank in its shard group; G */
+  int replica_rank, replicas;    /* this rank in its replica group; W / G */
   zs__profiler* prof;   /* owned; NULL: not profiling */
   struct zs__offload* offload; /* owned; NULL: no CPU offload */
   struct zs__engine_ctx* engine; /* the engine's state (its models, NVMe
@@ -45,7 +54,7 @@ struct zs_context {
                                   passes (core_compat.c) */
 };
 
-/* Counts `bytes` of the communicator's shared-memory segment under
+/* Counts `bytes` more of the communicators' shared-memory segments under
  * comm_segment (removed by zs_context_destroy). Errors: OUT_OF_MEMORY. */
 zs_status zs__context_count_segment(zs_context* ctx, size_t bytes);
 

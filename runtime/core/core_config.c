@@ -32,6 +32,10 @@
 #define ZS__CONFIG_SIZE_0_3                                           \
   ZS__ALIGN_UP(offsetof(zs_config, reserved_0_3) + sizeof(int),        \
                _Alignof(zs_config))
+/* 0.4 appended shard_group_size and reserved_0_4. */
+#define ZS__CONFIG_SIZE_0_4                                           \
+  ZS__ALIGN_UP(offsetof(zs_config, reserved_0_4) + sizeof(int),        \
+               _Alignof(zs_config))
 /* The releases before this library's minor version, oldest first; this
  * minor's own size is sizeof(zs_config). A release that appends fields
  * adds its predecessor's size here as a constant. */
@@ -41,7 +45,8 @@ static const struct {
 } zs__config_sizes[] = {
     {100, ZS__CONFIG_SIZE_0_1},
     {200, ZS__CONFIG_SIZE_0_2},
-    {300, ZS__CONFIG_SIZE_0_3}, /* (used once this library is 0.4 or later) */
+    {300, ZS__CONFIG_SIZE_0_3},
+    {400, ZS__CONFIG_SIZE_0_4}, /* (used once this library is 0.5 or later) */
 };
 #define ZS__NCONFIG_SIZES (sizeof zs__config_sizes / sizeof *zs__config_sizes)
 #define ZS__THIS_MINOR (ZS_VERSION_MAJOR * 10000 + ZS_VERSION_MINOR * 100)
@@ -116,10 +121,14 @@ ZS__FIELD_AT(zs_config, param_persistence_threshold, 328);
 ZS__FIELD_AT(zs_config, heartbeat_timeout_s, 336);
 ZS__FIELD_AT(zs_config, host_collectives, 344);
 ZS__FIELD_AT(zs_config, reserved_0_3, 348);
-#if ZS_VERSION_MAJOR == 0 && ZS_VERSION_MINOR == 3
-_Static_assert(sizeof(zs_config) == ZS__CONFIG_SIZE_0_3 &&
-                   ZS__CONFIG_SIZE_0_3 == 352,
+_Static_assert(ZS__CONFIG_SIZE_0_3 == 352,
                "0.3's zs_config: 0.2's and the four fields it appended");
+ZS__FIELD_AT(zs_config, shard_group_size, 352);
+ZS__FIELD_AT(zs_config, reserved_0_4, 356);
+#if ZS_VERSION_MAJOR == 0 && ZS_VERSION_MINOR == 4
+_Static_assert(sizeof(zs_config) == ZS__CONFIG_SIZE_0_4 &&
+                   ZS__CONFIG_SIZE_0_4 == 360,
+               "0.4's zs_config: 0.3's and the two fields it appended");
 #endif
 #undef ZS__FIELD_AT
 #endif
@@ -247,6 +256,7 @@ void zs__config_resolve(zs_config* c) {
   ZS__DEFAULT(c->heartbeat_timeout_s, ZS_UNSET_DOUBLE, 30.0);
   ZS__DEFAULT(c->host_collectives, ZS_HOST_COLLECTIVES_UNSET,
               ZS_HOST_COLLECTIVES_AUTO);
+  ZS__DEFAULT(c->shard_group_size, ZS_UNSET_INT, 0);
   /* (the environment wins: whole test suites run in either mode; a bad
    * value is refused by zs__config_check) */
   (void)zs__host_collectives_parse(getenv("ZS_HOST_COLLECTIVES"),
@@ -420,6 +430,11 @@ zs_status zs__config_check(const zs_config* c) {
                "environment: ZS_HOST_COLLECTIVES=%s: expected auto, shm or "
                "mpi", hc);
   }
+  ZS_REQUIRE(c->shard_group_size >= 0 ||
+                 c->shard_group_size == ZS_SHARD_GROUP_NODE,
+             "config.shard_group_size: expected a rank count (>= 1; 0: all "
+             "ranks) or ZS_SHARD_GROUP_NODE (-1), got %d",
+             c->shard_group_size);
   ZS_REQUIRE(c->progress_thread == 0 || c->progress_thread == 1,
              "config.progress_thread: expected 0 or 1, got %d",
              c->progress_thread);
@@ -596,9 +611,11 @@ size_t zs__config_describe(const zs_config* c, char* buf, size_t cap) {
                    "config.loss_scaler=%s\nconfig.offload=%s\n"
                    "config.param_persistence_threshold=%zu\n"
                    "config.heartbeat_timeout_s=%.17g\n"
-                   "config.host_collectives=%d\n",
+                   "config.host_collectives=%d\n"
+                   "config.shard_group_size=%d\n",
                    (int)c->reduce_dtype, c->grad_accum_steps, c->grad_accum_local,
                    clip, scaler, offload, c->param_persistence_threshold,
-                   c->heartbeat_timeout_s, (int)c->host_collectives);
+                   c->heartbeat_timeout_s, (int)c->host_collectives,
+                   c->shard_group_size);
   return k < 0 ? (size_t)n : (size_t)n + (size_t)k;
 }

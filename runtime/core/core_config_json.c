@@ -320,7 +320,7 @@ static zs_status zs__json_apply(const cJSON* root, zs_config* c,
   static const char* const keys[] = {"zero_optimization", "device",
                                      "optimizer", "log_level",
                                      "collective_timeout", "heartbeat_timeout",
-                                     "host_collectives",
+                                     "host_collectives", "shard_group_size",
                                      "progress_thread",
                                      "communication_data_type",
                                      "gradient_accumulation_steps",
@@ -336,7 +336,8 @@ static zs_status zs__json_apply(const cJSON* root, zs_config* c,
         "stage", "reduce_bucket_size", "prefetch_depth",
         "stage3_max_live_parameters", "reshard_after_forward",
         "deterministic_reduction", "offload_optimizer", "offload_param",
-        "sub_group_size", "stage3_param_persistence_threshold", NULL};
+        "sub_group_size", "stage3_param_persistence_threshold",
+        "mics_shard_size", NULL};
     const char* zp = "zero_optimization";
     ZS_CHECK(zs__json_known_keys(zero, zp, zkeys));
     ZS_CHECK(zs__json_int(zero, "stage", zp, 0, 3, &c->stage));
@@ -349,6 +350,11 @@ static zs_status zs__json_apply(const cJSON* root, zs_config* c,
                           &c->reshard_after_forward));
     ZS_CHECK(zs__json_size(zero, "stage3_param_persistence_threshold", zp,
                            &c->param_persistence_threshold));
+    /* DeepSpeed MiCS's shard group (-1: all ranks, as 0 here) */
+    int mics = 0;
+    ZS_CHECK(zs__json_int(zero, "mics_shard_size", zp, -1, 1 << 30, &mics));
+    if (cJSON_GetObjectItemCaseSensitive(zero, "mics_shard_size") != NULL)
+      c->shard_group_size = mics < 0 ? 0 : mics;
     int det = r->reduce_order == ZS_REDUCE_FIXED;
     ZS_CHECK(zs__json_int(zero, "deterministic_reduction", zp, 0, 1, &det));
     if (cJSON_GetObjectItemCaseSensitive(zero, "deterministic_reduction"))
@@ -388,6 +394,16 @@ static zs_status zs__json_apply(const cJSON* root, zs_config* c,
     ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
             "config JSON: host_collectives: expected \"auto\", \"shm\" or "
             "\"mpi\"");
+  const cJSON* sg = cJSON_GetObjectItemCaseSensitive(root, "shard_group_size");
+  if (cJSON_IsString(sg) && strcmp(sg->valuestring, "node") == 0)
+    c->shard_group_size = ZS_SHARD_GROUP_NODE;
+  else if (sg != NULL && !cJSON_IsNumber(sg))
+    ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+            "config JSON: shard_group_size: expected a rank count or "
+            "\"node\"");
+  else
+    ZS_CHECK(zs__json_int(root, "shard_group_size", "", 0, 1 << 30,
+                          &c->shard_group_size));
   const cJSON* cdt = cJSON_GetObjectItemCaseSensitive(root,
                                                       "communication_data_type");
   if (cdt != NULL) {
@@ -536,6 +552,10 @@ zs_status zs_config_from_json(const char* text, zs_config* config) {
        offsetof(zs_config, heartbeat_timeout_s) + sizeof(double)},
       {NULL, "host_collectives",
        offsetof(zs_config, host_collectives) + sizeof(zs_host_collectives)},
+      {NULL, "shard_group_size",
+       offsetof(zs_config, shard_group_size) + sizeof(int)},
+      {"zero_optimization", "mics_shard_size",
+       offsetof(zs_config, shard_group_size) + sizeof(int)},
   };
   for (size_t i = 0; st == ZS_OK && i < sizeof newer / sizeof *newer; i++) {
     const cJSON* o = newer[i].block != NULL

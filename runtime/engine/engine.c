@@ -197,12 +197,12 @@ zs_status zs__unit_pieces(const zs_model* m, const zs__unit* u, size_t begin,
 void* zs__param_shard_ptr(zs_model* m, zs__unit* u) {
   if (u->policy.params == ZS__EXTENT_SHARD) return u->params_shard;
   return zs__at(u->params_full,
-                zs__layout_shard_begin(&u->layout, m->ctx->rank), u->elem);
+                zs__layout_shard_begin(&u->layout, m->ctx->shard_rank), u->elem);
 }
 
 void* zs__grad_shard_ptr(zs_model* m, zs__unit* u) {
   if (u->policy.grads == ZS__EXTENT_SHARD) return u->grads_shard;
-  return zs__at(u->grads_full, zs__layout_shard_begin(&u->layout, m->ctx->rank),
+  return zs__at(u->grads_full, zs__layout_shard_begin(&u->layout, m->ctx->shard_rank),
                 u->gelem);
 }
 
@@ -270,11 +270,11 @@ zs_status zs__grad_state_set(zs__unit* u, zs__grad_state to) {
 size_t zs__span_begin(const zs_model* m, const zs__unit* u) {
   return u->policy.opt_span == ZS__EXTENT_FULL
              ? 0
-             : zs__layout_shard_begin(&u->layout, m->ctx->rank);
+             : zs__layout_shard_begin(&u->layout, m->ctx->shard_rank);
 }
 
 size_t zs__span_shard_offset(const zs_model* m, const zs__unit* u) {
-  return zs__policy_shard_offset(u->policy.opt_span, m->ctx->rank,
+  return zs__policy_shard_offset(u->policy.opt_span, m->ctx->shard_rank,
                                  u->layout.shard);
 }
 

@@ -6,7 +6,10 @@
  * Save: every rank writes its shard of every unit (at stage 0 too, so the
  * format is the same at every stage) into a temporary directory, fsyncs it,
  * and rank 0 writes the extras and the metadata, fsyncs, renames the
- * directory into place and then moves the `latest` pointer. A crash at any
+ * directory into place and then moves the `latest` pointer. With shard
+ * groups (hybrid sharding) the first group (ranks 0 .. G-1) writes: the
+ * checkpoint is one replica's G rank files, and loads as if G ranks had
+ * saved it. A crash at any
  * point leaves the previous checkpoint and the pointer to it intact.
  *
  * Load: every rank reads the metadata, checks it describes this model,
@@ -71,7 +74,7 @@ static zs_status zs__ckpt_describe(const zs_model* m, zs__ckpt_meta* cm) {
   const zs_config* c = &m->ctx->config;
   memset(cm, 0, sizeof *cm);
   cm->version = ZS__CKPT_VERSION;
-  cm->world = m->ctx->world;
+  cm->world = m->ctx->shard_ranks; /* (with replicas: one replica's) */
   cm->stage = c->stage;
   snprintf(cm->optimizer, sizeof cm->optimizer, "%s", m->optim_name);
   cm->grad_accum_steps = c->grad_accum_steps;
@@ -474,6 +477,9 @@ zs_status zs_checkpoint_save(zs_model* m, const char* root, const char* name,
   if (st != ZS_OK) return st;
   zs__comm* comm = m->ctx->comm;
   const int rank = m->ctx->rank, world = m->ctx->world;
+  /* the first shard group's ranks write (ranks 0 .. G-1: their rank is
+   * their shard rank); the other replicas hold the same shards */
+  const int writes = rank < m->ctx->shard_ranks;
   char namebuf[64], tmp[ZS__CKPT_PATH_MAX], path[ZS__CKPT_PATH_MAX];
   char tmpname[256], rname[64];
   zs__ckpt_meta cm;
@@ -511,15 +517,22 @@ zs_status zs_checkpoint_save(zs_model* m, const char* root, const char* name,
   wrote = 1;
   zs__ckpt_rank_file(rank, rname, sizeof rname);
   local = zs__ckpt_join(path, sizeof path, tmp, rname);
-  if (local == ZS_OK) local = zs__ckpt_write_rank(m, path, &mine);
-  if (local == ZS_OK) zs__ckpt_crash_point(rank, rname);
+  if (local == ZS_OK && writes) local = zs__ckpt_write_rank(m, path, &mine);
+  if (local == ZS_OK && writes) zs__ckpt_crash_point(rank, rname);
   /* this rank's blob (zs_checkpoint_set_rank_blob), maybe empty */
   uint64_t blob[3] = {0, (uint64_t)m->rank_blob_bytes, 0};
-  if (local == ZS_OK) {
+  if (local == ZS_OK && !writes && m->rank_blob_bytes > 0)
+    local = zs__error(ZS_ERR_UNSUPPORTED,
+                      "zs_checkpoint_save: rank %d set a rank blob "
+                      "(zs_checkpoint_set_rank_blob), but with shard groups "
+                      "only the first group's ranks (0 .. %d) save theirs; "
+                      "keep per-rank state of the other replicas in the "
+                      "extras", rank, m->ctx->shard_ranks - 1);
+  if (local == ZS_OK && writes) {
     zs__ckpt_blob_file(rank, rname, sizeof rname);
     local = zs__ckpt_join(path, sizeof path, tmp, rname);
   }
-  if (local == ZS_OK)
+  if (local == ZS_OK && writes)
     local = zs__ckpt_write_small(path, m->rank_blob, m->rank_blob_bytes,
                                  &blob[2]);
   if (local == ZS_OK) {
@@ -531,7 +544,7 @@ zs_status zs_checkpoint_save(zs_model* m, const char* root, const char* name,
   ZS_CHECK(zs__comm_agree(comm, local, "zs_checkpoint_save"));
   st = zs__comm_all_gather(comm, zs__tag(ZS__P_CHECK, -1, "checkpoint"), blob,
                            all, 3, ZS_UINT64);
-  for (int r = 0; st == ZS_OK && r < world; r++) {
+  for (int r = 0; st == ZS_OK && r < cm.world; r++) {
     cm.rank_xxh64[r] = all[3 * r];
     cm.blob_bytes[r] = all[3 * r + 1];
     cm.blob_xxh64[r] = all[3 * r + 2];
@@ -543,7 +556,7 @@ zs_status zs_checkpoint_save(zs_model* m, const char* root, const char* name,
   ZS_CHECK(zs__comm_agree(comm, local, "zs_checkpoint_save"));
   wrote = 0;
   zs__log(ZS_LOG_INFO, "checkpoint '%s/%s' saved (%d rank files of %llu "
-          "bytes)", root, name, world, (unsigned long long)cm.rank_bytes);
+          "bytes)", root, name, cm.world, (unsigned long long)cm.rank_bytes);
 cleanup:
   /* A failed save leaves no partial directory (the previous checkpoint and
    * `latest` were never touched). Every rank has finished with the
@@ -706,7 +719,7 @@ static zs_status zs__ckpt_load_field(zs_model* m, zs__unit* u,
 
 static zs_status zs__ckpt_load_units(zs_model* m, zs__ckpt_reader* rd,
                                      const int* map, int weights_only) {
-  const int rank = m->ctx->rank;
+  const int rank = m->ctx->shard_rank;
   char* buf = malloc(ZS__CKPT_CHUNK * sizeof(float));
   if (buf == NULL)
     return zs__error(ZS_ERR_OUT_OF_MEMORY, "zs_checkpoint_load: staging");

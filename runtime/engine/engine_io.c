@@ -35,7 +35,7 @@ static zs_status zs__store_params(zs_model* m, zs__unit* u, const char* full,
     st = dev->ops->copy(dev, zs__at(u->params_full, begin, u->elem), full,
                         n * u->elem, NULL);
   } else {
-    size_t s0 = zs__layout_shard_begin(&u->layout, m->ctx->rank);
+    size_t s0 = zs__layout_shard_begin(&u->layout, m->ctx->shard_rank);
     size_t s1 = s0 + u->layout.shard;
     size_t lo = begin > s0 ? begin : s0, hi = begin + n < s1 ? begin + n : s1;
     if (lo >= hi) return ZS_OK;
@@ -388,7 +388,7 @@ zs_status zs_tensor_get(zs_model* m, int tensor, zs_field field, void* out) {
   const int su = zs__storage_unit(m, tensor);
   zs__unit* u = &m->units[su];
   const size_t elem = zs_dtype_size(dtype);
-  ZS_CHECK(zs__comm_all_gather(m->ctx->comm, zs__tag(ZS__P_GET, su, u->name),
+  ZS_CHECK(zs__comm_all_gather(m->ctx->shard_comm, zs__tag(ZS__P_GET, su, u->name),
                                shard, full, u->layout.shard, dtype));
   ZS_CHECK(dev->ops->copy(dev, out, zs__at(full, t->offset, elem),
                           t->numel * elem, NULL));

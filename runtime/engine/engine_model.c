@@ -855,18 +855,22 @@ static zs_status zs__layout_one(zs_model* m, zs__unit* u) {
             "MPI backend has no %s sum); or set reduce_dtype to ZS_FLOAT32",
             u->name, zs_dtype_name(u->gdtype), zs_dtype_name(u->gdtype));
   u->gelem = zs_dtype_size(u->gdtype);
+  /* Padded for every rank of the context, split over the shard group: with
+   * replicas (hybrid sharding) each shard then splits evenly over the
+   * replica group too, for its all-reduce (zs__replica_reduce). */
   ZS_CHECK(zs__layout_unit(numels, alias, n, zs__layout_align(u->elem),
                            m->ctx->world, offsets, &u->layout));
+  u->layout.shard = u->layout.padded / (size_t)m->ctx->shard_ranks;
   if (u->layout.padded > SIZE_MAX / u->elem)
     ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
             "unit '%s': %zu elements of %zu bytes overflow size_t", u->name,
             u->layout.padded, u->elem);
-  if (u->layout.shard > m->ctx->comm->max_count)
+  if (u->layout.shard > m->ctx->shard_comm->max_count)
     ZS_FAIL(ZS_ERR_UNSUPPORTED,
             "unit '%s': its shard of %zu elements exceeds the %s backend's "
             "limit of %zu elements per collective; split it into smaller "
-            "units", u->name, u->layout.shard, m->ctx->comm->ops->name,
-            m->ctx->comm->max_count);
+            "units", u->name, u->layout.shard, m->ctx->shard_comm->ops->name,
+            m->ctx->shard_comm->max_count);
   for (int i = 0; i < n; i++)
     if (!alias[i]) m->tensors[u->tensors[i]].offset = offsets[i];
   /* The unit's policy: where each field lives, from here on. A replicated
@@ -892,7 +896,7 @@ static zs_status zs__layout_one(zs_model* m, zs__unit* u) {
                             u->name, &u->opt_pieces, &u->nopt_pieces));
   /* The norm's pieces: this rank's shard at every stage, so that across
    * ranks each trainable element counts exactly once (never padding). */
-  begin = zs__layout_shard_begin(&u->layout, m->ctx->rank);
+  begin = zs__layout_shard_begin(&u->layout, m->ctx->shard_rank);
   end = begin + u->layout.shard;
   free(u->norm_pieces);
   u->norm_pieces = NULL;
@@ -1047,11 +1051,11 @@ zs_status zs_model_finalize(zs_model* m) {
                         "may be unused (zs_unit_allow_unused) but has tied "
                         "tensors, to or from another unit; such a unit's "
                         "tensors must be its own", u->name);
-    else if (m->ctx->world > 64 && u->policy.gather_on_use)
+    else if (m->ctx->shard_ranks > 64 && u->policy.gather_on_use)
       local = zs__error(ZS_ERR_UNSUPPORTED, "zs_model_finalize: unit '%s' may "
                         "be unused (zs_unit_allow_unused): at stage 3 with at "
-                        "most 64 ranks (this job has %d)", u->name,
-                        m->ctx->world);
+                        "most 64 ranks in a shard group (this job has %d)",
+                        u->name, m->ctx->shard_ranks);
   }
   /* a user's optimizer runs on the host: with a CUDA context only where
    * the policy steps in host memory (CPU or NVMe offload) */

@@ -242,7 +242,7 @@ static zs_status zs__pslot_read(zs_model* m, int ui, int s, int blank) {
   if (owner != NULL && b->gather_pin) {
     /* the all-gather reading it finishes first (every rank waits for the
      * same one: the choice depends only on the order of calls) */
-    zs_status st = zs__inflight_wait(m->ctx->comm, &owner->gather_ops);
+    zs_status st = zs__inflight_wait(m->ctx->shard_comm, &owner->gather_ops);
     b->gather_pin = 0;
     if (st != ZS_OK) return st;
   }
@@ -375,7 +375,7 @@ zs_status zs__param_abort(zs_model* m, zs_status st) {
   for (int s = 0; s < np->nslots; s++) {
     zs__pslot* b = &np->slots[s];
     if (b->gather_pin && b->unit >= 0)
-      (void)zs__inflight_wait(m->ctx->comm, &m->units[b->unit].gather_ops);
+      (void)zs__inflight_wait(m->ctx->shard_comm, &m->units[b->unit].gather_ops);
     /* changes not on disk are lost here: the caller reports the failure */
     b->pins = b->gather_pin = b->dirty = 0;
     b->read_ticket = b->write_ticket = 0;

@@ -427,7 +427,9 @@ static zs_status zs__local_sumsq(zs_model* m, double* out) {
 
 /* The global sum of squares: one all-gather of every rank's partial sum,
  * added in rank order on every rank, so every rank gets the same bits (an
- * MPI all-reduce may add in a rank-dependent order). */
+ * MPI all-reduce may add in a rank-dependent order). With replicas (hybrid
+ * sharding) the first shard group's sums (ranks 0 .. G-1) are the whole
+ * model's: each shard counts once, not once per replica. */
 zs_status zs__global_sumsq(zs_model* m, double* out) {
   const int W = m->ctx->world;
   /* Heap, not stack: a collective's buffer (see zs__comm_free). */
@@ -442,7 +444,7 @@ zs_status zs__global_sumsq(zs_model* m, double* out) {
                                      zs__tag(ZS__P_NORM, -1, NULL),
                                      &v[W], v, 1, ZS_FLOAT64);
   double sum = 0.0;
-  for (int r = 0; r < W; r++) sum += v[r];
+  for (int r = 0; r < m->ctx->shard_ranks; r++) sum += v[r];
   zs__comm_free(m->ctx->comm, v);
   *out = sum;
   return st;

@@ -168,6 +168,50 @@ static zs_status zs__step_check_closed(const zs_model* m) {
   return ZS_OK;
 }
 
+/* Hybrid sharding (docs/running.md, "Shard groups"; FSDP's HYBRID_SHARD,
+ * DeepSpeed's MiCS): after the shard group's reduce-scatter each trainable
+ * unit's gradient shard holds its group's mean; across the replica group
+ * (the ranks holding the same shard, one per group) it becomes the mean
+ * of the groups' means. An all-reduce in fixed replica order, as a
+ * reduce-scatter and an all-gather (the shard splits evenly into R parts:
+ * the layout pads units for every rank of the context): replica r sums
+ * part r over replicas 0, 1, ..., R-1 in fp32, divides by R and rounds
+ * once, then every replica gathers every part. All units' reduce-scatters
+ * start at once, then their all-gathers. Bitwise the same on every
+ * replica; without replicas nothing happens. */
+static zs_status zs__replica_reduce(zs_model* m) {
+  zs__comm* rc = m->ctx->replica_comm;
+  const int R = m->ctx->replicas;
+  if (rc == NULL || R <= 1) return ZS_OK;
+  zs__inflight f = {0};
+  zs_status st = ZS_OK;
+  for (int pass = 0; pass < 2 && st == ZS_OK; pass++) {
+    for (int i = 0; i < m->nunits && st == ZS_OK; i++) {
+      zs__unit* u = &m->units[i];
+      if (!u->trainable || u->layout.shard == 0) continue;
+      const size_t part = u->layout.shard / (size_t)R;
+      char* shard = (char*)zs__grad_shard_ptr(m, u);
+      const zs__coll_tag tag = zs__tag(ZS__P_REPLICA, i, u->name);
+      zs__coll* op = NULL;
+      st = pass == 0
+               ? zs__comm_ireduce_scatter(
+                     rc, tag, ZS__REDUCE_FIXED, shard, 0, part, part,
+                     shard + (size_t)m->ctx->replica_rank * part * u->gelem,
+                     (float)R, u->gdtype, &op)
+               : zs__comm_iall_gather(rc, tag, ZS__IN_PLACE, shard, part,
+                                      u->gdtype, &op);
+      if (st == ZS_OK) st = zs__inflight_push(rc, &f, op);
+      if (st != ZS_OK)
+        st = zs__error_prefix(st, "replica all-reduce of unit '%s': ",
+                              u->name);
+    }
+    const zs_status s2 = zs__inflight_wait(rc, &f);
+    if (st == ZS_OK) st = s2;
+  }
+  free(f.ops);
+  return st;
+}
+
 /* After the reductions of the K-th micro-batch: the norm / overflow
  * agreement (one all-gather, only when clipping or loss scaling is on),
  * then the optimizer. *applied: whether the optimizer ran. */
@@ -217,7 +261,7 @@ static zs_status zs__step_apply(zs_model* m, zs_step_info* info,
   /* Wait for those, and for the previous step's refresh of resident
    * parameters (stages 1-2), before the optimizer writes. */
   for (int i = 0; i < m->nunits; i++) {
-    ZS_CHECK(zs__inflight_wait(m->ctx->comm, &m->units[i].shard_ops));
+    ZS_CHECK(zs__inflight_wait(m->ctx->shard_comm, &m->units[i].shard_ops));
     zs__param_complete(&m->units[i]);
   }
   /* The step: one loop (zs__optimize) over the store of the master
@@ -262,9 +306,9 @@ static zs_status zs__step_apply(zs_model* m, zs_step_info* info,
       zs__bucket(m, u, b, &off, &cnt);
       zs__coll* op = NULL;
       ZS_CHECK(zs__comm_iall_gather_strided(
-          m->ctx->comm, zs__tag(ZS__P_PARAM_GATHER, i, u->name),
+          m->ctx->shard_comm, zs__tag(ZS__P_PARAM_GATHER, i, u->name),
           u->params_full, off, u->layout.shard, cnt, u->dtype, &op));
-      ZS_CHECK(zs__inflight_push(m->ctx->comm, &u->shard_ops, op));
+      ZS_CHECK(zs__inflight_push(m->ctx->shard_comm, &u->shard_ops, op));
     }
   }
   for (int i = 0; i < m->ntensors; i++) {
@@ -347,6 +391,7 @@ static zs_status zs__step_body(zs_model* m, int unit, void* arg) {
   for (int i = 0; i < m->nunits; i++)
     if (m->units[i].releases > m->units[i].uses_recorded)
       m->units[i].uses_recorded = m->units[i].releases;
+  if (boundary) ZS_CHECK(zs__replica_reduce(m));
   if (boundary) ZS_CHECK(zs__step_apply(m, info, &applied));
 cleanup:
   /* A new step starts whatever happened after the reductions began. */
@@ -423,8 +468,13 @@ static zs_status zs__discard_body(zs_model* m, int unit, void* arg) {
   out->filled = 1;
   (void)zs__check_discarded(m, "zs_step_discard"); /* sets discard_local */
   if (!m->discard_local) {
-    int matched = 0;
-    st = zs__comm_reconcile(m->ctx->comm, &matched);
+    int matched = 0, more = 0;
+    /* (with shard groups: the group's collectives first, the context's,
+     * whose partners the others may wait in, after) */
+    if (m->ctx->shard_comm != m->ctx->comm)
+      st = zs__comm_reconcile(m->ctx->shard_comm, &more);
+    if (st == ZS_OK) st = zs__comm_reconcile(m->ctx->comm, &matched);
+    matched |= more;
     if (st != ZS_OK) goto out;
     /* the others' models learn of it at their next call; this one is
      * being dropped now */

@@ -77,7 +77,7 @@ static void zs__gather_done(zs_model* m, zs__unit* u) {
 }
 
 void zs__progress(zs_model* m) {
-  zs__comm* c = m->ctx->comm;
+  zs__comm* c = m->ctx->shard_comm;
   if (c->in_flight == 0 || c->failed) return;
   for (int i = 0; i < m->nunits; i++) {
     zs__unit* u = &m->units[i];
@@ -94,7 +94,7 @@ void zs__progress(zs_model* m) {
 }
 
 zs_status zs__quiesce(zs_model* m) {
-  zs__comm* c = m->ctx->comm;
+  zs__comm* c = m->ctx->shard_comm;
   zs_status st = ZS_OK;
   for (int i = 0; i < m->nunits; i++) {
     zs__unit* u = &m->units[i];
@@ -120,7 +120,7 @@ zs_status zs__quiesce(zs_model* m) {
  * on a rank that does not use it. */
 static zs_status zs__gather_users(zs_model* m, int unit, const void* src,
                                   void* dst, zs__coll** op) {
-  zs__comm* c = m->ctx->comm;
+  zs__comm* c = m->ctx->shard_comm;
   zs__unit* u = &m->units[unit];
   const zs__coll_tag tag = zs__tag(ZS__P_GATHER, unit, u->name);
   *op = NULL;
@@ -165,7 +165,7 @@ static zs_status zs__gather_src(zs_model* m, zs__unit* u, const void** src) {
 zs_status zs__unused_send_finish(zs_model* m, zs__unit* u) {
   if (!u->allow_unused || u->gather_refs > 0 || u->gather_ops.n == 0)
     return ZS_OK;
-  zs_status st = zs__inflight_wait(m->ctx->comm, &u->gather_ops);
+  zs_status st = zs__inflight_wait(m->ctx->shard_comm, &u->gather_ops);
   zs__gather_done(m, u);
   return st;
 }
@@ -179,7 +179,7 @@ zs_status zs__unused_send(zs_model* m, int unit) {
   if (st == ZS_OK) st = zs__gather_src(m, u, &src);
   if (st == ZS_OK) st = zs__gather_users(m, unit, src, NULL, &op);
   if (st == ZS_OK && op != NULL)
-    st = zs__inflight_push(m->ctx->comm, &u->gather_ops, op);
+    st = zs__inflight_push(m->ctx->shard_comm, &u->gather_ops, op);
   if (st != ZS_OK || op == NULL) zs__gather_done(m, u);
   if (st != ZS_OK)
     return zs__error_prefix(st, "zs_unit_mark_unused: unit '%s': ", u->name);
@@ -207,11 +207,11 @@ zs_status zs__hold(zs_model* m, int unit) {
     if (st == ZS_OK)
       st = u->allow_unused
                ? zs__gather_users(m, unit, src, u->params_full, &op)
-               : zs__comm_iall_gather(m->ctx->comm,
+               : zs__comm_iall_gather(m->ctx->shard_comm,
                                       zs__tag(ZS__P_GATHER, unit, u->name), src,
                                       u->params_full, u->layout.shard, u->dtype,
                                       &op);
-    if (st == ZS_OK) st = zs__inflight_push(m->ctx->comm, &u->gather_ops, op);
+    if (st == ZS_OK) st = zs__inflight_push(m->ctx->shard_comm, &u->gather_ops, op);
     if (st != ZS_OK) {
       /* not started, or completed by zs__inflight_push */
       zs__dev_free(dev, u->params_full);
@@ -233,7 +233,7 @@ zs_status zs__hold(zs_model* m, int unit) {
 void zs__drop(zs_model* m, int unit) {
   zs__unit* u = &m->units[unit];
   if (--u->gather_refs > 0 || !u->policy.gather_on_use) return;
-  if (zs__inflight_wait(m->ctx->comm, &u->gather_ops) != ZS_OK)
+  if (zs__inflight_wait(m->ctx->shard_comm, &u->gather_ops) != ZS_OK)
     zs__log(ZS_LOG_ERROR, "%s", zs_last_error());
   zs__gather_done(m, u);
   if (zs__param_state_set(u, ZS__PARAM_SHARDED) != ZS_OK)
@@ -257,9 +257,9 @@ zs_status zs__hold_for_use(zs_model* m, int unit) {
 
 /* Waits until a held unit's full parameters are complete. */
 zs_status zs__ready(zs_model* m, zs__unit* u) {
-  zs_status st = zs__inflight_wait(m->ctx->comm, &u->gather_ops);
+  zs_status st = zs__inflight_wait(m->ctx->shard_comm, &u->gather_ops);
   zs__gather_done(m, u);
-  if (st == ZS_OK) st = zs__inflight_wait(m->ctx->comm, &u->shard_ops);
+  if (st == ZS_OK) st = zs__inflight_wait(m->ctx->shard_comm, &u->shard_ops);
   if (st == ZS_OK) zs__param_complete(u);
   return st;
 }
@@ -325,9 +325,11 @@ void zs__grad_drop(zs_model* m, zs__unit* u) {
   (void)zs__grad_state_set(u, ZS__GRAD_IDLE); /* (from any state) */
 }
 
-/* The divisor of the gradient mean: ranks * micro-batches per step. */
+/* The divisor of the gradient mean: the shard group's ranks * micro-batches
+ * per step (with replicas, the replica all-reduce then takes the mean of
+ * the groups' means: zs__replica_reduce). */
 static float zs__grad_divisor(const zs_model* m) {
-  return (float)m->ctx->world * (float)m->ctx->config.grad_accum_steps;
+  return (float)m->ctx->shard_ranks * (float)m->ctx->config.grad_accum_steps;
 }
 
 /* One reduce-scatter per bucket of the shard, all started now; each sums
@@ -335,7 +337,7 @@ static float zs__grad_divisor(const zs_model* m) {
  * the saved shard at the end). The accumulation buffer is their send
  * buffer and stays alive until they complete. */
 zs_status zs__grad_reduce_start(zs_model* m, zs__unit* u) {
-  zs__comm* comm = m->ctx->comm;
+  zs__comm* comm = m->ctx->shard_comm;
   const int ui = (int)(u - m->units);
   const zs__coll_tag tag = zs__tag(ZS__P_REDUCE, ui, u->name);
   const zs__reduce_order order = (zs__reduce_order)m->ctx->config.reduce_order;
@@ -402,7 +404,7 @@ static void zs__reducing_remove(zs_model* m, int ui) {
  * accumulation buffer. */
 zs_status zs__grad_reduce_finish(zs_model* m, zs__unit* u) {
   zs__device* dev = m->ctx->device;
-  zs__comm* comm = m->ctx->comm;
+  zs__comm* comm = m->ctx->shard_comm;
   void* shard = zs__grad_shard_ptr(m, u);
   zs_status st = ZS_OK;
   zs__reducing_remove(m, (int)(u - m->units));
@@ -425,7 +427,7 @@ cleanup:
 }
 
 zs_status zs__grad_gather_start(zs_model* m) {
-  zs__comm* comm = m->ctx->comm;
+  zs__comm* comm = m->ctx->shard_comm;
   zs_status st = ZS_OK;
   for (int ui = 0; ui < m->nunits && st == ZS_OK; ui++) {
     zs__unit* u = &m->units[ui];

@@ -18,5 +18,16 @@ zs_status zs_context_create_local(const zs_config* config, zs_context** out) {
   if (st == ZS_OK && zs__config_device(config) == ZS_DEVICE_CUDA)
     st = zs__cuda_comm_create(c, &c); /* takes c, also on failure */
   if (st != ZS_OK) return st;
-  return zs__engine_context_create(config, c, out);
+  st = zs__engine_context_create(config, c, out);
+  /* one rank: one shard group of it */
+  if (st == ZS_OK && (*out)->config.shard_group_size > 1) {
+    const int g = (*out)->config.shard_group_size;
+    zs_context_destroy(*out);
+    *out = NULL;
+    return zs__error(ZS_ERR_INVALID_ARGUMENT,
+                     "zs_context_create: config.shard_group_size %d does not "
+                     "divide the 1 rank of a context without MPI", g);
+  }
+  if (st == ZS_OK) (*out)->config.shard_group_size = 1;
+  return st;
 }

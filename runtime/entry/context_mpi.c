@@ -52,6 +52,113 @@ static zs_status zs__host_collectives_start(zs_context* ctx, zs__comm* mpi) {
   return zs__error(st, "zs_context_create: %s", saved);
 }
 
+/* One group communicator of a new context: the context's (parent)
+ * bookkeeping, its timeout, device, heartbeats and progress thread, and
+ * host collectives as the context asked for them (shared memory where the
+ * group is on one host: `shm` forces it only there, a group across hosts
+ * uses MPI). */
+static zs_status zs__group_setup(zs_context* ctx, zs__comm* g, zs__group kind,
+                                 zs_host_collectives mode) {
+  g->parent = ctx->comm;
+  g->group = (uint8_t)kind;
+  g->timeout_s = ctx->comm->timeout_s;
+  g->dev = ctx->device;
+  g->hb = ctx->comm->hb; /* (borrowed) */
+  size_t bytes = 0;
+  zs_status st = zs__comm_mpi_host_collectives(
+      g, mode == ZS_HOST_COLLECTIVES_SHM && g->local_size != g->world
+             ? ZS_HOST_COLLECTIVES_MPI : mode, &bytes);
+  if (st == ZS_OK) st = zs__context_count_segment(ctx, bytes);
+  if (st == ZS_OK && ctx->config.progress_thread &&
+      g->ops->start_progress != NULL && g->ops->start_progress(g) != ZS_OK)
+    zs__log(ZS_LOG_WARN, "%s", zs__error_body());
+  return st;
+}
+
+/* Hybrid sharding's groups (config.shard_group_size G; docs/running.md,
+ * "Shard groups"): the shard group of ranks G*g .. G*g+G-1 and the replica
+ * group of ranks j, j+G, ... (MPI_Comm_split of the context's
+ * communicator). G must divide the world; ZS_SHARD_GROUP_NODE is the
+ * number of ranks on a host, the same on every host, each host's ranks
+ * consecutive. Agreed: every rank fails alike, naming the problem. With G
+ * equal to the world nothing is made. */
+static zs_status zs__groups_start(zs_context* ctx, zs__comm* mpi,
+                                  zs_host_collectives mode) {
+  const int W = ctx->world, want = ctx->config.shard_group_size;
+  int G = want == ZS_SHARD_GROUP_NODE ? mpi->local_size : want;
+  if (G == 0) G = W;
+  zs_status local = ZS_OK;
+  if (W % G != 0)
+    local = zs__error(ZS_ERR_INVALID_ARGUMENT,
+                      "config.shard_group_size: %d %sdoes not divide the %d "
+                      "ranks (groups of equal size are needed)", G,
+                      want == ZS_SHARD_GROUP_NODE ? "(the ranks of this host) "
+                                                  : "", W);
+  else if (want == ZS_SHARD_GROUP_NODE && mpi->local_rank != ctx->rank % G)
+    local = zs__error(ZS_ERR_INVALID_ARGUMENT,
+                      "config.shard_group_size node: this host's ranks are "
+                      "not consecutive (rank %d is this host's %d-th of %d); "
+                      "place ranks by host (mpirun --map-by slot, Slurm's "
+                      "block distribution)", ctx->rank, mpi->local_rank, G);
+  else if (G < W && ctx->device != ctx->host)
+    local = zs__error(ZS_ERR_UNSUPPORTED,
+                      "config.shard_group_size %d of %d ranks: hybrid "
+                      "sharding runs on the host device in this release "
+                      "(the CUDA backend's NCCL communicator is not split "
+                      "yet)", G, W);
+  /* every host the same G (node): the largest and smallest agree */
+  uint64_t* v = (uint64_t*)malloc(2 * sizeof *v); /* (a collective's) */
+  if (v == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "shard groups");
+  v[0] = (uint64_t)G;
+  v[1] = ~(uint64_t)G; /* (the max of ~G: ~ the min) */
+  zs_status st = zs__comm_all_reduce(ctx->comm, zs__tag(ZS__P_CHECK, -1, NULL),
+                                     ZS__IN_PLACE, v, 2, ZS_UINT64, ZS__RED_MAX);
+  if (st == ZS_OK && local == ZS_OK && v[0] != ~v[1])
+    local = zs__error(ZS_ERR_INVALID_ARGUMENT,
+                      "config.shard_group_size node: hosts have different "
+                      "numbers of ranks (from %llu to %llu); give every host "
+                      "as many", (unsigned long long)~v[1],
+                      (unsigned long long)v[0]);
+  zs__comm_free(ctx->comm, v);
+  if (st == ZS_OK) st = zs__comm_agree(ctx->comm, local, "shard groups");
+  if (st != ZS_OK) return st;
+  ctx->config.shard_group_size = G; /* zs_context_config says what it is */
+  if (G == W) return ZS_OK;
+  zs__comm *shard = NULL, *rep = NULL;
+  st = zs__comm_mpi_split(mpi, ctx->rank / G, ctx->rank, &shard);
+  if (st == ZS_OK) st = zs__comm_mpi_split(mpi, ctx->rank % G, ctx->rank, &rep);
+  if (st == ZS_OK) {
+    ctx->shard_comm = shard;
+    ctx->replica_comm = rep;
+    ctx->shard_rank = shard->rank;
+    ctx->shard_ranks = shard->world;
+    ctx->replica_rank = rep->rank;
+    ctx->replicas = rep->world;
+    st = zs__group_setup(ctx, shard, ZS__GROUP_SHARD, mode);
+    if (st == ZS_OK) st = zs__group_setup(ctx, rep, ZS__GROUP_REPLICA, mode);
+  } else {
+    zs__comm_destroy(shard);
+    zs__comm_destroy(rep);
+  }
+  return st;
+}
+
+/* A new context's host collectives, heartbeats and shard groups; on
+ * failure the context is destroyed. */
+static zs_status zs__context_finish(zs_context* ctx, zs__comm* mpi,
+                                    zs__comm* c) {
+  const zs_host_collectives mode = ctx->config.host_collectives;
+  zs_status st = zs__host_collectives_start(ctx, mpi);
+  if (st == ZS_OK) st = zs__heartbeat_start(ctx, mpi, c);
+  if (st != ZS_OK) return st; /* (they destroyed it) */
+  st = zs__groups_start(ctx, mpi, mode);
+  if (st == ZS_OK) return ZS_OK;
+  char saved[1024];
+  snprintf(saved, sizeof saved, "%s", zs__error_body());
+  zs_context_destroy(ctx);
+  return zs__error(st, "zs_context_create: %s", saved);
+}
+
 /* Open MPI reports some failures of non-blocking collectives (a message
  * truncated when ranks' collectives no longer pair up) on MPI_COMM_WORLD,
  * whatever communicator they ran on; with its default handler that ends
@@ -96,11 +203,8 @@ zs_status zs_context_create_mpi(const zs_config* config, MPI_Comm comm,
   if (st == ZS_OK) st = zs__comm_for_device(config, &c);
   if (st != ZS_OK) return st;
   st = zs__engine_context_create(config, c, out);
-  if (st == ZS_OK) {
-    st = zs__host_collectives_start(*out, mpi);
-    if (st == ZS_OK) st = zs__heartbeat_start(*out, mpi, c);
-    if (st != ZS_OK) *out = NULL;
-  }
+  if (st == ZS_OK) st = zs__context_finish(*out, mpi, c);
+  if (st != ZS_OK) *out = NULL;
   if (st == ZS_OK) zs__mpi_check_world_errhandler(comm);
   return st;
 }
@@ -146,11 +250,8 @@ zs_status zs_context_create(const zs_config* config, zs_context** out) {
   if (st == ZS_OK) st = zs__comm_for_device(config, &c);
   if (st != ZS_OK) return st;
   st = zs__engine_context_create(config, c, out);
-  if (st == ZS_OK) {
-    st = zs__host_collectives_start(*out, mpi);
-    if (st == ZS_OK) st = zs__heartbeat_start(*out, mpi, c);
-    if (st != ZS_OK) *out = NULL;
-  }
+  if (st == ZS_OK) st = zs__context_finish(*out, mpi, c);
+  if (st != ZS_OK) *out = NULL;
   /* Only a context that exists owns MPI, so a failed create can be retried:
    * MPI stays up, and is finalized at exit if nothing owns it then. */
   if (st == ZS_OK && zs__mpi_we_initialized) zs__comm_mpi_own(mpi);

@@ -48,6 +48,12 @@ typedef struct zs__estimate_config {
                     host_collectives not MPI */
   int rs_temps;  /* reduce-scatters hold bucket temporaries (all but the
                     segment's fixed-order one, which sums as it reads) */
+  int shard_ranks; /* G: the shard group (hybrid sharding); ranks: flat */
+  int segments;  /* communicators with a shared-memory segment: the
+                    context's, and each of its groups' on one host */
+  int replica_temps; /* replicas all-reduce over MPI: the step holds a
+                    fixed-order reduce-scatter temporary of every trainable
+                    unit's gradient shard (engine_step.c) */
 } zs__estimate_config;
 
 /* A unit's policy (core_policy.h), as the engine makes it at finalize;
@@ -90,6 +96,9 @@ static zs_status zs__estimate_check(const zs__estimate_config* c) {
   ZS_REQUIRE(c->nodes >= 1 && c->ranks % c->nodes == 0,
              "zs_estimate: input.nodes must be >= 1 and divide ranks %d, got %d",
              c->ranks, c->nodes);
+  ZS_REQUIRE(c->shard_ranks >= 1 && c->ranks % c->shard_ranks == 0,
+             "zs_estimate: config.shard_group_size %d does not divide ranks "
+             "%d", c->shard_ranks, c->ranks);
   ZS_REQUIRE(c->stage >= 0 && c->stage <= 3,
              "zs_estimate: config.stage must be 0..3, got %d", c->stage);
   ZS_REQUIRE(c->dtype == ZS_FLOAT32 || c->dtype == ZS_BFLOAT16 ||
@@ -177,6 +186,8 @@ typedef struct zs__est_offload {
   int nstates;             /* optimizer state fields per element: the
                               config's optimizer's, or a description's
                               "optimizer_states" (a callback's) */
+  size_t grad_shard_bytes; /* every trainable unit's gradient shard: the
+                              replica all-reduce's temporaries over MPI */
 } zs__est_offload;
 
 /* Whether reductions run one at a time, none beside the next unit's
@@ -243,11 +254,16 @@ static zs_status zs__estimate_total(zs_memory_estimate* out,
     out->bytes[ZS_MEM_OFFLOAD_HOST] += out->bytes[ZS_MEM_PARAMS];
     out->bytes[ZS_MEM_PARAMS] = 0;
   }
+  /* with replicas over MPI, the step's replica all-reduce holds a
+   * temporary of every gradient shard, when nothing else of the comm
+   * buffers is held (engine_step.c, zs__replica_reduce) */
+  if (c->replica_temps && nv->grad_shard_bytes > out->bytes[ZS_MEM_COMM_BUFFERS])
+    out->bytes[ZS_MEM_COMM_BUFFERS] = nv->grad_shard_bytes;
   /* every context's communication log (context.c), on every rank */
   out->bytes[ZS_MEM_OTHER] += ZS__COMM_LOG_BYTES;
   /* this rank's part of the host collectives' segment (comm_shm.h) */
-  if (c->host_shm)
-    out->bytes[ZS_MEM_COMM_SEGMENT] += ZS__SHM_LANES * ZS__SHM_RANK_BYTES;
+  out->bytes[ZS_MEM_COMM_SEGMENT] +=
+      (size_t)c->segments * ZS__SHM_LANES * ZS__SHM_RANK_BYTES;
   if (c->device == ZS_DEVICE_CUDA) {
     /* The optimizer steps on the host while parameters and gradients stay
      * in device memory: two slots of page-locked staging, each the largest
@@ -280,8 +296,9 @@ static zs_status zs__estimate_params(double params,
   memset(out, 0, sizeof *out);
   const zs_dtype dt = c->dtype == ZS_DTYPE_COUNT ? ZS_FLOAT32 : c->dtype;
   const zs_dtype gdt = c->reduce_dtype < 0 ? dt : ZS_FLOAT32;
-  /* The paper's Psi: no alignment, the shard rounded up. */
-  const size_t n = (size_t)params, W = (size_t)c->ranks;
+  /* The paper's Psi: no alignment, the shard rounded up (over the shard
+   * group: with hybrid sharding the replicas hold the same shard). */
+  const size_t n = (size_t)params, W = (size_t)c->shard_ranks;
   const zs__unit_layout l = {n, n, (n + W - 1) / W};
   zs__estimate_states(c, &l, zs_dtype_size(dt), zs_dtype_size(gdt),
                       dt != ZS_FLOAT32, n > 0, zs__estimate_nstates(c), out);
@@ -302,7 +319,8 @@ static zs_status zs__estimate_params(double params,
       (lu + W - 1) / W * zs_dtype_size(dt),
       zs__layout_nvme_round(l.shard * zs_dtype_size(dt)), zs_dtype_size(dt),
       n > 0 ? lu_span * zs_dtype_size(gdt) : 0,
-      n > 0 ? lu_span * zs_dtype_size(dt) : 0, 0, zs__estimate_nstates(c)};
+      n > 0 ? lu_span * zs_dtype_size(dt) : 0, 0, zs__estimate_nstates(c),
+      l.shard * zs_dtype_size(gdt)};
   if (c->largest_unit_elements > 0 && n > 0) {
     /* Units given by their largest: the transient terms as for a
      * description of ceil(n / lu) units of lu elements (no ties): the
@@ -766,9 +784,11 @@ static zs_status zs__estimate_model(const char* description,
     zs__unit_layout l;
     ZS_CHECK(zs__layout_unit(numels, alias, n, zs__layout_align(u->elem),
                              c->ranks, offsets, &l));
+    l.shard = l.padded / (size_t)c->shard_ranks; /* (as the engine) */
     u->padded = l.padded;
     u->shard = l.shard;
     if (u->trainable) {
+      nv.grad_shard_bytes += l.shard * u->gelem;
       const size_t sp = zs__policy_span(&upol, l.padded, l.shard);
       if (sp > nv.largest_span) nv.largest_span = sp;
       if (sp * u->gelem > nv.span_grad_bytes) nv.span_grad_bytes = sp * u->gelem;
@@ -955,9 +975,23 @@ static const struct {
 static void zs__est_host_collectives(zs__estimate_config* c,
                                      zs_host_collectives mode,
                                      zs_reduce_order order) {
-  c->host_shm = c->ranks > 1 && c->nodes == 1 &&
-                c->device != ZS_DEVICE_CUDA &&
-                mode != ZS_HOST_COLLECTIVES_MPI;
+  const int G = c->shard_ranks > 0 ? c->shard_ranks : c->ranks;
+  const int per_node = c->ranks / (c->nodes > 0 ? c->nodes : 1);
+  if (G <= 0 || c->ranks % G != 0) { /* (refused by zs__estimate_check) */
+    c->shard_ranks = G;
+    return;
+  }
+  const int ok = c->device != ZS_DEVICE_CUDA && mode != ZS_HOST_COLLECTIVES_MPI;
+  /* the context's communicator; with groups, a shard group within a host
+   * and a replica group when the job is on one host (context_mpi.c) */
+  const int world_shm = ok && c->ranks > 1 && c->nodes == 1;
+  const int shard_shm = G < c->ranks ? ok && G > 1 && per_node % G == 0
+                                     : world_shm;
+  const int replica_shm = G < c->ranks && ok && c->nodes == 1;
+  c->shard_ranks = G;
+  c->host_shm = shard_shm; /* (the reduce-scatters run in the shard group) */
+  c->segments = world_shm + (G < c->ranks ? shard_shm + replica_shm : 0);
+  c->replica_temps = G < c->ranks && !replica_shm;
   c->rs_temps = !(c->host_shm && order == ZS_REDUCE_FIXED);
 }
 
@@ -1008,6 +1042,11 @@ static zs_status zs__estimate_config_of(const zs_config* config,
   out->nvme_param_buffer_count = c.nvme.param_buffer_count;
   out->nvme_param_buffer_elements = c.nvme.param_buffer_elements;
   out->device = c.device;
+  /* the shard group: checked by zs__estimate_check */
+  out->shard_ranks = c.shard_group_size == ZS_SHARD_GROUP_NODE
+                         ? out->ranks / (out->nodes > 0 ? out->nodes : 1)
+                         : c.shard_group_size == 0 ? out->ranks
+                                                   : c.shard_group_size;
   zs__est_host_collectives(out, c.host_collectives, c.reduce_order);
   return ZS_OK;
 }

@@ -83,7 +83,7 @@ extern "C" {
 /* ==== Version ============================================================ */
 
 #define ZS_VERSION_MAJOR 0
-#define ZS_VERSION_MINOR 3
+#define ZS_VERSION_MINOR 4
 #define ZS_VERSION_PATCH 0
 /* MAJOR*10000 + MINOR*100 + PATCH, e.g. 200 for 0.2.0. */
 #define ZS_VERSION_CODE \
@@ -339,6 +339,11 @@ typedef struct zs_nvme_config {
                                    shard; 0 (default): the largest shard */
 } zs_nvme_config;
 
+/* zs_config.shard_group_size: one shard group per host (the ranks
+ * MPI_COMM_TYPE_SHARED puts together; every host must have as many, and
+ * they must be consecutive ranks). */
+#define ZS_SHARD_GROUP_NODE (-1)
+
 /* The runtime configuration (versioned: see the rules above). Start from
  * ZS_CONFIG_INIT or zs_config_init(), then set fields; ranges are checked
  * by zs_context_create and zs_config_validate, and errors name the field.
@@ -394,6 +399,15 @@ typedef struct zs_config {
                                later release's appended field never lands
                                in padding (struct_size tells releases
                                apart) */
+  /* 0.4 */
+  int shard_group_size;     /* hybrid sharding: ranks each unit's shards
+                               are spread over (G, dividing the world W);
+                               the W / G groups hold replicas, and
+                               gradients are all-reduced across them;
+                               ZS_SHARD_GROUP_NODE: the ranks of one host;
+                               default (UNSET or 0): all ranks (flat
+                               sharding). docs/running.md, "Shard groups" */
+  int reserved_0_4;         /* 0; ends 0.4's struct on 8 bytes */
   /* Appended fields go here, newest last (rule 1). */
 } zs_config;
 
@@ -414,7 +428,8 @@ typedef struct zs_config {
         ZS_OFFLOAD_UNSET,                                                   \
         {NULL, ZS_UNSET_SIZE, ZS_UNSET_SIZE, ZS_UNSET_SIZE, ZS_UNSET_INT,   \
          ZS_AIO_UNSET, ZS_UNSET_SIZE, ZS_UNSET_SIZE, ZS_UNSET_SIZE},        \
-        ZS_UNSET_SIZE, ZS_UNSET_DOUBLE, ZS_HOST_COLLECTIVES_UNSET, 0        \
+        ZS_UNSET_SIZE, ZS_UNSET_DOUBLE, ZS_HOST_COLLECTIVES_UNSET, 0,       \
+        ZS_UNSET_INT, 0                                                     \
   }
 
 /* Fills *config with the library's defaults (readable), struct_size and

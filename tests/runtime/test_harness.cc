@@ -129,24 +129,48 @@ TrainResult TrainReference(Model& model, const TrainConfig& cfg) {
                             (size_t)s, cfg.reference_worlds.size() - 1)];
     if (W > 1) {  // rank by rank, summed in rank order
       const int nb = cfg.global_batch / W;
+      const int RG = cfg.reference_group > 0 && cfg.reference_group < W
+                         ? cfg.reference_group : 0;
       std::vector<std::vector<float>> sum(n);
+      // hybrid: each group's sum (in rank order), per group and tensor
+      std::vector<std::vector<float>> group_grads(RG > 0 ? (size_t)(W / RG) * n : 0);
       double loss = 0;
       for (int rank = 0; rank < W; rank++) {
         a.ZeroGrads();
         loss += (double)model.Step(a, s, rank * nb, nb) * nb;
         for (size_t t = 0; t < n; t++) {
           if (model.tensors[t].tie >= 0) continue;
+          const std::vector<float>& g = a.G((int)t);
+          if (RG > 0) {
+            std::vector<float>& gs = group_grads[(size_t)(rank / RG) * n + t];
+            if (rank % RG == 0) gs = g;
+            else for (size_t i = 0; i < g.size(); i++) gs[i] += g[i];
+          }
           if (rank == 0) {
-            sum[t] = a.G((int)t);
+            sum[t] = g;
             continue;
           }
-          const std::vector<float>& g = a.G((int)t);
           for (size_t i = 0; i < g.size(); i++) sum[t][i] += g[i];
         }
       }
+      const int G = cfg.reference_group > 0 && cfg.reference_group < W
+                        ? cfg.reference_group : W;
       for (size_t t = 0; t < n; t++) {
         if (model.tensors[t].tie >= 0) continue;
-        for (float& x : sum[t]) x /= (float)W;
+        if (G == W) {
+          for (float& x : sum[t]) x /= (float)W;
+        } else {  // groups[g] holds group g's sum, then its mean
+          std::vector<float>& out = sum[t];
+          for (size_t i = 0; i < out.size(); i++) {
+            float total = 0.f;
+            for (int g = 0; g < W / G; g++) {
+              float gs = group_grads[(size_t)g * n + t][i];
+              gs /= (float)G;
+              total = g == 0 ? gs : total + gs;
+            }
+            out[i] = total / (float)(W / G);
+          }
+        }
         a.G((int)t) = sum[t];
       }
       r.losses.push_back((float)(loss / cfg.global_batch));
@@ -474,6 +498,7 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
   c.max_live_elements = cfg.max_live_elements;
   c.progress_thread = cfg.progress_thread;
   c.host_collectives = (zs_host_collectives)cfg.host_collectives;
+  c.shard_group_size = cfg.shard_group_size;
   c.grad_accum_steps = cfg.grad_accum;
   c.grad_accum_local = cfg.grad_accum_local;
   c.clip_grad_norm = cfg.max_grad_norm > 0;

@@ -36,6 +36,8 @@ struct TrainConfig {
   // zs_config.host_collectives (ZS_HOST_COLLECTIVES_*; unset: AUTO, or
   // what ZS_HOST_COLLECTIVES says).
   int host_collectives = ZS_HOST_COLLECTIVES_UNSET;
+  // zs_config.shard_group_size (hybrid sharding; 0: all ranks).
+  int shard_group_size = 0;
   // Precision, clipping, accumulation (docs/precision.md).
   int global_batch = kGlobalBatch;  // sequences per optimizer step
   int grad_accum = 1;        // K micro-batches per optimizer step
@@ -80,6 +82,12 @@ struct TrainConfig {
   // ... per step (a run resumed at another world size), overriding it;
   // the last entry holds for the later steps.
   std::vector<int> reference_worlds;
+  // TrainReference with reference_world W: > 0 and < W groups the ranks
+  // as hybrid sharding with shard_group_size G does: each group's G
+  // gradients summed in rank order and divided by G, then the W / G group
+  // means summed in group order and divided by W / G (the engine's shard
+  // group reduce-scatter, then its replica all-reduce).
+  int reference_group = 0;
   // Sharded run: units made ZS_UNIT_REPLICATED, and the model's
   // persistence threshold (elements; 0: none).
   std::vector<int> replicated;
