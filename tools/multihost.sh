@@ -160,7 +160,7 @@ done
 
 # One check before the run: every host's link is up (no ping here).
 for ((i = 0; i < hosts; i++)); do
-  for try in 1 2 3 4 5 6 7 8 9 10; do
+  for _ in 1 2 3 4 5 6 7 8 9 10; do
     st=$(ip netns exec "$PREFIX-h$i" cat /sys/class/net/eth0/operstate 2>/dev/null)
     [ "$st" = up ] && break
     sleep 0.2
