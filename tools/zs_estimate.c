@@ -56,6 +56,16 @@ static const char kUsage[] =
     "                      without it the count is one unit, and those two\n"
     "                      are left out) and DeepSpeed's stage-3 row (a\n"
     "                      model gives its own)\n"
+    "  --shard-group-size G  hybrid sharding: shards within groups of G\n"
+    "                      ranks (node: a node's), replicas across [all]\n"
+    "  --comm              the communication model instead: per rank and\n"
+    "                      step, the log's bytes in the shard group and\n"
+    "                      across replicas, the bytes sent within and\n"
+    "                      between nodes, and a bound on the step's\n"
+    "                      communication time (docs/scaling.md)\n"
+    "  --intra-bw GBps     with --comm: a rank's bandwidth within a node\n"
+    "                      [100]\n"
+    "  --inter-bw GBps     with --comm: a node's link to the others [25]\n"
     "  --json              one JSON object (an array with --stages)\n"
     "Stages 2 and 3 also print DeepSpeed's estimate_zero2/zero3_model_states_\n"
     "mem_needs (offload none, per GPU) for comparison.\n";
@@ -139,7 +149,101 @@ typedef struct opts {
   size_t nvme_buffer_size, nvme_sub_group_size, nvme_buffer_count;
   size_t nvme_param_buffer_count, largest_unit_elements;
   zs_device_kind device;
+  int shard_group_size; /* 0: all ranks; ZS_SHARD_GROUP_NODE: a node's */
 } opts;
+
+/* ---- The communication model (docs/scaling.md) -----------------------
+ *
+ * Per rank and optimizer step, the bytes of the collectives over the units
+ * as the communication log counts them (nccl-tests' sizes: the full,
+ * gathered buffer of an all-gather or reduce-scatter), from the padded
+ * buffers the library's own estimate gives (its stage-0 rows: every unit's
+ * parameters, every trainable unit's gradients):
+ *   - the shard group (G ranks), as ZeRO (arXiv:1910.02054, sec. 7):
+ *     stages 0-2 a reduce-scatter of the gradients and an all-gather (of
+ *     the reduced gradients at 0, of the updated parameters at 1-2): 2 Psi;
+ *     stage 3 an all-gather in the forward and one in the backward
+ *     (reshard_after_forward) and the reduce-scatter: 3 Psi;
+ *   - the replica group (W / G ranks, hybrid sharding): the gradient
+ *     shard's reduce-scatter and all-gather: 2 Psi / G.
+ * Sent on the wire: (n - 1) / n of each collective's size among n ranks
+ * (ring and pairwise algorithms alike), spread evenly over the peers; a
+ * peer on another node is inter-node. The step's bound: its bytes at the
+ * given bandwidths, intra-node per rank and inter-node per node's link,
+ * perfectly overlapped (a lower bound on the communication time). The
+ * control collectives (checks, agreements, the norm: tens of bytes) are
+ * left out. */
+typedef struct comm_model {
+  int G, R;                 /* shard group, replicas */
+  double shard_log, replica_log; /* per rank: the log's bytes */
+  double intra_sent, inter_sent; /* per rank, on the wire */
+  double bound_s;           /* the step's communication, lower bound */
+} comm_model;
+
+static zs_status estimate(const opts* c, double params, const char* text,
+                          zs_memory_estimate* e);
+
+static zs_status comm_model_of(const opts* c, double params, const char* text,
+                               double intra_gbps, double inter_gbps,
+                               comm_model* m) {
+  opts z = *c;
+  z.stage = 0;
+  z.offload_optimizer = z.offload_params = ZS_OFFLOAD_NONE;
+  z.device = ZS_DEVICE_HOST;
+  zs_memory_estimate e;
+  zs_status st = estimate(&z, params, text, &e);
+  if (st != ZS_OK) return st;
+  const int W = c->ranks, L = c->ranks / c->nodes;
+  const int G = c->shard_group_size == ZS_SHARD_GROUP_NODE ? L
+                : c->shard_group_size == 0                ? W
+                                                          : c->shard_group_size;
+  const int R = W / G;
+  const double P = (double)e.bytes[ZS_MEM_PARAMS]; /* padded, all units */
+  const double Pg = (double)e.bytes[ZS_MEM_GRADS];  /* padded, trainable */
+  m->G = G;
+  m->R = R;
+  m->shard_log = c->stage == 3 ? 2 * P + Pg : 2 * Pg;
+  if (G == 1) m->shard_log = 0; /* (a group of one: local copies) */
+  m->replica_log = R > 1 ? 2 * Pg / G : 0;
+  /* peers on this node: in the shard group min(G, L) - 1 of G - 1 when
+   * groups are node-aligned (G divides L or L divides G); in the replica
+   * group L / G - 1 of R - 1 when G <= L, none when a group spans nodes */
+  const double gpeers = G > 1 ? (double)G - 1 : 1;
+  const double gintra = G > 1 ? ((G < L ? G : L) - 1) / gpeers : 1;
+  const double rpeers = R > 1 ? (double)R - 1 : 1;
+  const double rintra = R > 1 && G <= L ? ((double)L / G - 1) / rpeers : 0;
+  const double gsent = G > 1 ? m->shard_log * (G - 1) / G : 0;
+  const double rsent = R > 1 ? m->replica_log * (R - 1) / R : 0;
+  m->intra_sent = gsent * gintra + rsent * rintra;
+  m->inter_sent = gsent * (1 - gintra) + rsent * (1 - rintra);
+  const double t_intra = m->intra_sent / (intra_gbps * 1e9);
+  const double t_inter = m->inter_sent * L / (inter_gbps * 1e9);
+  m->bound_s = t_intra > t_inter ? t_intra : t_inter;
+  return ZS_OK;
+}
+
+static void print_comm(const opts* c, const comm_model* m, int json,
+                       double intra_gbps, double inter_gbps, FILE* out) {
+  if (json) {
+    fprintf(out, "{\"ranks\":%d,\"nodes\":%d,\"stage\":%d,"
+            "\"shard_group_size\":%d,\"replicas\":%d,"
+            "\"log_bytes_per_step\":{\"shard\":%.0f,\"replica\":%.0f},"
+            "\"sent_bytes_per_step\":{\"intra_node\":%.0f,\"inter_node\":%.0f},"
+            "\"intra_node_GBps\":%g,\"inter_node_GBps\":%g,"
+            "\"step_comm_bound_s\":%.6g}",
+            c->ranks, c->nodes, c->stage, m->G, m->R, m->shard_log,
+            m->replica_log, m->intra_sent, m->inter_sent, intra_gbps,
+            inter_gbps, m->bound_s);
+    return;
+  }
+  fprintf(out, "stage %d  %d ranks on %d nodes, shard groups of %d (%d "
+          "replicas): per rank and step, log %.4g GB in the group + %.4g GB "
+          "across replicas; sent %.4g GB within nodes, %.4g GB between; "
+          "communication >= %.4g s at %g/%g GB/s\n", c->stage, c->ranks,
+          c->nodes, m->G, m->R, m->shard_log / 1e9, m->replica_log / 1e9,
+          m->intra_sent / 1e9, m->inter_sent / 1e9, m->bound_s, intra_gbps,
+          inter_gbps);
+}
 
 /* One estimate of the library (zs_estimate_from_params / _from_model). */
 static zs_status estimate(const opts* c, double params, const char* text,
@@ -159,6 +263,7 @@ static zs_status estimate(const opts* c, double params, const char* text,
   cfg.nvme.sub_group_size = c->nvme_sub_group_size;
   cfg.nvme.buffer_count = c->nvme_buffer_count;
   cfg.nvme.param_buffer_count = c->nvme_param_buffer_count;
+  cfg.shard_group_size = c->shard_group_size;
   zs_estimate_input in = ZS_ESTIMATE_INPUT_INIT;
   in.ranks = c->ranks;
   in.nodes = c->nodes;
@@ -279,8 +384,9 @@ int main(int argc, char** argv) {
   /* the library's defaults, at stage 3 */
   opts c = {0, 1, 3, ZS_DTYPE_AUTO, ZS_DTYPE_AUTO, ZS_OPTIM_ADAMW, 0, 2, 0, 1,
             0, ZS_OFFLOAD_NONE, ZS_OFFLOAD_NONE, (size_t)16 << 20, 0, 9, 5,
-            0, ZS_DEVICE_HOST};
-  double params = -1, largest = 0;
+            0, ZS_DEVICE_HOST, 0};
+  double params = -1, largest = 0, intra_gbps = 100, inter_gbps = 25;
+  int comm = 0;
   const char* model = NULL;
   int json = 0, all = 0, have_stage = 0, nvme_param_sizes = 0, have_batch = 0;
   const char* nvme_size_flag = NULL; /* the first NVMe sizing flag given */
@@ -317,6 +423,19 @@ int main(int argc, char** argv) {
     } else if (!strcmp(f, "--stage")) {
       if (parse_int(v, 0, 3, &c.stage)) return fail("--stage: expected 0..3", v);
       have_stage = 1;
+    } else if (!strcmp(f, "--shard-group-size")) {
+      if (v != NULL && !strcmp(v, "node")) c.shard_group_size = ZS_SHARD_GROUP_NODE;
+      else if (parse_int(v, 1, 1 << 24, &c.shard_group_size))
+        return fail("--shard-group-size: expected an integer >= 1 or node", v);
+    } else if (!strcmp(f, "--comm")) {
+      comm = 1;
+      takes = 0;
+    } else if (!strcmp(f, "--intra-bw") || !strcmp(f, "--inter-bw")) {
+      char* end = NULL;
+      const double bw = v ? strtod(v, &end) : 0;
+      if (!v || !*v || *end || !isfinite(bw) || bw <= 0)
+        return fail("--intra-bw/--inter-bw: expected GB/s > 0", v);
+      *(!strcmp(f, "--intra-bw") ? &intra_gbps : &inter_gbps) = bw;
     } else if (!strcmp(f, "--stages")) {
       all = 1;
       takes = 0;
@@ -468,6 +587,14 @@ int main(int argc, char** argv) {
     c.offload_params = s == 3 ? offload_params : ZS_OFFLOAD_NONE;
     zs_memory_estimate e;
     zs_status st = estimate(&c, params, text, &e);
+    comm_model cm;
+    if (st == ZS_OK && comm)
+      st = comm_model_of(&c, params, text, intra_gbps, inter_gbps, &cm);
+    if (st == ZS_OK && comm) {
+      if (json && s > first) fprintf(out, ",");
+      print_comm(&c, &cm, json, intra_gbps, inter_gbps, out);
+      continue;
+    }
     if (st != ZS_OK) {
       /* the description file's content: a runtime error (1); what the
        * flags ask for: a usage error (2) */
@@ -502,7 +629,7 @@ int main(int argc, char** argv) {
   }
   if (json && all) fprintf(out, "]");
   if (json) fprintf(out, "\n");
-  if (!json && rc == 0) print_notes(&c, text, largest, out);
+  if (!json && rc == 0 && !comm) print_notes(&c, text, largest, out);
   fclose(out);
   if (rc == 0) fputs(buf, stdout);
   free(buf);

@@ -135,6 +135,12 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
                          "or MPI's; auto: shm when all ranks are on\n"
                          "                      one host "
                          "(docs/running.md) [auto]\n"
+                         "  --shard-group-size G G ranks (or node: those of "
+                         "one host) share each unit's shards;\n"
+                         "                      the groups are replicas, "
+                         "gradients all-reduced across them\n"
+                         "                      (hybrid sharding, "
+                         "docs/running.md) [all ranks]\n"
                          "  --persistence-threshold N\n"
                          "                      put each block's LayerNorms "
                          "(4*channels elements) in a unit of their own,\n"
@@ -303,6 +309,14 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
         snprintf(err, cap, "--host-collectives: expected auto, shm or mpi, "
                  "got '%s'", v != NULL ? v : "(missing)");
         rc = -1;
+      }
+    } else if (sharded && strcmp(f, "--shard-group-size") == 0) {
+      if (v != NULL && strcmp(v, "node") == 0) {
+        a->shard_group_size = -1;
+      } else {
+        int g = 0;
+        rc = gpt2__int(f, v, 1, 1 << 30, &g, err, cap);
+        a->shard_group_size = g;
       }
     } else if (sharded && strcmp(f, "--persistence-threshold") == 0) {
       int n = 0;
@@ -712,6 +726,20 @@ void gpt2_report_activations(gpt2_report* r, int checkpointing,
                           unchecked_bytes > 0
                               ? (double)peak_bytes / (double)unchecked_bytes
                               : 1.0);
+}
+
+void gpt2_report_comm_groups(gpt2_report* r, const double bytes[3], int steps,
+                             int shard_ranks, int replicas) {
+  cJSON* comm = cJSON_GetObjectItemCaseSensitive(r->root, "comm");
+  if (comm == NULL) comm = cJSON_AddObjectToObject(r->root, "comm");
+  cJSON* g = cJSON_AddObjectToObject(comm, "groups");
+  static const char* const names[3] = {"world", "shard", "replica"};
+  cJSON_AddNumberToObject(g, "shard_ranks", shard_ranks);
+  cJSON_AddNumberToObject(g, "replicas", replicas);
+  for (int k = 0; k < 3; k++) {
+    cJSON* o = cJSON_AddObjectToObject(g, names[k]);
+    cJSON_AddNumberToObject(o, "bytes_per_step", steps > 0 ? bytes[k] / steps : 0);
+  }
 }
 
 void gpt2_report_comm(gpt2_report* r, const zs_comm_counters* c, int ranks,

@@ -41,6 +41,8 @@ typedef struct gpt2_args {
   int prefetch_depth;  /* sharded: zs_config.prefetch_depth */
   double collective_timeout; /* sharded: zs_config.collective_timeout_s (-1:
                                 the library's default) */
+  int shard_group_size;      /* sharded: zs_config.shard_group_size (0:
+                                all ranks; -1: ZS_SHARD_GROUP_NODE) */
   int host_collectives;      /* sharded: zs_config.host_collectives (-1:
                                 the library's default, AUTO) */
   const char* host_collectives_used; /* sharded: "shm" or "mpi", what the
@@ -155,6 +157,11 @@ void gpt2_report_activations(gpt2_report* r, int checkpointing,
  * collective) under "comm". */
 /* The communication summary: per collective calls, bytes (the full size
  * per rank, as nccl-tests counts), time, algbw/busbw, and per step. */
+/* report.comm.groups: bytes per step of this rank's collectives among all
+ * ranks ("world"), in its shard group and across its replica group
+ * (zs_comm_record.group), with the groups' sizes. */
+void gpt2_report_comm_groups(gpt2_report* r, const double bytes[3], int steps,
+                             int shard_ranks, int replicas);
 void gpt2_report_comm(gpt2_report* r, const zs_comm_counters* c, int ranks,
                       int steps);
 /* The n sampled bytes, as Latin-1 code points (valid UTF-8 JSON). */

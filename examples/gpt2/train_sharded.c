@@ -632,6 +632,9 @@ static zs_config sharded_config(const gpt2_args* a) {
   if (a->heartbeat_timeout >= 0) z.heartbeat_timeout_s = a->heartbeat_timeout;
   if (a->host_collectives >= 0)
     z.host_collectives = (zs_host_collectives)a->host_collectives;
+  if (a->shard_group_size != 0)
+    z.shard_group_size = a->shard_group_size < 0 ? ZS_SHARD_GROUP_NODE
+                                                 : a->shard_group_size;
   z.grad_accum_steps = a->grad_accum;
   z.grad_accum_local = a->grad_accum_local;
   z.clip_grad_norm = a->clip > 0;
@@ -647,6 +650,41 @@ static zs_config sharded_config(const gpt2_args* a) {
   z.nvme.param_buffer_count = (size_t)a->nvme_param_buffers;
   if (a->device) z.device = ZS_DEVICE_CUDA;
   return z;
+}
+
+/* The communication log's next sequence number (where a sum of what
+ * follows starts). */
+static uint64_t comm_log_next(zs_context* ctx) {
+  const size_t n = zs_comm_log_get(ctx, NULL, 0);
+  if (n == 0) return 0;
+  zs_comm_record* recs = (zs_comm_record*)calloc(n, sizeof *recs);
+  if (recs == NULL) return 0;
+  recs[0].struct_size = sizeof *recs;
+  const size_t got = zs_comm_log_get(ctx, recs, n);
+  const uint64_t next = got > 0 ? recs[got - 1].seq + 1 : 0;
+  free(recs);
+  return next;
+}
+
+/* Adds the bytes of this rank's collectives from sequence *from on to
+ * bytes[group] (0 world, 1 shard, 2 replica: zs_comm_record.group) and
+ * moves *from past them. The log keeps the last 8192: a step issues far
+ * fewer. */
+static void comm_group_bytes(zs_context* ctx, uint64_t* from, double bytes[3]) {
+  const size_t n = zs_comm_log_get(ctx, NULL, 0);
+  zs_comm_record* recs = n > 0 ? (zs_comm_record*)calloc(n, sizeof *recs) : NULL;
+  if (recs == NULL) return;
+  recs[0].struct_size = sizeof *recs;
+  const size_t got = zs_comm_log_get(ctx, recs, n);
+  for (size_t i = 0; i < got; i++) {
+    if (recs[i].seq < *from) continue;
+    const int g = strcmp(recs[i].group, "shard") == 0     ? 1
+                  : strcmp(recs[i].group, "replica") == 0 ? 2
+                                                          : 0;
+    bytes[g] += (double)recs[i].bytes;
+    *from = recs[i].seq + 1;
+  }
+  free(recs);
 }
 
 /* The configuration checked before any rank starts: the flags' own checks
@@ -988,6 +1026,9 @@ int main(int argc, char** argv) {
    * and first allocations are not the steady state), or the only one */
   const int times_from = args.steps - start > 1 ? start + 1 : start;
   double times_t0 = 0;
+  /* this rank's collective bytes of the training steps, by group */
+  double group_bytes[3] = {0, 0, 0};
+  uint64_t log_from = comm_log_next(m.ctx);
   for (int step = start; step < args.steps; step++) {
     if (args.kernel_times && step == times_from) {
       gpt2_cuda_kernel_times_reset();
@@ -1010,6 +1051,7 @@ int main(int argc, char** argv) {
     }
     const double step_s = gpt2_now() - t0;
     t_train += step_s;
+    comm_group_bytes(m.ctx, &log_from, group_bytes);
     if (args.kernel_times) gpt2_cuda_kernel_times_enable(0); /* not eval's */
     if (info.overflow && rank == 0 && !args.quiet)
       printf("step %d: inf/NaN gradients, skipped; loss scale now %g\n",
@@ -1076,6 +1118,10 @@ int main(int argc, char** argv) {
     zs_comm_counters cc = {0};
     CHECK(zs_comm_counters_get(m.ctx, &cc));
     gpt2_report_comm(report, &cc, world, ran);
+    {
+      const int G = zs_context_config(m.ctx)->shard_group_size;
+      gpt2_report_comm_groups(report, group_bytes, ran, G, G > 0 ? world / G : 1);
+    }
     if (args.kernel_times) report_kernel_times(report, args.steps - times_from,
                                                t_train - times_t0, args.quiet);
     /* What the activations would take without (with) checkpointing: the

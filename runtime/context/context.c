@@ -241,7 +241,13 @@ size_t zs_comm_log_get(const zs_context* ctx, zs_comm_record* out,
     r->done_s = e->t_done > 0 ? e->t_done - c->log_t0 : 0.0;
     const double dt = e->t_done > 0 ? e->t_done - e->t_issue : 0.0;
     r->algbw_GBps = dt > 0 ? (double)e->bytes / dt / 1e9 : 0.0;
-    r->busbw_GBps = r->algbw_GBps * zs_busbw_factor(r->op, c->world);
+    static const char* const groups[3] = {"world", "shard", "replica"};
+    const int g = e->group < 3 ? e->group : 0;
+    r->group = groups[g];
+    r->ranks = g == ZS__GROUP_SHARD     ? ctx->shard_ranks
+               : g == ZS__GROUP_REPLICA ? ctx->replicas
+                                        : ctx->world;
+    r->busbw_GBps = r->algbw_GBps * zs_busbw_factor(r->op, r->ranks);
     zs__out_write(ZS__OUT_COMM_RECORD, ctx->caller_version, r,
                   (char*)out + (i - first) * stride, stride);
   }

@@ -5,6 +5,7 @@
  */
 #include "runtime/core/core_compat.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -175,8 +176,15 @@ typedef struct zs__out_sizes {
   struct {
     unsigned int from_version;
     size_t size;
-  } at[2];
+  } at[3];
 } zs__out_sizes;
+
+/* 0.2's and 0.3's zs_comm_record: up to busbw_GBps (0.4 appended group
+ * and ranks). */
+#define ZS__V02_COMM_RECORD_SIZE \
+  (offsetof(zs_comm_record, busbw_GBps) + sizeof(double))
+_Static_assert(ZS__V02_COMM_RECORD_SIZE == 72 + 8,
+               "0.2's zs_comm_record: 0.1's and its struct_size");
 
 static const zs__out_sizes zs__out_table[ZS__OUT_KINDS] = {
     {"zs_memory_stats",
@@ -186,7 +194,8 @@ static const zs__out_sizes zs__out_table[ZS__OUT_KINDS] = {
     {"zs_offload_info",
      {{100, sizeof(zs__v01_offload_info)}, {200, sizeof(zs_offload_info)}}},
     {"zs_comm_record",
-     {{100, sizeof(zs__v01_comm_record)}, {200, sizeof(zs_comm_record)}}},
+     {{100, sizeof(zs__v01_comm_record)}, {200, ZS__V02_COMM_RECORD_SIZE},
+      {400, sizeof(zs_comm_record)}}},
     {"zs_step_info",
      {{100, sizeof(zs__v01_step_info)}, {200, sizeof(zs_step_info)}}},
     {"zs_memory_estimate",
@@ -197,7 +206,8 @@ static size_t zs__out_release_size(const zs__out_sizes* t,
                                    unsigned int version) {
   size_t size = 0;
   for (size_t i = 0; i < sizeof t->at / sizeof *t->at; i++)
-    if (version >= t->at[i].from_version) size = t->at[i].size;
+    if (t->at[i].size != 0 && version >= t->at[i].from_version)
+      size = t->at[i].size; /* (unused entries are 0) */
   return size;
 }
 

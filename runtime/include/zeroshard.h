@@ -682,6 +682,12 @@ typedef struct zs_comm_record {
   double done_s;       /* when this rank saw it complete; 0 in flight */
   double algbw_GBps;   /* bytes / (done - issue) / 1e9; 0 in flight */
   double busbw_GBps;   /* algbw * zs_busbw_factor(op, ranks) */
+  /* 0.4 */
+  const char* group;   /* the ranks it ran among: "world" (every rank; all
+                          collectives without hybrid sharding), "shard"
+                          (hybrid sharding's shard group) or "replica"
+                          (its replica group). Static. */
+  int ranks;           /* how many they are */
 } zs_comm_record;
 
 /* Copies the most recent min(cap, logged) collectives (the log keeps the

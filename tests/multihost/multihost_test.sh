@@ -8,11 +8,19 @@
 # 4-rank run on one host of the same configuration.
 # Skip: where hosts cannot be emulated (harness exit 77: not root, no
 # network namespaces) it prints "SKIP: <reason>" and passes, unless CI=true.
-# usage: multihost_test.sh MULTIHOST_SH TRAIN_SHARDED DATA
+# The model (tools/zs estimate --comm, docs/scaling.md): the comm log's
+# replica bytes per step equal it exactly; the veth bytes per step are the
+# bytes it says the ranks send between hosts plus TCP/IP and MPI headers
+# and the small control collectives and heartbeats it leaves out, which
+# must stay within 15% of it.
+# usage: multihost_test.sh MULTIHOST_SH TRAIN_SHARDED DATA ZS_ESTIMATE
 set -u
 
-# Extra arguments of every demo run (multi-host and the plain run alike).
-DEMO_ARGS=""
+# Extra arguments of the runs across hosts: hybrid sharding, a shard group
+# per host (the replicas' all-reduce is the inter-host traffic); the plain
+# one-host run groups its ranks the same way explicitly.
+DEMO_ARGS="--shard-group-size node"
+PLAIN_ARGS="--shard-group-size 2"
 HOSTS=2
 RANKS_PER_HOST=2
 STEPS_A=2
@@ -20,6 +28,7 @@ STEPS_B=4
 
 abspath() { case "$1" in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
 harness=$(abspath "$1") trainer=$(abspath "$2") data=$(abspath "$3")
+estimator=$(abspath "$4")
 tmp=$(mktemp -d "${TEST_TMPDIR:-/tmp}/multihost.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -28,18 +37,43 @@ fail=0
 check() { # CONDITION-RESULT MESSAGE: a failed check is printed, the test goes on
   if [ "$1" != 0 ]; then echo "FAIL: $2"; fail=1; else echo "ok: $2"; fi
 }
-demo() { # STEPS REPORT: sets cmd, the trainer's command line
+demo() { # STEPS REPORT [ARGS]: sets cmd, the trainer's command line
   # shellcheck disable=SC2206
   cmd=("$trainer" --steps "$1" --eval-every 0 --val-batches 1 --sample-bytes 0
-       --log-every 1 --data "$data" --report "$2" $DEMO_ARGS)
+       --log-every 1 --data "$data" --report "$2" ${3-$DEMO_ARGS})
 }
 
-# compare_model MEASURED_BYTES_PER_STEP REPORT: the place for a comparison
-# of the measured inter-host bytes per step against a model of them (to be
-# added). Returns non-zero on a mismatch.
+# compare_model MEASURED_BYTES_PER_STEP REPORT: the measured inter-host
+# bytes per step (both hosts' veth tx) against the model's (per rank
+# times ranks), and the report's logged replica bytes against the model's
+# exactly. Returns non-zero on a mismatch.
 compare_model() {
-  echo "compare_model: no model of inter-host bytes yet (measured $1 bytes/step)"
-  return 0
+  demo 1 "$tmp/unused.json"
+  "${cmd[@]}" --describe "$tmp/model.json" > "$tmp/describe.txt" 2>&1 ||
+    { echo "FAIL: --describe"; cat "$tmp/describe.txt"; return 1; }
+  "$estimator" --model "$tmp/model.json" --ranks $ranks --nodes $HOSTS \
+    --shard-group-size node --stage 3 --comm --json > "$tmp/comm.json" ||
+    { echo "FAIL: zs estimate --comm"; return 1; }
+  echo "model: $(cat "$tmp/comm.json")"
+  python3 - "$1" "$2" "$tmp/comm.json" "$ranks" <<'PY'
+import json, sys
+measured, rep, model, ranks = int(sys.argv[1]), json.load(open(sys.argv[2])), \
+    json.load(open(sys.argv[3])), int(sys.argv[4])
+logged = rep["comm"]["groups"]["replica"]["bytes_per_step"]
+want = model["log_bytes_per_step"]["replica"]
+bad = 0
+if logged != want:
+    print(f"FAIL: the log's replica bytes per step {logged} != the model's {want}"); bad = 1
+else:
+    print(f"ok: the log's replica bytes per step equal the model's ({want:.0f})")
+wire = model["sent_bytes_per_step"]["inter_node"] * ranks
+ratio = measured / wire if wire > 0 else float("inf")
+print(f"inter-host bytes per step: measured {measured}, model {wire:.0f}, "
+      f"ratio {ratio:.4f} (protocol overhead {100 * (ratio - 1):.2f}%)")
+if not 1.0 <= ratio <= 1.15:
+    print("FAIL: the measured bytes are not within [1, 1.15] of the model's"); bad = 1
+sys.exit(bad)
+PY
 }
 
 # ---- Two runs across the emulated hosts ------------------------------------
@@ -71,7 +105,7 @@ PY
 done
 
 # ---- The plain run: one host, 4 ranks ----------------------------------------
-demo $STEPS_B "$tmp/plain.json"
+demo $STEPS_B "$tmp/plain.json" "$PLAIN_ARGS"
 mpirun --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 \
   --mca btl self,vader -np $ranks "${cmd[@]}" \
   > "$tmp/plain.txt" 2>&1
