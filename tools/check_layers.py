@@ -14,7 +14,8 @@ compiler resolves a quoted include) and fails (exit 1, one line per finding) whe
   - a header has no implementation beside it (x.h without x.c or x.cu)
     and is not listed `header-only`;
   - two files share a name (C and CUDA sources and headers anywhere in the
-    repository outside third_party/ and tests/compat/v0_1/).
+    repository outside third_party/ and the frozen old headers,
+    tests/compat/v0_1/ and tests/compat/v0_3/).
 Prints "layers: OK (...)" otherwise.
 """
 import argparse
@@ -151,7 +152,8 @@ def check_names(root, problems):
         rel = os.path.relpath(d, root)
         dirs[:] = [x for x in dirs if not x.startswith((".", "bazel-"))
                    and os.path.join(rel, x) not in (
-                       "third_party", os.path.join("tests", "compat", "v0_1"))]
+                       "third_party", os.path.join("tests", "compat", "v0_1"),
+                       os.path.join("tests", "compat", "v0_3"))]
         for name in names:
             if name.endswith((".c", ".cc", ".cu", ".h")):
                 seen.setdefault(name, []).append(os.path.normpath(

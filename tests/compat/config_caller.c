@@ -3,7 +3,7 @@
  * linked (config_future_test) with the configuration code of a future
  * release whose zs_config has a field appended (tests/compat/BUILD makes
  * that header: a copy of this one with `int future_field;` at the end of
- * zs_config and version 0.4): the library accepts the smaller struct,
+ * zs_config and version 0.5): the library accepts the smaller struct,
  * gives the caller's fields their values and never writes past its
  * struct_size. Exit status 0 when every check holds.
  */

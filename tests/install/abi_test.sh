@@ -126,8 +126,13 @@ grep -q "ZS_COLL_ALL_REDUCE" "$tmp/abidiff.txt" ||
   { cat "$tmp/abidiff.txt"; echo "FAIL: the report does not name ZS_COLL_ALL_REDUCE"; exit 1; }
 echo "ok: a member's enumerator renumbered fails"
 
-variant appended 's/^#define ZS_VERSION_MINOR 3$/#define ZS_VERSION_MINOR 4/;s|^  /\* Appended fields go here, newest last (rule 1). \*/$|  int appended_field;|;/^  int micro_batch; /{n;s|$|\n  double appended_info;|}'
+# (the header must be 0.4's: a bump moves both numbers here, or the edit
+# would leave the version as it is)
+grep -q '^#define ZS_VERSION_MINOR 4$' "$inc/zeroshard.h" ||
+  { echo "FAIL: the appending edit expects ZS_VERSION_MINOR 4: move it with the bump"; exit 1; }
+variant appended 's/^#define ZS_VERSION_MINOR 4$/#define ZS_VERSION_MINOR 5/;s|^  /\* Appended fields go here, newest last (rule 1). \*/$|  int appended_field;|;/^  int micro_batch; /{n;s|$|\n  double appended_info;|}'
 grep -q "int appended_field;" "$tmp/appended/include/zeroshard.h" &&
+  grep -q '^#define ZS_VERSION_MINOR 5$' "$tmp/appended/include/zeroshard.h" &&
   grep -q "double appended_info;" "$tmp/appended/include/zeroshard.h" ||
   { echo "FAIL: the appending edit did not apply"; exit 1; }
 check "$tmp/appended/libzeroshard.so" "$tmp/appended/include" ||

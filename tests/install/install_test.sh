@@ -96,15 +96,16 @@ cmake_finds() { # EXPECT(0|1) LANG VERSION-ARGS
     cat "$d/log"; echo "FAIL: find_package(ZeroShard $3) in a $2 project: exit $rc"; exit 1
   fi
 }
+cmake_finds 0 C 0.4
 cmake_finds 0 C 0.3
 cmake_finds 0 C 0.2
 cmake_finds 0 C 0.1
-cmake_finds 0 CXX 0.3
-cmake_finds 1 C 0.4
+cmake_finds 0 CXX 0.4
+cmake_finds 1 C 0.5
 cmake_finds 1 C 1.0
 cmake_finds 0 C "0.1...0.9"
 cmake_finds 1 C "0.1...0.1.9"
-echo "ok: find_package accepts 0.1, 0.2, 0.3, 0.1...0.9 and a C++-only project; refuses 0.4, 1.0, 0.1...0.1.9"
+echo "ok: find_package accepts 0.1, 0.2, 0.3, 0.4, 0.1...0.9 and a C++-only project; refuses 0.5, 1.0, 0.1...0.1.9"
 
 builds=(make make_static cmake cmake_static)
 for b in "${builds[@]}"; do build "$b"; done

@@ -265,6 +265,7 @@ void ExpectConfigEq(const zs_config& a, const zs_config& b) {
   EXPECT_EQ(a.param_persistence_threshold, b.param_persistence_threshold);
   EXPECT_PRED2(SameDouble, a.heartbeat_timeout_s, b.heartbeat_timeout_s);
   EXPECT_EQ(a.host_collectives, b.host_collectives);
+  EXPECT_EQ(a.shard_group_size, b.shard_group_size);
 }
 
 // Precision settings: defaults, ranges (errors name the field) and the
@@ -694,6 +695,7 @@ void DefinedCopy(const zs_config& src, zs_config* dst) {
   dst->param_persistence_threshold = src.param_persistence_threshold;
   dst->heartbeat_timeout_s = src.heartbeat_timeout_s;
   dst->host_collectives = src.host_collectives;
+  dst->shard_group_size = src.shard_group_size;
 }
 
 TEST(ConfigJson, FullDeepSpeedStyleExample) {
@@ -1025,6 +1027,92 @@ TEST(ConfigJson, HostCollectives) {
             ZS_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(zs_last_error()).find("0.3 added it"),
             std::string::npos) << zs_last_error();
+}
+
+// shard_group_size (0.4): default 0 (all ranks), a rank count or "node"
+// (ZS_SHARD_GROUP_NODE), DeepSpeed MiCS's zero_optimization.mics_shard_size
+// (-1: all ranks), bad values named, and a caller of 0.3 (352 bytes) or
+// 0.2 refused the keys, its struct untouched past its end.
+TEST(ConfigJson, ShardGroupSize) {
+  zs_config c = Defaults();
+  EXPECT_EQ(c.shard_group_size, 0);
+  ASSERT_EQ(zs_config_from_json(R"({"shard_group_size": 4})", &c), ZS_OK)
+      << zs_last_error();
+  EXPECT_EQ(c.shard_group_size, 4);
+  ASSERT_EQ(zs_config_from_json(R"({"shard_group_size": "node"})", &c), ZS_OK)
+      << zs_last_error();
+  EXPECT_EQ(c.shard_group_size, ZS_SHARD_GROUP_NODE);
+  ASSERT_EQ(zs_config_from_json(R"({"shard_group_size": 0})", &c), ZS_OK)
+      << zs_last_error();
+  EXPECT_EQ(c.shard_group_size, 0);
+  ASSERT_EQ(zs_config_from_json(
+                R"({"zero_optimization": {"mics_shard_size": 2}})", &c),
+            ZS_OK) << zs_last_error();
+  EXPECT_EQ(c.shard_group_size, 2);
+  ASSERT_EQ(zs_config_from_json(
+                R"({"zero_optimization": {"mics_shard_size": -1}})", &c),
+            ZS_OK) << zs_last_error();
+  EXPECT_EQ(c.shard_group_size, 0);  // -1: all ranks
+  ExpectJsonError(R"({"shard_group_size": "Node"})",
+                  {"shard_group_size: expected a rank count or \"node\""});
+  ExpectJsonError(R"({"shard_group_size": true})",
+                  {"shard_group_size: expected a rank count or \"node\""});
+  ExpectJsonError(R"({"shard_group_size": -1})",
+                  {"shard_group_size: expected an integer"});
+  ExpectJsonError(R"({"shard_group_size": 2.5})",
+                  {"shard_group_size: expected an integer"});
+  ExpectJsonError(R"({"zero_optimization": {"mics_shard_size": -2}})",
+                  {"zero_optimization.mics_shard_size: expected an integer"});
+  ExpectJsonError(R"({"zero_optimization": {"mics_shard_size": "2"}})",
+                  {"zero_optimization.mics_shard_size: expected an integer"});
+  for (int bad : {-2, -7, ZS_UNSET_INT + 1}) {
+    zs_config b = Defaults();
+    b.shard_group_size = bad;
+    EXPECT_EQ(zs_config_validate(&b), ZS_ERR_INVALID_ARGUMENT) << bad;
+    EXPECT_NE(std::string(zs_last_error()).find("config.shard_group_size"),
+              std::string::npos) << zs_last_error();
+  }
+  for (int good : {0, 1, 3, ZS_SHARD_GROUP_NODE}) {
+    zs_config g = Defaults();
+    g.shard_group_size = good;
+    EXPECT_EQ(zs_config_validate(&g), ZS_OK) << good << ": " << zs_last_error();
+  }
+  zs_config unset = ZS_CONFIG_INIT, resolved = Defaults();
+  ASSERT_EQ(zs_config_resolve(&unset, &resolved), ZS_OK) << zs_last_error();
+  EXPECT_EQ(resolved.shard_group_size, 0);
+  // callers of 0.3 (352 bytes) and 0.2 (328) have no field for the keys
+  for (size_t size : {352u, 328u}) {
+    alignas(zs_config) unsigned char raw[sizeof(zs_config)] = {0};
+    zs_config* old = reinterpret_cast<zs_config*>(raw);
+    ASSERT_EQ(zs_config_init_sized(old, size), ZS_OK) << zs_last_error();
+    EXPECT_EQ(old->struct_size, size);
+    EXPECT_LT(old->version, 400u);
+    for (const char* text :
+         {R"({"shard_group_size": 2})", R"({"shard_group_size": "node"})",
+          R"({"zero_optimization": {"mics_shard_size": 2}})"}) {
+      unsigned char before[sizeof raw];
+      std::memcpy(before, raw, sizeof raw);
+      EXPECT_EQ(zs_config_from_json(text, old), ZS_ERR_INVALID_ARGUMENT)
+          << size << ": " << text;
+      const std::string e = zs_last_error();
+      EXPECT_NE(e.find(std::strstr(text, "mics") != nullptr
+                           ? "zero_optimization.mics_shard_size"
+                           : "shard_group_size"),
+                std::string::npos) << e;
+      EXPECT_NE(e.find(std::to_string(size) + " bytes"), std::string::npos)
+          << e;
+      EXPECT_EQ(std::memcmp(raw, before, sizeof raw), 0)
+          << size << ": " << text << ": config changed on error";
+    }
+    if (size == 352) {  // 0.3's own key still sets 0.3's field
+      EXPECT_EQ(old->version, 300u);
+      ASSERT_EQ(zs_config_from_json(R"({"host_collectives": "mpi"})", old),
+                ZS_OK) << zs_last_error();
+      EXPECT_EQ(old->host_collectives, ZS_HOST_COLLECTIVES_MPI);
+      EXPECT_EQ(old->struct_size, 352u);
+    }
+    for (size_t i = size; i < sizeof raw; i++) EXPECT_EQ(raw[i], 0) << i;
+  }
 }
 
 TEST(ConfigJson, DeepSpeedKeysWithoutACounterpartAreRefused) {
