@@ -10,7 +10,9 @@
     the time before the last peak reset shaded ("before the peak reset"),
   - the peak of every step's forward, backward and optimizer phases,
   - the communication summary: per collective calls, bytes (the full size
-    per rank, as nccl-tests counts it), time, algbw and busbw, per step.
+    per rank, as nccl-tests counts it), time, algbw and busbw, per step;
+    with hybrid sharding the shard and replica groups' collectives apart
+    ("all_gather [shard]", busbw at the group's size).
 
 Every series of the picture is one <path class="series"> with
 data-rank, data-category and data-max-bytes (its maximum from the last peak
@@ -196,13 +198,20 @@ def comm_summary(profiles, world):
             if e.get("cat") != "comm":
                 continue
             op = e["name"].split(" ")[0]
-            s = ops.setdefault(op, {"calls": 0, "bytes": 0, "seconds": 0.0})
+            # hybrid sharding: "all_gather (param gather; shard group of 2)"
+            g = re.search(r"; (\w+) group of (\d+)\)$", e["name"])
+            n = world
+            if g:
+                op, n = "%s [%s]" % (op, g.group(1)), int(g.group(2))
+            s = ops.setdefault(op, {"calls": 0, "bytes": 0, "seconds": 0.0,
+                                    "ranks": n})
             s["calls"] += 1
             s["bytes"] += e["args"].get("bytes", 0)
             s["seconds"] += e["dur"] / 1e6
     for op, s in ops.items():
         s["algbw_GBps"] = s["bytes"] / s["seconds"] / 1e9 if s["seconds"] > 0 else 0.0
-        s["busbw_GBps"] = s["algbw_GBps"] * BUSBW.get(op, lambda n: 0.0)(world)
+        s["busbw_GBps"] = s["algbw_GBps"] * BUSBW.get(op.split(" ")[0],
+                                                      lambda n: 0.0)(s["ranks"])
         s["calls_per_step"] = s["calls"] / steps if steps else 0.0
         s["bytes_per_step"] = s["bytes"] / steps if steps else 0.0
     return {"ranks": world, "steps": steps, "ops": ops}
@@ -340,11 +349,11 @@ def main():
     print("\ncommunication, rank 0, %d zs_step calls, %d ranks (bytes: full "
           "size per rank, as nccl-tests; per step = per zs_step call)"
           % (comm["steps"], world))
-    print("%-15s %8s %14s %10s %11s %11s %10s" % (
+    print("%-25s %8s %14s %10s %11s %11s %10s" % (
         "op", "calls", "bytes", "seconds", "algbw GB/s", "busbw GB/s",
         "calls/step"))
     for op, s in sorted(comm["ops"].items()):
-        print("%-15s %8d %14d %10.4f %11.3f %11.3f %10.1f" % (
+        print("%-25s %8d %14d %10.4f %11.3f %11.3f %10.1f" % (
             op, s["calls"], s["bytes"], s["seconds"], s["algbw_GBps"],
             s["busbw_GBps"], s["calls_per_step"]))
     if svg_error:

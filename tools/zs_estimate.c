@@ -154,100 +154,68 @@ typedef struct opts {
 
 /* ---- The communication model (docs/scaling.md) -----------------------
  *
- * Per rank and optimizer step, the bytes of the collectives over the units
- * as the communication log counts them (nccl-tests' sizes: the full,
- * gathered buffer of an all-gather or reduce-scatter), from the padded
- * buffers the library's own estimate gives (its stage-0 rows: every unit's
- * parameters, every trainable unit's gradients):
- *   - the shard group (G ranks), as ZeRO (arXiv:1910.02054, sec. 7):
- *     stages 0-2 a reduce-scatter of the gradients and an all-gather (of
- *     the reduced gradients at 0, of the updated parameters at 1-2): 2 Psi;
- *     stage 3 an all-gather in the forward and one in the backward
- *     (reshard_after_forward) and the reduce-scatter: 3 Psi;
- *   - the replica group (W / G ranks, hybrid sharding): the gradient
- *     shard's reduce-scatter and all-gather: 2 Psi / G.
- * Sent on the wire: (n - 1) / n of each collective's size among n ranks
- * (ring and pairwise algorithms alike), spread evenly over the peers; a
- * peer on another node is inter-node. The step's bound: its bytes at the
- * given bandwidths, intra-node per rank and inter-node per node's link,
- * perfectly overlapped (a lower bound on the communication time). The
- * control collectives (checks, agreements, the norm: tens of bytes) are
- * left out. */
-typedef struct comm_model {
-  int G, R;                 /* shard group, replicas */
-  double shard_log, replica_log; /* per rank: the log's bytes */
-  double intra_sent, inter_sent; /* per rank, on the wire */
-  double bound_s;           /* the step's communication, lower bound */
-} comm_model;
-
+ * zs_estimate_comm_from_params / _from_model give per rank and step the
+ * log's bytes by purpose and the bytes sent within and between nodes; the
+ * bound is those bytes at the given bandwidths (--intra-bw, a rank's within
+ * a node; --inter-bw, a node's link, shared by its ranks), perfectly
+ * overlapped: a lower bound on the step's communication time. */
 static zs_status estimate(const opts* c, double params, const char* text,
                           zs_memory_estimate* e);
+static void config_of(const opts* c, zs_config* cfg, zs_estimate_input* in);
 
-static zs_status comm_model_of(const opts* c, double params, const char* text,
-                               double intra_gbps, double inter_gbps,
-                               comm_model* m) {
-  opts z = *c;
-  z.stage = 0;
-  z.offload_optimizer = z.offload_params = ZS_OFFLOAD_NONE;
-  z.device = ZS_DEVICE_HOST;
-  zs_memory_estimate e;
-  zs_status st = estimate(&z, params, text, &e);
-  if (st != ZS_OK) return st;
-  const int W = c->ranks, L = c->ranks / c->nodes;
-  const int G = c->shard_group_size == ZS_SHARD_GROUP_NODE ? L
-                : c->shard_group_size == 0                ? W
-                                                          : c->shard_group_size;
-  const int R = W / G;
-  const double P = (double)e.bytes[ZS_MEM_PARAMS]; /* padded, all units */
-  const double Pg = (double)e.bytes[ZS_MEM_GRADS];  /* padded, trainable */
-  m->G = G;
-  m->R = R;
-  m->shard_log = c->stage == 3 ? 2 * P + Pg : 2 * Pg;
-  if (G == 1) m->shard_log = 0; /* (a group of one: local copies) */
-  m->replica_log = R > 1 ? 2 * Pg / G : 0;
-  /* peers on this node: in the shard group min(G, L) - 1 of G - 1 when
-   * groups are node-aligned (G divides L or L divides G); in the replica
-   * group L / G - 1 of R - 1 when G <= L, none when a group spans nodes */
-  const double gpeers = G > 1 ? (double)G - 1 : 1;
-  const double gintra = G > 1 ? ((G < L ? G : L) - 1) / gpeers : 1;
-  const double rpeers = R > 1 ? (double)R - 1 : 1;
-  const double rintra = R > 1 && G <= L ? ((double)L / G - 1) / rpeers : 0;
-  const double gsent = G > 1 ? m->shard_log * (G - 1) / G : 0;
-  const double rsent = R > 1 ? m->replica_log * (R - 1) / R : 0;
-  m->intra_sent = gsent * gintra + rsent * rintra;
-  m->inter_sent = gsent * (1 - gintra) + rsent * (1 - rintra);
-  const double t_intra = m->intra_sent / (intra_gbps * 1e9);
-  const double t_inter = m->inter_sent * L / (inter_gbps * 1e9);
-  m->bound_s = t_intra > t_inter ? t_intra : t_inter;
-  return ZS_OK;
+static zs_status comm_of(const opts* c, double params, const char* text,
+                         zs_comm_estimate* m) {
+  zs_config cfg;
+  zs_estimate_input in;
+  config_of(c, &cfg, &in);
+  memset(m, 0, sizeof *m);
+  m->struct_size = sizeof *m;
+  return text != NULL ? zs_estimate_comm_from_model(text, &cfg, &in, m)
+                      : zs_estimate_comm_from_params(params, &cfg, &in, m);
 }
 
-static void print_comm(const opts* c, const comm_model* m, int json,
+static void print_comm(const opts* c, const zs_comm_estimate* m, int json,
                        double intra_gbps, double inter_gbps, FILE* out) {
+  const double shard = (double)m->param_gather_bytes +
+                       (double)m->grad_reduce_bytes +
+                       (double)m->grad_gather_bytes +
+                       (double)m->param_update_gather_bytes;
+  const double t_intra = m->intra_node_sent_bytes / (intra_gbps * 1e9);
+  const double t_inter = m->inter_node_sent_bytes * (c->ranks / c->nodes) /
+                         (inter_gbps * 1e9);
+  const double bound = t_intra > t_inter ? t_intra : t_inter;
   if (json) {
     fprintf(out, "{\"ranks\":%d,\"nodes\":%d,\"stage\":%d,"
             "\"shard_group_size\":%d,\"replicas\":%d,"
-            "\"log_bytes_per_step\":{\"shard\":%.0f,\"replica\":%.0f},"
+            "\"log_bytes_per_step\":{\"param_gather\":%llu,"
+            "\"grad_reduce\":%llu,\"grad_gather\":%llu,"
+            "\"param_update_gather\":%llu,\"shard\":%.0f,"
+            "\"replica\":%llu},"
             "\"sent_bytes_per_step\":{\"intra_node\":%.0f,\"inter_node\":%.0f},"
             "\"intra_node_GBps\":%g,\"inter_node_GBps\":%g,"
             "\"step_comm_bound_s\":%.6g}",
-            c->ranks, c->nodes, c->stage, m->G, m->R, m->shard_log,
-            m->replica_log, m->intra_sent, m->inter_sent, intra_gbps,
-            inter_gbps, m->bound_s);
+            c->ranks, c->nodes, c->stage, m->shard_ranks, m->replicas,
+            (unsigned long long)m->param_gather_bytes,
+            (unsigned long long)m->grad_reduce_bytes,
+            (unsigned long long)m->grad_gather_bytes,
+            (unsigned long long)m->param_update_gather_bytes, shard,
+            (unsigned long long)m->replica_reduce_bytes,
+            m->intra_node_sent_bytes, m->inter_node_sent_bytes, intra_gbps,
+            inter_gbps, bound);
     return;
   }
   fprintf(out, "stage %d  %d ranks on %d nodes, shard groups of %d (%d "
           "replicas): per rank and step, log %.4g GB in the group + %.4g GB "
           "across replicas; sent %.4g GB within nodes, %.4g GB between; "
           "communication >= %.4g s at %g/%g GB/s\n", c->stage, c->ranks,
-          c->nodes, m->G, m->R, m->shard_log / 1e9, m->replica_log / 1e9,
-          m->intra_sent / 1e9, m->inter_sent / 1e9, m->bound_s, intra_gbps,
-          inter_gbps);
+          c->nodes, m->shard_ranks, m->replicas, shard / 1e9,
+          (double)m->replica_reduce_bytes / 1e9,
+          m->intra_node_sent_bytes / 1e9, m->inter_node_sent_bytes / 1e9,
+          bound, intra_gbps, inter_gbps);
 }
 
-/* One estimate of the library (zs_estimate_from_params / _from_model). */
-static zs_status estimate(const opts* c, double params, const char* text,
-                          zs_memory_estimate* e) {
+/* The library's config and input of the flags. */
+static void config_of(const opts* c, zs_config* out, zs_estimate_input* in_out) {
   zs_config cfg = ZS_CONFIG_INIT;
   cfg.stage = c->stage;
   cfg.device = c->device;
@@ -270,6 +238,16 @@ static zs_status estimate(const opts* c, double params, const char* text,
   in.param_dtype = c->dtype;
   in.global_batch = c->global_batch;
   in.largest_unit_elements = c->largest_unit_elements;
+  *out = cfg;
+  *in_out = in;
+}
+
+/* One estimate of the library (zs_estimate_from_params / _from_model). */
+static zs_status estimate(const opts* c, double params, const char* text,
+                          zs_memory_estimate* e) {
+  zs_config cfg;
+  zs_estimate_input in;
+  config_of(c, &cfg, &in);
   memset(e, 0, sizeof *e);
   e->struct_size = sizeof *e;
   return text != NULL ? zs_estimate_from_model(text, &cfg, &in, e)
@@ -587,9 +565,8 @@ int main(int argc, char** argv) {
     c.offload_params = s == 3 ? offload_params : ZS_OFFLOAD_NONE;
     zs_memory_estimate e;
     zs_status st = estimate(&c, params, text, &e);
-    comm_model cm;
-    if (st == ZS_OK && comm)
-      st = comm_model_of(&c, params, text, intra_gbps, inter_gbps, &cm);
+    zs_comm_estimate cm;
+    if (st == ZS_OK && comm) st = comm_of(&c, params, text, &cm);
     if (st == ZS_OK && comm) {
       if (json && s > first) fprintf(out, ",");
       print_comm(&c, &cm, json, intra_gbps, inter_gbps, out);

@@ -250,9 +250,16 @@ static zs_status zs__coll_finish(zs__comm* c, zs__coll* op) {
     const size_t bytes = zs__coll_bytes(c, op);
     const double dt = now - op->t_issue;
     const double algbw = dt > 0 ? (double)bytes / dt / 1e9 : 0.0;
-    char name[48];
-    snprintf(name, sizeof name, "%s (%s)", zs_coll_op_name(op->op),
-             zs__purpose_name(op->tag.purpose));
+    char name[96];
+    /* a group's collectives say which (memreport sums them apart) */
+    static const char* const groups[3] = {"", "shard", "replica"};
+    if (c->group == ZS__GROUP_WORLD || c->group > 2)
+      snprintf(name, sizeof name, "%s (%s)", zs_coll_op_name(op->op),
+               zs__purpose_name(op->tag.purpose));
+    else
+      snprintf(name, sizeof name, "%s (%s; %s group of %d)",
+               zs_coll_op_name(op->op), zs__purpose_name(op->tag.purpose),
+               groups[c->group], c->world);
     zs__profiler_span(t->prof, 1, name, "comm", op->t_issue, now,
                       op->tag.name, bytes, algbw,
                       algbw * zs_busbw_factor(op->op, c->world));

@@ -200,6 +200,7 @@ static const zs__out_sizes zs__out_table[ZS__OUT_KINDS] = {
      {{100, sizeof(zs__v01_step_info)}, {200, sizeof(zs_step_info)}}},
     {"zs_memory_estimate",
      {{100, sizeof(zs__v01_memory_estimate)}, {200, sizeof(zs_memory_estimate)}}},
+    {"zs_comm_estimate", {{400, sizeof(zs_comm_estimate)}}},
 };
 
 static size_t zs__out_release_size(const zs__out_sizes* t,

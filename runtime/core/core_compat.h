@@ -22,7 +22,8 @@ typedef enum zs__out_kind {
   ZS__OUT_COMM_RECORD = 3,
   ZS__OUT_STEP_INFO = 4,
   ZS__OUT_MEMORY_ESTIMATE = 5,
-  ZS__OUT_KINDS = 6
+  ZS__OUT_COMM_ESTIMATE = 6,
+  ZS__OUT_KINDS = 7
 } zs__out_kind;
 
 /* The bytes the caller's struct of `kind` has (its struct_size, read only

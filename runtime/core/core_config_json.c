@@ -545,17 +545,18 @@ zs_status zs_config_from_json(const char* text, zs_config* config) {
     const char* block;
     const char* key;
     size_t end;
+    const char* release; /* that added its field */
   } newer[] = {
       {"zero_optimization", "stage3_param_persistence_threshold",
-       offsetof(zs_config, param_persistence_threshold) + sizeof(size_t)},
+       offsetof(zs_config, param_persistence_threshold) + sizeof(size_t), "0.3"},
       {NULL, "heartbeat_timeout",
-       offsetof(zs_config, heartbeat_timeout_s) + sizeof(double)},
+       offsetof(zs_config, heartbeat_timeout_s) + sizeof(double), "0.3"},
       {NULL, "host_collectives",
-       offsetof(zs_config, host_collectives) + sizeof(zs_host_collectives)},
+       offsetof(zs_config, host_collectives) + sizeof(zs_host_collectives), "0.3"},
       {NULL, "shard_group_size",
-       offsetof(zs_config, shard_group_size) + sizeof(int)},
+       offsetof(zs_config, shard_group_size) + sizeof(int), "0.4"},
       {"zero_optimization", "mics_shard_size",
-       offsetof(zs_config, shard_group_size) + sizeof(int)},
+       offsetof(zs_config, shard_group_size) + sizeof(int), "0.4"},
   };
   for (size_t i = 0; st == ZS_OK && i < sizeof newer / sizeof *newer; i++) {
     const cJSON* o = newer[i].block != NULL
@@ -565,12 +566,12 @@ zs_status zs_config_from_json(const char* text, zs_config* config) {
         cJSON_GetObjectItemCaseSensitive(o, newer[i].key) != NULL)
       st = zs__error(ZS_ERR_INVALID_ARGUMENT,
                      "config JSON: %s%s%s: this program's zs_config (version "
-                     "%u.%u, %zu bytes) has no field for it (0.3 added it): "
+                     "%u.%u, %zu bytes) has no field for it (%s added it): "
                      "rebuild against this library's header, or drop the key",
                      newer[i].block != NULL ? newer[i].block : "",
                      newer[i].block != NULL ? "." : "", newer[i].key,
                      config->version / 10000, config->version / 100 % 100,
-                     config->struct_size);
+                     config->struct_size, newer[i].release);
   }
   if (st == ZS_OK) {
     now = work;

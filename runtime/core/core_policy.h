@@ -101,8 +101,11 @@ typedef struct zs__policy {
                                a frozen unit's too (nothing in it moves) */
   zs__tier master_tier;     /* fp32 master weights (16-bit units) */
   zs__tier state_tier;      /* optimizer states (moments) */
-  int comm;                 /* communicator of the unit's collectives: 0,
-                               the context's (one today) */
+  int comm;                 /* 0: the unit's collectives run in the shard
+                               group (ctx->shard_comm: the context's
+                               communicator without hybrid sharding), its
+                               gradients' replica all-reduce in the
+                               replica group */
 } zs__policy;
 
 /* Computes a unit's policy.

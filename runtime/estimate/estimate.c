@@ -281,9 +281,52 @@ static zs_status zs__estimate_total(zs_memory_estimate* out,
   return ZS_OK;
 }
 
+/* The wire bytes of m's log bytes (docs/scaling.md): (n - 1) / n of a
+ * collective among n ranks, spread evenly over the peers; shard groups of
+ * consecutive ranks aligned with nodes of L ranks. */
+static void zs__est_comm_sent(const zs__estimate_config* c,
+                              zs_comm_estimate* m) {
+  const int W = c->ranks, L = c->ranks / c->nodes, G = c->shard_ranks;
+  const int R = W / G;
+  m->shard_ranks = G;
+  m->replicas = R;
+  const double shard = (double)m->param_gather_bytes +
+                       (double)m->grad_reduce_bytes +
+                       (double)m->grad_gather_bytes +
+                       (double)m->param_update_gather_bytes;
+  const double gsent = G > 1 ? shard * (G - 1) / G : 0;
+  const double gintra = G <= L ? 1.0 : (double)(L - 1) / (G - 1);
+  const double rsent = R > 1 ? (double)m->replica_reduce_bytes * (R - 1) / R : 0;
+  const double rintra = R > 1 && G < L ? ((double)L / G - 1) / (R - 1) : 0;
+  m->intra_node_sent_bytes = gsent * gintra + rsent * rintra;
+  m->inter_node_sent_bytes = gsent * (1 - gintra) + rsent * (1 - rintra);
+}
+
+/* Adds one unit's collectives of a step to m (zs_comm_estimate's rules):
+ * padded and shard in elements, elem / gelem the parameters' and the
+ * gradients' bytes, p its policy; `gathers` the times its parameters are
+ * all-gathered per micro-batch at stage 3 (2, plus 2 for each unit tied
+ * to it). */
+static void zs__est_comm_unit(const zs__estimate_config* c, const zs__policy* p,
+                              int trainable, size_t padded, size_t shard,
+                              size_t elem, size_t gelem, int gathers,
+                              zs_comm_estimate* m) {
+  const uint64_t K = (uint64_t)c->grad_accum_steps;
+  const uint64_t P = (uint64_t)padded * elem, Pg = (uint64_t)padded * gelem;
+  if (p->gather_on_use) m->param_gather_bytes += K * (uint64_t)gathers * P;
+  if (!trainable) return;
+  /* a reduction per micro-batch, or once with local accumulation */
+  m->grad_reduce_bytes += (c->grad_accum_local ? 1 : K) * Pg;
+  if (p->grads_gather_back) m->grad_gather_bytes += Pg;
+  if (p->refresh_after_step) m->param_update_gather_bytes += P;
+  if (c->ranks > c->shard_ranks)
+    m->replica_reduce_bytes += 2 * (uint64_t)shard * gelem;
+}
+
 static zs_status zs__estimate_params(double params,
                                      const zs__estimate_config* c,
-                                     zs_memory_estimate* out) {
+                                     zs_memory_estimate* out,
+                                     zs_comm_estimate* comm) {
   zs_status st = zs__estimate_check(c);
   if (st != ZS_OK) return st;
   ZS_REQUIRE(out != NULL, "zs_estimate_from_params: out is NULL");
@@ -309,6 +352,11 @@ static zs_status zs__estimate_params(double params,
   /* one span: the rounding of each unit's last sub-group and shard (under
    * 4 KiB per unit and field) is not known without the units */
   const zs__policy pol = zs__est_policy(c, 1, 1);
+  if (comm != NULL) {
+    zs__est_comm_unit(c, &pol, n > 0, l.padded, l.shard, zs_dtype_size(dt),
+                      zs_dtype_size(gdt), 2, comm);
+    zs__est_comm_sent(c, comm);
+  }
   const size_t span = zs__policy_span(&pol, l.padded, l.shard);
   const size_t sg = zs__layout_nvme_sub_group(c->nvme_buffer_size,
                                               c->nvme_sub_group_size);
@@ -499,7 +547,8 @@ static zs_status zs__estimate_views(const zs__est_slice* sl, int nsl,
 
 static zs_status zs__estimate_model(const char* description,
                                     const zs__estimate_config* c,
-                                    zs_memory_estimate* out) {
+                                    zs_memory_estimate* out,
+                                    zs_comm_estimate* comm) {
   zs_status st = zs__estimate_check(c);
   if (st != ZS_OK) return st;
   ZS_REQUIRE(description != NULL && out != NULL,
@@ -949,6 +998,27 @@ static zs_status zs__estimate_model(const char* description,
     out->bytes[ZS_MEM_ACTIVATIONS] =
         fixed + (size_t)llround((double)(bytes - fixed) * scale);
   }
+  if (comm != NULL) {
+    /* a unit's tensors tied to another unit's gather that owner with it */
+    for (int i = 0; i < nunits; i++) {
+      zs__estimate_config uc = *c;
+      if (units[i].replicated) uc.stage = 0;
+      zs__policy up;
+      const zs__policy_in in = {uc.stage, c->device == ZS_DEVICE_HOST,
+                                (int)units[i].lowp, units[i].trainable,
+                                c->offload_optimizer,
+                                units[i].replicated ? 0 : c->offload_params};
+      if (zs__policy_make(&in, &up) != ZS_OK) memset(&up, 0, sizeof up);
+      int gathers = 2;
+      for (int j = 0; j < nunits; j++)
+        for (int k = 0; k < units[j].nowners; k++)
+          gathers += units[j].owners[k] == i ? 2 : 0;
+      zs__est_comm_unit(c, &up, units[i].trainable, units[i].padded,
+                        units[i].shard, units[i].elem, units[i].gelem,
+                        gathers, comm);
+    }
+    zs__est_comm_sent(c, comm);
+  }
   ZS_CHECK(zs__estimate_total(out, c, &nv));
 cleanup:
   for (int i = 0; units != NULL && i < nunits; i++) free(units[i].owners);
@@ -1067,10 +1137,47 @@ static zs_status zs__estimate_run(double params, const char* description,
   if (st != ZS_OK) return st;
   zs_memory_estimate full;
   memset(&full, 0, sizeof full);
-  st = description != NULL ? zs__estimate_model(description, &c, &full)
-                           : zs__estimate_params(params, &c, &full);
+  st = description != NULL ? zs__estimate_model(description, &c, &full, NULL)
+                           : zs__estimate_params(params, &c, &full, NULL);
   if (st == ZS_OK) zs__out_write(ZS__OUT_MEMORY_ESTIMATE, version, &full, user, size);
   return st;
+}
+
+/* zs_estimate_comm_from_params / _from_model. */
+static zs_status zs__estimate_comm_run(double params, const char* description,
+                                       const zs_config* config,
+                                       const zs_estimate_input* input,
+                                       zs_comm_estimate* user, const char* fn) {
+  zs__estimate_config c;
+  unsigned int version = 0;
+  zs_status st = zs__estimate_config_of(config, input, fn, &c, &version);
+  if (st != ZS_OK) return st;
+  ZS_REQUIRE(user != NULL, "%s: out is NULL", fn);
+  size_t size = 0;
+  st = zs__out_size(ZS__OUT_COMM_ESTIMATE, version, user, fn, &size);
+  if (st != ZS_OK) return st;
+  zs_memory_estimate mem;
+  zs_comm_estimate full;
+  memset(&full, 0, sizeof full);
+  st = description != NULL ? zs__estimate_model(description, &c, &mem, &full)
+                           : zs__estimate_params(params, &c, &mem, &full);
+  if (st == ZS_OK) zs__out_write(ZS__OUT_COMM_ESTIMATE, version, &full, user, size);
+  return st;
+}
+
+zs_status zs_estimate_comm_from_params(double params, const zs_config* config,
+                                       const zs_estimate_input* input,
+                                       zs_comm_estimate* out) {
+  return zs__estimate_comm_run(params, NULL, config, input, out,
+                               "zs_estimate_comm_from_params");
+}
+
+zs_status zs_estimate_comm_from_model(const char* description,
+                                      const zs_config* config,
+                                      const zs_estimate_input* input,
+                                      zs_comm_estimate* out) {
+  return zs__estimate_comm_run(0, description, config, input, out,
+                               "zs_estimate_comm_from_model");
 }
 
 zs_status zs_estimate_from_params(double params, const zs_config* config,
@@ -1111,8 +1218,8 @@ static zs_status zs__estimate_v01(double params, const char* description,
   zs__est_host_collectives(&c, ZS_HOST_COLLECTIVES_AUTO, ZS_REDUCE_FIXED);
   zs_memory_estimate full;
   memset(&full, 0, sizeof full);
-  st = description != NULL ? zs__estimate_model(description, &c, &full)
-                           : zs__estimate_params(params, &c, &full);
+  st = description != NULL ? zs__estimate_model(description, &c, &full, NULL)
+                           : zs__estimate_params(params, &c, &full, NULL);
   if (st == ZS_OK) zs__out_write(ZS__OUT_MEMORY_ESTIMATE, 100, &full, out, size);
   return st;
 }

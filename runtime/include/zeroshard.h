@@ -1563,6 +1563,51 @@ zs_status zs_estimate_from_model(const char* description,
                                  const zs_estimate_input* input,
                                  zs_memory_estimate* out);
 
+/* One optimizer step's communication per rank (0.4; docs/scaling.md): the
+ * collectives over the units as the communication log counts them
+ * (zs_comm_record.bytes: nccl-tests' size, the full buffer of an
+ * all-gather or reduce-scatter), by purpose, and what they send on the
+ * wire. Assumes each unit is used once per micro-batch's forward and once
+ * in its backward (a unit with tensors tied to another unit gathers that
+ * owner with it), reshard_after_forward, and K micro-batches per step.
+ * Leaves out the control collectives (checks, agreements, the gradient
+ * norm: tens of bytes). */
+typedef struct zs_comm_estimate {
+  size_t struct_size;
+  int shard_ranks;    /* G: ranks a unit's shards are spread over */
+  int replicas;       /* W / G */
+  /* the log's bytes per rank and step ("param gather", "grad reduce",
+   * "grad gather (stage 0)", "param update gather", "replica reduce") */
+  uint64_t param_gather_bytes;  /* stage 3: forward and backward all-gathers */
+  uint64_t grad_reduce_bytes;   /* the gradients' reduce-scatters */
+  uint64_t grad_gather_bytes;   /* stage 0: the reduced gradients gathered */
+  uint64_t param_update_gather_bytes; /* stages 1-2: updated parameters */
+  uint64_t replica_reduce_bytes; /* hybrid sharding: each gradient shard's
+                                    reduce-scatter and all-gather across
+                                    the replicas */
+  /* bytes this rank sends per step: (n - 1) / n of a collective among n
+   * ranks, spread evenly over them; a peer on another node (ranks placed
+   * by node: input.nodes, consecutive) is inter-node */
+  double intra_node_sent_bytes;
+  double inter_node_sent_bytes;
+} zs_comm_estimate;
+
+/* The communication of a model of `params` elements (one unit, no
+ * alignment, as zs_estimate_from_params) or a described one (as
+ * zs_estimate_from_model), per rank and optimizer step.
+ *  - config: its stage, shard_group_size, dtypes, grad_accum_steps and
+ *    grad_accum_local count; input: ranks and nodes.
+ *  - out: struct_size sizeof(zs_comm_estimate) or 0.
+ * @return ZS_OK, or INVALID_ARGUMENT naming the field (or what is wrong
+ *         in the description), OUT_OF_MEMORY. Pure. */
+zs_status zs_estimate_comm_from_params(double params, const zs_config* config,
+                                       const zs_estimate_input* input,
+                                       zs_comm_estimate* out);
+zs_status zs_estimate_comm_from_model(const char* description,
+                                      const zs_config* config,
+                                      const zs_estimate_input* input,
+                                      zs_comm_estimate* out);
+
 /* ==== Element conversions (optim/) ======================================= */
 
 /* Converts n elements between fp32, bf16 and fp16 (dst and src may be the

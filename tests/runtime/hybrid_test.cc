@@ -202,6 +202,41 @@ TEST_F(HybridTest, MemoryEqualsTheEstimate) {
   }
 }
 
+// CPU and NVMe offload (optimizer states, and at stage 3 the parameter
+// shards too) with shard groups: the same training as in memory, bitwise
+// (the offloaded optimizer steps the same shard with the same kernels).
+TEST_F(HybridTest, OffloadTrainsAsInMemory) {
+  if (world_ == 1) GTEST_SKIP() << "one rank has no groups";
+  const int G = Groups().back();  // the largest G below W
+  for (int stage : {1, 3}) {
+    TrainConfig cfg;
+    cfg.steps = 3;
+    cfg.stage = stage;
+    cfg.shard_group_size = G;
+    auto m0 = MakeTransformer();
+    const TrainResult plain = TrainSharded(*m0, cfg);
+    ASSERT_EQ(plain.status, ZS_OK) << plain.error;
+    const std::string dir = TestDir("hybrid_nvme_" + std::to_string(rank_));
+    for (int off : {1, 2}) {
+      for (int params : {0, 1}) {
+        if (params && stage != 3) continue;
+        TrainConfig c = cfg;
+        c.offload = off;
+        c.offload_param = params ? off : 0;
+        c.nvme.path = dir.c_str();
+        auto m = MakeTransformer();
+        const TrainResult r = TrainSharded(*m, c);
+        const std::string what = "G " + std::to_string(G) + " stage " +
+                                 std::to_string(stage) + " offload " +
+                                 (off == 2 ? "nvme" : "cpu") +
+                                 (params ? " +params" : "");
+        ASSERT_EQ(r.status, ZS_OK) << what << ": " << r.error;
+        ExpectSameTraining(plain, r, *m0, what);
+      }
+    }
+  }
+}
+
 // A G that does not divide W, and "node" where hosts differ, are refused
 // on every rank with the reason; nothing is left.
 TEST_F(HybridTest, GroupSizeThatDoesNotDivideIsRefused) {
