@@ -146,17 +146,20 @@ void zs__comm_fail(zs__comm* c, zs_status st, const char* why, int notify,
   if (c->ops->abort != NULL) c->ops->abort(c);
 }
 
-/* A discard notice: "D <epoch> <count of lane 0> <lane 1> <lane 2>", sent
+/* A discard notice: "D <epoch> <count of lane 0> <lane 1> <lane 2>
+ * <origin>" (origin: the rank of the context's communicator that called
+ * zs_step_discard, which a rank joining on its behalf passes on), sent
  * by a rank in zs_step_discard whose reconciliation the others have not
  * joined yet. One of this epoch is kept (the lowest count per lane: that
  * rank joins nothing from there on); older ones are stale (the reconcile
  * they asked for is over). */
 static void zs__comm_discard_notice(zs__comm* c, int from, const char* text) {
   unsigned long long e = 0, n[ZS__LANES] = {0};
-  if (sscanf(text, "D %llu %llu %llu %llu", &e, &n[0], &n[1], &n[2]) !=
-          1 + ZS__LANES ||
-      e != c->epoch)
-    return;
+  int origin = -1; /* the context's rank that called zs_step_discard */
+  const int got = sscanf(text, "D %llu %llu %llu %llu %d", &e, &n[0], &n[1],
+                         &n[2], &origin);
+  if (got < 1 + ZS__LANES || e != c->epoch) return;
+  if (got == 2 + ZS__LANES && origin >= 0) from = origin;
   if (c->discard_from < 0) {
     c->discard_from = from;
     for (int l = 0; l < ZS__LANES; l++) c->discard_lane[l] = n[l];

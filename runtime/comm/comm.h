@@ -195,6 +195,10 @@ struct zs__comm {
   zs_comm_counters counters;
   uint64_t seq_hash;  /* every collective since creation, in order */
   uint64_t seq_count;
+  uint64_t seq_base;  /* seq_count when the last reconciliation of this
+                         (the context's) communicator ended: with shard
+                         groups, groups lined up apart may differ in count
+                         before it; after it every rank counts alike */
   double timeout_s;   /* 0: wait forever */
   int failed;         /* a collective timed out, another rank failed, or
                          this rank gave up (zs__comm_abandon): MPI may
@@ -217,7 +221,12 @@ struct zs__comm {
   uint64_t epoch;       /* reconciliations completed (the same everywhere) */
   uint64_t dirty_epoch; /* ... of which matched missing collectives */
   int reconciling;      /* inside zs__comm_reconcile */
-  int discard_from;     /* -1, or a rank whose discard notice for this
+  int discard_origin;   /* the context's rank whose zs_step_discard the
+                           next reconciliation runs for, when this rank
+                           joins on its behalf (its notice names it); -1:
+                           this rank's own */
+  int discard_from;     /* -1, or a rank (of the context's communicator)
+                           whose discard notice for this
                            epoch arrived: it joins no collective of lane L
                            from discard_lane[L] on until the reconcile */
   uint64_t discard_lane[ZS__LANES];
@@ -225,6 +234,9 @@ struct zs__comm {
                            NULL (one rank, heartbeat_timeout_s 0); owned,
                            except a group's (the parent's, borrowed) */
   uint8_t group;        /* zs__group, for the log */
+  zs__comm* shard_group; /* the context's: its shard group's communicator
+                           (hybrid sharding), whose discards a wait here
+                           joins too; NULL otherwise (not owned) */
   zs__comm* parent;     /* a group's (shard or replica group of hybrid
                            sharding: docs/running.md, "Shard groups"): the
                            context's communicator, which keeps the

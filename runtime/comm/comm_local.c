@@ -157,6 +157,7 @@ zs_status zs__comm_local_create(zs__comm** out) {
   c->seq_hash = ZS__FNV_SEED;
   c->notice_from = -1;
   c->discard_from = -1;
+  c->discard_origin = -1;
   c->max_count = SIZE_MAX;
   *out = c;
   return ZS_OK;

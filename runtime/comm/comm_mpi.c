@@ -1102,6 +1102,7 @@ zs_status zs__comm_mpi_create(MPI_Comm comm, zs__comm** out) {
   c->seq_hash = ZS__FNV_SEED;
   c->notice_from = -1;
   c->discard_from = -1;
+  c->discard_origin = -1;
   c->max_count = (size_t)INT_MAX; /* MPI counts are ints */
   *out = c;
   return ZS_OK;

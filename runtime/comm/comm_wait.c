@@ -114,6 +114,27 @@ zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
      * issued before failing still completes: wait for that): give up
      * now. The request stays pending, so every buffer is kept. */
     const int failure = zs__comm_poll_notices(c);
+    /* With shard groups a discard reconciles the shard group's
+     * collectives first, then the context's: a rank of the group waiting
+     * in either joins both, in that order (the discarding rank waits in
+     * the first for it). */
+    zs__comm* sg = c->parent != NULL ? (c->group == ZS__GROUP_SHARD ? c : NULL)
+                                     : c->shard_group;
+    if (!failure && sg != NULL && !sg->reconciling &&
+        !zs__comm_top(c)->reconciling) {
+      if (sg != c) (void)zs__comm_poll_notices(sg);
+      if (sg->discard_from >= 0) {
+        dropped_by = sg->discard_from;
+        zs__coll_text(op, what, sizeof what);
+        /* (this rank's notices name the rank it joins for) */
+        zs__comm_top(c)->discard_origin = dropped_by;
+        zs_status rs = zs__comm_reconcile(sg, NULL);
+        if (rs == ZS_OK) rs = zs__comm_reconcile(zs__comm_top(c), NULL);
+        zs__comm_top(c)->discard_origin = -1;
+        if (rs != ZS_OK) return rs; /* failed: op stays pending */
+        continue;
+      }
+    }
     /* Another rank is in zs_step_discard and never issued this one: join
      * its reconciliation, which gives op its partners (once). */
     if (!failure && !c->reconciling && c->discard_from >= 0 &&
@@ -590,6 +611,7 @@ zs_status zs__comm_reconcile(zs__comm* c, int* matched) {
     c->epoch++;
     c->discard_from = -1;
     c->seq_hash = ZS__FNV_SEED;
+    if (c->parent == NULL) c->seq_base = c->seq_count;
     return ZS_OK;
   }
   c->reconciling = 1;
@@ -611,10 +633,12 @@ zs_status zs__comm_reconcile(zs__comm* c, int* matched) {
   v[2 * L] = c->epoch;
   v[2 * L + 1] = ~c->epoch;
   char notice[128];
-  snprintf(notice, sizeof notice, "D %llu %llu %llu %llu",
+  zs__comm* top = zs__comm_top(c);
+  snprintf(notice, sizeof notice, "D %llu %llu %llu %llu %d",
            (unsigned long long)c->epoch, (unsigned long long)c->lane_count[0],
            (unsigned long long)c->lane_count[1],
-           (unsigned long long)c->lane_count[2]);
+           (unsigned long long)c->lane_count[2],
+           top->discard_origin >= 0 ? top->discard_origin : top->rank);
   st = zs__ctrl_all_reduce_max(c, v, NV, "collective counts", notice);
   if (st != ZS_OK) goto fail; /* v is kept: MPI may still write it */
   int need = 0;
@@ -733,6 +757,7 @@ zs_status zs__comm_reconcile(zs__comm* c, int* matched) {
   /* Every lane count is the same everywhere now, and which units the
    * dropped collectives were for no longer matters. */
   c->seq_hash = ZS__FNV_SEED;
+  if (c->parent == NULL) c->seq_base = c->seq_count;
   c->reconciling = 0;
   zs__log(ZS_LOG_INFO, "zs_step_discard: collectives lined up%s",
           need ? " (partners issued for those some rank lacked)" : "");

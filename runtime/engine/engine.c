@@ -30,10 +30,9 @@ zs_status zs__check_finalized(const zs_model* m, const char* fn) {
 }
 
 zs_status zs__check_discarded(zs_model* m, const char* fn) {
-  const zs__comm* c = m->ctx->comm;
-  if (m->dirty_epoch_seen != c->dirty_epoch) {
+  if (m->dirty_epoch_seen != zs__dirty_epoch(m->ctx)) {
     /* (only zs_step_discard's own reconciliation leaves its model out) */
-    m->dirty_epoch_seen = c->dirty_epoch;
+    m->dirty_epoch_seen = zs__dirty_epoch(m->ctx);
     m->discard_local = 1;
     m->must_discard = 1;
     snprintf(m->must_discard_msg, sizeof m->must_discard_msg,

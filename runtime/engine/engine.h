@@ -301,7 +301,8 @@ struct zs_model {
    * (discard_local: by zs_step_discard on this rank alone, the ranks'
    * collectives being lined up already), and no call that issues a
    * collective may run before that. */
-  uint64_t dirty_epoch_seen;
+  uint64_t dirty_epoch_seen; /* (zs__dirty_epoch: with shard groups, the
+                                 shard group's reconciliations count too) */
   int discard_local;
 };
 
@@ -404,6 +405,13 @@ zs_status zs__pieces_alloc(const size_t* offsets, const size_t* numels,
 /* The gradient accumulation runs K micro-batches; this is the K-th. */
 static inline int zs__accum_boundary(const zs_model* m) {
   return m->micro + 1 >= m->ctx->config.grad_accum_steps;
+}
+
+/* The reconciliations that matched collectives, of the context's
+ * communicator and, with shard groups, of the shard group's. */
+static inline uint64_t zs__dirty_epoch(const zs_context* ctx) {
+  return ctx->comm->dirty_epoch +
+         (ctx->shard_comm != ctx->comm ? ctx->shard_comm->dirty_epoch : 0);
 }
 
 /* ---- In-flight lists and buckets ---- */

@@ -99,7 +99,7 @@ zs_status zs_model_create(zs_context* ctx, zs_model** out) {
   m->loss_scale = ls->mode == ZS_LOSS_SCALE_NONE ? 1.0 : ls->init_scale;
   m->scale_hysteresis = ls->hysteresis;
   m->persistence_threshold = ctx->config.param_persistence_threshold;
-  m->dirty_epoch_seen = ctx->comm->dirty_epoch;
+  m->dirty_epoch_seen = zs__dirty_epoch(ctx);
   m->next = ctx->engine->models;
   ctx->engine->models = m;
   *out = m;

@@ -74,7 +74,10 @@ static zs_status zs__step_consistency(zs_model* m, zs_status local) {
   lrs = zs__hash_bytes(lrs, m->group_wd, sizeof(double) * (size_t)m->ngroups);
   /* what every rank must agree on */
   enum { STEP, COUNT, SEQ, USES, LRS, K };
-  uint64_t mine[K] = {(uint64_t)m->steps_called, m->ctx->comm->seq_count,
+  /* (collectives since the last reconciliation: with shard groups the
+   * groups' counts may differ before it) */
+  uint64_t mine[K] = {(uint64_t)m->steps_called,
+                      m->ctx->comm->seq_count - m->ctx->comm->seq_base,
                       m->ctx->comm->seq_hash, uses, lrs};
   /* Heap, not stack: a collective's buffer (see zs__comm_free). */
   uint64_t* v = (uint64_t*)malloc((2 * K + 1) * sizeof *v);
@@ -128,10 +131,11 @@ static zs_status zs__step_consistency(zs_model* m, zs_status local) {
                  (long long)m->steps_called,
                  k == COUNT ? "numbers of collectives" : what[k]);
       }
-      char range[96] = "";
+      char range[128] = "";
       if (k == COUNT)
         snprintf(range, sizeof range, " (from %llu to %llu since the context "
-                 "was created)", (unsigned long long)~r[2 * COUNT + 1],
+                 "was created or last lined up by zs_step_discard)",
+                 (unsigned long long)~r[2 * COUNT + 1],
                  (unsigned long long)r[2 * COUNT]);
       return zs__error(ZS_ERR_MISMATCH,
                        "zs_step %lld: ranks disagree on their %s%s; every "
@@ -478,7 +482,7 @@ static zs_status zs__discard_body(zs_model* m, int unit, void* arg) {
     if (st != ZS_OK) goto out;
     /* the others' models learn of it at their next call; this one is
      * being dropped now */
-    m->dirty_epoch_seen = m->ctx->comm->dirty_epoch;
+    m->dirty_epoch_seen = zs__dirty_epoch(m->ctx);
   }
   zs__accounting_phase(m->ctx->acct, ZS_PHASE_STEP);
   const double t_step = zs__now();

@@ -130,6 +130,7 @@ static zs_status zs__groups_start(zs_context* ctx, zs__comm* mpi,
   if (st == ZS_OK) {
     ctx->shard_comm = shard;
     ctx->replica_comm = rep;
+    ctx->comm->shard_group = shard;
     ctx->shard_rank = shard->rank;
     ctx->shard_ranks = shard->world;
     ctx->replica_rank = rep->rank;
