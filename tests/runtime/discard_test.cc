@@ -523,6 +523,9 @@ TEST_F(DiscardTest, APassThatFailedPartWayOnOneRankRecoversAtTheFirstRedo) {
 // equals the clean run with the same groups bitwise (hybrid sharding
 // reduces in another order than the flat reference, docs/running.md).
 TEST_F(DiscardTest, WithShardGroupsRecoversToTheCleanRun) {
+#ifdef ZS_TEST_CUDA
+  GTEST_SKIP() << "hybrid sharding runs on the host device in this release";
+#endif
   if (world_ < 4 || world_ % 2 != 0) GTEST_SKIP() << "needs 2 groups of >= 2";
   for (int stage = 0; stage <= 3; stage++) {
     Opts clean;
