@@ -1121,70 +1121,57 @@ static zs_status zs__estimate_config_of(const zs_config* config,
   return ZS_OK;
 }
 
-/* Runs the estimate into this library's layout, then gives the caller
- * what its release's struct holds. */
+/* Runs the estimate into this library's layout (the memory's, and the
+ * communication's), then gives the caller what its release's struct of
+ * `kind` (ZS__OUT_MEMORY_ESTIMATE or _COMM_ESTIMATE) holds. */
 static zs_status zs__estimate_run(double params, const char* description,
                                   const zs_config* config,
                                   const zs_estimate_input* input,
-                                  zs_memory_estimate* user, const char* fn) {
+                                  zs__out_kind kind, void* user,
+                                  const char* fn) {
   zs__estimate_config c;
   unsigned int version = 0;
   zs_status st = zs__estimate_config_of(config, input, fn, &c, &version);
   if (st != ZS_OK) return st;
   ZS_REQUIRE(user != NULL, "%s: out is NULL", fn);
   size_t size = 0;
-  st = zs__out_size(ZS__OUT_MEMORY_ESTIMATE, version, user, fn, &size);
-  if (st != ZS_OK) return st;
-  zs_memory_estimate full;
-  memset(&full, 0, sizeof full);
-  st = description != NULL ? zs__estimate_model(description, &c, &full, NULL)
-                           : zs__estimate_params(params, &c, &full, NULL);
-  if (st == ZS_OK) zs__out_write(ZS__OUT_MEMORY_ESTIMATE, version, &full, user, size);
-  return st;
-}
-
-/* zs_estimate_comm_from_params / _from_model. */
-static zs_status zs__estimate_comm_run(double params, const char* description,
-                                       const zs_config* config,
-                                       const zs_estimate_input* input,
-                                       zs_comm_estimate* user, const char* fn) {
-  zs__estimate_config c;
-  unsigned int version = 0;
-  zs_status st = zs__estimate_config_of(config, input, fn, &c, &version);
-  if (st != ZS_OK) return st;
-  ZS_REQUIRE(user != NULL, "%s: out is NULL", fn);
-  size_t size = 0;
-  st = zs__out_size(ZS__OUT_COMM_ESTIMATE, version, user, fn, &size);
+  st = zs__out_size(kind, version, user, fn, &size);
   if (st != ZS_OK) return st;
   zs_memory_estimate mem;
-  zs_comm_estimate full;
-  memset(&full, 0, sizeof full);
-  st = description != NULL ? zs__estimate_model(description, &c, &mem, &full)
-                           : zs__estimate_params(params, &c, &mem, &full);
-  if (st == ZS_OK) zs__out_write(ZS__OUT_COMM_ESTIMATE, version, &full, user, size);
+  zs_comm_estimate comm;
+  memset(&mem, 0, sizeof mem);
+  memset(&comm, 0, sizeof comm);
+  zs_comm_estimate* want = kind == ZS__OUT_COMM_ESTIMATE ? &comm : NULL;
+  st = description != NULL ? zs__estimate_model(description, &c, &mem, want)
+                           : zs__estimate_params(params, &c, &mem, want);
+  if (st == ZS_OK)
+    zs__out_write(kind, version, want != NULL ? (void*)&comm : (void*)&mem,
+                  user, size);
   return st;
 }
 
 zs_status zs_estimate_comm_from_params(double params, const zs_config* config,
                                        const zs_estimate_input* input,
                                        zs_comm_estimate* out) {
-  return zs__estimate_comm_run(params, NULL, config, input, out,
-                               "zs_estimate_comm_from_params");
+  return zs__estimate_run(params, NULL, config, input, ZS__OUT_COMM_ESTIMATE,
+                          out, "zs_estimate_comm_from_params");
 }
 
 zs_status zs_estimate_comm_from_model(const char* description,
                                       const zs_config* config,
                                       const zs_estimate_input* input,
                                       zs_comm_estimate* out) {
-  return zs__estimate_comm_run(0, description, config, input, out,
-                               "zs_estimate_comm_from_model");
+  ZS_REQUIRE(description != NULL,
+             "zs_estimate_comm_from_model: description is NULL");
+  return zs__estimate_run(0, description, config, input, ZS__OUT_COMM_ESTIMATE,
+                          out, "zs_estimate_comm_from_model");
 }
 
 zs_status zs_estimate_from_params(double params, const zs_config* config,
                                   const zs_estimate_input* input,
                                   zs_memory_estimate* out) {
-  return zs__estimate_run(params, NULL, config, input, out,
-                          "zs_estimate_from_params");
+  return zs__estimate_run(params, NULL, config, input, ZS__OUT_MEMORY_ESTIMATE,
+                          out, "zs_estimate_from_params");
 }
 
 zs_status zs_estimate_from_model(const char* description,
@@ -1193,8 +1180,8 @@ zs_status zs_estimate_from_model(const char* description,
                                  zs_memory_estimate* out) {
   ZS_REQUIRE(description != NULL,
              "zs_estimate_from_model: description is NULL");
-  return zs__estimate_run(0.0, description, config, input, out,
-                          "zs_estimate_from_model");
+  return zs__estimate_run(0.0, description, config, input,
+                          ZS__OUT_MEMORY_ESTIMATE, out, "zs_estimate_from_model");
 }
 
 /* ==== ZeroShard 0.1's estimator ============================================
