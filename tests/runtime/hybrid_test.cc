@@ -202,6 +202,44 @@ TEST_F(HybridTest, MemoryEqualsTheEstimate) {
   }
 }
 
+// Micro-batches (K = 2, reduced each micro-batch or, with local
+// accumulation, once): bitwise the same at every stage, and within kRel of
+// flat sharding with the same micro-batches (the groups' means of means
+// round differently from one mean).
+TEST_F(HybridTest, AccumulationAtEveryStage) {
+  if (world_ == 1) GTEST_SKIP() << "one rank has no groups";
+  for (int local = 0; local <= 1; local++) {
+    TrainConfig flat_cfg;
+    flat_cfg.steps = 3;
+    flat_cfg.grad_accum = 2;
+    flat_cfg.grad_accum_local = local;
+    auto fm = MakeTransformer();
+    const TrainResult flat = TrainSharded(*fm, flat_cfg);
+    ASSERT_EQ(flat.status, ZS_OK) << flat.error;
+    for (int G : Groups()) {
+      std::vector<TrainResult> runs;
+      for (int stage = 0; stage <= 3; stage++) {
+        TrainConfig cfg = flat_cfg;
+        cfg.stage = stage;
+        cfg.shard_group_size = G;
+        auto m = MakeTransformer();
+        runs.push_back(TrainSharded(*m, cfg));
+        const TrainResult& r = runs.back();
+        const std::string what = "K 2 local " + std::to_string(local) +
+                                 " G " + std::to_string(G) + " stage " +
+                                 std::to_string(stage);
+        ASSERT_EQ(r.status, ZS_OK) << what << ": " << r.error;
+        for (size_t t = 0; t < m->tensors.size(); t++) {
+          EXPECT_TRUE(Bitwise(r.params[t], runs[0].params[t]))
+              << what << " tensor " << m->tensors[t].name << " vs stage 0";
+          EXPECT_TRUE(CloseByNorm(r.params[t], flat.params[t], kRel))
+              << what << " tensor " << m->tensors[t].name << " vs flat";
+        }
+      }
+    }
+  }
+}
+
 // CPU and NVMe offload (optimizer states, and at stage 3 the parameter
 // shards too) with shard groups: the same training as in memory, bitwise
 // (the offloaded optimizer steps the same shard with the same kernels).
