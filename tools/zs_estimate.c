@@ -77,7 +77,8 @@ static void print_library_error(const char* msg) {
   static const char* const kFlagOf[][2] = {
       {"nvme_param_buffer_count", "--nvme-param-buffers"},
       {"nvme_buffer_count", "--nvme-buffer-count"},
-      {"nvme_buffer_size", "--nvme-buffer-size"}};
+      {"nvme_buffer_size", "--nvme-buffer-size"},
+      {"config.shard_group_size", "--shard-group-size"}};
   const size_t nflags = sizeof kFlagOf / sizeof kFlagOf[0];
   if (strncmp(msg, "zs_estimate: ", 13) == 0) msg += 13;
   fputs("zs estimate: ", stderr);
@@ -204,8 +205,8 @@ static void print_comm(const opts* c, const zs_comm_estimate* m, int json,
             inter_gbps, bound);
     return;
   }
-  fprintf(out, "stage %d  %d ranks on %d nodes, shard groups of %d (%d "
-          "replicas): per rank and step, log %.4g GB in the group + %.4g GB "
+  fprintf(out, "stage %d  %d ranks on %d node(s), shard groups of %d (%d "
+          "replica(s)): per rank and step, log %.4g GB in the group + %.4g GB "
           "across replicas; sent %.4g GB within nodes, %.4g GB between; "
           "communication >= %.4g s at %g/%g GB/s\n", c->stage, c->ranks,
           c->nodes, m->shard_ranks, m->replicas, shard / 1e9,

@@ -316,6 +316,9 @@ int gpt2_args_parse(int argc, char** argv, int sharded, gpt2_args* a,
       } else {
         int g = 0;
         rc = gpt2__int(f, v, 1, 1 << 30, &g, err, cap);
+        if (rc != 0)
+          snprintf(err, cap, "--shard-group-size: expected a rank count >= 1 "
+                   "or node, got '%s'", v != NULL ? v : "(missing)");
         a->shard_group_size = g;
       }
     } else if (sharded && strcmp(f, "--persistence-threshold") == 0) {
@@ -532,6 +535,13 @@ void gpt2_args_print(const gpt2_args* a, const char* trainer, int ranks,
   if (a->clip > 0)
     snprintf(stage + strlen(stage), sizeof stage - strlen(stage),
              ", clip %g", a->clip);
+  if (a->shard_group_size < 0)
+    snprintf(stage + strlen(stage), sizeof stage - strlen(stage),
+             ", a shard group per host");
+  else if (a->shard_group_size > 0 && a->shard_group_size < ranks)
+    snprintf(stage + strlen(stage), sizeof stage - strlen(stage),
+             ", shard groups of %d (%d replicas)", a->shard_group_size,
+             ranks / a->shard_group_size);
   if (a->offload)
     snprintf(stage + strlen(stage), sizeof stage - strlen(stage),
              ", %s offload%s", a->offload == 2 ? "NVMe" : "CPU",
@@ -582,6 +592,12 @@ gpt2_report* gpt2_report_create(const gpt2_args* a, const char* trainer,
   cJSON_AddNumberToObject(c, "heartbeat_timeout_s", a->heartbeat_timeout);
   if (a->host_collectives_used != NULL)
     cJSON_AddStringToObject(c, "host_collectives", a->host_collectives_used);
+  /* what was asked ("node", a count, or all ranks: 0); comm.groups has
+   * the G in use */
+  if (a->shard_group_size < 0)
+    cJSON_AddStringToObject(c, "shard_group_size", "node");
+  else
+    cJSON_AddNumberToObject(c, "shard_group_size", a->shard_group_size);
   cJSON_AddNumberToObject(c, "persistence_threshold",
                           (double)a->persistence_threshold);
   cJSON_AddNumberToObject(c, "bucket_elements", (double)a->bucket_elements);

@@ -850,6 +850,11 @@ static int precheck(const gpt2_args* a, const gpt2_config* cfg,
              "divides it" : "");
     return -1;
   }
+  if (a->shard_group_size > 0 && world % a->shard_group_size != 0) {
+    snprintf(err, cap, "--shard-group-size %d does not divide the %d ranks "
+             "(shard groups are of equal size)", a->shard_group_size, world);
+    return -1;
+  }
   return gpt2_config_check(cfg, err, cap) != 0 ||
                  sharded_config_check(z, err, cap) != 0 ||
                  (a->device && gpt2_cuda_available(err, cap) != 0) ||
@@ -1030,6 +1035,8 @@ int main(int argc, char** argv) {
   double group_bytes[3] = {0, 0, 0};
   uint64_t log_from = comm_log_next(m.ctx);
   for (int step = start; step < args.steps; step++) {
+    /* (the step's own collectives: not the last one's evaluation or save) */
+    log_from = comm_log_next(m.ctx);
     if (args.kernel_times && step == times_from) {
       gpt2_cuda_kernel_times_reset();
       times_t0 = t_train;

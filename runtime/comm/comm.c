@@ -61,9 +61,12 @@ static void zs__comm_note(zs__comm* c, zs__coll* op, int root) {
                      (uint64_t)c->group};
   /* (the group joins the hash only where there are groups: without
    * hybrid sharding the sequence hashes as before) */
-  t->seq_hash = zs__hash_bytes(t->seq_hash, rec,
-                               c->parent != NULL ? sizeof rec
-                                                 : sizeof rec - sizeof rec[6]);
+  if (!op->tag.group_local) {
+    t->seq_hash = zs__hash_bytes(t->seq_hash, rec,
+                                 c->parent != NULL ? sizeof rec
+                                                   : sizeof rec - sizeof rec[6]);
+    t->check_count++;
+  }
   op->seq = __atomic_fetch_add(&t->seq_count, 1, __ATOMIC_RELAXED);
   op->t_issue = zs__now();
   if (t->log != NULL) {
@@ -74,6 +77,8 @@ static void zs__comm_note(zs__comm* c, zs__coll* op, int root) {
                               op->t_issue,   0.0};
   }
   __atomic_add_fetch(&c->in_flight, 1, __ATOMIC_RELAXED);
+  /* (the context's progress thread drives MPI for its groups too) */
+  if (t != c) __atomic_add_fetch(&t->in_flight, 1, __ATOMIC_RELAXED);
   if (op->is_param_gather && ++t->gathers_in_flight > t->max_in_flight_gathers)
     t->max_in_flight_gathers = t->gathers_in_flight;
 }
@@ -272,6 +277,7 @@ static zs_status zs__coll_finish(zs__comm* c, zs__coll* op) {
     if (e->seq == op->seq) e->t_done = now;
   }
   __atomic_sub_fetch(&c->in_flight, 1, __ATOMIC_RELAXED);
+  if (t != c) __atomic_sub_fetch(&t->in_flight, 1, __ATOMIC_RELAXED);
   if (op->is_param_gather) t->gathers_in_flight--;
   if (op->prev != NULL) op->prev->next = op->next;
   else c->pending_head = op->next;
@@ -331,11 +337,23 @@ zs_status zs__coll_test(zs__comm* c, zs__coll* op, int* done) {
     snprintf(unit, sizeof unit, "%s", op->tag.name != NULL ? op->tag.name : "-");
     op->dst = NULL; /* no sum or mean of a failed collective's output */
     op->div_dst = NULL;
+    const uint64_t seq = op->seq;
     (void)zs__coll_finish(c, op);
     *done = 1;
-    return zs__error(st, "%s (in %s of %zu %s elements for unit %s on %s; "
-                     "%s)", saved, zs_coll_op_name(kind), count,
-                     zs_dtype_name(dtype), unit, devname, report);
+    zs__error(st, "%s (in %s of %zu %s elements for unit %s on %s; %s)",
+              saved, zs_coll_op_name(kind), count, zs_dtype_name(dtype), unit,
+              devname, report);
+    /* A group's collective failed (a peer died, a segment broke): only its
+     * ranks saw it; the context fails and tells every other rank, so those
+     * of other groups, waiting in the context's collectives, end now too
+     * (flat, every rank is in this collective and sees it itself) */
+    if (c->parent != NULL && !c->failed) {
+      char body[ZS__NOTICE_BYTES - 32];
+      snprintf(body, sizeof body, "%s", zs__error_body());
+      zs__comm_fail(c, st, body, 1, seq);
+      zs__error(st, "%s", body);
+    }
+    return st;
   }
   if (!*done) return ZS_OK;
   return zs__coll_finish(c, op);

@@ -188,14 +188,18 @@ struct zs__comm {
   zs__comm_log_entry* log; /* ring of ZS__COMM_LOG_CAP entries, or NULL */
   double log_t0;      /* zs__now() when the log started */
   zs__profiler* prof; /* not owned; NULL: no collective spans */
-  uint64_t in_flight; /* started and not yet completed collectives (read
+  uint64_t in_flight; /* started and not yet completed collectives (the
+                         context's: its groups' too) (read
                          by the progress thread: atomic) */
   uint64_t max_in_flight_gathers; /* most parameter all-gathers in flight */
   uint64_t gathers_in_flight;
   zs_comm_counters counters;
   uint64_t seq_hash;  /* every collective since creation, in order */
   uint64_t seq_count;
-  uint64_t seq_base;  /* seq_count when the last reconciliation of this
+  uint64_t check_count; /* the collectives every rank of the context
+                         issues alike: seq_count less the groups' own
+                         (zs__coll_tag.group_local) */
+  uint64_t check_base;  /* check_count when the last reconciliation of this
                          (the context's) communicator ended: with shard
                          groups, groups lined up apart may differ in count
                          before it; after it every rank counts alike */
@@ -234,6 +238,8 @@ struct zs__comm {
                            NULL (one rank, heartbeat_timeout_s 0); owned,
                            except a group's (the parent's, borrowed) */
   uint8_t group;        /* zs__group, for the log */
+  int name_first, name_stride; /* a group's r-th rank is the context's
+                           rank name_first + r * name_stride (messages) */
   zs__comm* shard_group; /* the context's: its shard group's communicator
                            (hybrid sharding), whose discards a wait here
                            joins too; NULL otherwise (not owned) */
@@ -244,6 +250,11 @@ struct zs__comm {
                            the failure notices of both (zs__comm_top);
                            NULL for the context's own */
 };
+
+/* The context's rank of c's r-th rank (for messages). */
+static inline int zs__comm_rank_name(const zs__comm* c, int r) {
+  return c->parent != NULL ? c->name_first + r * c->name_stride : r;
+}
 
 /* The communicator that keeps c's counters, log, sequence and failure
  * notices: c's parent for a group, else c. */
@@ -278,10 +289,15 @@ typedef struct zs__coll_tag {
   zs__purpose purpose;
   int unit;         /* -1 when not about a unit */
   const char* name; /* the unit's name, for messages (may be NULL) */
+  int group_local;  /* a group's collective that depends on its own ranks'
+                       data (hybrid sharding's gathers of units some ranks
+                       do not use): groups issue different ones, so it is
+                       left out of the context-wide check (check_count,
+                       seq_hash) */
 } zs__coll_tag;
 
 static inline zs__coll_tag zs__tag(zs__purpose p, int unit, const char* name) {
-  zs__coll_tag t = {p, unit, name};
+  zs__coll_tag t = {p, unit, name, 0};
   return t;
 }
 

@@ -1119,3 +1119,11 @@ zs_status zs__comm_mpi_split(zs__comm* mpi, int color, int key,
   MPI_Comm_free(&sub);
   return st;
 }
+
+void zs__comm_mpi_name_ranks(zs__comm* mpi, int first, int stride) {
+  zs__mpi_impl* impl = (zs__mpi_impl*)mpi->impl;
+  mpi->name_first = first;
+  mpi->name_stride = stride;
+  for (int l = 0; l < ZS__SHM_LANES; l++)
+    zs__shm_set_rank_names(impl->shm[l], first, stride);
+}

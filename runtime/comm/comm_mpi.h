@@ -55,6 +55,10 @@ void zs__comm_mpi_own(zs__comm* c);
 zs_status zs__comm_mpi_split(zs__comm* mpi, int color, int key,
                              zs__comm** out);
 
+/* Messages about a group's shared-memory peers name its r-th rank as the
+ * context's rank first + r * stride. */
+void zs__comm_mpi_name_ranks(zs__comm* mpi, int first, int stride);
+
 #ifdef __cplusplus
 }
 #endif

@@ -57,6 +57,8 @@ struct zs__shm_op {
 
 struct zs__shm {
   int rank, world;
+  int name_first, name_stride; /* rank r is named first + r * stride (the
+                                  context's rank of a group's r-th) */
   int fd;              /* while opening; -1 after (the mapping stays) */
   char* base;          /* the mapping */
   size_t bytes;
@@ -143,12 +145,25 @@ static int zs__shm_pid_gone(pid_t pid) {
 }
 
 /* "rank R (host H, pid P)", as the heartbeats name a rank. */
-static void zs__shm_peer_name(const zs__shm_ctrl* peer, int r, char* buf,
-                              size_t cap) {
+/* The context's rank of this segment's r-th rank (a group's: docs/running.md,
+ * "Shard groups"). */
+static int zs__shm_name(const zs__shm* s, int r) {
+  return s->name_first + r * s->name_stride;
+}
+
+static void zs__shm_peer_name(const zs__shm* s, const zs__shm_ctrl* peer,
+                              int r, char* buf, size_t cap) {
   char host[sizeof peer->host];
   memcpy(host, peer->host, sizeof host);
   host[sizeof host - 1] = '\0';
-  snprintf(buf, cap, "rank %d (host %s, pid %d)", r, host, (int)peer->pid);
+  snprintf(buf, cap, "rank %d (host %s, pid %d)", zs__shm_name(s, r), host,
+           (int)peer->pid);
+}
+
+void zs__shm_set_rank_names(zs__shm* s, int first, int stride) {
+  if (s == NULL) return;
+  s->name_first = first;
+  s->name_stride = stride;
 }
 
 /* Waits until rank r's counter at `field` reaches target. Fails (setting
@@ -190,7 +205,7 @@ static zs_status zs__shm_wait(zs__shm* s, zs__shm_op* op, int r,
       char why[sizeof peer->why], name[128];
       memcpy(why, peer->why, sizeof why);
       why[sizeof why - 1] = '\0';
-      zs__shm_peer_name(peer, r, name, sizeof name);
+      zs__shm_peer_name(s, peer, r, name, sizeof name);
       op->status = ZS_ERR_REMOTE;
       if (gone == 1)
         snprintf(op->why, sizeof op->why,
@@ -207,7 +222,7 @@ static zs_status zs__shm_wait(zs__shm* s, zs__shm_op* op, int r,
       last_pid_check = now;
       if (zs__shm_pid_gone((pid_t)peer->pid)) {
         char name[128];
-        zs__shm_peer_name(peer, r, name, sizeof name);
+        zs__shm_peer_name(s, peer, r, name, sizeof name);
         op->status = ZS_ERR_REMOTE;
         snprintf(op->why, sizeof op->why,
                  "%s is gone: its process ended while this rank waited for "
@@ -485,7 +500,7 @@ static void zs__shm_run(zs__shm* s, zs__shm_op* op) {
         snprintf(op->why, sizeof op->why,
                  "shared-memory collectives do not pair up: this rank "
                  "issued %s, rank %d %s (the ranks issued different "
-                 "collectives)", t0, r, t1);
+                 "collectives)", t0, zs__shm_name(s, r), t1);
         return;
       }
       if (copies) zs__shm_copy_from(s, op, at, len, g, r);
@@ -587,6 +602,7 @@ zs_status zs__shm_open(const char* path, int create, int rank, int world,
     return zs__error(ZS_ERR_OUT_OF_MEMORY, "shared-memory collectives");
   s->rank = rank;
   s->world = world;
+  s->name_stride = 1;
   s->bytes = zs__shm_segment_bytes(world);
   s->fd = open(path,
                O_RDWR | O_CLOEXEC | O_NOFOLLOW | (create ? O_CREAT | O_EXCL : 0),

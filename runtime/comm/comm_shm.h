@@ -90,6 +90,10 @@ static inline size_t zs__shm_segment_bytes(int world) {
  * this rank's worker thread. The caller unlinks the file (zs__shm_unlink)
  * once every rank attached. Errors: IO naming the path and errno (ENOSPC:
  * /dev/shm full), OUT_OF_MEMORY, INTERNAL (no thread). */
+/* Messages name rank r of the segment as the context's rank first + r *
+ * stride (a group's ranks; default 0 and 1). NULL is ignored. */
+void zs__shm_set_rank_names(zs__shm* s, int first, int stride);
+
 zs_status zs__shm_open(const char* path, int create, int rank, int world,
                        zs__shm** out);
 /* Removes the segment's name (the mapping stays); any rank may call it. */

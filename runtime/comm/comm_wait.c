@@ -557,8 +557,8 @@ static zs_status zs__reconcile_lane(zs__comm* c, int l, int root, uint64_t lo,
   if (!w[0]) {
     *ok = 0;
     snprintf(why, cap, "rank %d cannot list its collectives %llu..%llu of "
-             "lane %d (completed or failed)", root, (unsigned long long)lo,
-             (unsigned long long)hi - 1, l);
+             "lane %d (completed or failed)", zs__comm_rank_name(c, root),
+             (unsigned long long)lo, (unsigned long long)hi - 1, l);
     goto out;
   }
   for (size_t i = 0; i < n; i++)
@@ -576,8 +576,8 @@ static zs_status zs__reconcile_lane(zs__comm* c, int l, int root, uint64_t lo,
   if (k > 0 && zs__comm_pending(c, l, lo, mine, k) < k) {
     *ok = 0;
     snprintf(why, cap, "rank %d cannot list its collectives %llu..%llu of "
-             "lane %d (completed or failed)", c->rank, (unsigned long long)lo,
-             (unsigned long long)own - 1, l);
+             "lane %d (completed or failed)", zs__comm_rank_name(c, c->rank),
+             (unsigned long long)lo, (unsigned long long)own - 1, l);
     goto out;
   }
   for (size_t i = 0; i < k; i++)
@@ -589,7 +589,8 @@ static zs_status zs__reconcile_lane(zs__comm* c, int l, int root, uint64_t lo,
       snprintf(why, cap, "collective %llu of lane %d is a %s on rank %d but "
                "a %s on rank %d: they were paired already (the ranks issued "
                "different collectives in a different order)",
-               (unsigned long long)(lo + i), l, a, c->rank, b, root);
+               (unsigned long long)(lo + i), l, a,
+               zs__comm_rank_name(c, c->rank), b, zs__comm_rank_name(c, root));
       break;
     }
 out:
@@ -611,7 +612,7 @@ zs_status zs__comm_reconcile(zs__comm* c, int* matched) {
     c->epoch++;
     c->discard_from = -1;
     c->seq_hash = ZS__FNV_SEED;
-    if (c->parent == NULL) c->seq_base = c->seq_count;
+    if (c->parent == NULL) c->check_base = c->check_count;
     return ZS_OK;
   }
   c->reconciling = 1;
@@ -718,7 +719,8 @@ zs_status zs__comm_reconcile(zs__comm* c, int* matched) {
           zs__desc_text(&desc[l][i], d, sizeof d);
           snprintf(why, sizeof why, "rank %d issued a %s that some rank did "
                    "not: completed against empty partners it would leave the "
-                   "ranks with different parameters", root[l], d);
+                   "ranks with different parameters",
+                   zs__comm_rank_name(c, root[l]), d);
           st = zs__reconcile_refuse(c, why);
           goto fail;
         }
@@ -757,7 +759,7 @@ zs_status zs__comm_reconcile(zs__comm* c, int* matched) {
   /* Every lane count is the same everywhere now, and which units the
    * dropped collectives were for no longer matters. */
   c->seq_hash = ZS__FNV_SEED;
-  if (c->parent == NULL) c->seq_base = c->seq_count;
+  if (c->parent == NULL) c->check_base = c->check_count;
   c->reconciling = 0;
   zs__log(ZS_LOG_INFO, "zs_step_discard: collectives lined up%s",
           need ? " (partners issued for those some rank lacked)" : "");

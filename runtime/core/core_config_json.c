@@ -395,7 +395,14 @@ static zs_status zs__json_apply(const cJSON* root, zs_config* c,
             "config JSON: host_collectives: expected \"auto\", \"shm\" or "
             "\"mpi\"");
   const cJSON* sg = cJSON_GetObjectItemCaseSensitive(root, "shard_group_size");
-  if (cJSON_IsString(sg) && strcmp(sg->valuestring, "node") == 0)
+  const cJSON* zs0 = cJSON_GetObjectItemCaseSensitive(root, "zero_optimization");
+  if (sg != NULL && cJSON_IsObject(zs0) &&
+      cJSON_GetObjectItemCaseSensitive(zs0, "mics_shard_size") != NULL)
+    ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,
+            "config JSON: shard_group_size and "
+            "zero_optimization.mics_shard_size both set the shard group: "
+            "give one");
+  if (cJSON_IsString(sg) && strcasecmp(sg->valuestring, "node") == 0)
     c->shard_group_size = ZS_SHARD_GROUP_NODE;
   else if (sg != NULL && !cJSON_IsNumber(sg))
     ZS_FAIL(ZS_ERR_INVALID_ARGUMENT,

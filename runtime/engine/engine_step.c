@@ -74,10 +74,11 @@ static zs_status zs__step_consistency(zs_model* m, zs_status local) {
   lrs = zs__hash_bytes(lrs, m->group_wd, sizeof(double) * (size_t)m->ngroups);
   /* what every rank must agree on */
   enum { STEP, COUNT, SEQ, USES, LRS, K };
-  /* (collectives since the last reconciliation: with shard groups the
-   * groups' counts may differ before it) */
+  /* (collectives every rank issues alike, since the last reconciliation:
+   * with shard groups the groups' counts may differ before it, and each
+   * group's own gathers of units some ranks do not use are left out) */
   uint64_t mine[K] = {(uint64_t)m->steps_called,
-                      m->ctx->comm->seq_count - m->ctx->comm->seq_base,
+                      m->ctx->comm->check_count - m->ctx->comm->check_base,
                       m->ctx->comm->seq_hash, uses, lrs};
   /* Heap, not stack: a collective's buffer (see zs__comm_free). */
   uint64_t* v = (uint64_t*)malloc((2 * K + 1) * sizeof *v);

@@ -122,7 +122,11 @@ static zs_status zs__gather_users(zs_model* m, int unit, const void* src,
                                   void* dst, zs__coll** op) {
   zs__comm* c = m->ctx->shard_comm;
   zs__unit* u = &m->units[unit];
-  const zs__coll_tag tag = zs__tag(ZS__P_GATHER, unit, u->name);
+  /* with shard groups each group decides by its own ranks' use: groups
+   * issue different gathers here (left out of the context's check; the
+   * flags' all-reduce before them every group issues alike) */
+  zs__coll_tag tag = zs__tag(ZS__P_GATHER, unit, u->name);
+  tag.group_local = c->parent != NULL;
   *op = NULL;
   /* Heap, not stack: a collective's buffer (see zs__comm_free). */
   uint64_t* flags = (uint64_t*)calloc((size_t)c->world, sizeof *flags);

@@ -53,7 +53,7 @@ static zs_status zs__host_collectives_start(zs_context* ctx, zs__comm* mpi) {
 }
 
 /* One group communicator of a new context: the context's (parent)
- * bookkeeping, its timeout, device, heartbeats and progress thread, and
+ * bookkeeping, its timeout, device and heartbeats, and
  * host collectives as the context asked for them (shared memory where the
  * group is on one host: `shm` forces it only there, a group across hosts
  * uses MPI). */
@@ -68,10 +68,12 @@ static zs_status zs__group_setup(zs_context* ctx, zs__comm* g, zs__group kind,
   zs_status st = zs__comm_mpi_host_collectives(
       g, mode == ZS_HOST_COLLECTIVES_SHM && g->local_size != g->world
              ? ZS_HOST_COLLECTIVES_MPI : mode, &bytes);
+  /* (no progress thread of its own: the context's drives Open MPI's
+   * progress engine, which advances every request, while any of its
+   * groups' collectives is in flight; one per communicator made every
+   * rank's threads contend for MPI's lock and poll TCP sockets, 5-10x
+   * slower across hosts) */
   if (st == ZS_OK) st = zs__context_count_segment(ctx, bytes);
-  if (st == ZS_OK && ctx->config.progress_thread &&
-      g->ops->start_progress != NULL && g->ops->start_progress(g) != ZS_OK)
-    zs__log(ZS_LOG_WARN, "%s", zs__error_body());
   return st;
 }
 
@@ -137,6 +139,9 @@ static zs_status zs__groups_start(zs_context* ctx, zs__comm* mpi,
     ctx->replicas = rep->world;
     st = zs__group_setup(ctx, shard, ZS__GROUP_SHARD, mode);
     if (st == ZS_OK) st = zs__group_setup(ctx, rep, ZS__GROUP_REPLICA, mode);
+    /* (messages name the context's ranks) */
+    zs__comm_mpi_name_ranks(shard, ctx->rank - ctx->rank % G, 1);
+    zs__comm_mpi_name_ranks(rep, ctx->rank % G, G);
   } else {
     zs__comm_destroy(shard);
     zs__comm_destroy(rep);

@@ -1053,7 +1053,13 @@ TEST(ConfigJson, ShardGroupSize) {
                 R"({"zero_optimization": {"mics_shard_size": -1}})", &c),
             ZS_OK) << zs_last_error();
   EXPECT_EQ(c.shard_group_size, 0);  // -1: all ranks
-  ExpectJsonError(R"({"shard_group_size": "Node"})",
+  // (the word in any case, as the other string options)
+  ASSERT_EQ(zs_config_from_json(R"({"shard_group_size": "Node"})", &c), ZS_OK)
+      << zs_last_error();
+  EXPECT_EQ(c.shard_group_size, ZS_SHARD_GROUP_NODE);
+  ExpectJsonError(R"({"shard_group_size": 2, "zero_optimization": {"mics_shard_size": 4}})",
+                  {"both set the shard group"});
+  ExpectJsonError(R"({"shard_group_size": "nodes"})",
                   {"shard_group_size: expected a rank count or \"node\""});
   ExpectJsonError(R"({"shard_group_size": true})",
                   {"shard_group_size: expected a rank count or \"node\""});

@@ -9,6 +9,9 @@
 #            --enable-recovery, which does not end the job for it
 #   leave:   the victim destroys its context early: named as having left
 #            (3 s after the news, within the same bound)
+#   kill with shard groups of 2 at 4 ranks, heartbeats off: rank 3's
+#            death, seen in its group's collective, reaches the other
+#            group's ranks at once through the context's failure notice
 #   compute: the victim computes 6 x the timeout (2 s) between calls:
 #            every rank finishes
 # kill and leave run again with heartbeats off (0): the shared-memory host
@@ -97,4 +100,16 @@ for r in $(seq 0 $((np - 1))); do
     fail "compute: rank $r did not finish (a rank computing 12 s with a 2 s heartbeat timeout was flagged?)"
 done
 echo "ok: compute: a rank computing 6 x the heartbeat timeout is not flagged"
+
+# Shard groups (hybrid sharding, groups {0,1} and {2,3}), heartbeats off:
+# the dead rank's group partner sees it in a shared-memory collective of
+# its group; it fails the context and tells the ranks of the other group,
+# which wait in other collectives, so they name it as soon (not at the
+# collective timeout, nor only when the partner's process ends)
+np=4
+victim=3
+export ZS_TEST_SHARD_GROUP=2
+run kill 0 --enable-recovery -x ZS_TEST_SHARD_GROUP
+expect_named kill 0 "is gone"
+unset ZS_TEST_SHARD_GROUP
 echo "PASS"

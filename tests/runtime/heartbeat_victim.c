@@ -63,6 +63,9 @@ int main(int argc, char** argv) {
   c.stage = 3;
   c.heartbeat_timeout_s = hb;
   c.collective_timeout_s = 600; /* what the heartbeat must beat */
+  /* shard groups (hybrid sharding) of this many ranks, when set */
+  const char* g = getenv("ZS_TEST_SHARD_GROUP");
+  if (g != NULL) c.shard_group_size = atoi(g);
   zs_context* ctx = NULL;
   zs_model* m = NULL;
   check(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), "context");
