@@ -215,6 +215,14 @@ static void print_comm(const opts* c, const zs_comm_estimate* m, int json,
           bound, intra_gbps, inter_gbps);
 }
 
+/* The shard group's ranks the flags give (all of them without
+ * --shard-group-size). */
+static int shard_ranks(const opts* c) {
+  return c->shard_group_size == ZS_SHARD_GROUP_NODE ? c->ranks / c->nodes
+         : c->shard_group_size == 0                 ? c->ranks
+                                                    : c->shard_group_size;
+}
+
 /* The library's config and input of the flags. */
 static void config_of(const opts* c, zs_config* out, zs_estimate_input* in_out) {
   zs_config cfg = ZS_CONFIG_INIT;
@@ -260,10 +268,11 @@ static void print_json(const opts* c, const zs_memory_estimate* e,
   /* per-node sums in double: a rank's bytes fit size_t, a node's of many
    * ranks may not (1e15 parameters x 2000 ranks) */
   const double per_node = (double)(c->ranks / c->nodes);
-  fprintf(out, "{\"ranks\":%d,\"nodes\":%d,\"stage\":%d,\"device\":\"%s\","
+  fprintf(out, "{\"ranks\":%d,\"nodes\":%d,\"shard_group_size\":%d,"
+          "\"stage\":%d,\"device\":\"%s\","
           "\"model_state_bytes\":%zu,"
           "\"per_node_model_state_bytes\":%.0f,\"peak_bytes\":{",
-          c->ranks, c->nodes, c->stage,
+          c->ranks, c->nodes, shard_ranks(c), c->stage,
           c->device == ZS_DEVICE_CUDA ? "cuda" : "host", e->model_state_bytes,
           (double)e->model_state_bytes * per_node);
   for (int k = 0; k < ZS_MEM_CATEGORY_COUNT; k++)
@@ -324,9 +333,15 @@ static void print_row(const opts* c, const zs_memory_estimate* e,
             human(disk, b[0], 24), human(disk * per_node, b[1], 24),
             human((double)e->bytes[ZS_MEM_NVME_STAGING], b[2], 24));
   }
+  const int G = shard_ranks(c);
+  if (G < c->ranks)
+    fprintf(out, "         shard groups of %d ranks (%d replicas): the states "
+            "are divided by %d, not %d\n", G, c->ranks / G, G, c->ranks);
   if (ds > 0)
     fprintf(out, "         DeepSpeed's estimate_zero%d_model_states_mem_needs "
-            "(offload none): %s/GPU\n", c->stage, human(ds, b[0], 24));
+            "(offload none%s): %s/GPU\n", c->stage,
+            G < c->ranks ? ", its N the shard group's" : "",
+            human(ds, b[0], 24));
 }
 
 /* The text output's notes on what the rows assume: the sequences per rank
@@ -597,7 +612,8 @@ int main(int argc, char** argv) {
         psi = (double)e1.bytes[ZS_MEM_PARAMS] / 4; /* elements, padded */
     }
     const double big = model != NULL ? (double)e.largest_unit_elements : largest;
-    const double ds = deepspeed_gpu_bytes(s, psi, big, c.ranks);
+    /* (MiCS: DeepSpeed's figure over the shard group) */
+    const double ds = deepspeed_gpu_bytes(s, psi, big, shard_ranks(&c));
     if (json) {
       if (s > first) fprintf(out, ",");
       print_json(&c, &e, ds, out);

@@ -99,7 +99,7 @@ static zs_status zs__groups_start(zs_context* ctx, zs__comm* mpi,
   else if (want == ZS_SHARD_GROUP_NODE && mpi->local_rank != ctx->rank % G)
     local = zs__error(ZS_ERR_INVALID_ARGUMENT,
                       "config.shard_group_size node: this host's ranks are "
-                      "not consecutive (rank %d is this host's %d-th of %d); "
+                      "not consecutive (rank %d is rank %d of this host's %d); "
                       "place ranks by host (mpirun --map-by slot, Slurm's "
                       "block distribution)", ctx->rank, mpi->local_rank, G);
   else if (G < W && ctx->device != ctx->host)
