@@ -652,24 +652,10 @@ static zs_config sharded_config(const gpt2_args* a) {
   return z;
 }
 
-/* The communication log's next sequence number (where a sum of what
- * follows starts). */
-static uint64_t comm_log_next(zs_context* ctx) {
-  const size_t n = zs_comm_log_get(ctx, NULL, 0);
-  if (n == 0) return 0;
-  zs_comm_record* recs = (zs_comm_record*)calloc(n, sizeof *recs);
-  if (recs == NULL) return 0;
-  recs[0].struct_size = sizeof *recs;
-  const size_t got = zs_comm_log_get(ctx, recs, n);
-  const uint64_t next = got > 0 ? recs[got - 1].seq + 1 : 0;
-  free(recs);
-  return next;
-}
-
 /* Adds the bytes of this rank's collectives from sequence *from on to
- * bytes[group] (0 world, 1 shard, 2 replica: zs_comm_record.group) and
- * moves *from past them. The log keeps the last 8192: a step issues far
- * fewer. */
+ * bytes[group] (0 world, 1 shard, 2 replica: zs_comm_record.group; bytes
+ * NULL: skips them) and moves *from past them. The log keeps the last
+ * 8192: a step issues far fewer. */
 static void comm_group_bytes(zs_context* ctx, uint64_t* from, double bytes[3]) {
   const size_t n = zs_comm_log_get(ctx, NULL, 0);
   zs_comm_record* recs = n > 0 ? (zs_comm_record*)calloc(n, sizeof *recs) : NULL;
@@ -681,7 +667,7 @@ static void comm_group_bytes(zs_context* ctx, uint64_t* from, double bytes[3]) {
     const int g = strcmp(recs[i].group, "shard") == 0     ? 1
                   : strcmp(recs[i].group, "replica") == 0 ? 2
                                                           : 0;
-    bytes[g] += (double)recs[i].bytes;
+    if (bytes != NULL) bytes[g] += (double)recs[i].bytes;
     *from = recs[i].seq + 1;
   }
   free(recs);
@@ -1033,10 +1019,9 @@ int main(int argc, char** argv) {
   double times_t0 = 0;
   /* this rank's collective bytes of the training steps, by group */
   double group_bytes[3] = {0, 0, 0};
-  uint64_t log_from = comm_log_next(m.ctx);
+  uint64_t log_from = 0;
+  comm_group_bytes(m.ctx, &log_from, NULL); /* (set-up's: not a step's) */
   for (int step = start; step < args.steps; step++) {
-    /* (the step's own collectives: not the last one's evaluation or save) */
-    log_from = comm_log_next(m.ctx);
     if (args.kernel_times && step == times_from) {
       gpt2_cuda_kernel_times_reset();
       times_t0 = t_train;
@@ -1080,7 +1065,9 @@ int main(int argc, char** argv) {
       gpt2_print_progress(stdout, step + 1, args.steps, loss, args.lr, tps,
                           (args.steps - step - 1) * (double)args.batch * T / tps);
     int last = step + 1 == args.steps;
+    int aside = 0; /* an evaluation or a save issued collectives */
     if ((args.eval_every > 0 && (step + 1) % args.eval_every == 0) || last) {
+      aside = 1;
       double val = model_eval(&m, &data, &args, tokens, targets, rank, world);
       gpt2_report_val(report, step + 1, val);
       if (rank == 0 && !args.quiet) printf("val loss %.4f at step %d\n", val, step + 1);
@@ -1095,10 +1082,13 @@ int main(int argc, char** argv) {
       ts.batch = args.batch;
       ts.seq = args.seq;
       ts.heads = args.heads;
+      aside = 1;
       CHECK(zs_checkpoint_save(m.zm, args.save, NULL, &ts, sizeof ts));
       if (rank == 0 && !args.quiet)
         printf("saved checkpoint %s/step-%08d\n", args.save, step + 1);
     }
+    /* (not the next step's bytes) */
+    if (aside) comm_group_bytes(m.ctx, &log_from, NULL);
   }
   double wall = gpt2_now() - t_start;
   /* Memory of the training (before sampling), from every rank. */

@@ -70,6 +70,19 @@ static zs__policy zs__est_policy(const zs__estimate_config* c, int lowp,
   return p;
 }
 
+/* A described unit's settings: the config's, or stage 0's for a
+ * replicated unit (zs_unit_set_strategy), whose parameters are never
+ * offloaded. */
+static zs__estimate_config zs__est_unit_config(const zs__estimate_config* c,
+                                               int replicated) {
+  zs__estimate_config uc = *c;
+  if (replicated) {
+    uc.stage = 0;
+    uc.offload_params = ZS_OFFLOAD_NONE;
+  }
+  return uc;
+}
+
 /* What each rank holds for a unit: the sizes the engine allocates
  * (zs__layout_unit_bytes), added up per category. */
 static void zs__estimate_states(const zs__estimate_config* c,
@@ -824,11 +837,7 @@ static zs_status zs__estimate_model(const char* description,
               "must be true or false", where);
     u->replicated = cJSON_IsTrue(rep);
     /* a replicated unit: the policy of stage 0 (zs_unit_set_strategy) */
-    zs__estimate_config uc = *c;
-    if (u->replicated) {
-      uc.stage = 0;
-      uc.offload_params = ZS_OFFLOAD_NONE;
-    }
+    const zs__estimate_config uc = zs__est_unit_config(c, u->replicated);
     const zs__policy upol = zs__est_policy(&uc, 1, 1);
     zs__unit_layout l;
     ZS_CHECK(zs__layout_unit(numels, alias, n, zs__layout_align(u->elem),
@@ -1001,14 +1010,8 @@ static zs_status zs__estimate_model(const char* description,
   if (comm != NULL) {
     /* a unit's tensors tied to another unit's gather that owner with it */
     for (int i = 0; i < nunits; i++) {
-      zs__estimate_config uc = *c;
-      if (units[i].replicated) uc.stage = 0;
-      zs__policy up;
-      const zs__policy_in in = {uc.stage, c->device == ZS_DEVICE_HOST,
-                                (int)units[i].lowp, units[i].trainable,
-                                c->offload_optimizer,
-                                units[i].replicated ? 0 : c->offload_params};
-      if (zs__policy_make(&in, &up) != ZS_OK) memset(&up, 0, sizeof up);
+      const zs__estimate_config uc = zs__est_unit_config(c, units[i].replicated);
+      const zs__policy up = zs__est_policy(&uc, 1, 1);
       int gathers = 2;
       for (int j = 0; j < nunits; j++)
         for (int k = 0; k < units[j].nowners; k++)
