@@ -64,12 +64,6 @@ class CheckpointTest : public ZsMpiTest {
     if (rank_ == 0) fs::remove_all(dir_);
     ZsMpiTest::TearDown();
   }
-  // A communicator of the first n ranks (MPI_COMM_NULL on the others).
-  MPI_Comm FirstRanks(int n) {
-    MPI_Comm c = MPI_COMM_NULL;
-    MPI_Comm_split(MPI_COMM_WORLD, rank_ < n ? 0 : MPI_UNDEFINED, rank_, &c);
-    return c;
-  }
   std::string dir_;
 };
 

@@ -430,10 +430,11 @@ void Fail(Sharded& z, const Opts& o, int s) {
   // collectives the others issued while it waited in the group's: it
   // issues partners too; nobody in another group does.)
   const int issued = CatchUps(z) - catch_ups;
-  const int G = o.shard_group_size > 0 ? o.shard_group_size : z.world;
+  const bool partner = o.shard_group_size > 0 &&
+                       z.rank / o.shard_group_size == kStopper / o.shard_group_size;
   if (o.fault == kStop && z.rank == kStopper)
     EXPECT_GT(issued, 0) << what;
-  else if (o.fault != kStop || z.rank / G != kStopper / G)
+  else if (o.fault != kStop || !partner)
     EXPECT_EQ(issued, 0) << what;
 }
 

@@ -38,12 +38,6 @@ class HybridTest : public ZsMpiTest {
       if (world_ % G == 0) g.push_back(G);
     return g;
   }
-  // A communicator of the first n ranks (MPI_COMM_NULL on the others).
-  MPI_Comm FirstRanks(int n) {
-    MPI_Comm c = MPI_COMM_NULL;
-    MPI_Comm_split(MPI_COMM_WORLD, rank_ < n ? 0 : MPI_UNDEFINED, rank_, &c);
-    return c;
-  }
 };
 
 constexpr double kRel = 1e-5;

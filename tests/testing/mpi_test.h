@@ -26,6 +26,13 @@ class ZsMpiTest : public ::testing::Test {
     if (any && !mine) ADD_FAILURE() << "failed on another rank (its output "
                                        "is prefixed with its rank)";
   }
+  // A communicator of the first n ranks of MPI_COMM_WORLD (collective;
+  // MPI_COMM_NULL on the others; the caller frees it).
+  MPI_Comm FirstRanks(int n) {
+    MPI_Comm c = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, rank_ < n ? 0 : MPI_UNDEFINED, rank_, &c);
+    return c;
+  }
   int rank_ = 0;
   int world_ = 1;
 };
