@@ -143,6 +143,13 @@ typedef struct zs__comm_ops {
    * waiting caller leaves the cores to the ranks' workers). NULL: waits
    * yield. */
   void (*idle)(zs__comm* c, zs__comm_req* req);
+  /* Device-side chaining: makes the device's later work (the legacy
+   * default stream's, and so every blocking stream's: the compute stream,
+   * the user's kernels) wait on the device for req's completion, and
+   * returns without waiting; req stays in flight (test or wait completes
+   * it). UNSUPPORTED for a request that cannot be waited on so (host
+   * memory). NULL: the backend cannot (the host device, MPI). */
+  zs_status (*chain)(zs__comm* c, zs__comm_req* req);
 } zs__comm_ops;
 
 /* Bytes of one failure notice (the failing rank's error message). */
@@ -364,6 +371,7 @@ zs_status zs__comm_ibroadcast(zs__comm* c, zs__coll_tag tag, void* buf,
 /* Completes op if it is done (then *done = 1 and op is freed). */
 zs_status zs__coll_test(zs__comm* c, zs__coll* op, int* done);
 
+
 /* Copies up to cap of the most recent log entries (oldest first) and
  * returns how many the log holds. */
 size_t zs__comm_log_read(const zs__comm* c, zs__comm_log_entry* out,
@@ -414,6 +422,8 @@ struct zs__coll {
   float divisor;      /* reduce-scatter: the sum is divided by this */
   void* host_tmp;     /* a catch-up's scratch in host memory (accounted
                          in the device's accounting), freed at completion */
+  int chained;        /* zs__coll_chain: its consumers wait on the device;
+                         completed by zs__comm_sweep or zs__comm_drain */
 };
 
 /* INVALID_STATE-like status of a failed communicator (its first status,

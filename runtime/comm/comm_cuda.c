@@ -36,6 +36,7 @@ static const zs__cuda_host zs__host = {
     .comm_free = zs__comm_free,
     .adam_scalars_make = zs__adam_scalars_make,
     .sgd_scalars_make = zs__sgd_scalars_make,
+    .last_error = zs_last_error,
 };
 
 static pthread_mutex_t zs__cuda_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -115,7 +116,7 @@ static zs_status zs__cuda_load_locked(void) {
   if (st != ZS_OK) return st;
   if (p == NULL || p->abi != ZS__CUDA_PLUGIN_ABI ||
       p->size < sizeof(zs__cuda_plugin) || p->device_create == NULL ||
-      p->comm_create == NULL)
+      p->comm_create == NULL || p->comm_create_staged == NULL)
     return zs__error(ZS_ERR_UNSUPPORTED,
                      "ZS_DEVICE_CUDA: the CUDA plugin is of another release "
                      "(plugin ABI %u, table %zu bytes; this library's: %d, "
@@ -144,7 +145,8 @@ zs_status zs__cuda_load(const zs__cuda_plugin** out) {
   return ZS_OK;
 }
 
-zs_status zs__cuda_comm_create(zs__comm* host, zs__comm** out) {
+zs_status zs__cuda_comm_create(zs__comm* host, zs__comm* stage,
+                               zs__comm** out) {
   const zs__cuda_plugin* p = NULL;
   zs_status st = zs__cuda_load(&p);
   /* agreed: a rank whose plugin does not load (another node's install)
@@ -152,8 +154,10 @@ zs_status zs__cuda_comm_create(zs__comm* host, zs__comm** out) {
   st = zs__comm_agree(host, st, "loading the CUDA plugin");
   if (st != ZS_OK) {
     zs__comm_destroy(host);
+    if (stage != NULL) zs__comm_destroy(stage);
     return st;
   }
+  if (stage != NULL) return p->comm_create_staged(host, stage, out);
   return p->comm_create(host, out);
 }
 

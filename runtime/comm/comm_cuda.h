@@ -43,6 +43,8 @@ typedef struct zs__cuda_host {
   __typeof__(&zs__comm_free) comm_free;
   __typeof__(&zs__adam_scalars_make) adam_scalars_make;
   __typeof__(&zs__sgd_scalars_make) sgd_scalars_make;
+  __typeof__(&zs_last_error) last_error; /* (a staged collective's host
+                                            function reads its thread's) */
 } zs__cuda_host;
 
 /* What the plugin provides. */
@@ -52,6 +54,9 @@ typedef struct zs__cuda_plugin {
   zs__device_factory device_create;                     /* device_cuda.c */
   zs_status (*comm_create)(zs__comm* host, zs__comm** out); /* comm_nccl.c */
   const char* archs; /* the GPU architectures its kernels are compiled for */
+  /* comm_nccl.c's staged communicator (zs__comm_staged_create) */
+  zs_status (*comm_create_staged)(zs__comm* host, zs__comm* stage,
+                                  zs__comm** out);
 } zs__cuda_plugin;
 
 /* The plugin's one exported symbol: checks host (its size and ABI), keeps
@@ -72,10 +77,13 @@ typedef zs_status (*zs__cuda_plugin_open_fn)(const zs__cuda_host* host,
 zs_status zs__cuda_load(const zs__cuda_plugin** out);
 
 /* The NCCL communicator over `host` (comm_nccl.h's zs__comm_nccl_create,
- * through the plugin): loads the plugin first. Collective: the load's
- * result is agreed (a rank whose plugin does not load fails every rank,
- * the others with REMOTE naming it). Takes `host` also on failure. */
-zs_status zs__cuda_comm_create(zs__comm* host, zs__comm** out);
+ * through the plugin), or with `stage` (not NULL) the staged one
+ * (zs__comm_staged_create): loads the plugin first. Collective: the
+ * load's result is agreed (a rank whose plugin does not load fails every
+ * rank, the others with REMOTE naming it). Takes `host` and `stage` also
+ * on failure. */
+zs_status zs__cuda_comm_create(zs__comm* host, zs__comm* stage,
+                               zs__comm** out);
 
 #ifdef __cplusplus
 }

@@ -144,6 +144,7 @@ static const zs__comm_ops zs__local_ops = {
     zs__local_gather_users,
     NULL, /* reduce-scatter: an exchange and a sum */
     NULL, /* waits yield */
+    NULL, /* host memory: nothing to chain on a device */
 };
 
 zs_status zs__comm_local_create(zs__comm** out) {

@@ -28,9 +28,12 @@
 #include <dlfcn.h>
 #include <nccl.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* NCCL is loaded at run time (dlopen of libnccl.so.2, or of the file
@@ -85,6 +88,9 @@ static void zs__nccl_load(void) {
 #undef ZS__SYM
 }
 
+typedef struct zs__stage_job zs__stage_job;
+typedef struct zs__stage_buf zs__stage_buf;
+
 typedef struct zs__nccl_impl {
   ncclComm_t comm;
   cudaStream_t stream;
@@ -94,12 +100,46 @@ typedef struct zs__nccl_impl {
   cudaEvent_t order; /* reused: the legacy stream's point each call waits
                         for (cudaStreamWaitEvent takes the event's state at
                         the call, so one event serves every call) */
+  /* Staged mode (ZS_DEVICE_COMM=staged; see the section below): device
+   * collectives through page-locked host buffers and `stage`, a host
+   * communicator of the same ranks (MPI or shared memory), so several
+   * ranks may share one GPU. NULL: NCCL. */
+  zs__comm* stage;
+  zs__stage_buf* cache; /* staging blocks free for reuse */
+  atomic_int aborted;   /* given up (a timeout, another rank's failure, the
+                           watchdog): nothing in flight completes */
+  /* The watchdog (zs__nccl_watchdog): the device requests in flight,
+   * checked against collective_timeout_s and NCCL's asynchronous errors
+   * from a thread of their own. */
+  pthread_mutex_t wd_mu;
+  pthread_cond_t wd_cv;
+  pthread_t wd;
+  int wd_running, wd_stop;
+  zs__comm_req* wd_head;
+  atomic_int wd_fired;
+  char wd_why[640];
+  zs__comm* self;
 } zs__nccl_impl;
 
 struct zs__comm_req {
   zs__comm_req* host_req; /* a host collective's MPI request, or NULL */
   cudaEvent_t done;       /* after the NCCL call */
+  zs__stage_job* job;     /* staged mode: the host part and its buffers */
+  /* the watchdog's list (under wd_mu) */
+  zs__comm_req *wd_prev, *wd_next;
+  int wd_listed;
+  double t_issue;         /* zs__mono() at the call */
+  const char* what;       /* "all-gather", ... */
+  size_t bytes;
 };
+
+/* Seconds on a monotonic clock (the plugin's own: zs__now is the
+ * library's). */
+static double zs__mono(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static zs__nccl_impl* zs__nimpl(zs__comm* c) { return (zs__nccl_impl*)c->impl; }
 
@@ -163,10 +203,34 @@ static zs_status zs__nccl_begin(zs__comm* c, zs_dtype dtype, const char* what,
   return ZS_OK;
 }
 
-/* Records the request's event after the NCCL call(s); blocking when req is
- * NULL. */
-static zs_status zs__nccl_end(zs__comm* c, ncclResult_t r, const char* what,
-                              zs__comm_req** req) {
+/* The watchdog's list of device requests in flight (zs__nccl_watchdog). */
+static void zs__wd_add(zs__nccl_impl* n, zs__comm_req* q) {
+  if (!n->wd_running) return;
+  pthread_mutex_lock(&n->wd_mu);
+  q->wd_prev = NULL;
+  q->wd_next = n->wd_head;
+  if (n->wd_head != NULL) n->wd_head->wd_prev = q;
+  n->wd_head = q;
+  q->wd_listed = 1;
+  pthread_mutex_unlock(&n->wd_mu);
+}
+
+static void zs__wd_remove(zs__nccl_impl* n, zs__comm_req* q) {
+  if (!q->wd_listed) return;
+  pthread_mutex_lock(&n->wd_mu);
+  if (q->wd_prev != NULL) q->wd_prev->wd_next = q->wd_next;
+  else n->wd_head = q->wd_next;
+  if (q->wd_next != NULL) q->wd_next->wd_prev = q->wd_prev;
+  q->wd_listed = 0;
+  pthread_mutex_unlock(&n->wd_mu);
+}
+
+/* Records the request's event after the call(s) queued on the
+ * communication stream (a staged collective's job rides along), and gives
+ * it to the watchdog; blocking when req is NULL. */
+static zs_status zs__nccl_end_job(zs__comm* c, ncclResult_t r,
+                                  const char* what, size_t bytes,
+                                  zs__stage_job* job, zs__comm_req** req) {
   if (r != ncclSuccess) return zs__nccl_fail(r, what);
   zs__comm_req* q = (zs__comm_req*)calloc(1, sizeof *q);
   if (q == NULL) return zs__error(ZS_ERR_OUT_OF_MEMORY, "NCCL request");
@@ -177,6 +241,11 @@ static zs_status zs__nccl_end(zs__comm* c, ncclResult_t r, const char* what,
     return zs__error(ZS_ERR_DEVICE, "NCCL backend: %s: event: %s", what,
                      cudaGetErrorString(e));
   }
+  q->job = job;
+  q->what = what;
+  q->bytes = bytes;
+  q->t_issue = zs__mono();
+  zs__wd_add(zs__nimpl(c), q);
   if (req != NULL) {
     *req = q;
     return ZS_OK;
@@ -198,8 +267,388 @@ static zs_status zs__local_copy(zs__comm* c, void* dst, const void* src,
                        cudaGetErrorString(e));
     }
   }
-  return zs__nccl_end(c, ncclSuccess, what, req);
+  return zs__nccl_end_job(c, ncclSuccess, what, bytes, NULL, req);
 }
+
+/* ==== Staged mode: several ranks on one GPU ==============================
+ *
+ * NCCL needs one GPU per rank. With ZS_DEVICE_COMM=staged the device
+ * collectives go through page-locked host memory instead: on the
+ * communication stream, after the wait for the legacy stream, the device
+ * operands are copied to host staging buffers, a host function
+ * (cudaLaunchHostFunc) runs the host communicator's collective on them
+ * (MPI, or shared memory on one host: `stage`, a communicator of its own so
+ * these never pair with the engine's host collectives), and the results
+ * are copied back; the request's event follows. Everything is queued at
+ * the call, so the host never waits and a consumer can wait on the device
+ * (the event), as with NCCL. The host functions run in stream order, so
+ * every rank starts the staged collectives in issue order. Sums are the
+ * host backend's (the fixed-order reduce-scatter is an exchange and the
+ * device's rank-ordered sum, as with NCCL): the same bits as NCCL's path
+ * where that one is bitwise. Staging blocks are cached by size for the
+ * communicator's life.
+ */
+
+struct zs__stage_buf {
+  zs__stage_buf* next;
+  size_t bytes;
+  void* p; /* page-locked (cudaHostRegister) */
+};
+
+struct zs__stage_job {
+  zs__nccl_impl* n;
+  zs__call call;          /* what the host communicator runs */
+  void* send;             /* host staging buffers */
+  void* recv;
+  size_t count;
+  zs_dtype dtype;
+  zs__red_op op;
+  int root;
+  uint64_t users;
+  size_t* offsets;        /* exchange: p * count */
+  zs__stage_buf* buf[2];
+  atomic_int state;       /* 0 queued, 1 running, 2 done, 3 failed */
+  char why[512];          /* 3: why */
+};
+
+/* A page-locked block of at least `bytes` bytes: the smallest cached one
+ * that fits, else a new one. */
+static zs_status zs__stage_take(zs__nccl_impl* n, size_t bytes,
+                                zs__stage_buf** out) {
+  zs__stage_buf** best = NULL;
+  for (zs__stage_buf** b = &n->cache; *b != NULL; b = &(*b)->next)
+    if ((*b)->bytes >= bytes && (best == NULL || (*b)->bytes < (*best)->bytes))
+      best = b;
+  if (best != NULL) {
+    *out = *best;
+    *best = (*best)->next;
+    (*out)->next = NULL;
+    return ZS_OK;
+  }
+  const size_t size = (bytes + 4095) / 4096 * 4096 + (bytes == 0 ? 4096 : 0);
+  zs__stage_buf* b = (zs__stage_buf*)calloc(1, sizeof *b);
+  void* p = NULL;
+  if (b == NULL || posix_memalign(&p, 4096, size) != 0) {
+    free(b);
+    return zs__error(ZS_ERR_OUT_OF_MEMORY, "staged collective: %zu bytes of "
+                     "host staging memory", size);
+  }
+  cudaError_t e = cudaHostRegister(p, size, cudaHostRegisterPortable);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    free(p);
+    free(b);
+    return zs__error(ZS_ERR_DEVICE, "staged collective: page-locking %zu "
+                     "bytes of host staging memory: %s", size,
+                     cudaGetErrorString(e));
+  }
+  b->p = p;
+  b->bytes = size;
+  *out = b;
+  return ZS_OK;
+}
+
+static void zs__stage_give(zs__nccl_impl* n, zs__stage_buf* b) {
+  if (b == NULL) return;
+  b->next = n->cache;
+  n->cache = b;
+}
+
+static void zs__stage_cache_free(zs__nccl_impl* n) {
+  while (n->cache != NULL) {
+    zs__stage_buf* b = n->cache;
+    n->cache = b->next;
+    cudaHostUnregister(b->p);
+    free(b->p);
+    free(b);
+  }
+}
+
+/* The host part, on CUDA's host-function thread in stream order: the host
+ * communicator's collective, polled to its end (or until the communicator
+ * is aborted: then its request is left to the host communicator, which
+ * is failed too and keeps it). Calls no CUDA function. */
+static void CUDART_CB zs__stage_run(void* arg) {
+  zs__stage_job* j = (zs__stage_job*)arg;
+  zs__nccl_impl* n = j->n;
+  zs__comm* h = n->stage;
+  zs__comm_req* q = NULL;
+  zs_status st = ZS_OK;
+  if (atomic_load(&n->aborted)) {
+    snprintf(j->why, sizeof j->why, "the communicator was aborted before "
+             "this collective started");
+    atomic_store(&j->state, 3);
+    return;
+  }
+  atomic_store(&j->state, 1);
+  switch (j->call) {
+    case ZS__CALL_ALL_GATHER:
+      st = h->ops->all_gather(h, ZS__IN_PLACE, j->recv, j->count, j->dtype,
+                              NULL, &q);
+      break;
+    case ZS__CALL_REDUCE_SCATTER:
+      st = h->ops->reduce_scatter(h, j->send, j->recv, j->count, j->dtype,
+                                  j->op, NULL, &q);
+      break;
+    case ZS__CALL_ALL_REDUCE:
+      st = h->ops->all_reduce(h, ZS__IN_PLACE, j->recv, j->count, j->dtype,
+                              j->op, NULL, &q);
+      break;
+    case ZS__CALL_BROADCAST:
+      st = h->ops->broadcast(h, j->recv, j->count, j->dtype, j->root, NULL,
+                             &q);
+      break;
+    case ZS__CALL_EXCHANGE:
+      st = h->ops->exchange(h, j->send, j->offsets, j->recv, j->count,
+                            j->dtype, NULL, &q);
+      break;
+    case ZS__CALL_GATHER_USERS:
+      st = h->ops->gather_users(h, j->send, j->recv, j->count, j->dtype,
+                                j->users, NULL, &q);
+      break;
+    default:
+      st = zs__error(ZS_ERR_INTERNAL, "staged collective: call %d", (int)j->call);
+  }
+  while (st == ZS_OK) {
+    int done = 0;
+    st = h->ops->test(h, q, &done);
+    if (st != ZS_OK || done) break;
+    if (atomic_load(&n->aborted)) {
+      h->failed = 1; /* (its request stays posted: kept at destroy) */
+      snprintf(j->why, sizeof j->why, "the communicator was aborted while "
+               "this collective waited for the other ranks");
+      atomic_store(&j->state, 3);
+      return;
+    }
+    if (h->ops->idle != NULL) h->ops->idle(h, q);
+    else sched_yield();
+  }
+  if (st != ZS_OK) {
+    h->failed = 1;
+    snprintf(j->why, sizeof j->why, "the host collective failed: %s",
+             zs_last_error());
+  }
+  atomic_store(&j->state, st == ZS_OK ? 2 : 3);
+}
+
+/* A job for `call` with staging blocks of b0 and b1 bytes (b1 0: none). */
+static zs_status zs__stage_job_new(zs__nccl_impl* n, zs__call call,
+                                   size_t b0, size_t b1, size_t count,
+                                   zs_dtype dtype, zs__stage_job** out) {
+  zs__stage_job* j = (zs__stage_job*)calloc(1, sizeof *j);
+  if (j == NULL)
+    return zs__error(ZS_ERR_OUT_OF_MEMORY, "staged collective: job");
+  j->n = n;
+  j->call = call;
+  j->count = count;
+  j->dtype = dtype;
+  j->root = -1;
+  zs_status st = zs__stage_take(n, b0, &j->buf[0]);
+  if (st == ZS_OK && b1 > 0) st = zs__stage_take(n, b1, &j->buf[1]);
+  if (st != ZS_OK) {
+    zs__stage_give(n, j->buf[0]);
+    free(j);
+    return st;
+  }
+  *out = j;
+  return ZS_OK;
+}
+
+/* A job whose blocks nothing queued references any more. */
+static void zs__stage_job_free(zs__nccl_impl* n, zs__stage_job* j) {
+  if (j == NULL) return;
+  zs__stage_give(n, j->buf[0]);
+  zs__stage_give(n, j->buf[1]);
+  free(j->offsets);
+  free(j);
+}
+
+/* One asynchronous copy on the communication stream (device to staging,
+ * or back). */
+static zs_status zs__stage_copy(zs__nccl_impl* n, void* dst, const void* src,
+                                size_t bytes, const char* what) {
+  if (bytes == 0) return ZS_OK;
+  cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
+                                  n->stream);
+  if (e == cudaSuccess) return ZS_OK;
+  (void)cudaGetLastError(); /* reported here */
+  return zs__error(ZS_ERR_DEVICE, "staged %s: copy of %zu bytes: %s", what,
+                   bytes, cudaGetErrorString(e));
+}
+
+/* Queues the job's host part (after its copies in). A job that failed
+ * before this point is freed; one queued is the request's (its blocks may
+ * still be read by a copy queued before a later failure: then leaked). */
+static zs_status zs__stage_launch(zs__nccl_impl* n, zs__stage_job* j,
+                                  const char* what) {
+  cudaError_t e = cudaLaunchHostFunc(n->stream, zs__stage_run, j);
+  if (e == cudaSuccess) return ZS_OK;
+  (void)cudaGetLastError();
+  return zs__error(ZS_ERR_DEVICE, "staged %s: cudaLaunchHostFunc: %s", what,
+                   cudaGetErrorString(e));
+}
+
+/* Each staged collective: copies in, the host part, copies out, the
+ * request. On an error after the first copy was queued the job is leaked
+ * (a queued copy may still touch its blocks). */
+#define ZS__STAGE_TRY(expr) \
+  do {                      \
+    st = (expr);            \
+    if (st != ZS_OK) return st; \
+  } while (0)
+
+static zs_status zs__staged_all_gather(zs__comm* c, const void* send,
+                                       void* recv, size_t count,
+                                       zs_dtype dtype, zs__comm_req** req) {
+  zs__nccl_impl* n = zs__nimpl(c);
+  const size_t b = count * zs_dtype_size(dtype), W = (size_t)c->world;
+  zs__stage_job* j = NULL;
+  zs_status st;
+  ZS__STAGE_TRY(zs__stage_job_new(n, ZS__CALL_ALL_GATHER, W * b, 0, count,
+                                  dtype, &j));
+  char* h = (char*)j->buf[0]->p;
+  j->recv = h;
+  const void* own = send == ZS__IN_PLACE
+                        ? (const char*)recv + (size_t)c->rank * b
+                        : send;
+  ZS__STAGE_TRY(zs__stage_copy(n, h + (size_t)c->rank * b, own, b, "all-gather"));
+  ZS__STAGE_TRY(zs__stage_launch(n, j, "all-gather"));
+  ZS__STAGE_TRY(zs__stage_copy(n, recv, h, W * b, "all-gather"));
+  return zs__nccl_end_job(c, ncclSuccess, "all-gather", W * b, j, req);
+}
+
+static zs_status zs__staged_reduce_scatter(zs__comm* c, const void* send,
+                                           void* recv, size_t count,
+                                           zs_dtype dtype, zs__red_op op,
+                                           zs__comm_req** req) {
+  zs__nccl_impl* n = zs__nimpl(c);
+  const size_t b = count * zs_dtype_size(dtype), W = (size_t)c->world;
+  zs__stage_job* j = NULL;
+  zs_status st;
+  ZS__STAGE_TRY(zs__stage_job_new(n, ZS__CALL_REDUCE_SCATTER, W * b, b, count,
+                                  dtype, &j));
+  j->send = j->buf[0]->p;
+  j->recv = j->buf[1]->p;
+  j->op = op;
+  ZS__STAGE_TRY(zs__stage_copy(n, j->send, send, W * b, "reduce-scatter"));
+  ZS__STAGE_TRY(zs__stage_launch(n, j, "reduce-scatter"));
+  ZS__STAGE_TRY(zs__stage_copy(n, recv, j->recv, b, "reduce-scatter"));
+  return zs__nccl_end_job(c, ncclSuccess, "reduce-scatter", W * b, j, req);
+}
+
+static zs_status zs__staged_all_reduce(zs__comm* c, const void* send,
+                                       void* recv, size_t count,
+                                       zs_dtype dtype, zs__red_op op,
+                                       zs__comm_req** req) {
+  zs__nccl_impl* n = zs__nimpl(c);
+  const size_t b = count * zs_dtype_size(dtype);
+  zs__stage_job* j = NULL;
+  zs_status st;
+  ZS__STAGE_TRY(zs__stage_job_new(n, ZS__CALL_ALL_REDUCE, b, 0, count, dtype,
+                                  &j));
+  j->recv = j->buf[0]->p;
+  j->op = op;
+  ZS__STAGE_TRY(zs__stage_copy(n, j->recv, send == ZS__IN_PLACE ? recv : send,
+                               b, "all-reduce"));
+  ZS__STAGE_TRY(zs__stage_launch(n, j, "all-reduce"));
+  ZS__STAGE_TRY(zs__stage_copy(n, recv, j->recv, b, "all-reduce"));
+  return zs__nccl_end_job(c, ncclSuccess, "all-reduce", b, j, req);
+}
+
+static zs_status zs__staged_broadcast(zs__comm* c, void* buf, size_t count,
+                                      zs_dtype dtype, int root,
+                                      zs__comm_req** req) {
+  zs__nccl_impl* n = zs__nimpl(c);
+  const size_t b = count * zs_dtype_size(dtype);
+  zs__stage_job* j = NULL;
+  zs_status st;
+  ZS__STAGE_TRY(zs__stage_job_new(n, ZS__CALL_BROADCAST, b, 0, count, dtype,
+                                  &j));
+  j->recv = j->buf[0]->p;
+  j->root = root;
+  if (c->rank == root)
+    ZS__STAGE_TRY(zs__stage_copy(n, j->recv, buf, b, "broadcast"));
+  ZS__STAGE_TRY(zs__stage_launch(n, j, "broadcast"));
+  if (c->rank != root)
+    ZS__STAGE_TRY(zs__stage_copy(n, buf, j->recv, b, "broadcast"));
+  return zs__nccl_end_job(c, ncclSuccess, "broadcast", b, j, req);
+}
+
+static zs_status zs__staged_exchange(zs__comm* c, const void* send,
+                                     const size_t* offsets, void* recv,
+                                     size_t chunk, zs_dtype dtype,
+                                     zs__comm_req** req) {
+  zs__nccl_impl* n = zs__nimpl(c);
+  const size_t elem = zs_dtype_size(dtype), b = chunk * elem;
+  const size_t W = (size_t)c->world;
+  zs__stage_job* j = NULL;
+  zs_status st;
+  ZS__STAGE_TRY(zs__stage_job_new(n, ZS__CALL_EXCHANGE, W * b, W * b, chunk,
+                                  dtype, &j));
+  j->offsets = (size_t*)malloc(W * sizeof *j->offsets);
+  if (j->offsets == NULL) {
+    zs__stage_job_free(n, j);
+    return zs__error(ZS_ERR_OUT_OF_MEMORY, "staged exchange: offsets");
+  }
+  j->send = j->buf[0]->p;
+  j->recv = j->buf[1]->p;
+  for (size_t p = 0; p < W; p++) {
+    j->offsets[p] = p * chunk;
+    ZS__STAGE_TRY(zs__stage_copy(n, (char*)j->send + p * b,
+                                 (const char*)send + offsets[p] * elem, b,
+                                 "exchange"));
+  }
+  ZS__STAGE_TRY(zs__stage_launch(n, j, "exchange"));
+  ZS__STAGE_TRY(zs__stage_copy(n, recv, j->recv, W * b, "exchange"));
+  return zs__nccl_end_job(c, ncclSuccess, "exchange", W * b, j, req);
+}
+
+static zs_status zs__staged_all_gather_strided(zs__comm* c, void* buf,
+                                               size_t offset, size_t stride,
+                                               size_t chunk, zs_dtype dtype,
+                                               zs__comm_req** req) {
+  zs__nccl_impl* n = zs__nimpl(c);
+  const size_t elem = zs_dtype_size(dtype), b = chunk * elem;
+  const size_t W = (size_t)c->world;
+  zs__stage_job* j = NULL;
+  zs_status st;
+  ZS__STAGE_TRY(zs__stage_job_new(n, ZS__CALL_ALL_GATHER, W * b, 0, chunk,
+                                  dtype, &j));
+  char* h = (char*)j->buf[0]->p;
+  j->recv = h;
+  char* d = (char*)buf;
+  const size_t r = (size_t)c->rank;
+  ZS__STAGE_TRY(zs__stage_copy(n, h + r * b, d + (r * stride + offset) * elem,
+                               b, "strided all-gather"));
+  ZS__STAGE_TRY(zs__stage_launch(n, j, "strided all-gather"));
+  for (size_t p = 0; p < W; p++)
+    if (p != r)
+      ZS__STAGE_TRY(zs__stage_copy(n, d + (p * stride + offset) * elem,
+                                   h + p * b, b, "strided all-gather"));
+  return zs__nccl_end_job(c, ncclSuccess, "strided all-gather", W * b, j, req);
+}
+
+static zs_status zs__staged_gather_users(zs__comm* c, const void* send,
+                                         void* recv, size_t count,
+                                         zs_dtype dtype, uint64_t users,
+                                         zs__comm_req** req) {
+  zs__nccl_impl* n = zs__nimpl(c);
+  const size_t b = count * zs_dtype_size(dtype), W = (size_t)c->world;
+  const int user = (int)(users >> c->rank & 1);
+  zs__stage_job* j = NULL;
+  zs_status st;
+  ZS__STAGE_TRY(zs__stage_job_new(n, ZS__CALL_GATHER_USERS, b,
+                                  user ? W * b : 0, count, dtype, &j));
+  j->send = j->buf[0]->p;
+  j->recv = user ? j->buf[1]->p : NULL;
+  j->users = users;
+  ZS__STAGE_TRY(zs__stage_copy(n, j->send, send, b, "gather"));
+  ZS__STAGE_TRY(zs__stage_launch(n, j, "gather"));
+  if (user) ZS__STAGE_TRY(zs__stage_copy(n, recv, j->recv, W * b, "gather"));
+  return zs__nccl_end_job(c, ncclSuccess, "gather", W * b, j, req);
+}
+
+#undef ZS__STAGE_TRY
 
 /* A host-memory collective through MPI, wrapped into a request of ours. */
 #define ZS__NCCL_HOST(call)                                                 \
@@ -228,8 +677,9 @@ static zs_status zs__nccl_all_gather(zs__comm* c, const void* send, void* recv,
                       ? (const char*)recv + (size_t)c->rank * count * elem
                       : send;
   if (n->local) return zs__local_copy(c, recv, s, count * elem, "all-gather", req);
-  return zs__nccl_end(c, zs__nccl_fn.AllGather(s, recv, count, t, n->comm, n->stream),
-                      "all-gather", req);
+  if (n->stage != NULL) return zs__staged_all_gather(c, send, recv, count, dtype, req);
+  return zs__nccl_end_job(c, zs__nccl_fn.AllGather(s, recv, count, t, n->comm, n->stream),
+                          "all-gather", count * elem * (size_t)c->world, NULL, req);
 }
 
 
@@ -249,10 +699,13 @@ static zs_status zs__nccl_reduce_scatter(zs__comm* c, const void* send,
   if (n->local)
     return zs__local_copy(c, recv, send, count * zs_dtype_size(dtype),
                           "reduce-scatter", req);
-  return zs__nccl_end(c,
-                      zs__nccl_fn.ReduceScatter(send, recv, count, t, zs__nccl_op(op),
-                                        n->comm, n->stream),
-                      "reduce-scatter", req);
+  if (n->stage != NULL)
+    return zs__staged_reduce_scatter(c, send, recv, count, dtype, op, req);
+  return zs__nccl_end_job(c,
+                          zs__nccl_fn.ReduceScatter(send, recv, count, t, zs__nccl_op(op),
+                                                    n->comm, n->stream),
+                          "reduce-scatter",
+                          count * zs_dtype_size(dtype) * (size_t)c->world, NULL, req);
 }
 
 static zs_status zs__nccl_all_reduce(zs__comm* c, const void* send, void* recv,
@@ -269,11 +722,13 @@ static zs_status zs__nccl_all_reduce(zs__comm* c, const void* send, void* recv,
   if (n->local)
     return zs__local_copy(c, recv, send == ZS__IN_PLACE ? recv : send,
                           count * zs_dtype_size(dtype), "all-reduce", req);
-  return zs__nccl_end(c,
-                      zs__nccl_fn.AllReduce(send == ZS__IN_PLACE ? recv : send, recv,
-                                    count, t, zs__nccl_op(op), n->comm,
-                                    n->stream),
-                      "all-reduce", req);
+  if (n->stage != NULL)
+    return zs__staged_all_reduce(c, send, recv, count, dtype, op, req);
+  return zs__nccl_end_job(c,
+                          zs__nccl_fn.AllReduce(send == ZS__IN_PLACE ? recv : send, recv,
+                                                count, t, zs__nccl_op(op), n->comm,
+                                                n->stream),
+                          "all-reduce", count * zs_dtype_size(dtype), NULL, req);
 }
 
 static zs_status zs__nccl_broadcast(zs__comm* c, void* buf, size_t count,
@@ -287,10 +742,12 @@ static zs_status zs__nccl_broadcast(zs__comm* c, void* buf, size_t count,
   zs_status st = zs__nccl_begin(c, dtype, "broadcast", &t);
   if (st != ZS_OK) return st;
   if (n->local) return zs__local_copy(c, buf, buf, 0, "broadcast", req);
-  return zs__nccl_end(c,
-                      zs__nccl_fn.Broadcast(buf, buf, count, t, root, n->comm,
-                                    n->stream),
-                      "broadcast", req);
+  if (n->stage != NULL)
+    return zs__staged_broadcast(c, buf, count, dtype, root, req);
+  return zs__nccl_end_job(c,
+                          zs__nccl_fn.Broadcast(buf, buf, count, t, root, n->comm,
+                                                n->stream),
+                          "broadcast", count * zs_dtype_size(dtype), NULL, req);
 }
 
 /* This rank's own block of an exchange or gather: a device copy on the
@@ -321,6 +778,8 @@ static zs_status zs__nccl_exchange(zs__comm* c, const void* send,
   if (n->local)
     return zs__local_copy(c, d, s + offsets[0] * elem, chunk * elem,
                           "exchange", req);
+  if (n->stage != NULL)
+    return zs__staged_exchange(c, send, offsets, recv, chunk, dtype, req);
   ncclResult_t r = zs__nccl_fn.GroupStart();
   for (int p = 0; p < c->world && r == ncclSuccess; p++) {
     if (p == c->rank) continue;
@@ -336,7 +795,8 @@ static zs_status zs__nccl_exchange(zs__comm* c, const void* send,
                            s + offsets[c->rank] * elem, chunk * elem, "exchange");
     if (st != ZS_OK) return st;
   }
-  return zs__nccl_end(c, r, "exchange", req);
+  return zs__nccl_end_job(c, r, "exchange", chunk * elem * (size_t)c->world,
+                          NULL, req);
 }
 
 static zs_status zs__nccl_gather_users(zs__comm* c, const void* send,
@@ -357,6 +817,8 @@ static zs_status zs__nccl_gather_users(zs__comm* c, const void* send,
   if (n->local)
     return zs__local_copy(c, user ? d : NULL, send, user ? count * elem : 0,
                           "gather", req);
+  if (n->stage != NULL)
+    return zs__staged_gather_users(c, send, recv, count, dtype, users, req);
   ncclResult_t r = zs__nccl_fn.GroupStart();
   for (int p = 0; p < c->world && r == ncclSuccess; p++) {
     if (p == c->rank) continue;
@@ -373,7 +835,8 @@ static zs_status zs__nccl_gather_users(zs__comm* c, const void* send,
                            count * elem, "gather");
     if (st != ZS_OK) return st;
   }
-  return zs__nccl_end(c, r, "gather", req);
+  return zs__nccl_end_job(c, r, "gather", count * elem * (size_t)c->world,
+                          NULL, req);
 }
 
 static zs_status zs__nccl_all_gather_strided(zs__comm* c, void* buf,
@@ -389,6 +852,9 @@ static zs_status zs__nccl_all_gather_strided(zs__comm* c, void* buf,
   zs_status st = zs__nccl_begin(c, dtype, "strided all-gather", &t);
   if (st != ZS_OK) return st;
   if (n->local) return zs__local_copy(c, buf, buf, 0, "strided all-gather", req);
+  if (n->stage != NULL)
+    return zs__staged_all_gather_strided(c, buf, offset, stride, chunk, dtype,
+                                         req);
   const size_t elem = zs_dtype_size(dtype);
   ncclResult_t r = zs__nccl_fn.GroupStart();
   for (int p = 0; p < c->world && r == ncclSuccess; p++) {
@@ -396,18 +862,31 @@ static zs_status zs__nccl_all_gather_strided(zs__comm* c, void* buf,
     r = zs__nccl_fn.Broadcast(at, at, chunk, t, p, n->comm, n->stream);
   }
   ncclResult_t r2 = zs__nccl_fn.GroupEnd();
-  return zs__nccl_end(c, r == ncclSuccess ? r2 : r, "strided all-gather", req);
+  return zs__nccl_end_job(c, r == ncclSuccess ? r2 : r, "strided all-gather",
+                          chunk * elem * (size_t)c->world, NULL, req);
 }
 
 /* After a timeout or another rank's failure: NCCL kernels waiting for a
  * peer that will not come would keep the communication stream busy for
  * ever (and the stream synchronize at destroy with it); ncclCommAbort ends
- * them (NCCL's documented way out). */
-static void zs__nccl_abort(zs__comm* c) {
-  zs__nccl_impl* n = zs__nimpl(c);
-  if (n->local || n->comm == NULL) return;
-  zs__nccl_fn.CommAbort(n->comm);
-  n->comm = NULL;
+ * them (NCCL's documented way out). Staged: the host functions in flight
+ * see the flag and return. Once; from any thread (the watchdog's too). */
+static void zs__nccl_abort_impl(zs__nccl_impl* n) {
+  if (n->local || atomic_exchange(&n->aborted, 1)) return;
+  if (n->stage == NULL && n->comm != NULL) zs__nccl_fn.CommAbort(n->comm);
+}
+
+static void zs__nccl_abort(zs__comm* c) { zs__nccl_abort_impl(zs__nimpl(c)); }
+
+/* A completed (or given up) device request: off the watchdog's list, its
+ * event and, when nothing queued can touch them any more (keep 0), its
+ * staging blocks. */
+static void zs__nccl_req_free(zs__nccl_impl* n, zs__comm_req* req, int keep) {
+  zs__wd_remove(n, req);
+  if (keep) return; /* (the event too: a host function may still run) */
+  cudaEventDestroy(req->done);
+  zs__stage_job_free(n, req->job);
+  free(req);
 }
 
 static zs_status zs__nccl_test(zs__comm* c, zs__comm_req* req, int* done) {
@@ -418,15 +897,32 @@ static zs_status zs__nccl_test(zs__comm* c, zs__comm_req* req, int* done) {
     if (st == ZS_OK && *done) free(req);
     return st;
   }
+  /* The watchdog gave up on a collective (this one or another: the
+   * communicator is aborted either way) */
+  if (atomic_load(&n->wd_fired)) {
+    zs__nccl_req_free(n, req, 1);
+    return zs__error(ZS_ERR_TIMEOUT, "%s", n->wd_why);
+  }
   /* Aborted (a timeout, another rank's failure): a collective's event
    * completes, but its data never came. */
-  if (!n->local && n->comm == NULL)
-    return zs__error(ZS_ERR_COMM, "NCCL collective: the communicator was "
-                     "aborted before it completed");
+  if (!n->local && atomic_load(&n->aborted)) {
+    zs__nccl_req_free(n, req, 1);
+    return zs__error(ZS_ERR_COMM, "%s collective: the communicator was "
+                     "aborted before it completed",
+                     n->stage != NULL ? "staged" : "NCCL");
+  }
   cudaError_t e = cudaEventQuery(req->done);
   if (e == cudaSuccess) {
-    cudaEventDestroy(req->done);
-    free(req);
+    zs__stage_job* j = req->job;
+    if (j != NULL && atomic_load(&j->state) != 2) {
+      char why[sizeof j->why];
+      snprintf(why, sizeof why, "%s", j->why);
+      zs__nccl_abort_impl(n);
+      zs__nccl_req_free(n, req, 1);
+      return zs__error(ZS_ERR_COMM, "staged collective: %s (the communicator "
+                       "was aborted)", why);
+    }
+    zs__nccl_req_free(n, req, 0);
     *done = 1;
     return ZS_OK;
   }
@@ -439,24 +935,118 @@ static zs_status zs__nccl_test(zs__comm* c, zs__comm_req* req, int* done) {
    * communicator is aborted first, so no NCCL kernel still writes them. */
   if (e != cudaErrorNotReady) {
     zs__nccl_abort(c);
+    zs__nccl_req_free(n, req, 1);
     return zs__error(ZS_ERR_DEVICE, "NCCL collective: CUDA error %s (the "
                      "failing operation may be an earlier asynchronous one "
                      "on this device)", cudaGetErrorString(e));
   }
-  if (n->local) return ZS_OK;
+  if (n->local || n->stage != NULL) return ZS_OK;
   ncclResult_t async = ncclSuccess;
   ncclResult_t r = zs__nccl_fn.CommGetAsyncError(n->comm, &async);
   if (r != ncclSuccess) {
     zs__nccl_abort(c);
+    zs__nccl_req_free(n, req, 1);
     return zs__nccl_fail(r, "ncclCommGetAsyncError (the communicator was "
                          "aborted)");
   }
   if (async != ncclSuccess && async != ncclInProgress) {
     zs__nccl_abort(c);
+    zs__nccl_req_free(n, req, 1);
     return zs__nccl_fail(async, "collective (asynchronous error; the "
                          "communicator was aborted)");
   }
   return ZS_OK;
+}
+
+/* Makes the legacy default stream, and with it every blocking stream's
+ * later work (the compute stream, the user's kernels), wait on the device
+ * for req's completion: the consumer of a collective's output is queued
+ * at once, without a host wait (comm.h's chain). The request stays in
+ * flight (its test completes it later). Host requests: UNSUPPORTED. */
+static zs_status zs__nccl_chain(zs__comm* c, zs__comm_req* req) {
+  (void)c;
+  if (req->host_req != NULL)
+    return zs__error(ZS_ERR_UNSUPPORTED, "a host collective has no event");
+  cudaError_t e = cudaStreamWaitEvent(cudaStreamLegacy, req->done, 0);
+  if (e == cudaSuccess) return ZS_OK;
+  (void)cudaGetLastError();
+  return zs__error(ZS_ERR_DEVICE, "chaining a collective on the device: "
+                   "cudaStreamWaitEvent: %s", cudaGetErrorString(e));
+}
+
+/* The watchdog (PyTorch's NCCL watchdog's role): a thread that, every 20
+ * ms, looks at the device requests in flight. One past the communicator's
+ * collective_timeout_s whose event has not completed, or an asynchronous
+ * NCCL error, aborts the communicator (ncclCommAbort; staged: the host
+ * functions give up), so no kernel, copy or host function waits for ever
+ * and a host blocked on the device (a synchronize behind a consumer
+ * chained to the collective) returns; the next test of any request then
+ * fails with ZS_ERR_TIMEOUT (or COMM) saying what the watchdog saw, and
+ * comm.c fails the context and tells the other ranks. */
+static void* zs__nccl_watchdog(void* arg) {
+  zs__comm* c = (zs__comm*)arg;
+  zs__nccl_impl* n = zs__nimpl(c);
+  if (cudaSetDevice(n->device) != cudaSuccess) (void)cudaGetLastError();
+  pthread_mutex_lock(&n->wd_mu);
+  while (!n->wd_stop) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += 20 * 1000 * 1000;
+    if (until.tv_nsec >= 1000000000L) {
+      until.tv_sec++;
+      until.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&n->wd_cv, &n->wd_mu, &until);
+    if (n->wd_stop || atomic_load(&n->aborted) || n->wd_head == NULL) continue;
+    const double limit = c->timeout_s, now = zs__mono();
+    char why[sizeof n->wd_why];
+    why[0] = '\0';
+    /* every request's event is queried each time, as PyTorch's watchdog
+     * does (cheap on a GPU; on the CPU stand-in, whose streams run only
+     * when something waits, this is what moves a rank's collectives on
+     * while its host is busy elsewhere, as a GPU would) */
+    for (zs__comm_req* q = n->wd_head; q != NULL && why[0] == '\0';
+         q = q->wd_next) {
+      const cudaError_t e = cudaEventQuery(q->done);
+      (void)cudaGetLastError();
+      if (e != cudaErrorNotReady) continue; /* its test reports it */
+      if (limit <= 0 || now - q->t_issue <= limit) continue;
+      snprintf(why, sizeof why,
+               "the %s %s of %zu bytes issued %.1f s ago did not complete "
+               "within collective_timeout_s (%g s): another rank is probably "
+               "waiting in a different collective, or died; the "
+               "communicator's watchdog aborted the communicator",
+               n->stage != NULL ? "staged" : "NCCL", q->what, q->bytes,
+               now - q->t_issue, limit);
+    }
+    if (why[0] == '\0' && n->stage == NULL && n->comm != NULL) {
+      ncclResult_t async = ncclSuccess;
+      if (zs__nccl_fn.CommGetAsyncError(n->comm, &async) == ncclSuccess &&
+          async != ncclSuccess && async != ncclInProgress)
+        snprintf(why, sizeof why, "NCCL reported an asynchronous error: %s "
+                 "(%d); the communicator's watchdog aborted it",
+                 zs__nccl_fn.GetErrorString(async), (int)async);
+    }
+    if (why[0] != '\0') {
+      memcpy(n->wd_why, why, sizeof why);
+      atomic_store(&n->wd_fired, 1);
+      pthread_mutex_unlock(&n->wd_mu);
+      zs__nccl_abort_impl(n);
+      pthread_mutex_lock(&n->wd_mu);
+    }
+  }
+  pthread_mutex_unlock(&n->wd_mu);
+  return NULL;
+}
+
+static void zs__nccl_watchdog_stop(zs__nccl_impl* n) {
+  if (!n->wd_running) return;
+  pthread_mutex_lock(&n->wd_mu);
+  n->wd_stop = 1;
+  pthread_cond_signal(&n->wd_cv);
+  pthread_mutex_unlock(&n->wd_mu);
+  pthread_join(n->wd, NULL);
+  n->wd_running = 0;
 }
 
 static zs_status zs__nccl_wait(zs__comm* c, zs__comm_req* req) {
@@ -508,16 +1098,29 @@ static zs_status zs__nccl_ctrl_broadcast(zs__comm* c, void* buf, size_t count,
 static void zs__nccl_destroy(zs__comm* c) {
   zs__nccl_impl* n = zs__nimpl(c);
   if (n != NULL) {
-    if (n->comm != NULL) {
+    zs__nccl_watchdog_stop(n);
+    /* a failed communicator's collectives in flight are given up first */
+    if (c->failed) zs__nccl_abort_impl(n);
+    if (n->stage != NULL) {
+      /* host functions return at once when aborted: none may run after */
+      if (n->stream != NULL) cudaStreamSynchronize(n->stream);
+    } else if (n->comm != NULL && !atomic_load(&n->aborted)) {
       cudaStreamSynchronize(n->stream);
       zs__nccl_fn.CommDestroy(n->comm);
     }
-    cudaStreamDestroy(n->stream);
+    if (n->stream != NULL) cudaStreamDestroy(n->stream);
     if (n->order != NULL) cudaEventDestroy(n->order);
+    if (n->stage != NULL) {
+      n->stage->failed |= c->failed | atomic_load(&n->aborted);
+      n->stage->ops->destroy(n->stage);
+    }
+    if (!atomic_load(&n->aborted)) zs__stage_cache_free(n);
     if (n->host != NULL) {
       n->host->failed |= c->failed; /* its MPI communicator is kept then */
       n->host->ops->destroy(n->host);
     }
+    pthread_mutex_destroy(&n->wd_mu);
+    pthread_cond_destroy(&n->wd_cv);
     free(n);
   }
   free(c);
@@ -529,29 +1132,24 @@ static int zs__nccl_alive(const zs__comm* c) {
   return h == NULL || h->ops->alive == NULL || h->ops->alive(h);
 }
 
-static const zs__comm_ops zs__nccl_ops = {
-    "nccl",
-    zs__nccl_all_gather,
-    zs__nccl_reduce_scatter,
-    zs__nccl_all_reduce,
-    zs__nccl_broadcast,
-    zs__nccl_exchange,
-    zs__nccl_all_gather_strided,
-    zs__nccl_wait,
-    zs__nccl_test,
-    NULL, /* NCCL progresses on its own */
-    zs__nccl_destroy,
-    zs__nccl_notify,
-    zs__nccl_poll_notice,
-    zs__nccl_abort,
-    zs__nccl_alive,
-    zs__nccl_lane,
-    zs__nccl_ctrl_all_reduce,
-    zs__nccl_ctrl_broadcast,
-    zs__nccl_gather_users,
-    NULL, /* reduce-scatter: an exchange and a sum */
-    NULL, /* waits yield */
-};
+#define ZS__NCCL_OPS(name)                                   \
+  {                                                          \
+    name, zs__nccl_all_gather, zs__nccl_reduce_scatter,      \
+        zs__nccl_all_reduce, zs__nccl_broadcast,             \
+        zs__nccl_exchange, zs__nccl_all_gather_strided,      \
+        zs__nccl_wait, zs__nccl_test,                        \
+        NULL, /* NCCL (staged: the host functions) progresses on its own */ \
+        zs__nccl_destroy, zs__nccl_notify, zs__nccl_poll_notice, \
+        zs__nccl_abort, zs__nccl_alive, zs__nccl_lane,       \
+        zs__nccl_ctrl_all_reduce, zs__nccl_ctrl_broadcast,   \
+        zs__nccl_gather_users,                               \
+        NULL, /* reduce-scatter: an exchange and a sum */    \
+        NULL, /* waits yield */                              \
+        zs__nccl_chain,                                      \
+  }
+
+static const zs__comm_ops zs__nccl_ops = ZS__NCCL_OPS("nccl");
+static const zs__comm_ops zs__staged_ops = ZS__NCCL_OPS("staged");
 
 /* One GPU per rank, as NCCL requires: every rank's machine (the kernel's
  * boot id, which containers on one machine share and two machines never
@@ -590,20 +1188,41 @@ static zs_status zs__nccl_check_gpus(zs__comm* host, int device, int count) {
   return st;
 }
 
-zs_status zs__comm_nccl_create(zs__comm* host, zs__comm** out) {
+/* The watchdog of a communicator of several ranks (a warning without). */
+static void zs__nccl_watchdog_start(zs__comm* c) {
+  zs__nccl_impl* n = zs__nimpl(c);
+  if (n->local) return;
+  if (pthread_create(&n->wd, NULL, zs__nccl_watchdog, c) == 0) {
+    n->wd_running = 1;
+    return;
+  }
+  zs__log(ZS_LOG_WARN, "rank %d: no watchdog thread for the %s communicator: "
+          "a collective that never completes is found only by a wait's "
+          "timeout", c->rank, c->ops->name);
+}
+
+/* NCCL (stage NULL) or staged (docs/cuda.md, "Several ranks on one GPU")
+ * over `host`'s ranks; takes host and stage, also on failure. */
+static zs_status zs__nccl_create(zs__comm* host, zs__comm* stage,
+                                 zs__comm** out) {
   zs__comm* c = (zs__comm*)calloc(1, sizeof *c);
   zs__nccl_impl* n = (zs__nccl_impl*)calloc(1, sizeof *n);
   if (c == NULL || n == NULL) {
     free(c);
     free(n);
     host->ops->destroy(host);
+    if (stage != NULL) stage->ops->destroy(stage);
     return zs__error(ZS_ERR_OUT_OF_MEMORY, "NCCL communicator");
   }
   *c = *host; /* rank, world, local rank and size, counters' initial state */
   c->pending_head = c->pending_tail = NULL; /* (the host's: none in flight) */
-  c->ops = &zs__nccl_ops;
+  c->ops = stage != NULL ? &zs__staged_ops : &zs__nccl_ops;
   c->impl = n;
   n->host = host;
+  n->stage = stage;
+  n->self = c;
+  pthread_mutex_init(&n->wd_mu, NULL);
+  pthread_cond_init(&n->wd_cv, NULL);
   zs_status local = ZS_OK;
   int count = 0;
   cudaError_t ce = cudaGetDeviceCount(&count);
@@ -622,11 +1241,12 @@ zs_status zs__comm_nccl_create(zs__comm* host, zs__comm** out) {
                       cudaGetErrorString(cudaGetLastError()));
   }
   /* One rank: no NCCL at all (unless ZS_NCCL_ONE_RANK=1 asks for it, to
-   * check the NCCL path on a one-GPU machine). Otherwise NCCL must load on
-   * every rank. */
+   * check the NCCL path on a one-GPU machine). Staged: no NCCL, and ranks
+   * may share a GPU. Otherwise NCCL must load on every rank. */
   const char* one = getenv("ZS_NCCL_ONE_RANK");
-  n->local = host->world == 1 && !(one != NULL && strcmp(one, "1") == 0);
-  if (local == ZS_OK && !n->local) {
+  n->local = stage == NULL && host->world == 1 &&
+             !(one != NULL && strcmp(one, "1") == 0);
+  if (local == ZS_OK && !n->local && stage == NULL) {
     pthread_once(&zs__nccl_once, zs__nccl_load);
     if (zs__nccl_fn.Send == NULL)
       local = zs__error(ZS_ERR_UNSUPPORTED, "NCCL is needed for %d rank%s on "
@@ -635,11 +1255,14 @@ zs_status zs__comm_nccl_create(zs__comm* host, zs__comm** out) {
                         host->world == 1 ? " (ZS_NCCL_ONE_RANK=1)" : "",
                         zs__nccl_why, host->rank);
   }
-  zs_status st = zs__comm_agree(host, local, "NCCL setup");
-  if (st == ZS_OK && !n->local)
+  zs_status st = zs__comm_agree(host, local, stage != NULL
+                                                 ? "staged device communicator setup"
+                                                 : "NCCL setup");
+  if (st == ZS_OK && !n->local && stage == NULL)
     st = zs__nccl_check_gpus(host, n->device, count);
-  if (st == ZS_OK && n->local) {
+  if (st == ZS_OK && (n->local || stage != NULL)) {
     c->seq_hash = host->seq_hash;
+    zs__nccl_watchdog_start(c);
     *out = c;
     return ZS_OK;
   }
@@ -663,6 +1286,16 @@ zs_status zs__comm_nccl_create(zs__comm* host, zs__comm** out) {
     return st;
   }
   c->seq_hash = host->seq_hash;
+  zs__nccl_watchdog_start(c);
   *out = c;
   return ZS_OK;
+}
+
+zs_status zs__comm_nccl_create(zs__comm* host, zs__comm** out) {
+  return zs__nccl_create(host, NULL, out);
+}
+
+zs_status zs__comm_staged_create(zs__comm* host, zs__comm* stage,
+                                 zs__comm** out) {
+  return zs__nccl_create(host, stage, out);
 }

@@ -71,6 +71,7 @@ zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
   const zs__coll desc = *op;
   double warn_at = t0 + 60.0;
   int dropped_by = -1; /* a rank that discarded without issuing op */
+  int lost_seen = 0;   /* the heartbeats lost a rank (below) */
   char what[160];
   what[0] = '\0';
   for (unsigned spins = 0;; spins++) {
@@ -171,8 +172,17 @@ zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
      * the collective timeout stays for ranks that are alive but issued
      * something else) */
     if (c->hb != NULL) {
-      const zs_status lost = zs__coll_peer_lost(c, op, 0.0);
-      if (lost != ZS_OK) return lost;
+      /* a lost rank may have done its part of op before it went (its data
+       * arrived, the backend has yet to take it): op gets one more round
+       * of tests (64, with the backend's idle between) before the loss
+       * fails it; the next collective then fails at once */
+      char gone[64];
+      if (!lost_seen) {
+        lost_seen = zs__hb_lost(zs__comm_top(c)->hb, 1, gone, sizeof gone) >= 0;
+      } else {
+        const zs_status lost = zs__coll_peer_lost(c, op, 0.0);
+        if (lost != ZS_OK) return lost;
+      }
     }
     if (c->timeout_s > 0 && now - t0 > c->timeout_s) {
       char report[600], devname[96], body[ZS__NOTICE_BYTES - 32];
@@ -202,6 +212,60 @@ zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
       warn_at = now + 60.0;
     }
   }
+}
+
+/* ==== Chaining on the device ============================================= */
+
+/* ZS_DEVICE_CHAIN=1 turns device-side chaining on (docs/cuda.md,
+ * "Consumers that wait on the device"). Off by default: a rank whose host
+ * is blocked on the device behind a collective another rank never issues
+ * cannot join that rank's zs_step_discard (only the watchdog's timeout
+ * ends it), where a host wait joins at once. */
+static int zs__chain_enabled(void) {
+  const char* v = getenv("ZS_DEVICE_CHAIN");
+  return v != NULL && strcmp(v, "1") == 0;
+}
+
+zs_status zs__coll_chain(zs__comm* c, zs__coll* op) {
+  if (c->ops->chain == NULL || op->dst != NULL || op->div_dst != NULL ||
+      op->host_tmp != NULL || c->failed || !zs__chain_enabled())
+    return zs__coll_wait(c, op);
+  int done = 0;
+  zs_status st = zs__coll_test(c, op, &done);
+  if (st != ZS_OK || done) return st;
+  /* (UNSUPPORTED: host memory; another error: the host waits instead) */
+  if (c->ops->chain(c, op->req) != ZS_OK) return zs__coll_wait(c, op);
+  op->chained = 1;
+  return ZS_OK;
+}
+
+zs_status zs__comm_sweep(zs__comm* c) {
+  zs__coll* op = c->pending_head;
+  while (op != NULL) {
+    zs__coll* next = op->next;
+    if (op->chained) {
+      int done = 0;
+      zs_status st = zs__coll_test(c, op, &done);
+      if (st != ZS_OK) return st;
+      if (!done) break; /* (later ones complete after it on the device) */
+    }
+    op = next;
+  }
+  return ZS_OK;
+}
+
+zs_status zs__comm_drain(zs__comm* c) {
+  zs_status st = ZS_OK;
+  zs__coll* op = c->pending_head;
+  while (op != NULL && st == ZS_OK) {
+    zs__coll* next = op->next;
+    if (op->chained) {
+      st = zs__coll_wait(c, op);
+      next = c->pending_head; /* (a wait may complete others: again) */
+    }
+    op = next;
+  }
+  return st;
 }
 
 /* ==== Blocking collectives and agreements ================================ */

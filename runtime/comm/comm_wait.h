@@ -20,6 +20,26 @@ extern "C" {
  * (the caller's micro-batch must be dropped too). */
 zs_status zs__coll_wait(zs__comm* c, zs__coll* op);
 
+/* Hands op's output to its consumers without a host wait: the device's
+ * later work (the legacy default stream's, so the compute stream's and
+ * the user's kernels too) waits for op on the device (ops->chain,
+ * cudaStreamWaitEvent), and op stays in flight, owned by the communicator
+ * until zs__comm_sweep sees it done or zs__comm_drain waits for it; a
+ * collective that never completes is then the backend's watchdog's to
+ * find. Where that cannot be (a backend without chain, host memory, a
+ * reduce-scatter whose sum or mean is still to be computed at completion,
+ * chaining not asked for: the environment variable ZS_DEVICE_CHAIN=1 asks)
+ * it is zs__coll_wait. Errors: zs__coll_wait's. */
+zs_status zs__coll_chain(zs__comm* c, zs__coll* op);
+
+/* Completes the chained collectives that are done (tests, never waits).
+ * Errors: the first failed one's (the communicator is failed then). */
+zs_status zs__comm_sweep(zs__comm* c);
+
+/* Waits for every chained collective (zs__coll_wait each, with its
+ * timeout). Errors: the first failed one's. */
+zs_status zs__comm_drain(zs__comm* c);
+
 /* Each wrapper starts the collective, then waits for it while polling, so
  * that a collective another rank never joins becomes ZS_ERR_TIMEOUT naming
  * the collective and the unit (after c->timeout_s; a warning is logged every

@@ -24,6 +24,7 @@ static const zs__cuda_plugin zs__plugin = {
     .device_create = zs__device_cuda_create,
     .comm_create = zs__comm_nccl_create,
     .archs = ZS_CUDA_ARCHS,
+    .comm_create_staged = zs__comm_staged_create,
 };
 
 __attribute__((visibility("default"))) zs_status zs_cuda_plugin_open(

@@ -77,3 +77,5 @@ zs__adam_scalars zs__adam_scalars_make(const zs_adam_hparams* hp,
 zs__sgd_scalars zs__sgd_scalars_make(const zs_sgd_hparams* hp) {
   return zs__cuda_host_table->sgd_scalars_make(hp);
 }
+
+const char* zs_last_error(void) { return zs__cuda_host_table->last_error(); }

@@ -90,6 +90,19 @@ zs_status zs__inflight_wait(zs__comm* c, zs__inflight* f) {
   return st;
 }
 
+zs_status zs__inflight_chain(zs__comm* c, zs__inflight* f) {
+  zs_status st = ZS_OK;
+  /* as zs__inflight_wait: after a failure the others are still handed on,
+   * unless the communicator failed */
+  for (int i = 0; i < f->n; i++) {
+    zs_status s2 = st == ZS_OK || !c->failed ? zs__coll_chain(c, f->ops[i])
+                                             : ZS_OK;
+    if (st == ZS_OK) st = s2;
+  }
+  f->n = 0;
+  return st;
+}
+
 zs_status zs__inflight_poll(zs__comm* c, zs__inflight* f, int* all_done) {
   int k = 0;
   zs_status st = ZS_OK;

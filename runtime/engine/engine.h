@@ -420,6 +420,10 @@ static inline uint64_t zs__dirty_epoch(const zs_context* ctx) {
 zs_status zs__inflight_push(zs__comm* c, zs__inflight* f, zs__coll* op);
 /* Waits for every op in order; the list ends empty (also on error). */
 zs_status zs__inflight_wait(zs__comm* c, zs__inflight* f);
+/* Hands every op to its consumers on the device (zs__coll_chain: no host
+ * wait where the backend can chain; the communicator owns them then); the
+ * list ends empty (also on error). */
+zs_status zs__inflight_chain(zs__comm* c, zs__inflight* f);
 /* Completes the finished ops at the front of the list; *all_done = 1 when
  * the list is empty. */
 zs_status zs__inflight_poll(zs__comm* c, zs__inflight* f, int* all_done);

@@ -79,6 +79,9 @@ static void zs__gather_done(zs_model* m, zs__unit* u) {
 void zs__progress(zs_model* m) {
   zs__comm* c = m->ctx->shard_comm;
   if (c->in_flight == 0 || c->failed) return;
+  /* chained gathers that completed (a failure fails the communicator:
+   * the next call says so) */
+  (void)zs__comm_sweep(c);
   for (int i = 0; i < m->nunits; i++) {
     zs__unit* u = &m->units[i];
     int done;
@@ -95,7 +98,7 @@ void zs__progress(zs_model* m) {
 
 zs_status zs__quiesce(zs_model* m) {
   zs__comm* c = m->ctx->shard_comm;
-  zs_status st = ZS_OK;
+  zs_status st = zs__comm_drain(c);
   for (int i = 0; i < m->nunits; i++) {
     zs__unit* u = &m->units[i];
     zs_status s2 = zs__inflight_wait(c, &u->gather_ops);
@@ -259,9 +262,20 @@ zs_status zs__hold_for_use(zs_model* m, int unit) {
   return zs__hold(m, unit);
 }
 
-/* Waits until a held unit's full parameters are complete. */
+/* Makes a held unit's full parameters complete for their consumers: on
+ * a device that can chain (CUDA), the device's later work waits for the
+ * all-gather on the device and the host goes on at once (the watchdog
+ * finds one that never completes); otherwise, and when the all-gather
+ * reads a device copy of a shard kept elsewhere (freed here), the host
+ * waits. */
 zs_status zs__ready(zs_model* m, zs__unit* u) {
-  zs_status st = zs__inflight_wait(m->ctx->shard_comm, &u->gather_ops);
+  zs__comm* c = m->ctx->shard_comm;
+  zs_status st = zs__comm_sweep(c);
+  if (st == ZS_OK)
+    st = u->gather_src == NULL ? zs__inflight_chain(c, &u->gather_ops)
+                               : zs__inflight_wait(c, &u->gather_ops);
+  else
+    (void)zs__inflight_wait(c, &u->gather_ops);
   zs__gather_done(m, u);
   if (st == ZS_OK) st = zs__inflight_wait(m->ctx->shard_comm, &u->shard_ops);
   if (st == ZS_OK) zs__param_complete(u);

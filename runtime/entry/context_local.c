@@ -16,7 +16,7 @@ zs_status zs_context_create_local(const zs_config* config, zs_context** out) {
   zs__comm* c = NULL;
   zs_status st = zs__comm_local_create(&c);
   if (st == ZS_OK && zs__config_device(config) == ZS_DEVICE_CUDA)
-    st = zs__cuda_comm_create(c, &c); /* takes c, also on failure */
+    st = zs__cuda_comm_create(c, NULL, &c); /* takes c, also on failure */
   if (st != ZS_OK) return st;
   st = zs__engine_context_create(config, c, out);
   /* one rank: one shard group of it */

@@ -5,17 +5,52 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <zs_mpi.h>
 
 #include "runtime/comm/comm_mpi.h"
 #include "runtime/comm/comm_cuda.h"
 #include "runtime/engine/engine_model.h"
 
-/* With the CUDA device, collectives on device memory run on NCCL: the MPI
+/* ZS_DEVICE_COMM: how device collectives run with several ranks on CUDA:
+ * "nccl" (the default) or "staged" (through page-locked host memory and
+ * the host collectives, so ranks may share a GPU: docs/cuda.md, "Several
+ * ranks on one GPU"). Agreed across the ranks: a rank with another value
+ * fails every rank, naming it. */
+static zs_status zs__device_comm_staged(zs__comm* c, int* staged) {
+  const char* v = getenv("ZS_DEVICE_COMM");
+  zs_status local = ZS_OK;
+  *staged = 0;
+  if (v != NULL && *v != '\0' && strcmp(v, "nccl") != 0) {
+    if (strcmp(v, "staged") == 0)
+      *staged = 1;
+    else
+      local = zs__error(ZS_ERR_INVALID_ARGUMENT,
+                        "ZS_DEVICE_COMM='%.64s' on rank %d: use nccl (the "
+                        "default) or staged", v, c->rank);
+  }
+  zs_status st = zs__comm_agree(c, local, "ZS_DEVICE_COMM");
+  if (st != ZS_OK) return st;
+  char mine[2] = {(char)('0' + *staged), '\0'};
+  return zs__comm_check_same(c, "ZS_DEVICE_COMM (nccl or staged)", mine, 1);
+}
+
+/* With the CUDA device, collectives on device memory run on NCCL, or
+ * staged (above) on a host communicator of their own: the MPI
  * communicator is wrapped (it keeps serving host-memory collectives). */
 static zs_status zs__comm_for_device(const zs_config* config, zs__comm** c) {
   if (zs__config_device(config) != ZS_DEVICE_CUDA) return ZS_OK;
-  return zs__cuda_comm_create(*c, c); /* loads the CUDA plugin */
+  int staged = 0;
+  zs__comm* stage = NULL;
+  zs_status st = zs__device_comm_staged(*c, &staged);
+  if (st == ZS_OK && staged && (*c)->world > 1)
+    st = zs__comm_mpi_split(*c, 0, (*c)->rank, &stage);
+  if (st != ZS_OK) {
+    zs__comm_destroy(*c);
+    *c = NULL;
+    return st;
+  }
+  return zs__cuda_comm_create(*c, stage, c); /* loads the CUDA plugin */
 }
 
 /* The heartbeats of a new context (zs__comm_mpi_heartbeat), with its

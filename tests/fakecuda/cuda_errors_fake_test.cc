@@ -7,9 +7,12 @@
 #include <zeroshard.h>
 #include <zs_mpi.h>
 
+#include <cuda_runtime_api.h>
+
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "runtime/device/device.h"
 #include "tests/testing/alloc_faults.h"
@@ -29,6 +32,8 @@ class CudaErrorsFakeTest : public ZsMpiTest {
   void TearDown() override {
     unsetenv("FAKECUDA_MEM_BYTES");
     unsetenv("FAKECUDA_DEVICES");
+    unsetenv("ZS_DEVICE_CHAIN");
+    unsetenv("ZS_DEVICE_COMM");
     ZsMpiTest::TearDown();
   }
 };
@@ -202,6 +207,80 @@ TEST_F(CudaErrorsFakeTest, NcclCollectiveNobodyJoinsTimesOut) {
       << zs_last_error();
   zs_model_destroy(m);
   zs_context_destroy(ctx);
+}
+
+// Device-side chaining (ZS_DEVICE_CHAIN=1) and a collective that never
+// completes: rank 1's gather returns at once (its consumers wait on the
+// device, not the host), and rank 0 never issues it. Rank 1 then blocks on
+// the device (a copy of the parameters to the host, queued behind the
+// all-gather): nothing on the host waits with a timeout there, and the
+// communicator's watchdog ends it after collective_timeout_s by aborting
+// the communicator, so the copy returns, the next call fails naming the
+// watchdog, and rank 0 is told. Through NCCL's stand-in (a GPU per rank)
+// and through the staged communicator (both ranks on one GPU).
+void WatchdogEndsACollectiveThatNeverCompletes(int rank, bool staged) {
+  setenv("FAKECUDA_DEVICES", staged ? "1" : "8", 1);
+  setenv("ZS_DEVICE_CHAIN", "1", 1);
+  if (staged) setenv("ZS_DEVICE_COMM", "staged", 1);
+  zs_config c = ZS_CONFIG_INIT;
+  c.device = ZS_DEVICE_CUDA;
+  c.stage = 3;
+  c.collective_timeout_s = 1.0;
+  zs_context* ctx = nullptr;
+  ASSERT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), ZS_OK)
+      << zs_last_error();
+  zs_model* m = nullptr;
+  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
+  int u = -1, t = -1;
+  int64_t n = 64;
+  ASSERT_EQ(zs_model_add_unit(m, "u", &u), ZS_OK);
+  ASSERT_EQ(zs_model_add_tensor(m, u, "w", 1, &n, ZS_FLOAT32, 0, &t), ZS_OK);
+  ASSERT_EQ(zs_model_finalize(m), ZS_OK) << zs_last_error();
+  if (rank == 1) {
+    const double t0 = MPI_Wtime();
+    EXPECT_EQ(zs_unit_gather(m, u), ZS_OK) << zs_last_error();
+    const double gather_s = MPI_Wtime() - t0;
+    EXPECT_LT(gather_s, 0.5) << "the gather waited on the host";
+    void* w = nullptr;
+    ASSERT_EQ(zs_tensor_data(m, t, &w), ZS_OK) << zs_last_error();
+    std::vector<float> host(64);
+    const double t1 = MPI_Wtime();
+    (void)cudaMemcpy(host.data(), w, host.size() * sizeof(float),
+                     cudaMemcpyDeviceToHost);
+    const double blocked_s = MPI_Wtime() - t1;
+    std::cout << (staged ? "staged" : "NCCL") << ": the gather returned in "
+              << gather_s << " s; the copy behind it was blocked "
+              << blocked_s << " s\n";
+    EXPECT_GE(gather_s + blocked_s, 0.95);
+    EXPECT_LT(blocked_s, 30.0);
+    (void)zs_unit_release(m, u);
+    EXPECT_NE(zs_step(m, nullptr), ZS_OK);
+    const std::string err = zs_last_error();
+    std::cout << "the error: " << err << "\n";
+    EXPECT_TRUE(Contains(err, "watchdog") &&
+                Contains(err, "within collective_timeout_s (1 s)") &&
+                Contains(err, "all-gather") &&
+                Contains(err, staged ? "staged" : "NCCL")) << err;
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) {
+    EXPECT_EQ(zs_step(m, nullptr), ZS_ERR_REMOTE) << zs_last_error();
+    EXPECT_TRUE(Contains(zs_last_error(), "rank 1 failed") &&
+                Contains(zs_last_error(), "watchdog"))
+        << zs_last_error();
+  }
+  zs_model_destroy(m);
+  zs_context_destroy(ctx);
+}
+
+TEST_F(CudaErrorsFakeTest, WatchdogEndsANcclCollectiveThatNeverCompletes) {
+  if (world_ != 2) GTEST_SKIP() << "written for exactly 2 ranks";
+  WatchdogEndsACollectiveThatNeverCompletes(rank_, false);
+}
+
+TEST_F(CudaErrorsFakeTest, WatchdogEndsAStagedCollectiveThatNeverCompletes) {
+  if (world_ != 2) GTEST_SKIP() << "written for exactly 2 ranks";
+  WatchdogEndsACollectiveThatNeverCompletes(rank_, true);
 }
 
 }  // namespace

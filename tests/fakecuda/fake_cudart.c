@@ -31,6 +31,9 @@
  * - Kernels (fake_launchers.c, through fakecuda_launch) may read only
  *   device memory and registered host memory; pageable host memory fails
  *   the launch with a message.
+ * - Host functions (cudaLaunchHostFunc) run on a thread of their own, as
+ *   CUDA's do; a wait for one lets go of the fake's lock while it polls,
+ *   so another thread's query (a watchdog's) never waits behind it.
  * Not modelled: concurrent execution, sticky errors, several devices
  * (FAKECUDA_DEVICES sets how many are reported; all share one memory),
  * graphs, managed memory, timing. One mutex guards everything (the
@@ -61,6 +64,8 @@ typedef struct fk_op {
   void* arg;
   fk_stream* wait_s; /* a stream wait: the record it waits for */
   uint64_t wait_seq;
+  int running;          /* a poll under way in some thread, which lets go
+                           of the lock between polls */
 } fk_op;
 
 struct fk_stream {
@@ -98,6 +103,32 @@ static size_t fk_used;
 static int fk_keep; /* fakecuda_keep_memory was called */
 static int fk_device;
 static __thread cudaError_t fk_last = cudaSuccess;
+static __thread int fk_depth; /* times this thread holds fk_mu */
+
+static void fk_lock(void) {
+  pthread_mutex_lock(&fk_mu);
+  fk_depth++;
+}
+
+static void fk_unlock(void) {
+  fk_depth--;
+  pthread_mutex_unlock(&fk_mu);
+}
+
+/* Lets go of fk_mu entirely (for a host function, or between polls of an
+ * NCCL collective, which wait for other processes: another thread of this
+ * process, such as a watchdog querying an event, must not wait for them
+ * behind the lock, as on a GPU it would not); returns the depth to take
+ * back with fk_relock. */
+static int fk_release(void) {
+  const int d = fk_depth;
+  for (int i = 0; i < d; i++) fk_unlock();
+  return d;
+}
+
+static void fk_relock(int d) {
+  for (int i = 0; i < d; i++) fk_lock();
+}
 
 static cudaError_t fk_err(cudaError_t e) {
   if (e != cudaSuccess) fk_last = e;
@@ -148,13 +179,27 @@ static void fk_pop(fk_stream* s) {
 }
 
 /* Runs the head of s (its dependencies done): a pollable operation (an
- * NCCL collective) is polled until it finishes. */
+ * NCCL collective, a host function) is polled until it finishes, letting
+ * go of the lock between polls (fk_release), the head marked running so
+ * that no other thread runs it too. */
 static void fk_pop_run(fk_stream* s) {
   fk_op* op = s->head;
   if (op->run != NULL) op->run(op->arg);
+  op->running = 1;
   if (op->poll != NULL)
-    while (!op->poll(op->arg)) sched_yield();
-  fk_pop(s);
+    while (!op->poll(op->arg)) {
+      const int d = fk_release();
+      sched_yield();
+      fk_relock(d);
+    }
+  fk_pop(s); /* (still the head: a running head is left alone) */
+}
+
+/* Another thread runs the head of s: wait a little for it. */
+static void fk_yield_to_runner(void) {
+  const int d = fk_release();
+  sched_yield();
+  fk_relock(d);
 }
 
 static void fk_run_upto(fk_stream* s, uint64_t seq);
@@ -172,18 +217,35 @@ static fk_stream* fk_cross_pending(const fk_stream* s, uint64_t before) {
   return NULL;
 }
 
-/* Runs what the head of s waits for, then the head. Every dependency has a
- * smaller sequence number, so this ends. */
-static void fk_run_head(fk_stream* s) {
-  fk_op* op = s->head;
-  for (fk_stream* t; (t = fk_cross_pending(s, op->seq - 1)) != NULL;)
-    fk_run_upto(t, op->seq - 1);
-  if (op->wait_s != NULL) fk_run_upto(op->wait_s, op->wait_seq);
-  fk_pop_run(s);
+/* Runs what the head of s waits for, then the head (when its sequence
+ * number is at most seq; another thread may have run it meanwhile, while
+ * this one let go of the lock). Every dependency has a smaller sequence
+ * number, so this ends. */
+static void fk_run_head(fk_stream* s, uint64_t seq) {
+  for (;;) {
+    if (!fk_pending_upto(s, seq)) return;
+    fk_op* op = s->head;
+    if (op->running) {
+      fk_yield_to_runner();
+      return;
+    }
+    const uint64_t before = op->seq - 1;
+    fk_stream* t = fk_cross_pending(s, before);
+    if (t != NULL) {
+      fk_run_upto(t, before);
+      continue;
+    }
+    if (op->wait_s != NULL && fk_pending_upto(op->wait_s, op->wait_seq)) {
+      fk_run_upto(op->wait_s, op->wait_seq);
+      continue;
+    }
+    fk_pop_run(s);
+    return;
+  }
 }
 
 static void fk_run_upto(fk_stream* s, uint64_t seq) {
-  while (fk_pending_upto(s, seq)) fk_run_head(s);
+  while (fk_pending_upto(s, seq)) fk_run_head(s, seq);
 }
 
 /* Runs one operation on the way to (s, seq): the first one with nothing
@@ -191,6 +253,7 @@ static void fk_run_upto(fk_stream* s, uint64_t seq) {
 static void fk_step(fk_stream* s, uint64_t seq) {
   if (!fk_pending_upto(s, seq)) return;
   const fk_op* op = s->head;
+  if (op->running) return; /* another thread's: not done yet */
   fk_stream* t = fk_cross_pending(s, op->seq - 1);
   if (t != NULL) {
     fk_step(t, op->seq - 1);
@@ -219,16 +282,83 @@ static uint64_t fk_push(fk_stream* s, void (*run)(void*), void* arg,
 cudaError_t fakecuda_enqueue_poll(cudaStream_t stream, const char* name,
                                   int (*poll)(void* arg), void* arg) {
   (void)name;
-  pthread_mutex_lock(&fk_mu);
+  fk_lock();
   fk_stream* s = fk_of(stream);
   fk_push(s, NULL, arg, NULL, 0);
   s->tail->poll = poll;
-  pthread_mutex_unlock(&fk_mu);
+  fk_unlock();
   return cudaSuccess;
 }
 
+/* Host functions (cudaLaunchHostFunc) run on one thread of their own, as
+ * CUDA's do, one at a time in the order the streams reach them: a stream
+ * reaching one hands it over (its first poll) and is done when it has
+ * returned, so a query never blocks in one. */
+typedef struct fk_host {
+  cudaHostFn_t fn;
+  void* arg;
+  int state; /* 0 not handed over, 1 handed over, 2 returned (fk_host_mu) */
+  struct fk_host* next;
+} fk_host;
+
+static pthread_mutex_t fk_host_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t fk_host_cv = PTHREAD_COND_INITIALIZER;
+static fk_host *fk_host_head, *fk_host_tail;
+static int fk_host_started;
+
+static void* fk_host_thread(void* unused) {
+  (void)unused;
+  pthread_mutex_lock(&fk_host_mu);
+  for (;;) {
+    while (fk_host_head == NULL) pthread_cond_wait(&fk_host_cv, &fk_host_mu);
+    fk_host* h = fk_host_head;
+    fk_host_head = h->next;
+    if (fk_host_head == NULL) fk_host_tail = NULL;
+    pthread_mutex_unlock(&fk_host_mu);
+    h->fn(h->arg);
+    pthread_mutex_lock(&fk_host_mu);
+    h->state = 2;
+  }
+  return NULL;
+}
+
+static int fk_host_poll(void* arg) {
+  fk_host* h = (fk_host*)arg;
+  pthread_mutex_lock(&fk_host_mu);
+  if (h->state == 0) {
+    if (!fk_host_started) {
+      pthread_t t;
+      if (pthread_create(&t, NULL, fk_host_thread, NULL) != 0) {
+        fprintf(stderr, "fake CUDA: no thread for host functions\n");
+        abort();
+      }
+      pthread_detach(t);
+      fk_host_started = 1;
+    }
+    h->state = 1;
+    if (fk_host_tail != NULL) fk_host_tail->next = h;
+    else fk_host_head = h;
+    fk_host_tail = h;
+    pthread_cond_signal(&fk_host_cv);
+  }
+  const int done = h->state == 2;
+  pthread_mutex_unlock(&fk_host_mu);
+  return done;
+}
+
+/* As CUDA: fn(arg) runs once, in stream order, on the host-function
+ * thread; it must not call CUDA. */
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn,
+                               void* arg) {
+  if (fn == NULL) return fk_err(cudaErrorInvalidValue);
+  fk_host* h = (fk_host*)fk_arg(sizeof *h);
+  h->fn = fn;
+  h->arg = arg;
+  return fakecuda_enqueue_poll(stream, "host function", fk_host_poll, h);
+}
+
 void fakecuda_stream_inputs(cudaStream_t stream) {
-  pthread_mutex_lock(&fk_mu);
+  fk_lock();
   fk_stream* s = fk_of(stream);
   /* what an operation queued there now waits for across streams */
   for (fk_stream* t; (t = fk_cross_pending(s, fk_seq)) != NULL;)
@@ -242,7 +372,7 @@ void fakecuda_stream_inputs(cudaStream_t stream) {
     if (op->wait_s != NULL) waits[k++] = *op;
   for (k = 0; k < n; k++) fk_run_upto(waits[k].wait_s, waits[k].wait_seq);
   free(waits);
-  pthread_mutex_unlock(&fk_mu);
+  fk_unlock();
 }
 
 static uint64_t fk_push(fk_stream* s, void (*run)(void*), void* arg,
@@ -260,17 +390,17 @@ static uint64_t fk_push(fk_stream* s, void (*run)(void*), void* arg,
 }
 
 void fakecuda_keep_memory(void) {
-  pthread_mutex_lock(&fk_mu);
+  fk_lock();
   fk_keep = 1;
-  pthread_mutex_unlock(&fk_mu);
+  fk_unlock();
 }
 
 size_t fakecuda_pending(void) {
-  pthread_mutex_lock(&fk_mu);
+  fk_lock();
   size_t n = 0;
   for (fk_stream* t = fk_streams; t != NULL; t = t->next_all)
     for (fk_op* op = t->head; op != NULL; op = op->next) n++;
-  pthread_mutex_unlock(&fk_mu);
+  fk_unlock();
   return n;
 }
 
@@ -305,7 +435,7 @@ static char* fk_view(const void* p, size_t bytes) {
 }
 
 cudaError_t cudaMalloc(void** ptr, size_t size) {
-  pthread_mutex_lock(&fk_mu);
+  fk_lock();
   cudaError_t e = cudaSuccess;
   const size_t page = (size_t)sysconf(_SC_PAGESIZE);
   const size_t mapped = ((size > 0 ? size : 1) + page - 1) / page * page;
@@ -349,13 +479,13 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
 out:
   if (fd >= 0) close(fd);
   free(a);
-  pthread_mutex_unlock(&fk_mu);
+  fk_unlock();
   return fk_err(e);
 }
 
 cudaError_t cudaFree(void* ptr) {
   if (ptr == NULL) return cudaSuccess;
-  pthread_mutex_lock(&fk_mu);
+  fk_lock();
   fk_run_all(); /* cudaFree synchronizes the device */
   fk_alloc** pp = &fk_allocs;
   while (*pp != NULL && (*pp)->dev != (char*)ptr) pp = &(*pp)->next;
@@ -371,23 +501,23 @@ cudaError_t cudaFree(void* ptr) {
     fk_used -= a->bytes;
     free(a);
   }
-  pthread_mutex_unlock(&fk_mu);
+  fk_unlock();
   return fk_err(e);
 }
 
 cudaError_t cudaMemGetInfo(size_t* fr, size_t* total) {
-  pthread_mutex_lock(&fk_mu);
+  fk_lock();
   const size_t t = fk_env("FAKECUDA_MEM_BYTES", (size_t)8 << 30);
   if (fr != NULL) *fr = fk_used < t ? t - fk_used : 0;
   if (total != NULL) *total = t;
-  pthread_mutex_unlock(&fk_mu);
+  fk_unlock();
   return cudaSuccess;
 }
 
 cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int flags) {
   (void)flags;
   if (ptr == NULL || size == 0) return fk_err(cudaErrorInvalidValue);
-  pthread_mutex_lock(&fk_mu);
+  fk_lock();
   cudaError_t e = cudaSuccess;
   if (fk_find_reg(ptr) != NULL || fk_find(ptr) != NULL) {
     e = cudaErrorHostMemoryAlreadyRegistered;
@@ -402,12 +532,12 @@ cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int flags) {
       fk_regs = r;
     }
   }
-  pthread_mutex_unlock(&fk_mu);
+  fk_unlock();
   return fk_err(e);
 }
 
 cudaError_t cudaHostUnregister(void* ptr) {
-  pthread_mutex_lock(&fk_mu);
+  fk_lock();
   fk_reg** pp = &fk_regs;
   while (*pp != NULL && (*pp)->p != (char*)ptr) pp = &(*pp)->next;
   cudaError_t e = cudaSuccess;
@@ -418,14 +548,14 @@ cudaError_t cudaHostUnregister(void* ptr) {
     *pp = r->next;
     free(r);
   }
-  pthread_mutex_unlock(&fk_mu);
+  fk_unlock();
   return fk_err(e);
 }
 
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* attr,
                                      const void* ptr) {
   if (attr == NULL) return fk_err(cudaErrorInvalidValue);
-  pthread_mutex_lock(&fk_mu);
+  fk_lock();
   memset(attr, 0, sizeof *attr);
   attr->device = fk_device;
   if (fk_find(ptr) != NULL) {
@@ -439,7 +569,7 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* attr,
     attr->type = cudaMemoryTypeUnregistered;
     attr->device = -2;
   }
-  pthread_mutex_unlock(&fk_mu);
+  fk_unlock();
   return cudaSuccess;
 }
 
@@ -472,13 +602,13 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count,
   (void)kind;
   if (count == 0) return cudaSuccess;
   if (dst == NULL || src == NULL) return fk_err(cudaErrorInvalidValue);
-  pthread_mutex_lock(&fk_mu);
+  fk_lock();
   fk_copy_arg* a = (fk_copy_arg*)fk_arg(sizeof *a);
   a->dst = fk_view(dst, count);
   a->src = fk_view(src, count);
   a->bytes = count;
   fk_push(fk_of(stream), fk_copy_run, a, NULL, 0);
-  pthread_mutex_unlock(&fk_mu);
+  fk_unlock();
   return cudaSuccess;
 }
 
@@ -491,7 +621,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t count,
                        enum cudaMemcpyKind kind) {
   if (count == 0) return cudaSuccess;
   if (dst == NULL || src == NULL) return fk_err(cudaErrorInvalidValue);
-  pthread_mutex_lock(&fk_mu);
+  fk_lock();
   const int dst_dev = fk_find(dst) != NULL, src_dev = fk_find(src) != NULL;
   const int src_pageable = !src_dev && fk_find_reg(src) == NULL;
   cudaError_t e = cudaSuccess;
@@ -508,14 +638,14 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t count,
     if (e == cudaSuccess && !(dst_dev && src_dev))
       fk_run_upto(&fk_legacy, fk_seq);
   }
-  pthread_mutex_unlock(&fk_mu);
+  fk_unlock();
   return fk_err(e);
 }
 
 cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count,
                             cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  pthread_mutex_lock(&fk_mu);
+  fk_lock();
   cudaError_t e = cudaSuccess;
   if (fk_find(ptr) == NULL) {
     fprintf(stderr, "fake CUDA: cudaMemsetAsync of %p: not device memory\n",
@@ -528,7 +658,7 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count,
     a->bytes = count;
     fk_push(fk_of(stream), fk_set_run, a, NULL, 0);
   }
-  pthread_mutex_unlock(&fk_mu);
+  fk_unlock();
   return fk_err(e);
 }
 
@@ -542,16 +672,16 @@ cudaError_t cudaMemset(void* ptr, int value, size_t count) {
 cudaError_t fakecuda_launch(cudaStream_t stream, const char* name,
                             void (*run)(void* arg), void* arg) {
   (void)name;
-  pthread_mutex_lock(&fk_mu);
+  fk_lock();
   fk_push(fk_of(stream), run, arg, NULL, 0);
-  pthread_mutex_unlock(&fk_mu);
+  fk_unlock();
   return cudaSuccess;
 }
 
 void* fakecuda_kernel_ptr(const void* p, size_t bytes, const char* name,
                           int* ok) {
   if (p == NULL) return NULL;
-  pthread_mutex_lock(&fk_mu);
+  fk_lock();
   void* v = NULL;
   if (fk_find(p) != NULL) {
     v = fk_view(p, bytes);
@@ -567,7 +697,7 @@ void* fakecuda_kernel_ptr(const void* p, size_t bytes, const char* name,
       *ok = 0;
     }
   }
-  pthread_mutex_unlock(&fk_mu);
+  fk_unlock();
   return v;
 }
 
@@ -578,10 +708,10 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* out, unsigned int flags) {
   fk_stream* s = (fk_stream*)calloc(1, sizeof *s);
   if (s == NULL) return fk_err(cudaErrorMemoryAllocation);
   s->blocking = (flags & cudaStreamNonBlocking) == 0;
-  pthread_mutex_lock(&fk_mu);
+  fk_lock();
   s->next_all = fk_streams;
   fk_streams = s;
-  pthread_mutex_unlock(&fk_mu);
+  fk_unlock();
   *out = (cudaStream_t)s;
   return cudaSuccess;
 }
@@ -594,35 +724,35 @@ cudaError_t cudaStreamCreate(cudaStream_t* out) {
  * for it. The record stays (events and stream waits may name it); using
  * the handle again aborts. */
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-  pthread_mutex_lock(&fk_mu);
+  fk_lock();
   fk_stream* s = fk_of(stream);
   if (s != &fk_legacy) s->dead = 1;
-  pthread_mutex_unlock(&fk_mu);
+  fk_unlock();
   return s == &fk_legacy ? fk_err(cudaErrorInvalidResourceHandle)
                          : cudaSuccess;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  pthread_mutex_lock(&fk_mu);
+  fk_lock();
   fk_run_upto(fk_of(stream), UINT64_MAX);
-  pthread_mutex_unlock(&fk_mu);
+  fk_unlock();
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
-  pthread_mutex_lock(&fk_mu);
+  fk_lock();
   fk_stream* s = fk_of(stream);
   const uint64_t last = s->tail != NULL ? s->tail->seq : 0;
   fk_step(s, last);
   const int busy = fk_pending_upto(s, last);
-  pthread_mutex_unlock(&fk_mu);
+  fk_unlock();
   return busy ? fk_err(cudaErrorNotReady) : cudaSuccess;
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
-  pthread_mutex_lock(&fk_mu);
+  fk_lock();
   fk_run_all();
-  pthread_mutex_unlock(&fk_mu);
+  fk_unlock();
   return cudaSuccess;
 }
 
@@ -647,11 +777,11 @@ cudaError_t cudaEventDestroy(cudaEvent_t ev) {
 
 cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t stream) {
   if (ev == NULL) return fk_err(cudaErrorInvalidResourceHandle);
-  pthread_mutex_lock(&fk_mu);
+  fk_lock();
   fk_stream* s = fk_of(stream);
   ev->s = s;
   ev->seq = fk_push(s, NULL, NULL, NULL, 0);
-  pthread_mutex_unlock(&fk_mu);
+  fk_unlock();
   return cudaSuccess;
 }
 
@@ -659,31 +789,31 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t ev,
                                 unsigned int flags) {
   (void)flags;
   if (ev == NULL) return fk_err(cudaErrorInvalidResourceHandle);
-  pthread_mutex_lock(&fk_mu);
+  fk_lock();
   /* a record still queued: wait for it; none, or done: nothing to wait for */
   if (ev->s != NULL && fk_pending_upto(ev->s, ev->seq))
     fk_push(fk_of(stream), NULL, NULL, ev->s, ev->seq);
-  pthread_mutex_unlock(&fk_mu);
+  fk_unlock();
   return cudaSuccess;
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t ev) {
   if (ev == NULL) return fk_err(cudaErrorInvalidResourceHandle);
-  pthread_mutex_lock(&fk_mu);
+  fk_lock();
   int busy = 0;
   if (ev->s != NULL && fk_pending_upto(ev->s, ev->seq)) {
     fk_step(ev->s, ev->seq);
     busy = fk_pending_upto(ev->s, ev->seq);
   }
-  pthread_mutex_unlock(&fk_mu);
+  fk_unlock();
   return busy ? fk_err(cudaErrorNotReady) : cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
   if (ev == NULL) return fk_err(cudaErrorInvalidResourceHandle);
-  pthread_mutex_lock(&fk_mu);
+  fk_lock();
   if (ev->s != NULL) fk_run_upto(ev->s, ev->seq);
-  pthread_mutex_unlock(&fk_mu);
+  fk_unlock();
   return cudaSuccess;
 }
 

@@ -432,10 +432,11 @@ void Fail(Sharded& z, const Opts& o, int s) {
   const int issued = CatchUps(z) - catch_ups;
   const bool partner = o.shard_group_size > 0 &&
                        z.rank / o.shard_group_size == kStopper / o.shard_group_size;
-  if (o.fault == kStop && z.rank == kStopper)
+  if (o.fault == kStop && z.rank == kStopper) {
     EXPECT_GT(issued, 0) << what;
-  else if (o.fault != kStop || !partner)
+  } else if (o.fault != kStop || !partner) {
     EXPECT_EQ(issued, 0) << what;
+  }
 }
 
 // Trains kSteps steps; at o.fault_step the faulty micro-batch comes first
