@@ -49,11 +49,18 @@ typedef struct zs__cuda_block {
   void* ptr;
   size_t bytes; /* rounded size */
   struct zs__cuda_block* next;
+  cudaEvent_t freed; /* recorded on the compute stream at each free: where
+                        work on another stream (the upload stream) may
+                        reuse the block; NULL before the first free */
 } zs__cuda_block;
 
 typedef struct zs__cuda_impl {
   int device;
   cudaStream_t compute;
+  cudaStream_t upload;       /* parameter shards from host memory to the
+                                device (upload), off the compute stream;
+                                made at the first upload */
+  cudaEvent_t uploaded;      /* reused: the compute stream waits for it */
   zs__cuda_block* free_list; /* cached blocks (any size), most recent first */
   zs__cuda_block* live;      /* handed out */
   size_t cached_bytes;
@@ -101,6 +108,7 @@ static void zs__cuda_release_cache(zs__cuda_impl* c) {
     zs__cuda_block* b = c->free_list;
     c->free_list = b->next;
     cudaFree(b->ptr);
+    if (b->freed != NULL) cudaEventDestroy(b->freed);
     c->cached_bytes -= b->bytes;
     free(b);
   }
@@ -157,7 +165,18 @@ static void zs__cuda_free(zs__device* dev, void* ptr) {
   /* Cached at once, though work queued on the compute stream may still use
    * it: its next user is ordered after that work on the device (the
    * header comment), as with PyTorch's caching allocator, which reuses a
-   * block on its stream without waiting. */
+   * block on its stream without waiting. The upload stream's next use
+   * waits for this point of the compute stream (an event; without one it
+   * waits for the whole compute stream). */
+  if ((b->freed != NULL ||
+       cudaEventCreateWithFlags(&b->freed, cudaEventDisableTiming) ==
+           cudaSuccess) &&
+      cudaEventRecord(b->freed, c->compute) != cudaSuccess) {
+    (void)cudaGetLastError();
+    cudaEventDestroy(b->freed);
+    b->freed = NULL;
+  }
+  (void)cudaGetLastError();
   b->next = c->free_list;
   c->free_list = b;
   c->cached_bytes += b->bytes;
@@ -214,9 +233,43 @@ static zs_status zs__cuda_copy(zs__device* dev, void* dst, const void* src,
   return zs__cuda_memcpy(dev, dst, src, bytes, s, 0);
 }
 
+/* An upload on the compute stream's behalf (s NULL) runs on the upload
+ * stream: after the point where the compute stream freed dst's block (its
+ * event; the whole compute stream when it has none, or dst is not a block
+ * start), so the copy overlaps the compute work queued before it, and the
+ * compute stream, and with it every later user (NCCL's stream waits for
+ * the legacy stream, which follows it), waits for the copy on the device.
+ * The host does not wait. */
 static zs_status zs__cuda_upload(zs__device* dev, void* dst, const void* src,
                                  size_t bytes, zs__stream* s) {
-  return zs__cuda_memcpy(dev, dst, src, bytes, s, 1);
+  zs__cuda_impl* c = zs__impl(dev);
+  if (s != NULL || bytes == 0) return zs__cuda_memcpy(dev, dst, src, bytes, s, 1);
+  cudaError_t e = cudaSuccess;
+  if (c->upload == NULL) {
+    e = cudaStreamCreateWithFlags(&c->upload, cudaStreamNonBlocking);
+    if (e == cudaSuccess)
+      e = cudaEventCreateWithFlags(&c->uploaded, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+      if (c->upload != NULL) cudaStreamDestroy(c->upload);
+      c->upload = NULL;
+      return zs__cuda_fail(dev, e, "creating the upload stream");
+    }
+  }
+  const zs__cuda_block* b = c->live;
+  while (b != NULL && b->ptr != dst) b = b->next;
+  if (b != NULL && b->freed != NULL) {
+    e = cudaStreamWaitEvent(c->upload, b->freed, 0);
+  } else { /* (a block not reused, or not a block: after everything) */
+    e = cudaEventRecord(c->uploaded, c->compute);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(c->upload, c->uploaded, 0);
+  }
+  if (e == cudaSuccess)
+    e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->upload);
+  if (e == cudaSuccess) e = cudaEventRecord(c->uploaded, c->upload);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(c->compute, c->uploaded, 0);
+  if (e != cudaSuccess) return zs__cuda_fail(dev, e, "upload on its stream");
+  c->last_async = "cudaMemcpyAsync (upload stream)";
+  return ZS_OK;
 }
 
 static zs_status zs__cuda_memset(zs__device* dev, void* dst, int value,
@@ -353,12 +406,18 @@ static void zs__cuda_destroy(zs__device* dev) {
   if (c != NULL) {
     cudaSetDevice(c->device);
     cudaStreamSynchronize(c->compute);
+    if (c->upload != NULL) {
+      cudaStreamSynchronize(c->upload);
+      cudaStreamDestroy(c->upload);
+      cudaEventDestroy(c->uploaded);
+    }
     zs__cuda_release_cache(c);
     while (c->live != NULL) { /* leaked by the caller: reported by the
                                  accounting; freed here */
       zs__cuda_block* b = c->live;
       c->live = b->next;
       cudaFree(b->ptr);
+      if (b->freed != NULL) cudaEventDestroy(b->freed);
       free(b);
     }
     /* the sum-of-squares scratch is one of the live blocks freed above */
