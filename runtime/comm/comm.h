@@ -150,6 +150,11 @@ typedef struct zs__comm_ops {
    * it). UNSUPPORTED for a request that cannot be waited on so (host
    * memory). NULL: the backend cannot (the host device, MPI). */
   zs_status (*chain)(zs__comm* c, zs__comm_req* req);
+  /* The device timeline (comm_nccl.c, ZS_DEVICE_TIMELINE): notes the point
+   * the device's work queued so far on the legacy default stream (the
+   * user's kernels) has reached, as `label` of `unit` (both copied). NULL
+   * where the backend keeps no timeline. */
+  void (*mark)(zs__comm* c, const char* label, const char* unit);
 } zs__comm_ops;
 
 /* Bytes of one failure notice (the failing rank's error message). */

@@ -145,6 +145,7 @@ static const zs__comm_ops zs__local_ops = {
     NULL, /* reduce-scatter: an exchange and a sum */
     NULL, /* waits yield */
     NULL, /* host memory: nothing to chain on a device */
+    NULL, /* no device timeline */
 };
 
 zs_status zs__comm_local_create(zs__comm** out) {

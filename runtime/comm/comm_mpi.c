@@ -1044,6 +1044,7 @@ static const zs__comm_ops zs__mpi_ops = {
     NULL, /* reduce-scatter: an exchange and a sum */
     NULL, /* waits yield */
     NULL, /* host memory: nothing to chain on a device */
+    NULL, /* no device timeline */
 };
 
 zs_status zs__comm_mpi_create(MPI_Comm comm, zs__comm** out) {

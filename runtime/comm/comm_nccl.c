@@ -119,7 +119,23 @@ typedef struct zs__nccl_impl {
   atomic_int wd_fired;
   char wd_why[640];
   zs__comm* self;
+  /* The device timeline (ZS_DEVICE_TIMELINE=PATH; see zs__tl_write):
+   * timing events of every device collective and of the marks, written to
+   * PATH.rank<R>.jsonl when the communicator is destroyed. */
+  char* tl_path;
+  cudaEvent_t tl_base;  /* recorded (and waited for) at creation */
+  cudaEvent_t tl_start; /* the collective being queued: its start */
+  struct zs__tl_item* tl;
+  size_t tl_n, tl_cap;
 } zs__nccl_impl;
+
+typedef struct zs__tl_item {
+  cudaEvent_t a, b;  /* start and end (a mark: a only) */
+  const char* what;  /* "all-gather", ...; a mark's label (static) */
+  char unit[48];     /* a mark's unit */
+  size_t bytes;
+  int mark;
+} zs__tl_item;
 
 struct zs__comm_req {
   zs__comm_req* host_req; /* a host collective's MPI request, or NULL */
@@ -194,6 +210,13 @@ static zs_status zs__nccl_begin(zs__comm* c, zs_dtype dtype, const char* what,
     e = cudaEventCreateWithFlags(&n->order, cudaEventDisableTiming);
   if (e == cudaSuccess) e = cudaEventRecord(n->order, cudaStreamLegacy);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(n->stream, n->order, 0);
+  if (e == cudaSuccess && n->tl_path != NULL && n->tl_start == NULL &&
+      cudaEventCreate(&n->tl_start) == cudaSuccess &&
+      cudaEventRecord(n->tl_start, n->stream) != cudaSuccess) {
+    (void)cudaGetLastError(); /* (the timeline only: no item) */
+    cudaEventDestroy(n->tl_start);
+    n->tl_start = NULL;
+  }
   if (e != cudaSuccess) {
     (void)cudaGetLastError(); /* reported here */
     return zs__error(ZS_ERR_DEVICE, "NCCL %s: ordering event: %s (the "
@@ -201,6 +224,131 @@ static zs_status zs__nccl_begin(zs__comm* c, zs_dtype dtype, const char* what,
                      "on this device)", what, cudaGetErrorString(e));
   }
   return ZS_OK;
+}
+
+/* ==== The device timeline ===============================================
+ *
+ * ZS_DEVICE_TIMELINE=PATH: each device collective is bracketed by two
+ * timing events on the communication stream (its start: after the wait
+ * for the legacy stream; its end), and the engine marks where the user's
+ * backward of each unit begins and ends on the legacy stream (grad
+ * acquire and release: comm ops' mark). When the communicator is
+ * destroyed every item is written to PATH.rank<R>.jsonl, one JSON object
+ * a line, in milliseconds from an event recorded at creation:
+ *   {"rank":0,"kind":"collective","op":"reduce-scatter","bytes":N,
+ *    "start_ms":1.25,"end_ms":1.75}
+ *   {"rank":0,"kind":"mark","label":"backward end","unit":"h.3","ms":1.5}
+ * Device timestamps, not the host's: a collective whose interval
+ * intersects another unit's backward ran during that compute
+ * (tools/gpu/timeline.py). At most ZS__TL_CAP items (the first ones). */
+
+#define ZS__TL_CAP 200000
+
+static zs__tl_item* zs__tl_next(zs__nccl_impl* n) {
+  if (n->tl_n == n->tl_cap) {
+    if (n->tl_cap >= ZS__TL_CAP) return NULL;
+    const size_t cap = n->tl_cap == 0 ? 1024 : 2 * n->tl_cap;
+    zs__tl_item* p = (zs__tl_item*)realloc(n->tl, cap * sizeof *p);
+    if (p == NULL) return NULL;
+    n->tl = p;
+    n->tl_cap = cap;
+  }
+  zs__tl_item* it = &n->tl[n->tl_n];
+  memset(it, 0, sizeof *it);
+  return it;
+}
+
+/* The collective just queued: its start event (zs__nccl_begin's) and an
+ * end event after it. */
+static void zs__tl_collective(zs__nccl_impl* n, const char* what,
+                              size_t bytes) {
+  if (n->tl_start == NULL) return;
+  cudaEvent_t a = n->tl_start, b = NULL;
+  n->tl_start = NULL;
+  zs__tl_item* it = zs__tl_next(n);
+  if (it == NULL || cudaEventCreate(&b) != cudaSuccess ||
+      cudaEventRecord(b, n->stream) != cudaSuccess) {
+    (void)cudaGetLastError();
+    cudaEventDestroy(a);
+    if (b != NULL) cudaEventDestroy(b);
+    return;
+  }
+  it->a = a;
+  it->b = b;
+  it->what = what;
+  it->bytes = bytes;
+  n->tl_n++;
+}
+
+static void zs__nccl_mark(zs__comm* c, const char* label, const char* unit) {
+  zs__nccl_impl* n = zs__nimpl(c);
+  if (n->tl_path == NULL) return;
+  zs__tl_item* it = zs__tl_next(n);
+  cudaEvent_t a = NULL;
+  if (it == NULL || cudaEventCreate(&a) != cudaSuccess ||
+      cudaEventRecord(a, cudaStreamLegacy) != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (a != NULL) cudaEventDestroy(a);
+    return;
+  }
+  it->a = a;
+  it->what = label;
+  snprintf(it->unit, sizeof it->unit, "%s", unit != NULL ? unit : "-");
+  it->mark = 1;
+  n->tl_n++;
+}
+
+/* ms from the base to ev, or -1 when it did not complete (an aborted
+ * collective). */
+static double zs__tl_ms(zs__nccl_impl* n, cudaEvent_t ev) {
+  float ms = 0.0f;
+  if (cudaEventQuery(ev) != cudaSuccess ||
+      cudaEventElapsedTime(&ms, n->tl_base, ev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1.0;
+  }
+  return (double)ms;
+}
+
+/* At destroy: waits for the device (unless aborted: then what completed),
+ * writes the items, frees them. A file that cannot be written is a
+ * warning. */
+static void zs__tl_write(zs__comm* c) {
+  zs__nccl_impl* n = zs__nimpl(c);
+  if (n->tl_path == NULL) return;
+  if (!atomic_load(&n->aborted)) {
+    cudaStreamSynchronize(n->stream);
+    cudaStreamSynchronize(cudaStreamLegacy);
+  }
+  char path[4096];
+  snprintf(path, sizeof path, "%s.rank%d.jsonl", n->tl_path, c->rank);
+  FILE* f = fopen(path, "w");
+  if (f == NULL)
+    zs__log(ZS_LOG_WARN, "ZS_DEVICE_TIMELINE: cannot write %s", path);
+  for (size_t i = 0; i < n->tl_n; i++) {
+    const zs__tl_item* it = &n->tl[i];
+    const double a = zs__tl_ms(n, it->a);
+    if (f != NULL && it->mark && a >= 0)
+      fprintf(f, "{\"rank\":%d,\"kind\":\"mark\",\"label\":\"%s\","
+              "\"unit\":\"%s\",\"ms\":%.4f}\n", c->rank, it->what, it->unit, a);
+    else if (f != NULL && !it->mark) {
+      const double b = zs__tl_ms(n, it->b);
+      if (a >= 0 && b >= 0)
+        fprintf(f, "{\"rank\":%d,\"kind\":\"collective\",\"op\":\"%s\","
+                "\"bytes\":%zu,\"start_ms\":%.4f,\"end_ms\":%.4f}\n", c->rank,
+                it->what, it->bytes, a, b);
+    }
+    cudaEventDestroy(it->a);
+    if (it->b != NULL) cudaEventDestroy(it->b);
+  }
+  if (f != NULL) fclose(f);
+  free(n->tl);
+  n->tl = NULL;
+  n->tl_n = n->tl_cap = 0;
+  if (n->tl_start != NULL) cudaEventDestroy(n->tl_start);
+  cudaEventDestroy(n->tl_base);
+  free(n->tl_path);
+  n->tl_path = NULL;
 }
 
 /* The watchdog's list of device requests in flight (zs__nccl_watchdog). */
@@ -245,6 +393,7 @@ static zs_status zs__nccl_end_job(zs__comm* c, ncclResult_t r,
   q->what = what;
   q->bytes = bytes;
   q->t_issue = zs__mono();
+  zs__tl_collective(zs__nimpl(c), what, bytes);
   zs__wd_add(zs__nimpl(c), q);
   if (req != NULL) {
     *req = q;
@@ -1101,6 +1250,7 @@ static void zs__nccl_destroy(zs__comm* c) {
     zs__nccl_watchdog_stop(n);
     /* a failed communicator's collectives in flight are given up first */
     if (c->failed) zs__nccl_abort_impl(n);
+    zs__tl_write(c);
     if (n->stage != NULL) {
       /* host functions return at once when aborted: none may run after */
       if (n->stream != NULL) cudaStreamSynchronize(n->stream);
@@ -1145,7 +1295,7 @@ static int zs__nccl_alive(const zs__comm* c) {
         zs__nccl_gather_users,                               \
         NULL, /* reduce-scatter: an exchange and a sum */    \
         NULL, /* waits yield */                              \
-        zs__nccl_chain,                                      \
+        zs__nccl_chain, zs__nccl_mark,                       \
   }
 
 static const zs__comm_ops zs__nccl_ops = ZS__NCCL_OPS("nccl");
@@ -1191,6 +1341,21 @@ static zs_status zs__nccl_check_gpus(zs__comm* host, int device, int count) {
 /* The watchdog of a communicator of several ranks (a warning without). */
 static void zs__nccl_watchdog_start(zs__comm* c) {
   zs__nccl_impl* n = zs__nimpl(c);
+  /* (the timeline too: ZS_DEVICE_TIMELINE, above) */
+  const char* tl = getenv("ZS_DEVICE_TIMELINE");
+  if (tl != NULL && *tl != '\0' && !n->local) {
+    if (cudaEventCreate(&n->tl_base) == cudaSuccess &&
+        cudaEventRecord(n->tl_base, n->stream) == cudaSuccess &&
+        cudaEventSynchronize(n->tl_base) == cudaSuccess &&
+        (n->tl_path = strdup(tl)) != NULL) {
+      zs__log(ZS_LOG_INFO, "rank %d: device timeline to %s.rank%d.jsonl",
+              c->rank, tl, c->rank);
+    } else {
+      (void)cudaGetLastError();
+      zs__log(ZS_LOG_WARN, "rank %d: ZS_DEVICE_TIMELINE: no timeline (CUDA "
+              "events)", c->rank);
+    }
+  }
   if (n->local) return;
   if (pthread_create(&n->wd, NULL, zs__nccl_watchdog, c) == 0) {
     n->wd_running = 1;

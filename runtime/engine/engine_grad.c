@@ -73,6 +73,8 @@ static zs_status zs__unit_grad_acquire(zs_model* m, int unit, void* arg) {
   u->user_grad_open = 1;
   u->touched = 1;
   zs__view_hold(m, u, ZS__VIEW_GRADS);
+  zs__comm* c = m->ctx->shard_comm;
+  if (c->ops->mark != NULL) c->ops->mark(c, "backward begin", u->name);
   return ZS_OK;
 }
 
@@ -90,6 +92,8 @@ static zs_status zs__unit_grad_release(zs_model* m, int unit, void* arg) {
                      "zs_unit_grad_release: gradients of unit '%s' were not "
                      "acquired", u->name);
   u->user_grad_open = 0;
+  zs__comm* c = m->ctx->shard_comm;
+  if (c->ops->mark != NULL) c->ops->mark(c, "backward end", u->name);
   zs__forward_hold_end(m, unit);
   /* stacked kinds: the views' gradient slices back into the accumulation
    * buffers before a reduction reads them */

@@ -48,6 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tests/fakecuda/fakecuda.h"
@@ -66,6 +67,7 @@ typedef struct fk_op {
   uint64_t wait_seq;
   int running;          /* a poll under way in some thread, which lets go
                            of the lock between polls */
+  struct CUevent_st* ev; /* an event record: the event it completes */
 } fk_op;
 
 struct fk_stream {
@@ -77,6 +79,8 @@ struct fk_stream {
 struct CUevent_st { /* cudaEvent_t is a pointer to this (opaque in CUDA) */
   fk_stream* s;     /* the last record's stream, NULL before any */
   uint64_t seq;
+  double t;         /* when that record ran (CLOCK_MONOTONIC seconds): the
+                       fake's device timestamp (cudaEventElapsedTime) */
 };
 
 typedef struct fk_alloc {
@@ -170,8 +174,15 @@ static int fk_pending_upto(const fk_stream* s, uint64_t seq) {
   return s->head != NULL && s->head->seq <= seq;
 }
 
+static double fk_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static void fk_pop(fk_stream* s) {
   fk_op* op = s->head;
+  if (op->ev != NULL && op->ev->seq == op->seq) op->ev->t = fk_now();
   s->head = op->next;
   if (s->head == NULL) s->tail = NULL;
   free(op->arg);
@@ -771,7 +782,25 @@ cudaError_t cudaEventCreate(cudaEvent_t* out) {
 
 cudaError_t cudaEventDestroy(cudaEvent_t ev) {
   if (ev == NULL) return fk_err(cudaErrorInvalidResourceHandle);
+  fk_lock();
+  /* (as CUDA: a record still queued completes without it) */
+  for (fk_stream* t = fk_streams; t != NULL; t = t->next_all)
+    for (fk_op* op = t->head; op != NULL; op = op->next)
+      if (op->ev == ev) op->ev = NULL;
+  fk_unlock();
   free(ev);
+  return cudaSuccess;
+}
+
+/* Milliseconds between two completed records (the times they ran). */
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
+  if (ms == NULL || a == NULL || b == NULL || a->s == NULL || b->s == NULL)
+    return fk_err(cudaErrorInvalidResourceHandle);
+  fk_lock();
+  const int busy = fk_pending_upto(a->s, a->seq) || fk_pending_upto(b->s, b->seq);
+  fk_unlock();
+  if (busy) return fk_err(cudaErrorNotReady);
+  *ms = (float)((b->t - a->t) * 1e3);
   return cudaSuccess;
 }
 
@@ -781,6 +810,7 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t stream) {
   fk_stream* s = fk_of(stream);
   ev->s = s;
   ev->seq = fk_push(s, NULL, NULL, NULL, 0);
+  s->tail->ev = ev;
   fk_unlock();
   return cudaSuccess;
 }

@@ -1,9 +1,12 @@
 // gpt2_parity_test.cc: the GPT-2 example trained on the GPU equals the same
 // training on the CPU: 20 steps of train_sharded --device cuda against
 // --device cpu, loss per step within 1e-4 relative. Tagged zs_gpu; skipped
-// with the reason when no CUDA device is usable. One rank (NCCL refuses two
-// ranks on one GPU), started as an MPI singleton, so no mpirun is needed on
-// a bare GPU machine.
+// with the reason when no CUDA device is usable. One rank by default (NCCL
+// refuses two ranks on one GPU), started as an MPI singleton, so no mpirun
+// is needed on a bare GPU machine; with ZS_PARITY_LAUNCHER set (a command
+// prefix such as "mpirun -np 2") both runs start through it, and with
+// ZS_DEVICE_COMM=staged the GPU run's ranks share the GPU (docs/cuda.md,
+// "Several ranks on one GPU"; tools/gpu/run.sh runs W = 2 and 4).
 //
 // Why 1e-4 and not bitwise: the GPU's GEMMs (cuBLAS) sum in another order
 // than layers.c, and its expf/tanhf/logf are within 2 ulp of glibc's, so
@@ -16,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -47,9 +51,11 @@ std::vector<double> Losses(const std::string& path, std::string* why) {
 std::vector<double> Train(const std::string& device, const std::string& flags,
                           const std::string& name) {
   const std::string report = zstest::TmpDir() + "/" + name + ".json";
+  const char* launcher = std::getenv("ZS_PARITY_LAUNCHER");
   zstest::RunResult r = zstest::Shell(
       "OMPI_MCA_ess_singleton_isolated=1 NVIDIA_TF32_OVERRIDE=0 "
       "OMP_NUM_THREADS=4 timeout 600 " +
+      std::string(launcher != nullptr ? launcher : "") + " " +
       g_sharded + " --device " + device + " --data " + g_data +
       " --layers 4 --channels 128 --heads 4 --seq 64 --batch 8 --steps 20 "
       "--eval-every 0 --sample-bytes 0 --quiet --report " + report + " " +

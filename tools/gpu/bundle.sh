@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tools/gpu/bundle.sh [DIR] — everything the GPU checks need on a bare GPU
 # machine (no Bazel, no apt, maybe another glibc), in DIR (.gpu-bundle):
-#   bin/   the GPU tests, the GPT-2 trainer, the estimator
+#   bin/   the GPU tests, the GPT-2 trainer, the estimator, Open MPI's
+#          launcher (orterun: run.sh's multi-rank phase), timeline.py
 #   lib/   every shared library they load, this machine's dynamic loader
 #          and glibc included, so they run whatever the machine has
 #   ompi.tar  Open MPI's and PMIx's run-time trees (components, help
@@ -29,6 +30,10 @@ bins=(tests/gpu/cuda_test tests/gpu/engine_cuda_test_bin
       tests/gpu/gpt2_cuda_layers_test tests/gpu/gpt2_parity_test
       examples/gpt2/train_sharded tools/zs_estimate)
 for b in "${bins[@]}"; do cp -L "bazel-bin/$b" "$out/bin/"; done
+# Open MPI's launcher, for several ranks on the GPU (run.sh's multi phase)
+orterun=$(readlink -f "$(command -v mpirun)")
+cp -L "$orterun" "$out/bin/orterun"
+cp tools/gpu/timeline.py "$out/bin/"
 cp data/tinyshakespeare.txt "$out/data/"
 # Open MPI's run time, at its Debian paths (run.sh unpacks it at /).
 ompi=(/usr/lib/x86_64-linux-gnu/openmpi /usr/lib/x86_64-linux-gnu/pmix2
@@ -38,7 +43,7 @@ for p in "${ompi[@]}"; do [ -e "$p" ] && present+=("${p#/}"); done
 tar -C / -cf "$out/ompi.tar" "${present[@]}"
 # Shared libraries of the binaries and of Open MPI's components.
 # (ldd on Bazel's copies: their run paths find Bazel's own libraries)
-objs=()
+objs=("$orterun")
 for b in "${bins[@]}"; do objs+=("bazel-bin/$b"); done
 [ -z "${BASE_BIN:-}" ] || objs+=("$BASE_BIN")
 while IFS= read -r so; do objs+=("$so"); done < <(

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# run.sh [tests] [bench] [offload] [profile] — the GPU checks, run on a bare GPU
+# run.sh [tests] [multi] [bench] [offload] [profile] — the GPU checks, run on a bare GPU
 # machine from the bundle that tools/gpu/bundle.sh made (this file is
 # copied into it). Writes logs, the tests' XML and a summary under $OUT (or
-# the bundle's out/). Phases (default: the first three, in one device call of at
+# the bundle's out/). Phases (default: the first four, in one device call of at
 # most BUDGET_S seconds, default 570: each phase's time limit is cut to
 # what is left, and offload runs only with 120 s or more left; profile,
 # not run by default, runs after bench):
@@ -11,6 +11,14 @@
 #            the engine's and the parity's again through a one-rank NCCL
 #            communicator (ZS_NCCL_ONE_RANK=1: one GPU allows one rank,
 #            which otherwise runs its collectives as device copies);
+#   multi    several ranks on the one GPU (ZS_DEVICE_COMM=staged: the
+#            staged device communicator; docs/cuda.md): the engine's GPU
+#            tests at 2 and 4 ranks (bitwise the host backend), at 2 also
+#            with device-side chaining (ZS_DEVICE_CHAIN=1), the GPT-2
+#            parity at 2 and 4 ranks, and one GPT-2 step's device
+#            timeline (ZS_DEVICE_TIMELINE) at 2 ranks, stage 2, with
+#            tools/gpu/timeline.py's reductions that overlapped another
+#            unit's backward on the device;
 #   bench    GPT-2 at 124M size (L=12, C=768, H=12, T=1024; byte
 #            vocabulary): tokens/s at ZeRO stage 0 and stage 3, over all
 #            8 steps and over the 7 after the first (warm-up); when the
@@ -37,7 +45,7 @@ log() { echo "$*" | tee -a "$OUT/summary.txt"; }
 left() { echo $(( BUDGET_S - ($(date +%s) - T0) )); }
 limit() { local l; l=$(( $(left) - 10 )); [ "$l" -gt "$1" ] && l=$1; [ "$l" -lt 1 ] && l=1; echo "$l"; }
 have_py=0; command -v python3 >/dev/null 2>&1 && have_py=1
-phases=${*:-tests bench offload}
+phases=${*:-tests multi bench offload}
 want() { case " $phases " in *" $1 "*) return 0 ;; esac; return 1; }
 log "phases: $phases"
 log "date: $(date -u +%FT%TZ)"
@@ -133,6 +141,57 @@ if want tests; then
   TLOG=gpt2_parity_test_nccl1 ZS_NCCL_ONE_RANK=1 t gpt2_parity_test 150 \
     "$B/bin/train_sharded.sh" "$B/data/tinyshakespeare.txt"
 fi
+# ---- 1b. Several ranks on the GPU (staged) ---------------------------------
+# Open MPI's launcher from the bundle, through its loader; the ranks too
+printf '#!/bin/sh\nexec "%s" --library-path "%s" "%s" --oversubscribe --bind-to none --mca btl self,vader "$@"\n' \
+  "$LOADER" "$LIBS" "$B/bin/orterun" >"$B/bin/mpirun.sh"
+chmod +x "$B/bin/mpirun.sh"
+tm() {  # tm NP BINARY LIMIT [ARGS]: t under mpirun (no XML: one log for the ranks)
+  local np=$1 name=$2 tlog=${TLOG:-$2} lim rc ok
+  lim=$(limit "$3")
+  shift 3
+  timeout "$lim" "$B/bin/mpirun.sh" -np "$np" "$LOADER" --library-path \
+    "$LIBS" "$B/bin/$name" "$@" >"$OUT/$tlog.log" 2>&1
+  rc=$?
+  ok=$(grep -cE '^\[       OK \].*\([0-9]+ ms\)' "$OUT/$tlog.log")
+  if [ $rc = 0 ]; then
+    log "test $tlog: passed ($ok ok over $np ranks)"
+  else
+    fails=$((fails + 1))
+    log "test $tlog: FAILED (exit $rc): $(grep -m3 -E 'Failure|FAILED|rror' "$OUT/$tlog.log" | tr '\n' ' ')"
+  fi
+}
+if want multi; then
+  for np in 2 4; do
+    TLOG=engine_cuda_test_staged_np$np ZS_DEVICE_COMM=staged \
+      tm "$np" engine_cuda_test_bin 120
+  done
+  TLOG=engine_cuda_test_staged_chain_np2 ZS_DEVICE_COMM=staged ZS_DEVICE_CHAIN=1 \
+    tm 2 engine_cuda_test_bin 120
+  for np in 2 4; do
+    TLOG=gpt2_parity_test_staged_np$np ZS_DEVICE_COMM=staged \
+      ZS_PARITY_LAUNCHER="$B/bin/mpirun.sh -np $np" \
+      t gpt2_parity_test 240 "$B/bin/train_sharded.sh" "$B/data/tinyshakespeare.txt"
+  done
+  # one GPT-2 (124M size) run's device timeline at 2 ranks on the GPU
+  rm -f "$OUT"/timeline.rank*.jsonl
+  ZS_DEVICE_COMM=staged ZS_DEVICE_TIMELINE="$OUT/timeline" \
+    timeout "$(limit 90)" "$B/bin/mpirun.sh" -np 2 "$B/bin/train_sharded.sh" \
+    --device cuda --data "$B/data/tinyshakespeare.txt" --eval-every 0 \
+    --val-batches 1 --sample-bytes 0 --quiet --layers 12 --channels 768 \
+    --heads 12 --seq 1024 --batch 4 --steps 3 --stage 2 \
+    >"$OUT/timeline.log" 2>&1
+  if [ "$have_py" = 1 ] && ls "$OUT"/timeline.rank*.jsonl >/dev/null 2>&1; then
+    python3 "$B/bin/timeline.py" "$OUT/timeline" >"$OUT/timeline.txt" 2>&1
+    rc=$?
+    sed 's/^/timeline: /' "$OUT/timeline.txt" | tee -a "$OUT/summary.txt"
+    [ $rc = 0 ] || { fails=$((fails + 1)); log "timeline: no reduction overlapped a backward (exit $rc)"; }
+  else
+    fails=$((fails + 1))
+    log "timeline: not written (python3: $have_py): $(tail -3 "$OUT/timeline.log" | tr '\n' ' ')"
+  fi
+fi
+
 # a report's figures: python3 when the machine has it, else the raw JSON
 figures() {
   if [ "$have_py" = 1 ]; then python3 -c "$2" "$1" 2>&1; else tr -d '\n' <"$1" | head -c 800; fi
