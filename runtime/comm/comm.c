@@ -367,6 +367,11 @@ zs_status zs__coll_test(zs__comm* c, zs__coll* op, int* done) {
   return zs__coll_finish(c, op);
 }
 
+int zs__comm_chain_enabled(void) {
+  const char* v = getenv("ZS_DEVICE_CHAIN");
+  return v != NULL && strcmp(v, "1") == 0;
+}
+
 /* Registers a started backend request on op, or cleans up on failure. */
 static zs_status zs__coll_started(zs__comm* c, zs_status st, zs__coll* op,
                                   int root, zs__coll** out) {
@@ -461,6 +466,11 @@ zs_status zs__comm_ireduce_scatter(zs__comm* c, zs__coll_tag tag,
     zs__coll_call(c, op, ZS__CALL_EXCHANGE, ZS__RED_SUM, op->tmp);
     st = c->ops->exchange(c, send, offsets, op->tmp, chunk, dtype, NULL,
                           &op->req);
+    /* chained: the sum follows the exchange on the device, queued now */
+    if (st == ZS_OK && c->ops->chain_sum != NULL && zs__comm_chain_enabled() &&
+        c->ops->chain_sum(c, op->req, dst, op->tmp, c->world, chunk, divisor,
+                          dtype) == ZS_OK)
+      op->dst = NULL;
   } else if (st == ZS_OK) {
     /* The backend needs each rank's block contiguous: pack the bucket. */
     const char* s = (const char*)send;

@@ -155,6 +155,15 @@ typedef struct zs__comm_ops {
    * user's kernels) has reached, as `label` of `unit` (both copied). NULL
    * where the backend keeps no timeline. */
   void (*mark)(zs__comm* c, const char* label, const char* unit);
+  /* Device-side chaining of the fixed-order reduce-scatter's sum: queues
+   * dst = the rank-ordered sum of the nchunks chunks of `chunk` elements
+   * in tmp (the exchange's output), divided by divisor (device
+   * sum_chunks), on the device right after req (the exchange), and moves
+   * req's completion after it, so no host sees the exchange complete
+   * before the sum is queued. NULL: comm.c sums at completion. */
+  zs_status (*chain_sum)(zs__comm* c, zs__comm_req* req, void* dst,
+                         const void* tmp, int nchunks, size_t chunk,
+                         float divisor, zs_dtype dtype);
 } zs__comm_ops;
 
 /* Bytes of one failure notice (the failing rank's error message). */
@@ -375,6 +384,14 @@ zs_status zs__comm_ibroadcast(zs__comm* c, zs__coll_tag tag, void* buf,
 
 /* Completes op if it is done (then *done = 1 and op is freed). */
 zs_status zs__coll_test(zs__comm* c, zs__coll* op, int* done);
+
+/* 1 when device-side chaining is asked for: the environment variable
+ * ZS_DEVICE_CHAIN=1 (docs/cuda.md, "Consumers that wait on the device").
+ * Off by default: a rank whose host is blocked on the device behind a
+ * collective another rank never issues cannot join that rank's
+ * zs_step_discard (only the watchdog's timeout ends it), where a host wait
+ * joins at once. */
+int zs__comm_chain_enabled(void);
 
 
 /* Copies up to cap of the most recent log entries (oldest first) and

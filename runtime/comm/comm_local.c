@@ -146,6 +146,7 @@ static const zs__comm_ops zs__local_ops = {
     NULL, /* waits yield */
     NULL, /* host memory: nothing to chain on a device */
     NULL, /* no device timeline */
+    NULL, /* reduce-scatter sums at completion */
 };
 
 zs_status zs__comm_local_create(zs__comm** out) {

@@ -1045,6 +1045,7 @@ static const zs__comm_ops zs__mpi_ops = {
     NULL, /* waits yield */
     NULL, /* host memory: nothing to chain on a device */
     NULL, /* no device timeline */
+    NULL, /* reduce-scatter sums at completion */
 };
 
 zs_status zs__comm_mpi_create(MPI_Comm comm, zs__comm** out) {

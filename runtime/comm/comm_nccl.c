@@ -1123,6 +1123,26 @@ static zs_status zs__nccl_chain(zs__comm* c, zs__comm_req* req) {
                    "cudaStreamWaitEvent: %s", cudaGetErrorString(e));
 }
 
+/* The fixed-order reduce-scatter's sum on the communication stream, right
+ * after its exchange (comm.h's chain_sum): the device backend's sum_chunks
+ * (a CUDA zs__stream is its cudaStream_t), then req's event again, after
+ * it. Device memory only. */
+static zs_status zs__nccl_chain_sum(zs__comm* c, zs__comm_req* req, void* dst,
+                                    const void* tmp, int nchunks, size_t chunk,
+                                    float divisor, zs_dtype dtype) {
+  zs__nccl_impl* n = zs__nimpl(c);
+  if (req->host_req != NULL || c->dev == NULL || c->dev->kind != ZS_DEVICE_CUDA)
+    return zs__error(ZS_ERR_UNSUPPORTED, "chain_sum: not on the device");
+  zs_status st = c->dev->ops->sum_chunks(c->dev, dst, tmp, nchunks, chunk,
+                                         divisor, dtype,
+                                         (zs__stream*)n->stream);
+  if (st != ZS_OK) return st;
+  cudaError_t e = cudaEventRecord(req->done, n->stream);
+  if (e == cudaSuccess) return ZS_OK;
+  (void)cudaGetLastError();
+  return zs__error(ZS_ERR_DEVICE, "chain_sum: event: %s", cudaGetErrorString(e));
+}
+
 /* The watchdog (PyTorch's NCCL watchdog's role): a thread that, every 20
  * ms, looks at the device requests in flight. One past the communicator's
  * collective_timeout_s whose event has not completed, or an asynchronous
@@ -1295,7 +1315,7 @@ static int zs__nccl_alive(const zs__comm* c) {
         zs__nccl_gather_users,                               \
         NULL, /* reduce-scatter: an exchange and a sum */    \
         NULL, /* waits yield */                              \
-        zs__nccl_chain, zs__nccl_mark,                       \
+        zs__nccl_chain, zs__nccl_mark, zs__nccl_chain_sum,   \
   }
 
 static const zs__comm_ops zs__nccl_ops = ZS__NCCL_OPS("nccl");

@@ -216,19 +216,9 @@ zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
 
 /* ==== Chaining on the device ============================================= */
 
-/* ZS_DEVICE_CHAIN=1 turns device-side chaining on (docs/cuda.md,
- * "Consumers that wait on the device"). Off by default: a rank whose host
- * is blocked on the device behind a collective another rank never issues
- * cannot join that rank's zs_step_discard (only the watchdog's timeout
- * ends it), where a host wait joins at once. */
-static int zs__chain_enabled(void) {
-  const char* v = getenv("ZS_DEVICE_CHAIN");
-  return v != NULL && strcmp(v, "1") == 0;
-}
-
 zs_status zs__coll_chain(zs__comm* c, zs__coll* op) {
   if (c->ops->chain == NULL || op->dst != NULL || op->div_dst != NULL ||
-      op->host_tmp != NULL || c->failed || !zs__chain_enabled())
+      op->host_tmp != NULL || c->failed || !zs__comm_chain_enabled())
     return zs__coll_wait(c, op);
   int done = 0;
   zs_status st = zs__coll_test(c, op, &done);
