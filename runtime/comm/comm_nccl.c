@@ -102,7 +102,7 @@ typedef struct zs__nccl_impl {
                         the call, so one event serves every call) */
   /* Staged mode (ZS_DEVICE_COMM=staged; see the section below): device
    * collectives through page-locked host buffers and `stage`, a host
-   * communicator of the same ranks (MPI or shared memory), so several
+   * communicator of the same ranks (MPI), so several
    * ranks may share one GPU. NULL: NCCL. */
   zs__comm* stage;
   zs__stage_buf* cache; /* staging blocks free for reuse */
@@ -426,7 +426,7 @@ static zs_status zs__local_copy(zs__comm* c, void* dst, const void* src,
  * communication stream, after the wait for the legacy stream, the device
  * operands are copied to host staging buffers, a host function
  * (cudaLaunchHostFunc) runs the host communicator's collective on them
- * (MPI, or shared memory on one host: `stage`, a communicator of its own so
+ * (MPI: `stage`, split off the context's communicator, of its own so
  * these never pair with the engine's host collectives), and the results
  * are copied back; the request's event follows. Everything is queued at
  * the call, so the host never waits and a consumer can wait on the device

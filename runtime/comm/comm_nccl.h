@@ -29,8 +29,8 @@ zs_status zs__comm_nccl_create(zs__comm* host, zs__comm** out);
 /* The staged device communicator (ZS_DEVICE_COMM=staged; docs/cuda.md,
  * "Several ranks on one GPU"): as zs__comm_nccl_create, but without NCCL:
  * device collectives are copied through page-locked host buffers and run
- * on `stage` (a host communicator of the same ranks, MPI or shared
- * memory, used for nothing else) from host functions queued on the
+ * on `stage` (an MPI communicator of the same ranks, used for nothing
+ * else) from host functions queued on the
  * communication stream, so ranks may share a GPU. Takes host and stage,
  * also on failure. Collective. Errors: as zs__comm_nccl_create's, but for
  * NCCL's. */
