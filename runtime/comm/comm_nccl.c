@@ -637,9 +637,25 @@ static zs_status zs__stage_launch(zs__nccl_impl* n, zs__stage_job* j,
                    cudaGetErrorString(e));
 }
 
-/* Each staged collective: copies in, the host part, copies out, the
- * request. On an error after the first copy was queued the job is leaked
- * (a queued copy may still touch its blocks). */
+/* The common sequence of one staged collective: one copy in (bytes_in
+ * from in_src to in_dst; none when 0), the host part, one copy out, the
+ * request (a job queued is the request's; on an error after the first
+ * copy the job is leaked: a queued copy may still touch its blocks). */
+static zs_status zs__stage_go(zs__comm* c, zs__stage_job* j, const char* what,
+                              void* in_dst, const void* in_src,
+                              size_t bytes_in, void* out_dst,
+                              const void* out_src, size_t bytes_out,
+                              size_t bytes, zs__comm_req** req) {
+  zs__nccl_impl* n = zs__nimpl(c);
+  zs_status st = zs__stage_copy(n, in_dst, in_src, bytes_in, what);
+  if (st == ZS_OK) st = zs__stage_launch(n, j, what);
+  if (st == ZS_OK) st = zs__stage_copy(n, out_dst, out_src, bytes_out, what);
+  if (st != ZS_OK) return st;
+  return zs__nccl_end_job(c, ncclSuccess, what, bytes, j, req);
+}
+
+/* The exchange's and the strided all-gather's copies are many: they
+ * queue them themselves. */
 #define ZS__STAGE_TRY(expr) \
   do {                      \
     st = (expr);            \
@@ -652,18 +668,16 @@ static zs_status zs__staged_all_gather(zs__comm* c, const void* send,
   zs__nccl_impl* n = zs__nimpl(c);
   const size_t b = count * zs_dtype_size(dtype), W = (size_t)c->world;
   zs__stage_job* j = NULL;
-  zs_status st;
-  ZS__STAGE_TRY(zs__stage_job_new(n, ZS__CALL_ALL_GATHER, W * b, 0, count,
-                                  dtype, &j));
+  zs_status st = zs__stage_job_new(n, ZS__CALL_ALL_GATHER, W * b, 0, count,
+                                   dtype, &j);
+  if (st != ZS_OK) return st;
   char* h = (char*)j->buf[0]->p;
   j->recv = h;
   const void* own = send == ZS__IN_PLACE
                         ? (const char*)recv + (size_t)c->rank * b
                         : send;
-  ZS__STAGE_TRY(zs__stage_copy(n, h + (size_t)c->rank * b, own, b, "all-gather"));
-  ZS__STAGE_TRY(zs__stage_launch(n, j, "all-gather"));
-  ZS__STAGE_TRY(zs__stage_copy(n, recv, h, W * b, "all-gather"));
-  return zs__nccl_end_job(c, ncclSuccess, "all-gather", W * b, j, req);
+  return zs__stage_go(c, j, "all-gather", h + (size_t)c->rank * b, own, b,
+                      recv, h, W * b, W * b, req);
 }
 
 static zs_status zs__staged_reduce_scatter(zs__comm* c, const void* send,
@@ -673,16 +687,14 @@ static zs_status zs__staged_reduce_scatter(zs__comm* c, const void* send,
   zs__nccl_impl* n = zs__nimpl(c);
   const size_t b = count * zs_dtype_size(dtype), W = (size_t)c->world;
   zs__stage_job* j = NULL;
-  zs_status st;
-  ZS__STAGE_TRY(zs__stage_job_new(n, ZS__CALL_REDUCE_SCATTER, W * b, b, count,
-                                  dtype, &j));
+  zs_status st = zs__stage_job_new(n, ZS__CALL_REDUCE_SCATTER, W * b, b,
+                                   count, dtype, &j);
+  if (st != ZS_OK) return st;
   j->send = j->buf[0]->p;
   j->recv = j->buf[1]->p;
   j->op = op;
-  ZS__STAGE_TRY(zs__stage_copy(n, j->send, send, W * b, "reduce-scatter"));
-  ZS__STAGE_TRY(zs__stage_launch(n, j, "reduce-scatter"));
-  ZS__STAGE_TRY(zs__stage_copy(n, recv, j->recv, b, "reduce-scatter"));
-  return zs__nccl_end_job(c, ncclSuccess, "reduce-scatter", W * b, j, req);
+  return zs__stage_go(c, j, "reduce-scatter", j->send, send, W * b, recv,
+                      j->recv, b, W * b, req);
 }
 
 static zs_status zs__staged_all_reduce(zs__comm* c, const void* send,
@@ -692,35 +704,31 @@ static zs_status zs__staged_all_reduce(zs__comm* c, const void* send,
   zs__nccl_impl* n = zs__nimpl(c);
   const size_t b = count * zs_dtype_size(dtype);
   zs__stage_job* j = NULL;
-  zs_status st;
-  ZS__STAGE_TRY(zs__stage_job_new(n, ZS__CALL_ALL_REDUCE, b, 0, count, dtype,
-                                  &j));
+  zs_status st = zs__stage_job_new(n, ZS__CALL_ALL_REDUCE, b, 0, count, dtype,
+                                   &j);
+  if (st != ZS_OK) return st;
   j->recv = j->buf[0]->p;
   j->op = op;
-  ZS__STAGE_TRY(zs__stage_copy(n, j->recv, send == ZS__IN_PLACE ? recv : send,
-                               b, "all-reduce"));
-  ZS__STAGE_TRY(zs__stage_launch(n, j, "all-reduce"));
-  ZS__STAGE_TRY(zs__stage_copy(n, recv, j->recv, b, "all-reduce"));
-  return zs__nccl_end_job(c, ncclSuccess, "all-reduce", b, j, req);
+  return zs__stage_go(c, j, "all-reduce", j->recv,
+                      send == ZS__IN_PLACE ? recv : send, b, recv, j->recv, b,
+                      b, req);
 }
 
+/* (the root copies in, the others out) */
 static zs_status zs__staged_broadcast(zs__comm* c, void* buf, size_t count,
                                       zs_dtype dtype, int root,
                                       zs__comm_req** req) {
   zs__nccl_impl* n = zs__nimpl(c);
   const size_t b = count * zs_dtype_size(dtype);
   zs__stage_job* j = NULL;
-  zs_status st;
-  ZS__STAGE_TRY(zs__stage_job_new(n, ZS__CALL_BROADCAST, b, 0, count, dtype,
-                                  &j));
+  zs_status st = zs__stage_job_new(n, ZS__CALL_BROADCAST, b, 0, count, dtype,
+                                   &j);
+  if (st != ZS_OK) return st;
   j->recv = j->buf[0]->p;
   j->root = root;
-  if (c->rank == root)
-    ZS__STAGE_TRY(zs__stage_copy(n, j->recv, buf, b, "broadcast"));
-  ZS__STAGE_TRY(zs__stage_launch(n, j, "broadcast"));
-  if (c->rank != root)
-    ZS__STAGE_TRY(zs__stage_copy(n, buf, j->recv, b, "broadcast"));
-  return zs__nccl_end_job(c, ncclSuccess, "broadcast", b, j, req);
+  const int is_root = c->rank == root;
+  return zs__stage_go(c, j, "broadcast", j->recv, buf, is_root ? b : 0, buf,
+                      j->recv, is_root ? 0 : b, b, req);
 }
 
 static zs_status zs__staged_exchange(zs__comm* c, const void* send,
@@ -785,16 +793,14 @@ static zs_status zs__staged_gather_users(zs__comm* c, const void* send,
   const size_t b = count * zs_dtype_size(dtype), W = (size_t)c->world;
   const int user = (int)(users >> c->rank & 1);
   zs__stage_job* j = NULL;
-  zs_status st;
-  ZS__STAGE_TRY(zs__stage_job_new(n, ZS__CALL_GATHER_USERS, b,
-                                  user ? W * b : 0, count, dtype, &j));
+  zs_status st = zs__stage_job_new(n, ZS__CALL_GATHER_USERS, b,
+                                   user ? W * b : 0, count, dtype, &j);
+  if (st != ZS_OK) return st;
   j->send = j->buf[0]->p;
   j->recv = user ? j->buf[1]->p : NULL;
   j->users = users;
-  ZS__STAGE_TRY(zs__stage_copy(n, j->send, send, b, "gather"));
-  ZS__STAGE_TRY(zs__stage_launch(n, j, "gather"));
-  if (user) ZS__STAGE_TRY(zs__stage_copy(n, recv, j->recv, W * b, "gather"));
-  return zs__nccl_end_job(c, ncclSuccess, "gather", W * b, j, req);
+  return zs__stage_go(c, j, "gather", j->send, send, b, recv, j->recv,
+                      user ? W * b : 0, W * b, req);
 }
 
 #undef ZS__STAGE_TRY

@@ -38,6 +38,22 @@ class CudaErrorsFakeTest : public ZsMpiTest {
   }
 };
 
+// A CUDA context at stage 3 with a 1 s collective timeout, and a model
+// of one unit "u" with one tensor "w" of 64 floats.
+void OneUnitAtStage3(zs_context** ctx, zs_model** m, int* u, int* t) {
+  zs_config c = ZS_CONFIG_INIT;
+  c.device = ZS_DEVICE_CUDA;
+  c.stage = 3;
+  c.collective_timeout_s = 1.0;
+  ASSERT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, ctx), ZS_OK)
+      << zs_last_error();
+  ASSERT_EQ(zs_model_create(*ctx, m), ZS_OK);
+  int64_t n = 64;
+  ASSERT_EQ(zs_model_add_unit(*m, "u", u), ZS_OK);
+  ASSERT_EQ(zs_model_add_tensor(*m, *u, "w", 1, &n, ZS_FLOAT32, 0, t), ZS_OK);
+  ASSERT_EQ(zs_model_finalize(*m), ZS_OK) << zs_last_error();
+}
+
 // One GPU for every rank of the node: each rank takes GPU 0 (local rank
 // modulo the GPUs it sees), and the NCCL communicator's check refuses it on
 // every rank, naming two ranks and the GPU. With a GPU per rank it works.
@@ -170,20 +186,11 @@ TEST_F(CudaErrorsFakeTest, OutOfMemoryOnOneRankFailsTheOthersAtOnce) {
 TEST_F(CudaErrorsFakeTest, NcclCollectiveNobodyJoinsTimesOut) {
   if (world_ != 2) GTEST_SKIP() << "written for exactly 2 ranks";
   setenv("FAKECUDA_DEVICES", "8", 1);
-  zs_config c = ZS_CONFIG_INIT;
-  c.device = ZS_DEVICE_CUDA;
-  c.stage = 3;
-  c.collective_timeout_s = 1.0;
   zs_context* ctx = nullptr;
-  ASSERT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), ZS_OK)
-      << zs_last_error();
   zs_model* m = nullptr;
-  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
   int u = -1, t = -1;
-  int64_t n = 64;
-  ASSERT_EQ(zs_model_add_unit(m, "u", &u), ZS_OK);
-  ASSERT_EQ(zs_model_add_tensor(m, u, "w", 1, &n, ZS_FLOAT32, 0, &t), ZS_OK);
-  ASSERT_EQ(zs_model_finalize(m), ZS_OK) << zs_last_error();
+  OneUnitAtStage3(&ctx, &m, &u, &t);
+  if (::testing::Test::HasFatalFailure()) return;
   if (rank_ == 1) {
     const double t0 = MPI_Wtime();
     EXPECT_EQ(zs_unit_gather(m, u), ZS_ERR_TIMEOUT);
@@ -222,20 +229,11 @@ void WatchdogEndsACollectiveThatNeverCompletes(int rank, bool staged) {
   setenv("FAKECUDA_DEVICES", staged ? "1" : "8", 1);
   setenv("ZS_DEVICE_CHAIN", "1", 1);
   if (staged) setenv("ZS_DEVICE_COMM", "staged", 1);
-  zs_config c = ZS_CONFIG_INIT;
-  c.device = ZS_DEVICE_CUDA;
-  c.stage = 3;
-  c.collective_timeout_s = 1.0;
   zs_context* ctx = nullptr;
-  ASSERT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, &ctx), ZS_OK)
-      << zs_last_error();
   zs_model* m = nullptr;
-  ASSERT_EQ(zs_model_create(ctx, &m), ZS_OK);
   int u = -1, t = -1;
-  int64_t n = 64;
-  ASSERT_EQ(zs_model_add_unit(m, "u", &u), ZS_OK);
-  ASSERT_EQ(zs_model_add_tensor(m, u, "w", 1, &n, ZS_FLOAT32, 0, &t), ZS_OK);
-  ASSERT_EQ(zs_model_finalize(m), ZS_OK) << zs_last_error();
+  OneUnitAtStage3(&ctx, &m, &u, &t);
+  if (::testing::Test::HasFatalFailure()) return;
   if (rank == 1) {
     const double t0 = MPI_Wtime();
     EXPECT_EQ(zs_unit_gather(m, u), ZS_OK) << zs_last_error();
