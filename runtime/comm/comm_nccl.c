@@ -1224,11 +1224,14 @@ static void zs__nccl_watchdog_stop(zs__nccl_impl* n) {
   n->wd_running = 0;
 }
 
+/* (no timeout here: comm.c's waits have it, and the watchdog aborts a
+ * collective past it, which ends this loop too) */
 static zs_status zs__nccl_wait(zs__comm* c, zs__comm_req* req) {
   for (;;) {
     int done = 0;
     zs_status st = zs__nccl_test(c, req, &done);
     if (st != ZS_OK || done) return st;
+    sched_yield();
   }
 }
 
