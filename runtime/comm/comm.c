@@ -354,11 +354,13 @@ zs_status zs__coll_test(zs__comm* c, zs__coll* op, int* done) {
       zs__error(st, "%s", body);
     }
     /* A backend's watchdog gave up on a collective (comm_nccl.c): as a
-     * wait's own timeout, the context fails and the others hear of it */
-    if (st == ZS_ERR_TIMEOUT && !c->failed) {
+     * wait's own timeout, the context fails and the others hear of it; a
+     * rank lost (the heartbeats) fails it too (the others find it
+     * themselves) */
+    if ((st == ZS_ERR_TIMEOUT || st == ZS_ERR_REMOTE) && !c->failed) {
       char body[ZS__NOTICE_BYTES - 32];
       snprintf(body, sizeof body, "%s", zs__error_body());
-      zs__comm_fail(c, st, body, 1, seq);
+      zs__comm_fail(c, st, body, st == ZS_ERR_TIMEOUT, seq);
       zs__error(st, "%s", body);
     }
     return st;

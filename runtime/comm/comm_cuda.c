@@ -37,6 +37,7 @@ static const zs__cuda_host zs__host = {
     .adam_scalars_make = zs__adam_scalars_make,
     .sgd_scalars_make = zs__sgd_scalars_make,
     .last_error = zs_last_error,
+    .hb_on_lost = zs__hb_on_lost,
 };
 
 static pthread_mutex_t zs__cuda_mu = PTHREAD_MUTEX_INITIALIZER;

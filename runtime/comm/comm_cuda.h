@@ -45,6 +45,7 @@ typedef struct zs__cuda_host {
   __typeof__(&zs__sgd_scalars_make) sgd_scalars_make;
   __typeof__(&zs_last_error) last_error; /* (a staged collective's host
                                             function reads its thread's) */
+  __typeof__(&zs__hb_on_lost) hb_on_lost; /* (the watchdog listens) */
 } zs__cuda_host;
 
 /* What the plugin provides. */

@@ -65,6 +65,9 @@ struct zs__heartbeat {
   double left_at; /* when this rank heard of it */
   int blame;      /* zs__hb_blame */
   zs__hb_record* peers; /* every rank's record (hosts, pids), from start */
+  /* zs__hb_on_lost's listener (lock) */
+  void (*on_lost)(void* arg, int rank, const char* why);
+  void* on_lost_arg;
 };
 
 static int zs__hb_cloexec_socket(void) {
@@ -147,13 +150,18 @@ static void zs__hb_send(int fd, const char* line) {
 
 static void zs__hb_set_lost(zs__heartbeat* hb, int rank, const char* why) {
   int first = 0;
+  void (*fn)(void*, int, const char*) = NULL;
+  void* arg = NULL;
   pthread_mutex_lock(&hb->lock);
   if (hb->lost < 0) {
     snprintf(hb->lost_why, sizeof hb->lost_why, "%s", why);
     __atomic_store_n(&hb->lost, rank, __ATOMIC_RELEASE);
     first = 1;
+    fn = hb->on_lost;
+    arg = hb->on_lost_arg;
   }
   pthread_mutex_unlock(&hb->lock);
+  if (fn != NULL) fn(arg, rank, why);
   /* down the ring, unless the next one down is the lost rank itself */
   if (first && hb->watcher != rank && hb->watcher != hb->rank) {
     char line[ZS__HB_LINE + 220];
@@ -408,6 +416,20 @@ void zs__hb_destroy(zs__heartbeat* hb) {
   pthread_mutex_destroy(&hb->lock);
   free(hb->peers);
   free(hb);
+}
+
+void zs__hb_on_lost(zs__heartbeat* hb,
+                    void (*fn)(void* arg, int rank, const char* why),
+                    void* arg) {
+  if (hb == NULL) return;
+  pthread_mutex_lock(&hb->lock);
+  hb->on_lost = fn;
+  hb->on_lost_arg = arg;
+  const int r = hb->lost;
+  char why[sizeof hb->lost_why];
+  snprintf(why, sizeof why, "%s", hb->lost_why);
+  pthread_mutex_unlock(&hb->lock);
+  if (r >= 0 && fn != NULL) fn(arg, r, why); /* (lost already) */
 }
 
 int zs__hb_lost(zs__heartbeat* hb, int waiting, char* why, size_t cap) {

@@ -65,6 +65,16 @@ void zs__hb_destroy(zs__heartbeat* hb);
  * was last heard doing in `why` (cap bytes), or -1. Any thread. */
 int zs__hb_lost(zs__heartbeat* hb, int waiting, char* why, size_t cap);
 
+/* Calls fn(arg, rank, why) once when a rank is lost (silent or gone, as
+ * zs__hb_lost says without `waiting`): from the thread that finds it (the
+ * heartbeat thread, or a wait's), outside hb's lock, or at once when one
+ * is lost already. One listener (a later call replaces it; fn NULL: none);
+ * none after zs__hb_destroy, so arg must outlive hb or be removed first.
+ * The device communicator's watchdog (comm_nccl.c) listens. */
+void zs__hb_on_lost(zs__heartbeat* hb,
+                    void (*fn)(void* arg, int rank, const char* why),
+                    void* arg);
+
 /* What this rank does, sent with each heartbeat (cheap: a lock and a
  * copy; NULL hb: nothing). zs__hb_call: a public call `fn` (a static
  * string) began, on `unit` (a unit's name, or NULL); zs__hb_wait: it waits

@@ -114,10 +114,14 @@ typedef struct zs__nccl_impl {
   pthread_mutex_t wd_mu;
   pthread_cond_t wd_cv;
   pthread_t wd;
-  int wd_running, wd_stop;
+  int wd_tried, wd_running, wd_stop;
+  int hb_listening;     /* zs__nccl_lost listens to the heartbeats */
   zs__comm_req* wd_head;
-  atomic_int wd_fired;
-  char wd_why[640];
+  atomic_int wd_fired;  /* set after wd_why and wd_status, before aborted */
+  zs_status wd_status;  /* TIMEOUT, REMOTE (a lost rank) or COMM */
+  char wd_why[1200];
+  int lost_rank;        /* -1, or a rank the heartbeats lost (wd_mu) */
+  char lost_why[512];
   zs__comm* self;
   /* The device timeline (ZS_DEVICE_TIMELINE=PATH; see zs__tl_write):
    * timing events of every device collective and of the marks, written to
@@ -145,6 +149,9 @@ struct zs__comm_req {
   zs__comm_req *wd_prev, *wd_next;
   int wd_listed;
   double t_issue;         /* zs__mono() at the call */
+  double t_chain;         /* zs__mono() when the device's later work was
+                             made to wait for it (zs__nccl_chain), else 0:
+                             a host waits for it, with the wait's timeout */
   const char* what;       /* "all-gather", ... */
   size_t bytes;
 };
@@ -158,6 +165,8 @@ static double zs__mono(void) {
 }
 
 static zs__nccl_impl* zs__nimpl(zs__comm* c) { return (zs__nccl_impl*)c->impl; }
+
+static void zs__nccl_watchdog_start(zs__comm* c);
 
 static zs_status zs__nccl_fail(ncclResult_t r, const char* what) {
   return zs__error(ZS_ERR_COMM, "NCCL %s failed: %s (%d)", what,
@@ -394,6 +403,7 @@ static zs_status zs__nccl_end_job(zs__comm* c, ncclResult_t r,
   q->bytes = bytes;
   q->t_issue = zs__mono();
   zs__tl_collective(zs__nimpl(c), what, bytes);
+  zs__nccl_watchdog_start(c);
   zs__wd_add(zs__nimpl(c), q);
   if (req != NULL) {
     *req = q;
@@ -563,7 +573,8 @@ static void CUDART_CB zs__stage_run(void* arg) {
     st = h->ops->test(h, q, &done);
     if (st != ZS_OK || done) break;
     if (atomic_load(&n->aborted)) {
-      h->failed = 1; /* (its request stays posted: kept at destroy) */
+      /* (its request stays posted: the host communicator is kept at
+       * destroy, failed) */
       snprintf(j->why, sizeof j->why, "the communicator was aborted while "
                "this collective waited for the other ranks");
       atomic_store(&j->state, 3);
@@ -572,11 +583,9 @@ static void CUDART_CB zs__stage_run(void* arg) {
     if (h->ops->idle != NULL) h->ops->idle(h, q);
     else sched_yield();
   }
-  if (st != ZS_OK) {
-    h->failed = 1;
+  if (st != ZS_OK)
     snprintf(j->why, sizeof j->why, "the host collective failed: %s",
              zs_last_error());
-  }
   atomic_store(&j->state, st == ZS_OK ? 2 : 3);
 }
 
@@ -1052,16 +1061,13 @@ static zs_status zs__nccl_test(zs__comm* c, zs__comm_req* req, int* done) {
     if (st == ZS_OK && *done) free(req);
     return st;
   }
-  /* The watchdog gave up on a collective (this one or another: the
-   * communicator is aborted either way) */
-  if (atomic_load(&n->wd_fired)) {
-    zs__nccl_req_free(n, req, 1);
-    return zs__error(ZS_ERR_TIMEOUT, "%s", n->wd_why);
-  }
-  /* Aborted (a timeout, another rank's failure): a collective's event
-   * completes, but its data never came. */
+  /* Aborted (a timeout, another rank's failure, the watchdog: then its
+   * reason, set before the abort): a collective's event completes, but
+   * its data never came. */
   if (!n->local && atomic_load(&n->aborted)) {
     zs__nccl_req_free(n, req, 1);
+    if (atomic_load(&n->wd_fired))
+      return zs__error(n->wd_status, "%s", n->wd_why);
     return zs__error(ZS_ERR_COMM, "%s collective: the communicator was "
                      "aborted before it completed",
                      n->stage != NULL ? "staged" : "NCCL");
@@ -1119,14 +1125,19 @@ static zs_status zs__nccl_test(zs__comm* c, zs__comm_req* req, int* done) {
  * at once, without a host wait (comm.h's chain). The request stays in
  * flight (its test completes it later). Host requests: UNSUPPORTED. */
 static zs_status zs__nccl_chain(zs__comm* c, zs__comm_req* req) {
-  (void)c;
   if (req->host_req != NULL)
     return zs__error(ZS_ERR_UNSUPPORTED, "a host collective has no event");
   cudaError_t e = cudaStreamWaitEvent(cudaStreamLegacy, req->done, 0);
-  if (e == cudaSuccess) return ZS_OK;
-  (void)cudaGetLastError();
-  return zs__error(ZS_ERR_DEVICE, "chaining a collective on the device: "
-                   "cudaStreamWaitEvent: %s", cudaGetErrorString(e));
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return zs__error(ZS_ERR_DEVICE, "chaining a collective on the device: "
+                     "cudaStreamWaitEvent: %s", cudaGetErrorString(e));
+  }
+  zs__nccl_impl* n = zs__nimpl(c);
+  pthread_mutex_lock(&n->wd_mu); /* (the watchdog reads it) */
+  req->t_chain = zs__mono();
+  pthread_mutex_unlock(&n->wd_mu);
+  return ZS_OK;
 }
 
 /* The fixed-order reduce-scatter's sum on the communication stream, right
@@ -1150,14 +1161,20 @@ static zs_status zs__nccl_chain_sum(zs__comm* c, zs__comm_req* req, void* dst,
 }
 
 /* The watchdog (PyTorch's NCCL watchdog's role): a thread that, every 20
- * ms, looks at the device requests in flight. One past the communicator's
- * collective_timeout_s whose event has not completed, or an asynchronous
- * NCCL error, aborts the communicator (ncclCommAbort; staged: the host
+ * ms, queries the event of every device request in flight (as PyTorch's
+ * does: cheap on a GPU; on the CPU stand-in, whose streams run only when
+ * something waits, this is what moves a rank's collectives on while its
+ * host is busy elsewhere, as a GPU would). A request the device's later
+ * work waits for (zs__nccl_chain: no host waits for it, so no wait's
+ * timeout or heartbeat check applies) that has not completed
+ * collective_timeout_s after it was chained, or any such request once the
+ * heartbeats lost a rank (zs__nccl_lost), and for NCCL an asynchronous
+ * error, make it abort the communicator (ncclCommAbort; staged: the host
  * functions give up), so no kernel, copy or host function waits for ever
- * and a host blocked on the device (a synchronize behind a consumer
- * chained to the collective) returns; the next test of any request then
- * fails with ZS_ERR_TIMEOUT (or COMM) saying what the watchdog saw, and
- * comm.c fails the context and tells the other ranks. */
+ * and a host blocked on the device behind it returns; the next test of
+ * any request then fails with the reason (TIMEOUT, REMOTE or COMM), and
+ * comm.c fails the context. Requests a host waits for are left to that
+ * wait (its timeout counts from the wait, not the issue). */
 static void* zs__nccl_watchdog(void* arg) {
   zs__comm* c = (zs__comm*)arg;
   zs__nccl_impl* n = zs__nimpl(c);
@@ -1173,38 +1190,50 @@ static void* zs__nccl_watchdog(void* arg) {
     }
     pthread_cond_timedwait(&n->wd_cv, &n->wd_mu, &until);
     if (n->wd_stop || atomic_load(&n->aborted) || n->wd_head == NULL) continue;
-    const double limit = c->timeout_s, now = zs__mono();
+    double limit;
+    __atomic_load(&c->timeout_s, &limit, __ATOMIC_RELAXED);
+    const double now = zs__mono();
     char why[sizeof n->wd_why];
     why[0] = '\0';
-    /* every request's event is queried each time, as PyTorch's watchdog
-     * does (cheap on a GPU; on the CPU stand-in, whose streams run only
-     * when something waits, this is what moves a rank's collectives on
-     * while its host is busy elsewhere, as a GPU would) */
+    zs_status status = ZS_ERR_TIMEOUT;
     for (zs__comm_req* q = n->wd_head; q != NULL && why[0] == '\0';
          q = q->wd_next) {
       const cudaError_t e = cudaEventQuery(q->done);
       (void)cudaGetLastError();
-      if (e != cudaErrorNotReady) continue; /* its test reports it */
-      if (limit <= 0 || now - q->t_issue <= limit) continue;
-      snprintf(why, sizeof why,
-               "the %s %s of %zu bytes issued %.1f s ago did not complete "
-               "within collective_timeout_s (%g s): another rank is probably "
-               "waiting in a different collective, or died; the "
-               "communicator's watchdog aborted the communicator",
-               n->stage != NULL ? "staged" : "NCCL", q->what, q->bytes,
-               now - q->t_issue, limit);
+      if (e != cudaErrorNotReady || q->t_chain == 0) continue;
+      if (n->lost_rank >= 0) {
+        status = ZS_ERR_REMOTE;
+        snprintf(why, sizeof why,
+                 "the %s %s of %zu bytes that the device waits for cannot "
+                 "complete: rank %d %s; the communicator's watchdog aborted "
+                 "the communicator",
+                 n->stage != NULL ? "staged" : "NCCL", q->what, q->bytes,
+                 n->lost_rank, n->lost_why);
+      } else if (limit > 0 && now - q->t_chain > limit) {
+        snprintf(why, sizeof why,
+                 "the %s %s of %zu bytes that the device waits for did not "
+                 "complete within collective_timeout_s (%g s) of the wait "
+                 "(issued %.1f s ago): another rank is probably waiting in a "
+                 "different collective, or died; the communicator's "
+                 "watchdog aborted the communicator",
+                 n->stage != NULL ? "staged" : "NCCL", q->what, q->bytes,
+                 limit, now - q->t_issue);
+      }
     }
     if (why[0] == '\0' && n->stage == NULL && n->comm != NULL) {
       ncclResult_t async = ncclSuccess;
       if (zs__nccl_fn.CommGetAsyncError(n->comm, &async) == ncclSuccess &&
-          async != ncclSuccess && async != ncclInProgress)
+          async != ncclSuccess && async != ncclInProgress) {
+        status = ZS_ERR_COMM;
         snprintf(why, sizeof why, "NCCL reported an asynchronous error: %s "
                  "(%d); the communicator's watchdog aborted it",
                  zs__nccl_fn.GetErrorString(async), (int)async);
+      }
     }
     if (why[0] != '\0') {
       memcpy(n->wd_why, why, sizeof why);
-      atomic_store(&n->wd_fired, 1);
+      n->wd_status = status;
+      atomic_store(&n->wd_fired, 1); /* (before aborted: zs__nccl_test) */
       pthread_mutex_unlock(&n->wd_mu);
       zs__nccl_abort_impl(n);
       pthread_mutex_lock(&n->wd_mu);
@@ -1212,6 +1241,19 @@ static void* zs__nccl_watchdog(void* arg) {
   }
   pthread_mutex_unlock(&n->wd_mu);
   return NULL;
+}
+
+/* The heartbeats lost a rank (zs__hb_on_lost; the heartbeat thread or a
+ * wait's): the watchdog's next look fails what the device waits for. */
+static void zs__nccl_lost(void* arg, int rank, const char* why) {
+  zs__nccl_impl* n = (zs__nccl_impl*)arg;
+  pthread_mutex_lock(&n->wd_mu);
+  if (n->lost_rank < 0) {
+    n->lost_rank = rank;
+    snprintf(n->lost_why, sizeof n->lost_why, "%s", why);
+    pthread_cond_signal(&n->wd_cv);
+  }
+  pthread_mutex_unlock(&n->wd_mu);
 }
 
 static void zs__nccl_watchdog_stop(zs__nccl_impl* n) {
@@ -1293,7 +1335,9 @@ static void zs__nccl_destroy(zs__comm* c) {
       n->stage->failed |= c->failed | atomic_load(&n->aborted);
       n->stage->ops->destroy(n->stage);
     }
-    if (!atomic_load(&n->aborted)) zs__stage_cache_free(n);
+    /* (after the stream's synchronize nothing queued references a cached
+     * block: the blocks of collectives given up are their jobs', kept) */
+    zs__stage_cache_free(n);
     if (n->host != NULL) {
       n->host->failed |= c->failed; /* its MPI communicator is kept then */
       n->host->ops->destroy(n->host);
@@ -1367,25 +1411,37 @@ static zs_status zs__nccl_check_gpus(zs__comm* host, int device, int count) {
   return st;
 }
 
-/* The watchdog of a communicator of several ranks (a warning without). */
+/* The device timeline's base (ZS_DEVICE_TIMELINE), at creation. */
+static void zs__tl_start(zs__comm* c) {
+  zs__nccl_impl* n = zs__nimpl(c);
+  const char* tl = getenv("ZS_DEVICE_TIMELINE");
+  if (tl == NULL || *tl == '\0' || n->local) return;
+  if (cudaEventCreate(&n->tl_base) == cudaSuccess &&
+      cudaEventRecord(n->tl_base, n->stream) == cudaSuccess &&
+      cudaEventSynchronize(n->tl_base) == cudaSuccess &&
+      (n->tl_path = strdup(tl)) != NULL) {
+    zs__log(ZS_LOG_INFO, "rank %d: device timeline to %s.rank%d.jsonl",
+            c->rank, tl, c->rank);
+    return;
+  }
+  (void)cudaGetLastError();
+  zs__log(ZS_LOG_WARN, "rank %d: ZS_DEVICE_TIMELINE: no timeline (CUDA "
+          "events)", c->rank);
+}
+
+/* The watchdog of a communicator of several ranks, started with its first
+ * device collective (after the context set its timeout; a warning when no
+ * thread can be made), and its listener to the heartbeats once they run
+ * (the main thread: the heartbeats start after the communicator). */
 static void zs__nccl_watchdog_start(zs__comm* c) {
   zs__nccl_impl* n = zs__nimpl(c);
-  /* (the timeline too: ZS_DEVICE_TIMELINE, above) */
-  const char* tl = getenv("ZS_DEVICE_TIMELINE");
-  if (tl != NULL && *tl != '\0' && !n->local) {
-    if (cudaEventCreate(&n->tl_base) == cudaSuccess &&
-        cudaEventRecord(n->tl_base, n->stream) == cudaSuccess &&
-        cudaEventSynchronize(n->tl_base) == cudaSuccess &&
-        (n->tl_path = strdup(tl)) != NULL) {
-      zs__log(ZS_LOG_INFO, "rank %d: device timeline to %s.rank%d.jsonl",
-              c->rank, tl, c->rank);
-    } else {
-      (void)cudaGetLastError();
-      zs__log(ZS_LOG_WARN, "rank %d: ZS_DEVICE_TIMELINE: no timeline (CUDA "
-              "events)", c->rank);
-    }
-  }
   if (n->local) return;
+  if (!n->hb_listening && c->hb != NULL) {
+    zs__hb_on_lost(c->hb, zs__nccl_lost, n);
+    n->hb_listening = 1;
+  }
+  if (n->wd_tried) return;
+  n->wd_tried = 1;
   if (pthread_create(&n->wd, NULL, zs__nccl_watchdog, c) == 0) {
     n->wd_running = 1;
     return;
@@ -1415,6 +1471,7 @@ static zs_status zs__nccl_create(zs__comm* host, zs__comm* stage,
   n->host = host;
   n->stage = stage;
   n->self = c;
+  n->lost_rank = -1;
   pthread_mutex_init(&n->wd_mu, NULL);
   pthread_cond_init(&n->wd_cv, NULL);
   zs_status local = ZS_OK;
@@ -1456,7 +1513,7 @@ static zs_status zs__nccl_create(zs__comm* host, zs__comm* stage,
     st = zs__nccl_check_gpus(host, n->device, count);
   if (st == ZS_OK && (n->local || stage != NULL)) {
     c->seq_hash = host->seq_hash;
-    zs__nccl_watchdog_start(c);
+    zs__tl_start(c);
     *out = c;
     return ZS_OK;
   }
@@ -1480,7 +1537,7 @@ static zs_status zs__nccl_create(zs__comm* host, zs__comm* stage,
     return st;
   }
   c->seq_hash = host->seq_hash;
-  zs__nccl_watchdog_start(c);
+  zs__tl_start(c);
   *out = c;
   return ZS_OK;
 }

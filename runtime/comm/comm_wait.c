@@ -236,7 +236,17 @@ zs_status zs__comm_sweep(zs__comm* c) {
     if (op->chained) {
       int done = 0;
       zs_status st = zs__coll_test(c, op, &done);
-      if (st != ZS_OK) return st;
+      if (st != ZS_OK) {
+        /* its consumers on the device got no data: nothing may go on (the
+         * next call says why) */
+        if (!c->failed) {
+          char body[ZS__NOTICE_BYTES - 32];
+          snprintf(body, sizeof body, "%s", zs__error_body());
+          zs__comm_fail(c, st, body, 0, 0);
+          zs__error(st, "%s", body);
+        }
+        return st;
+      }
       if (!done) break; /* (later ones complete after it on the device) */
     }
     op = next;

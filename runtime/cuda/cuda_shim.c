@@ -79,3 +79,9 @@ zs__sgd_scalars zs__sgd_scalars_make(const zs_sgd_hparams* hp) {
 }
 
 const char* zs_last_error(void) { return zs__cuda_host_table->last_error(); }
+
+void zs__hb_on_lost(zs__heartbeat* hb,
+                    void (*fn)(void* arg, int rank, const char* why),
+                    void* arg) {
+  zs__cuda_host_table->hb_on_lost(hb, fn, arg);
+}

@@ -75,8 +75,16 @@ zs_status zs__inflight_push(zs__comm* c, zs__inflight* f, zs__coll* op) {
   return ZS_OK;
 }
 
+/* A failure zs__inflight_poll saw, for the owner (once). */
+static zs_status zs__inflight_failure(zs__inflight* f) {
+  if (f->failed == ZS_OK) return ZS_OK;
+  const zs_status st = zs__error(f->failed, "%s", f->failed_msg);
+  f->failed = ZS_OK;
+  return st;
+}
+
 zs_status zs__inflight_wait(zs__comm* c, zs__inflight* f) {
-  zs_status st = ZS_OK;
+  zs_status st = zs__inflight_failure(f);
   /* After a failure of one op the others are still waited for (each
    * completes or fails on its own, and their buffers may be freed next),
    * unless the communicator failed: then nothing completes any more, and
@@ -91,7 +99,7 @@ zs_status zs__inflight_wait(zs__comm* c, zs__inflight* f) {
 }
 
 zs_status zs__inflight_chain(zs__comm* c, zs__inflight* f) {
-  zs_status st = ZS_OK;
+  zs_status st = zs__inflight_failure(f);
   /* as zs__inflight_wait: after a failure the others are still handed on,
    * unless the communicator failed */
   for (int i = 0; i < f->n; i++) {
@@ -110,7 +118,11 @@ zs_status zs__inflight_poll(zs__comm* c, zs__inflight* f, int* all_done) {
     int done = 0;
     st = zs__coll_test(c, f->ops[k], &done);
     if (st != ZS_OK) {
-      k++; /* a failed test has released the op */
+      k++; /* a failed test has released the op: its owner hears of it */
+      if (f->failed == ZS_OK) {
+        f->failed = st;
+        snprintf(f->failed_msg, sizeof f->failed_msg, "%s", zs__error_body());
+      }
       break;
     }
     if (!done) break;

@@ -92,6 +92,10 @@ typedef struct zs__inflight {
   zs__coll** ops;
   int n;
   int cap;
+  /* the first failure zs__inflight_poll saw (its op is gone), for the
+   * owner's next wait or chain; ZS_OK: none */
+  zs_status failed;
+  char failed_msg[512];
 } zs__inflight;
 
 /* One view of a stacked kind (engine_view.c): a memfd mapping of the

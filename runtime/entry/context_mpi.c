@@ -12,13 +12,16 @@
 #include "runtime/comm/comm_cuda.h"
 #include "runtime/engine/engine_model.h"
 
-/* ZS_DEVICE_COMM: how device collectives run with several ranks on CUDA:
- * "nccl" (the default) or "staged" (through page-locked host memory and
- * the host collectives, so ranks may share a GPU: docs/cuda.md, "Several
- * ranks on one GPU"). Agreed across the ranks: a rank with another value
- * fails every rank, naming it. */
+/* The CUDA device's environment variables (docs/cuda.md), read when a
+ * context is created: ZS_DEVICE_COMM, how device collectives run with
+ * several ranks, "nccl" (the default) or "staged" (through page-locked
+ * host memory and an MPI communicator of their own, so ranks may share a
+ * GPU), the same on every rank; ZS_DEVICE_CHAIN, "1" (consumers of
+ * gathers wait on the device) or "0" (the default). A value that is
+ * neither fails every rank, naming it and the rank. */
 static zs_status zs__device_comm_staged(zs__comm* c, int* staged) {
   const char* v = getenv("ZS_DEVICE_COMM");
+  const char* chain = getenv("ZS_DEVICE_CHAIN");
   zs_status local = ZS_OK;
   *staged = 0;
   if (v != NULL && *v != '\0' && strcmp(v, "nccl") != 0) {
@@ -29,10 +32,16 @@ static zs_status zs__device_comm_staged(zs__comm* c, int* staged) {
                         "ZS_DEVICE_COMM='%.64s' on rank %d: use nccl (the "
                         "default) or staged", v, c->rank);
   }
-  zs_status st = zs__comm_agree(c, local, "ZS_DEVICE_COMM");
+  if (local == ZS_OK && chain != NULL && *chain != '\0' &&
+      strcmp(chain, "0") != 0 && strcmp(chain, "1") != 0)
+    local = zs__error(ZS_ERR_INVALID_ARGUMENT,
+                      "ZS_DEVICE_CHAIN='%.64s' on rank %d: use 1 (consumers "
+                      "wait on the device) or 0 (the default)", chain,
+                      c->rank);
+  zs_status st = zs__comm_agree(c, local, "the CUDA environment variables");
   if (st != ZS_OK) return st;
-  char mine[2] = {(char)('0' + *staged), '\0'};
-  return zs__comm_check_same(c, "ZS_DEVICE_COMM (nccl or staged)", mine, 1);
+  const char* mine = *staged ? "ZS_DEVICE_COMM=staged" : "ZS_DEVICE_COMM=nccl";
+  return zs__comm_check_same(c, "ZS_DEVICE_COMM", mine, strlen(mine));
 }
 
 /* With the CUDA device, collectives on device memory run on NCCL, or

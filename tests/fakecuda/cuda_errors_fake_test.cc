@@ -9,6 +9,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -38,13 +41,15 @@ class CudaErrorsFakeTest : public ZsMpiTest {
   }
 };
 
-// A CUDA context at stage 3 with a 1 s collective timeout, and a model
-// of one unit "u" with one tensor "w" of 64 floats.
-void OneUnitAtStage3(zs_context** ctx, zs_model** m, int* u, int* t) {
+// A CUDA context at stage 3 with a collective timeout (default 1 s), and
+// a model of one unit "u" with one tensor "w" of 64 floats.
+void OneUnitAtStage3(zs_context** ctx, zs_model** m, int* u, int* t,
+                     double timeout_s = 1.0, double heartbeat_s = 30.0) {
   zs_config c = ZS_CONFIG_INIT;
   c.device = ZS_DEVICE_CUDA;
   c.stage = 3;
-  c.collective_timeout_s = 1.0;
+  c.collective_timeout_s = timeout_s;
+  c.heartbeat_timeout_s = heartbeat_s;
   ASSERT_EQ(zs_context_create_mpi(&c, MPI_COMM_WORLD, ctx), ZS_OK)
       << zs_last_error();
   ASSERT_EQ(zs_model_create(*ctx, m), ZS_OK);
@@ -279,6 +284,92 @@ TEST_F(CudaErrorsFakeTest, WatchdogEndsANcclCollectiveThatNeverCompletes) {
 TEST_F(CudaErrorsFakeTest, WatchdogEndsAStagedCollectiveThatNeverCompletes) {
   if (world_ != 2) GTEST_SKIP() << "written for exactly 2 ranks";
   WatchdogEndsACollectiveThatNeverCompletes(rank_, true);
+}
+
+// The watchdog leaves collectives a host waits for to that wait, whose
+// timeout counts from the wait: rank 0 prefetches, works 1.3 s on the
+// host, then gathers; rank 1 joins 1.6 s after the start. The prefetch's
+// all-gather is 1.6 s old when it completes, past the 1 s timeout, but no
+// wait lasted 1 s: both ranks' gathers return ZS_OK (as on the host
+// device) and the step runs. (Before: the watchdog counted from the issue
+// and failed the context while rank 0's gather returned ZS_OK over
+// incomplete parameters.) NCCL's stand-in and staged.
+void SlowPeerWithinTheTimeoutIsNoFailure(int rank, bool staged) {
+  setenv("FAKECUDA_DEVICES", staged ? "1" : "8", 1);
+  if (staged) setenv("ZS_DEVICE_COMM", "staged", 1);
+  zs_context* ctx = nullptr;
+  zs_model* m = nullptr;
+  int u = -1, t = -1;
+  OneUnitAtStage3(&ctx, &m, &u, &t);
+  if (::testing::Test::HasFatalFailure()) return;
+  if (rank == 0) {
+    EXPECT_EQ(zs_unit_prefetch(m, u), ZS_OK) << zs_last_error();
+    usleep(1300 * 1000);
+  } else {
+    usleep(1600 * 1000);
+    EXPECT_EQ(zs_unit_prefetch(m, u), ZS_OK) << zs_last_error();
+  }
+  EXPECT_EQ(zs_unit_gather(m, u), ZS_OK) << zs_last_error();
+  EXPECT_EQ(zs_unit_release(m, u), ZS_OK) << zs_last_error();
+  EXPECT_EQ(zs_step(m, nullptr), ZS_OK) << zs_last_error();
+  zs_model_destroy(m);
+  zs_context_destroy(ctx);
+}
+
+TEST_F(CudaErrorsFakeTest, NcclSlowPeerWithinTheTimeoutIsNoFailure) {
+  if (world_ != 2) GTEST_SKIP() << "written for exactly 2 ranks";
+  SlowPeerWithinTheTimeoutIsNoFailure(rank_, false);
+}
+
+TEST_F(CudaErrorsFakeTest, StagedSlowPeerWithinTheTimeoutIsNoFailure) {
+  if (world_ != 2) GTEST_SKIP() << "written for exactly 2 ranks";
+  SlowPeerWithinTheTimeoutIsNoFailure(rank_, true);
+}
+
+// With chaining on, a rank that stops (SIGSTOP) while the other's host is
+// blocked on the device behind a chained gather: the heartbeats find it
+// after heartbeat_timeout_s (1 s) and the watchdog, listening to them,
+// aborts the communicator then, not after collective_timeout_s (60 s);
+// the next call fails naming the rank. The stopped rank is continued and
+// destroys its context. Staged (NCCL's stand-in takes the same path).
+TEST_F(CudaErrorsFakeTest, WatchdogEndsAChainedWaitOnAStoppedRank) {
+  if (world_ != 2) GTEST_SKIP() << "written for exactly 2 ranks";
+  setenv("FAKECUDA_DEVICES", "1", 1);
+  setenv("ZS_DEVICE_COMM", "staged", 1);
+  setenv("ZS_DEVICE_CHAIN", "1", 1);
+  int pids[2] = {0, 0};
+  const int mine = (int)getpid();
+  MPI_Allgather(&mine, 1, MPI_INT, pids, 1, MPI_INT, MPI_COMM_WORLD);
+  zs_context* ctx = nullptr;
+  zs_model* m = nullptr;
+  int u = -1, t = -1;
+  OneUnitAtStage3(&ctx, &m, &u, &t, 60.0, 1.0);
+  if (HasFatalFailure()) return;
+  if (rank_ == 1) {
+    raise(SIGSTOP);  // (continued by rank 0)
+  } else {
+    const double t0 = MPI_Wtime();
+    EXPECT_EQ(zs_unit_gather(m, u), ZS_OK) << zs_last_error();
+    void* w = nullptr;
+    ASSERT_EQ(zs_tensor_data(m, t, &w), ZS_OK) << zs_last_error();
+    std::vector<float> host(64);
+    (void)cudaMemcpy(host.data(), w, host.size() * sizeof(float),
+                     cudaMemcpyDeviceToHost);
+    const double blocked_s = MPI_Wtime() - t0;
+    std::cout << "the copy behind the gather was blocked " << blocked_s
+              << " s\n";
+    EXPECT_GE(blocked_s, 0.9);
+    EXPECT_LT(blocked_s, 20.0) << "not the heartbeat: the 60 s timeout";
+    kill(pids[1], SIGCONT);
+    (void)zs_unit_release(m, u);
+    EXPECT_NE(zs_step(m, nullptr), ZS_OK);
+    const std::string err = zs_last_error();
+    std::cout << "the error: " << err << "\n";
+    EXPECT_TRUE(Contains(err, "watchdog") && Contains(err, "rank 1") &&
+                Contains(err, "sent no heartbeat")) << err;
+  }
+  zs_model_destroy(m);
+  zs_context_destroy(ctx);
 }
 
 }  // namespace
