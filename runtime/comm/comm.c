@@ -107,11 +107,12 @@ int zs__comm_peer_check(zs__comm* c, int waiting, char* why, size_t cap) {
   return r;
 }
 
-/* After a failure nothing new may start on the communicator. */
-zs_status zs__comm_usable(zs__comm* c) {
+/* After a failure nothing new may start on the communicator; with
+ * `peers`, a rank the heartbeats lost is such a failure. */
+static zs_status zs__comm_usable_as(zs__comm* c, int peers) {
   (void)zs__comm_dead(c);
   char why[480];
-  (void)zs__comm_peer_check(c, 0, why, sizeof why);
+  if (peers) (void)zs__comm_peer_check(c, 0, why, sizeof why);
   /* a group fails with the context's communicator (a failure notice, a
    * timeout or an abandon there), telling no one: it was told there */
   if (!c->failed && c->parent != NULL && c->parent->failed) {
@@ -121,6 +122,12 @@ zs_status zs__comm_usable(zs__comm* c) {
   return zs__error(c->failed_status,
                    "the context cannot be used any more (end the job): %s",
                    c->failed_why);
+}
+
+zs_status zs__comm_usable(zs__comm* c) { return zs__comm_usable_as(c, 1); }
+
+zs_status zs__comm_failed_check(zs__comm* c) {
+  return zs__comm_usable_as(c, 0);
 }
 
 /* Marks c failed (keeping the first status and reason), gives up what is

@@ -451,6 +451,10 @@ struct zs__coll {
 /* INVALID_STATE-like status of a failed communicator (its first status,
  * naming why), ZS_OK while it is usable; finds a finalized MPI too. */
 zs_status zs__comm_usable(zs__comm* c);
+/* zs__comm_usable without asking the heartbeats: for a wait of a
+ * collective already issued, which a lost rank may have completed its part
+ * of before it went (the wait tests it, then asks them). */
+zs_status zs__comm_failed_check(zs__comm* c);
 /* The rank the heartbeats lost (zs__hb_lost: with `waiting`, also one
  * that left), with why in `why` (cap bytes), and c failed with
  * ZS_ERR_REMOTE naming it; -1 when none. */

@@ -63,7 +63,7 @@ static zs_status zs__coll_peer_lost(zs__comm* c, const zs__coll* op,
 zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
   /* A failed communicator completes nothing more: waiting could only end
    * at the timeout (op stays pending, its buffers kept) */
-  zs_status usable = zs__comm_usable(c);
+  zs_status usable = zs__comm_failed_check(c);
   if (usable != ZS_OK) return usable;
   const double t0 = zs__now();
   const zs_coll_op kind = op->op;

@@ -278,7 +278,7 @@ zs_status zs__ready(zs_model* m, zs__unit* u) {
     (void)zs__inflight_wait(c, &u->gather_ops);
   /* (a failure seen while polling, or by the watchdog, may have failed
    * the communicator with nothing left to wait for) */
-  if (st == ZS_OK) st = zs__comm_usable(c);
+  if (st == ZS_OK) st = zs__comm_failed_check(c);
   zs__gather_done(m, u);
   if (st == ZS_OK) st = zs__inflight_wait(m->ctx->shard_comm, &u->shard_ops);
   if (st == ZS_OK) zs__param_complete(u);
