@@ -376,11 +376,6 @@ zs_status zs__coll_test(zs__comm* c, zs__coll* op, int* done) {
   return zs__coll_finish(c, op);
 }
 
-int zs__comm_chain_enabled(void) {
-  const char* v = getenv("ZS_DEVICE_CHAIN");
-  return v != NULL && strcmp(v, "1") == 0;
-}
-
 /* Registers a started backend request on op, or cleans up on failure. */
 static zs_status zs__coll_started(zs__comm* c, zs_status st, zs__coll* op,
                                   int root, zs__coll** out) {
@@ -476,7 +471,7 @@ zs_status zs__comm_ireduce_scatter(zs__comm* c, zs__coll_tag tag,
     st = c->ops->exchange(c, send, offsets, op->tmp, chunk, dtype, NULL,
                           &op->req);
     /* chained: the sum follows the exchange on the device, queued now */
-    if (st == ZS_OK && c->ops->chain_sum != NULL && zs__comm_chain_enabled() &&
+    if (st == ZS_OK && c->ops->chain_sum != NULL && c->chain &&
         c->ops->chain_sum(c, op->req, dst, op->tmp, c->world, chunk, divisor,
                           dtype) == ZS_OK)
       op->dst = NULL;

@@ -264,6 +264,15 @@ struct zs__comm {
   zs__comm* shard_group; /* the context's: its shard group's communicator
                            (hybrid sharding), whose discards a wait here
                            joins too; NULL otherwise (not owned) */
+  int chain;            /* device-side chaining asked for (ZS_DEVICE_CHAIN=1,
+                           read once when its CUDA communicator is made:
+                           docs/cuda.md, "Consumers that wait on the
+                           device"); off by default: a rank whose host is
+                           blocked on the device behind a collective
+                           another rank never issues cannot join that
+                           rank's zs_step_discard (only the watchdog's
+                           timeout ends it), where a host wait joins at
+                           once */
   zs__comm* parent;     /* a group's (shard or replica group of hybrid
                            sharding: docs/running.md, "Shard groups"): the
                            context's communicator, which keeps the
@@ -385,13 +394,6 @@ zs_status zs__comm_ibroadcast(zs__comm* c, zs__coll_tag tag, void* buf,
 /* Completes op if it is done (then *done = 1 and op is freed). */
 zs_status zs__coll_test(zs__comm* c, zs__coll* op, int* done);
 
-/* 1 when device-side chaining is asked for: the environment variable
- * ZS_DEVICE_CHAIN=1 (docs/cuda.md, "Consumers that wait on the device").
- * Off by default: a rank whose host is blocked on the device behind a
- * collective another rank never issues cannot join that rank's
- * zs_step_discard (only the watchdog's timeout ends it), where a host wait
- * joins at once. */
-int zs__comm_chain_enabled(void);
 
 
 /* Copies up to cap of the most recent log entries (oldest first) and

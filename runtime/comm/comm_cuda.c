@@ -158,8 +158,13 @@ zs_status zs__cuda_comm_create(zs__comm* host, zs__comm* stage,
     if (stage != NULL) zs__comm_destroy(stage);
     return st;
   }
-  if (stage != NULL) return p->comm_create_staged(host, stage, out);
-  return p->comm_create(host, out);
+  st = stage != NULL ? p->comm_create_staged(host, stage, out)
+                     : p->comm_create(host, out);
+  /* ZS_DEVICE_CHAIN, read once per communicator (checked for its values
+   * with several ranks: context_mpi.c) */
+  const char* chain = getenv("ZS_DEVICE_CHAIN");
+  if (st == ZS_OK) (*out)->chain = chain != NULL && strcmp(chain, "1") == 0;
+  return st;
 }
 
 /* Any CUDA device asked for (a context, or a test creating one directly)

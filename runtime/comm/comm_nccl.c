@@ -122,7 +122,6 @@ typedef struct zs__nccl_impl {
   char wd_why[1200];
   int lost_rank;        /* -1, or a rank the heartbeats lost (wd_mu) */
   char lost_why[512];
-  zs__comm* self;
   /* The device timeline (ZS_DEVICE_TIMELINE=PATH; see zs__tl_write):
    * timing events of every device collective and of the marks, written to
    * PATH.rank<R>.jsonl when the communicator is destroyed. */
@@ -634,9 +633,7 @@ static zs_status zs__stage_copy(zs__nccl_impl* n, void* dst, const void* src,
                    bytes, cudaGetErrorString(e));
 }
 
-/* Queues the job's host part (after its copies in). A job that failed
- * before this point is freed; one queued is the request's (its blocks may
- * still be read by a copy queued before a later failure: then leaked). */
+/* Queues the job's host part (after its copies in). */
 static zs_status zs__stage_launch(zs__nccl_impl* n, zs__stage_job* j,
                                   const char* what) {
   cudaError_t e = cudaLaunchHostFunc(n->stream, zs__stage_run, j);
@@ -1470,7 +1467,6 @@ static zs_status zs__nccl_create(zs__comm* host, zs__comm* stage,
   c->impl = n;
   n->host = host;
   n->stage = stage;
-  n->self = c;
   n->lost_rank = -1;
   pthread_mutex_init(&n->wd_mu, NULL);
   pthread_cond_init(&n->wd_cv, NULL);

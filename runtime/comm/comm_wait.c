@@ -218,7 +218,7 @@ zs_status zs__coll_wait(zs__comm* c, zs__coll* op) {
 
 zs_status zs__coll_chain(zs__comm* c, zs__coll* op) {
   if (c->ops->chain == NULL || op->dst != NULL || op->div_dst != NULL ||
-      op->host_tmp != NULL || c->failed || !zs__comm_chain_enabled())
+      op->host_tmp != NULL || c->failed || !c->chain)
     return zs__coll_wait(c, op);
   int done = 0;
   zs_status st = zs__coll_test(c, op, &done);

@@ -28,7 +28,7 @@ zs_status zs__coll_wait(zs__comm* c, zs__coll* op);
  * collective that never completes is then the backend's watchdog's to
  * find. Where that cannot be (a backend without chain, host memory, a
  * reduce-scatter whose sum or mean is still to be computed at completion,
- * chaining not asked for: the environment variable ZS_DEVICE_CHAIN=1 asks)
+ * chaining not asked for: c->chain, set by ZS_DEVICE_CHAIN=1)
  * it is zs__coll_wait. Errors: zs__coll_wait's. */
 zs_status zs__coll_chain(zs__comm* c, zs__coll* op);
 

@@ -19,7 +19,7 @@
  * GPU), the same on every rank; ZS_DEVICE_CHAIN, "1" (consumers of
  * gathers wait on the device) or "0" (the default). A value that is
  * neither fails every rank, naming it and the rank. */
-static zs_status zs__device_comm_staged(zs__comm* c, int* staged) {
+static zs_status zs__device_env(zs__comm* c, int* staged) {
   const char* v = getenv("ZS_DEVICE_COMM");
   const char* chain = getenv("ZS_DEVICE_CHAIN");
   zs_status local = ZS_OK;
@@ -51,7 +51,7 @@ static zs_status zs__comm_for_device(const zs_config* config, zs__comm** c) {
   if (zs__config_device(config) != ZS_DEVICE_CUDA) return ZS_OK;
   int staged = 0;
   zs__comm* stage = NULL;
-  zs_status st = zs__device_comm_staged(*c, &staged);
+  zs_status st = zs__device_env(*c, &staged);
   if (st == ZS_OK && staged && (*c)->world > 1)
     st = zs__comm_mpi_split(*c, 0, (*c)->rank, &stage);
   if (st != ZS_OK) {
