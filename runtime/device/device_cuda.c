@@ -168,15 +168,17 @@ static void zs__cuda_free(zs__device* dev, void* ptr) {
    * block on its stream without waiting. The upload stream's next use
    * waits for this point of the compute stream (an event; without one it
    * waits for the whole compute stream). */
-  if ((b->freed != NULL ||
-       cudaEventCreateWithFlags(&b->freed, cudaEventDisableTiming) ==
-           cudaSuccess) &&
-      cudaEventRecord(b->freed, c->compute) != cudaSuccess) {
+  cudaError_t e = b->freed != NULL
+                      ? cudaSuccess
+                      : cudaEventCreateWithFlags(&b->freed,
+                                                 cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventRecord(b->freed, c->compute);
+  if (e != cudaSuccess) {
+    /* (cleared only then: a model's own launch error stays for it) */
     (void)cudaGetLastError();
-    cudaEventDestroy(b->freed);
+    if (b->freed != NULL) cudaEventDestroy(b->freed);
     b->freed = NULL;
   }
-  (void)cudaGetLastError();
   b->next = c->free_list;
   c->free_list = b;
   c->cached_bytes += b->bytes;
