@@ -37,9 +37,12 @@
 #
 # Bytes: each host's eth0 rx/tx bytes are read before and after the mpirun;
 # the last line on stdout is one JSON object with the differences:
-#   {"hosts":2,"ranks_per_host":2,"veth":[{"host":0,"tx_bytes":N,"rx_bytes":N},...]}
+#   {"hosts":2,"ranks_per_host":2,"mtu":1500,
+#    "veth":[{"host":0,"tx_bytes":N,"rx_bytes":N,"tcp_retrans_segs":N},...]}
 # (also written to FILE with --json FILE). Traffic between ranks of one fake
-# host does not pass a veth.
+# host does not pass a veth. tcp_retrans_segs is the host's TCP segments
+# sent again (RetransSegs of its namespace's /proc/net/snmp); their bytes
+# are in tx_bytes, at most mtu + 14 (the Ethernet header) per segment.
 #
 # Exit status: the program's (mpirun's); 77 when the hosts cannot be
 # emulated here (not root, no `ip netns`, no veth or bridge, no unshare),
@@ -143,10 +146,11 @@ for ((i = 0; i < hosts; i++)); do
   echo "zsmh-h$i slots=$per_host" >> "$WORK/hostfile"
 done
 
-# Bytes of host i's eth0 (tx rx), read inside its namespace.
+# Bytes of host i's eth0 (tx rx) and its TCP segments retransmitted
+# (RetransSegs of the namespace's /proc/net/snmp), read inside its namespace.
 veth_bytes() {
   ip netns exec "$PREFIX-h$1" sh -c \
-    'echo $(cat /sys/class/net/eth0/statistics/tx_bytes) $(cat /sys/class/net/eth0/statistics/rx_bytes)'
+    'echo $(cat /sys/class/net/eth0/statistics/tx_bytes) $(cat /sys/class/net/eth0/statistics/rx_bytes) $(awk "/^Tcp:/ { if (n++) print \$13 }" /proc/net/snmp)'
 }
 # The agent needs these (it is started by mpirun, with mpirun's environment).
 export ZS_MH_PREFIX="$PREFIX" ZS_MH_HOSTS_FILE="$WORK/hosts"
@@ -180,12 +184,13 @@ rc=0
   "${xenv[@]}" "$@" || rc=$?
 
 for ((i = 0; i < hosts; i++)); do after[$i]=$(veth_bytes "$i"); done
-line="{\"hosts\":$hosts,\"ranks_per_host\":$per_host,\"veth\":["
+mtu=$(ip netns exec "$PREFIX-h0" cat /sys/class/net/eth0/mtu)
+line="{\"hosts\":$hosts,\"ranks_per_host\":$per_host,\"mtu\":$mtu,\"veth\":["
 for ((i = 0; i < hosts; i++)); do
-  read -r tx0 rx0 <<< "${before[$i]}"
-  read -r tx1 rx1 <<< "${after[$i]}"
+  read -r tx0 rx0 re0 <<< "${before[$i]}"
+  read -r tx1 rx1 re1 <<< "${after[$i]}"
   [ $i -gt 0 ] && line+=","
-  line+="{\"host\":$i,\"tx_bytes\":$((tx1 - tx0)),\"rx_bytes\":$((rx1 - rx0))}"
+  line+="{\"host\":$i,\"tx_bytes\":$((tx1 - tx0)),\"rx_bytes\":$((rx1 - rx0)),\"tcp_retrans_segs\":$((re1 - re0))}"
 done
 line+="],\"exit\":$rc}"
 echo "$line"

@@ -3,7 +3,12 @@
 # ranks (tools/multihost.sh: network namespaces, Open MPI over TCP), run
 # twice with different step counts: inter-host bytes per step = the veth
 # bytes of the longer run minus the shorter's, over the extra steps (the
-# startup's traffic cancels). Asserts: both runs succeed with 4 ranks, the
+# startup's traffic cancels). TCP retransmissions are the one noise in
+# those bytes (a retransmitted segment is counted twice; 42 segments, 62 KB,
+# in one 2-step run seen, which put the difference 0.7% below the model):
+# a run whose hosts retransmitted more than RETRANS_MAX segments is run
+# again (TRIES in all), and the bytes the rest may have added bound the
+# comparison (below). Asserts: both runs succeed with 4 ranks, the
 # bytes per step are > 0, and the losses equal bitwise those of a plain
 # 4-rank run on one host of the same configuration.
 # Skip: where hosts cannot be emulated (harness exit 77: not root, no
@@ -12,7 +17,10 @@
 # replica bytes per step equal it exactly; the veth bytes per step are the
 # bytes it says the ranks send between hosts plus TCP/IP and MPI headers
 # and the small control collectives and heartbeats it leaves out, which
-# must stay within 15% of it.
+# must stay within 15% of it: the bytes per step, corrected by at most the
+# retransmitted segments' bytes (segments x (MTU + 14): the shorter run's
+# raise the bound, the longer run's lower it), must reach the model and
+# stay under 1.15x it.
 # usage: multihost_test.sh MULTIHOST_SH TRAIN_SHARDED DATA ZS_ESTIMATE
 set -u
 
@@ -25,6 +33,8 @@ HOSTS=2
 RANKS_PER_HOST=2
 STEPS_A=2
 STEPS_B=4
+RETRANS_MAX=16
+TRIES=3
 
 abspath() { case "$1" in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
 harness=$(abspath "$1") trainer=$(abspath "$2") data=$(abspath "$3")
@@ -43,10 +53,13 @@ demo() { # STEPS REPORT [ARGS]: sets cmd, the trainer's command line
        --log-every 1 --data "$data" --report "$2" ${3-$DEMO_ARGS})
 }
 
-# compare_model MEASURED_BYTES_PER_STEP REPORT: the measured inter-host
-# bytes per step (both hosts' veth tx) against the model's (per rank
-# times ranks), and the report's logged replica bytes against the model's
-# exactly. Returns non-zero on a mismatch.
+# compare_model MEASURED_BYTES_PER_STEP RETRANS_UP RETRANS_DOWN REPORT: the
+# measured inter-host bytes per step (both hosts' veth tx) against the
+# model's (per rank times ranks), and the report's logged replica bytes
+# against the model's exactly. RETRANS_UP and RETRANS_DOWN: bytes per step
+# the retransmissions may have taken off the measurement (the shorter
+# run's) and added to it (the longer run's). Returns non-zero on a
+# mismatch.
 compare_model() {
   demo 1 "$tmp/unused.json"
   "${cmd[@]}" --describe "$tmp/model.json" > "$tmp/describe.txt" 2>&1 ||
@@ -55,10 +68,11 @@ compare_model() {
     --shard-group-size node --stage 3 --comm --json > "$tmp/comm.json" ||
     { echo "FAIL: zs estimate --comm"; return 1; }
   echo "model: $(cat "$tmp/comm.json")"
-  python3 - "$1" "$2" "$tmp/comm.json" "$ranks" <<'PY'
+  python3 - "$1" "$2" "$3" "$4" "$tmp/comm.json" "$ranks" <<'PY'
 import json, sys
-measured, rep, model, ranks = int(sys.argv[1]), json.load(open(sys.argv[2])), \
-    json.load(open(sys.argv[3])), int(sys.argv[4])
+measured, up, down = (int(a) for a in sys.argv[1:4])
+rep, model, ranks = json.load(open(sys.argv[4])), json.load(open(sys.argv[5])), \
+    int(sys.argv[6])
 logged = rep["comm"]["groups"]["replica"]["bytes_per_step"]
 want = model["log_bytes_per_step"]["replica"]
 bad = 0
@@ -68,17 +82,20 @@ else:
     print(f"ok: the log's replica bytes per step equal the model's ({want:.0f})")
 wire = model["sent_bytes_per_step"]["inter_node"] * ranks
 ratio = measured / wire if wire > 0 else float("inf")
+hi, lo = (measured + up) / wire, (measured - down) / wire
 print(f"inter-host bytes per step: measured {measured}, model {wire:.0f}, "
-      f"ratio {ratio:.4f} (protocol overhead {100 * (ratio - 1):.2f}%)")
-if not 1.0 <= ratio <= 1.15:
+      f"ratio {ratio:.4f} (protocol overhead {100 * (ratio - 1):.2f}%); "
+      f"retransmissions bound it to [{lo:.4f}, {hi:.4f}]")
+if hi < 1.0 or lo > 1.15:
     print("FAIL: the measured bytes are not within [1, 1.15] of the model's"); bad = 1
 sys.exit(bad)
 PY
 }
 
 # ---- Two runs across the emulated hosts ------------------------------------
-declare -A total secs
+declare -A total secs retrans
 for s in $STEPS_A $STEPS_B; do
+ for ((try = 1; try <= TRIES; try++)); do
   t0=$(date +%s.%N)
   demo "$s" "$tmp/mh$s.json"
   "$harness" --hosts $HOSTS --ranks-per-host $RANKS_PER_HOST --json "$tmp/veth$s.json" \
@@ -95,13 +112,17 @@ for s in $STEPS_A $STEPS_B; do
   tail -3 "$tmp/out$s.txt"
   check $rc "the $s-step run across $HOSTS hosts exited $rc"
   if [ $rc != 0 ]; then tail -20 "$tmp/err$s.txt"; exit 1; fi
-  total[$s]=$(python3 - "$tmp/veth$s.json" <<'PY'
+  read -r total[$s] retrans[$s] frame <<< "$(python3 - "$tmp/veth$s.json" <<'PY'
 import json, sys
-v = json.load(open(sys.argv[1]))["veth"]
-print(sum(h["tx_bytes"] for h in v))
+j = json.load(open(sys.argv[1]))
+print(sum(h["tx_bytes"] for h in j["veth"]),
+      sum(h["tcp_retrans_segs"] for h in j["veth"]), j["mtu"] + 14)
 PY
-)
-  echo "run of $s steps: ${secs[$s]} s, veth tx bytes (all hosts) ${total[$s]}: $(cat "$tmp/veth$s.json")"
+)"
+  echo "run of $s steps (try $try): ${secs[$s]} s, veth tx bytes (all hosts) ${total[$s]}," \
+       "TCP segments retransmitted ${retrans[$s]}: $(cat "$tmp/veth$s.json")"
+  [ "${retrans[$s]}" -le $RETRANS_MAX ] && break
+ done
 done
 
 # ---- The plain run: one host, 4 ranks ----------------------------------------
@@ -137,7 +158,9 @@ if [s["loss"] for s in a["steps"]] != [s["loss"] for s in b["steps"]][:len(a["st
 sys.exit(bad)
 PY
 check $? "report checks"
-compare_model "$per_step" "$tmp/mh$STEPS_B.json"
+up=$(( retrans[$STEPS_A] * frame / (STEPS_B - STEPS_A) ))
+down=$(( retrans[$STEPS_B] * frame / (STEPS_B - STEPS_A) ))
+compare_model "$per_step" "$up" "$down" "$tmp/mh$STEPS_B.json"
 check $? "compare_model"
 [ $fail = 0 ] && echo "PASS" || echo "FAILED"
 exit $fail
