@@ -205,6 +205,7 @@ typedef struct zs__unit {
                          unit is prefetched only when it was gathered in
                          each of the last ZS__PREFETCH_STEADY (engine_sched.c)
                          steps with a trace */
+  int gathered_ever;  /* gathered by the user in some completed step */
   int uses_explicit;  /* zs_unit_set_grad_uses, 0 = record */
   int uses_recorded;  /* most releases seen in a step; 0 = unknown */
 } zs__unit;
@@ -269,6 +270,7 @@ struct zs_model {
   int trace_pos;
   int trace_ok;     /* this step has matched the trace so far */
   int prefetches;   /* units holding a prefetch (issued, not yet used) */
+  uint64_t prefetch_gathers; /* all-gathers prefetch started, ever (tests) */
   size_t persistence_threshold; /* zs_model_set_persistence_threshold */
   int trace_steps;  /* completed steps recorded (capped): the steadiness
                        window's length so far */
@@ -276,6 +278,8 @@ struct zs_model {
   int nreducing, reducing_cap;
   size_t live_elems;     /* stage 3: elements of params_full allocated */
   size_t max_live_elems; /* 0: no limit (raised to the largest unit) */
+  size_t unsteady_elems; /* stage 3: room the limit keeps for a unit
+                            gathered on use (engine_sched.c) */
   /* CPU offload with a GPU: page-locked staging of the step (two slots of
    * the largest span's gradients and parameters) and its copy stream. */
   void* staging_g[2];

@@ -58,6 +58,7 @@ zs_status zs__prefetch_one(zs_model* m, int unit) {
   if (st != ZS_OK) return st;
   u->prefetch_hold = 1;
   m->prefetches++;
+  m->prefetch_gathers++;
   /* Owners of its ties come along, each as its own prefetch. */
   for (int k = 0; k < u->nowners && st == ZS_OK; k++) {
     zs__unit* o = &m->units[u->owners[k]];
@@ -66,6 +67,7 @@ zs_status zs__prefetch_one(zs_model* m, int unit) {
     if (st == ZS_OK) {
       o->prefetch_hold = 1;
       m->prefetches++;
+      m->prefetch_gathers++;
     }
   }
   return st;
@@ -87,7 +89,10 @@ static void zs__param_trace_read_ahead(zs_model* m) {
 
 /* Issues all-gathers for the next units of the trace that are not
  * gathered, while fewer than prefetch_depth prefetches are unused and the
- * live-elements limit allows; then reads ahead (above). */
+ * live-elements limit allows; then reads ahead (above). A unit that is not
+ * steady may be gathered on use while the prefetched ones are held, in or
+ * out of the trace: the limit keeps room for the largest one
+ * (unsteady_elems). */
 zs_status zs__prefetch_issue(zs_model* m) {
   const int depth = m->ctx->config.prefetch_depth;
   if (!m->gathers || !m->trace_valid || !m->trace_ok)
@@ -96,7 +101,8 @@ zs_status zs__prefetch_issue(zs_model* m) {
     const int v = m->trace[j];
     if (m->units[v].gather_refs > 0 || !zs__steady(m, v)) continue;
     const size_t cost = zs__prefetch_cost(m, v);
-    if (m->max_live_elems > 0 && m->live_elems + cost > m->max_live_elems)
+    if (m->max_live_elems > 0 &&
+        m->live_elems + m->unsteady_elems + cost > m->max_live_elems)
       break;
     /* never more than `depth` prefetched all-gathers, ties included */
     if (m->prefetches + zs__prefetch_count(m, v) > depth) break;
@@ -151,6 +157,24 @@ void zs__trace_end_step(zs_model* m) {
                                     : 0;
     }
     if (m->trace_steps < ZS__PREFETCH_STEADY) m->trace_steps++;
+    /* Room the live limit keeps for a unit gathered on use: the largest
+     * unit gathered in some step but not steady (a branch taken on some
+     * steps; without this, such a branch gathered beside a prefetched unit
+     * put the gathered peak up to 1.7x over the limit). Units some ranks
+     * may skip are outside the limit; replicated units are never
+     * gathered. */
+    m->unsteady_elems = 0;
+    for (int i = 0; i < m->nunits; i++) {
+      zs__unit* u = &m->units[i];
+      if (u->seen_this_step) u->gathered_ever = 1;
+      if (!u->gathered_ever || !u->policy.gather_on_use || u->allow_unused ||
+          zs__steady(m, i))
+        continue;
+      size_t need = u->layout.padded; /* with its tie owners, all gathered */
+      for (int k = 0; k < u->nowners; k++)
+        need += m->units[u->owners[k]].layout.padded;
+      if (need > m->unsteady_elems) m->unsteady_elems = need;
+    }
   }
   for (int i = 0; i < m->nunits; i++) m->units[i].seen_this_step = 0;
   m->seen_len = 0;

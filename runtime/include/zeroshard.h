@@ -362,7 +362,9 @@ typedef struct zs_config {
   int prefetch_depth;       /* stage 3: units all-gathered ahead, 0..64;
                                default 2 */
   size_t max_live_elements; /* stage 3: gathered elements prefetch stays
-                               under; 0 (default): no limit */
+                               under, keeping room for the largest unit
+                               that is gathered on use (not steady:
+                               docs/overlap.md); 0 (default): no limit */
   int reshard_after_forward; /* stage 3: 1 (default) frees a unit at its
                                 forward release, 0 keeps it for backward */
   zs_reduce_order reduce_order;

@@ -547,6 +547,7 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
        s++) {
     zs_comm_counters before{}, after{};
     zs_comm_counters_get(ctx, &before);
+    const uint64_t prefetched = zm->prefetch_gathers;
     const uint64_t log_from = LogEnd(ctx);
     st = zs_model_set_lr(zm, ZS_ALL_GROUPS, LrAt(cfg, s));
     double sum = 0, total = 0;
@@ -561,6 +562,7 @@ TrainResult TrainSharded(Model& model, const TrainConfig& cfg) {
     }
     zs_comm_counters_get(ctx, &after);
     r.step_counters.push_back(Diff(after, before));
+    r.step_prefetched.push_back(zm->prefetch_gathers - prefetched);
     r.step_log.push_back(LogFrom(ctx, log_from));
     r.infos.push_back(info);
     zs_memory_stats ms{};

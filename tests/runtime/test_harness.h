@@ -104,6 +104,7 @@ struct TrainResult {
   std::vector<float> losses;               // global mean loss per step
   std::vector<zs_comm_counters> step_counters;  // counters diff per step
   std::vector<zs_memory_stats> step_memory;      // right after each zs_step
+  std::vector<uint64_t> step_prefetched;  // all-gathers prefetch started
   // sharded: the communication log's records of each optimizer step
   std::vector<std::vector<zs_comm_record>> step_log;
   zs_memory_stats memory_baseline{};       // right after context creation

@@ -2,8 +2,11 @@
 // the GPT-2 example's layer functions.
 #include "tests/runtime/test_models.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include "examples/gpt2/layers.h"
 
@@ -375,6 +378,71 @@ class Branch : public Model {
   }
 };
 
+// ==== A stack with a branch on odd steps ====================================
+
+// Units: embed (192 -> 32), b0, b1, branch (odd steps only), b2 (32 -> 32,
+// GELU), out (32 -> 4). The embedding is about 6 blocks, as GPT-2's token
+// embedding is 5.4 of its blocks, so prefetching blocks under a live limit
+// of the largest unit fits. Each unit's forward and backward sleeps
+// `sleep_us` after its compute (a device kernel's time while the host
+// waits; nothing in the results changes).
+class BranchStack : public Model {
+ public:
+  static constexpr int kIn = 192, kD = 32, kOut = 4, kBranch = 3;
+  explicit BranchStack(int sleep_us) : sleep_us_(sleep_us) {
+    AddLinear(this, "embed", kIn, kD);
+    AddLinear(this, "b0", kD, kD);
+    AddLinear(this, "b1", kD, kD);
+    AddLinear(this, "branch", kD, kD);
+    AddLinear(this, "b2", kD, kD);
+    AddLinear(this, "out", kD, kOut);
+  }
+  float Step(Access& a, int step, int b0, int nb) override {
+    const bool use = step % 2 == 1;
+    Buf x, y;
+    FillBatch(9, step, b0, nb, kIn, &x);
+    Teacher(x, nb, kIn, kOut, &y);
+    const int nu = (int)units.size();
+    std::vector<Linear> l;
+    for (int u = 0; u < nu; u++)
+      l.push_back({u == 0 ? kIn : kD, u == nu - 1 ? kOut : kD, u < nu - 1, {}, {}});
+    std::vector<int> path;
+    for (int u = 0; u < nu; u++)
+      if (u != kBranch || use) path.push_back(u);
+    std::vector<const float*> in(nu, nullptr);
+    const float* h = x.data();
+    for (int u : path) {
+      in[u] = h;
+      a.BeginForward(u);
+      l[u].Forward(a.Param(2 * u), a.Param(2 * u + 1), h, nb);
+      Pause();
+      a.EndForward(u);
+      h = l[u].Out();
+    }
+    float loss = 0;
+    gpt2_mse_forward(&loss, h, y.data(), nb, kOut);
+    Buf dy((size_t)nb * kOut, 0.f);
+    gpt2_mse_backward(dy.data(), 1.0f, h, y.data(), nb, kOut);
+    for (size_t k = path.size(); k-- > 0;) {
+      const int u = path[k];
+      Buf dx(k > 0 ? (size_t)nb * kD : 0, 0.f);
+      a.BeginBackward(u);
+      l[u].Backward(a.Grad(2 * u), a.Grad(2 * u + 1), k > 0 ? dx.data() : nullptr,
+                    dy.data(), in[u], a.Param(2 * u), nb);
+      Pause();
+      a.EndBackward(u);
+      dy.swap(dx);
+    }
+    return loss;
+  }
+
+ private:
+  void Pause() const {
+    if (sleep_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(sleep_us_));
+  }
+  int sleep_us_;
+};
+
 // ==== A mixture of experts ==================================================
 
 }  // namespace
@@ -501,6 +569,9 @@ std::unique_ptr<Model> MakeTransformer() { return std::make_unique<Transformer>(
 std::unique_ptr<Model> MakeDegenerate() { return std::make_unique<Degenerate>(); }
 std::unique_ptr<Model> MakeTwiceUsed() { return std::make_unique<TwiceUsed>(); }
 std::unique_ptr<Model> MakeBranch() { return std::make_unique<Branch>(); }
+std::unique_ptr<Model> MakeBranchStack(int sleep_us) {
+  return std::make_unique<BranchStack>(sleep_us);
+}
 std::unique_ptr<Model> MakeGrowingUse() { return std::make_unique<GrowingUse>(); }
 std::unique_ptr<Model> MakeMoe(int global_batch) {
   return std::make_unique<Moe>(global_batch);

@@ -73,6 +73,10 @@ std::unique_ptr<Model> MakeTransformer();  // embed, 1 block, tied LM head
 std::unique_ptr<Model> MakeDegenerate();   // odd, tiny and empty tensors
 std::unique_ptr<Model> MakeTwiceUsed();    // one unit applied twice
 std::unique_ptr<Model> MakeBranch();       // a unit used on odd steps only
+// embed (about 6 blocks' elements), b0, b1, branch (odd steps only, unit
+// 3), b2, out; each unit's forward and backward sleeps sleep_us after its
+// compute (the host waiting for a device kernel).
+std::unique_ptr<Model> MakeBranchStack(int sleep_us = 0);
 // A mixture of experts: "in", experts "expert.a", ".b", ".c" (units 1-3,
 // see kExpertUnits), "out". Sample j of step s goes to one expert, or to
 // none (identity), by its quarter of the global batch: MoeRoute. A slice of
