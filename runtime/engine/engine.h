@@ -123,6 +123,10 @@ typedef struct zs__kind {
 } zs__kind;
 enum { ZS__VIEW_PARAMS = 0, ZS__VIEW_GRADS = 1 };
 
+/* Steps over which the stage-3 live limit remembers the units gathered on
+ * use that were not steady (engine_sched.c). */
+#define ZS__RESERVE_WINDOW 8
+
 typedef struct zs__unit {
   char name[ZS_NAME_MAX];
   int* tensors; /* model tensor ids registered here (aliases too) */
@@ -205,7 +209,8 @@ typedef struct zs__unit {
                          unit is prefetched only when it was gathered in
                          each of the last ZS__PREFETCH_STEADY (engine_sched.c)
                          steps with a trace */
-  int gathered_ever;  /* gathered by the user in some completed step */
+  size_t unsteady_held; /* elements it adds to zs_model.unsteady_live while
+                           gathered (gathered on use, not steady) */
   int uses_explicit;  /* zs_unit_set_grad_uses, 0 = record */
   int uses_recorded;  /* most releases seen in a step; 0 = unknown */
 } zs__unit;
@@ -278,8 +283,14 @@ struct zs_model {
   int nreducing, reducing_cap;
   size_t live_elems;     /* stage 3: elements of params_full allocated */
   size_t max_live_elems; /* 0: no limit (raised to the largest unit) */
-  size_t unsteady_elems; /* stage 3: room the limit keeps for a unit
-                            gathered on use (engine_sched.c) */
+  /* Stage 3, the live limit's room for units gathered on use that are not
+   * steady (engine_sched.c): the largest of the last ZS__RESERVE_WINDOW
+   * steps' peaks of such units gathered at once (elements). */
+  size_t unsteady_elems;
+  size_t unsteady_live;      /* such units gathered now */
+  size_t unsteady_step_peak; /* ... at most, in this step */
+  size_t unsteady_peaks[ZS__RESERVE_WINDOW]; /* the last steps' peaks */
+  uint64_t steps_traced;     /* completed steps that gathered a unit */
   /* CPU offload with a GPU: page-locked staging of the step (two slots of
    * the largest span's gradients and parameters) and its copy stream. */
   void* staging_g[2];

@@ -28,9 +28,11 @@ static zs_status zs__unit_gather(zs_model* m, int unit, void* arg) {
   if (m->gathers && !m->eval) {
     st = zs__trace_follow(m, unit);
     if (st != ZS_OK) return st;
+    zs__live_make_room(m, unit);
   }
   st = zs__hold_for_use(m, unit);
   if (st != ZS_OK) return st;
+  if (m->gathers && !m->eval) zs__unsteady_note(m, unit);
   int held = 0; /* owners holding a reference for this gather */
   while (held < u->nowners && st == ZS_OK) {
     st = zs__hold_for_use(m, u->owners[held]);
@@ -126,8 +128,9 @@ static zs_status zs__unit_prefetch(zs_model* m, int unit, void* arg) {
       m->units[unit].allow_unused)
     return ZS_OK;
   if (m->max_live_elems > 0 &&
-      m->live_elems + zs__prefetch_cost(m, unit) > m->max_live_elems)
-    return ZS_OK; /* a hint: the live limit wins */
+      m->live_elems + zs__live_room(m) + zs__prefetch_cost(m, unit) >
+          m->max_live_elems)
+    return ZS_OK; /* a hint: the live limit (and its room) wins */
   if (m->prefetches + zs__prefetch_count(m, unit) > m->ctx->config.prefetch_depth)
     return ZS_OK; /* ... and so does the depth */
   return zs__prefetch_one(m, unit);

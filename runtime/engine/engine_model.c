@@ -976,15 +976,18 @@ cleanup:
   return st;
 }
 
-/* The stage-3 live-elements limit: a limit below the largest unit could
- * never be met, so it is raised to it (with a warning). */
+/* The stage-3 live-elements limit: a limit below the largest unit gathered
+ * on use could never be met, so it is raised to it (with a warning).
+ * Replicated units are never gathered: they do not count. */
 static void zs__set_live_limit(zs_model* m) {
   size_t want = m->ctx->config.max_live_elements, largest = 0;
   int which = -1;
   for (int i = 0; i < m->nunits; i++) {
+    if (!m->units[i].policy.gather_on_use) continue;
     size_t need = m->units[i].layout.padded;
     for (int k = 0; k < m->units[i].nowners; k++)
-      need += m->units[m->units[i].owners[k]].layout.padded;
+      if (m->units[m->units[i].owners[k]].policy.gather_on_use)
+        need += m->units[m->units[i].owners[k]].layout.padded;
     if (need > largest) {
       largest = need;
       which = i;

@@ -89,10 +89,9 @@ static void zs__param_trace_read_ahead(zs_model* m) {
 
 /* Issues all-gathers for the next units of the trace that are not
  * gathered, while fewer than prefetch_depth prefetches are unused and the
- * live-elements limit allows; then reads ahead (above). A unit that is not
- * steady may be gathered on use while the prefetched ones are held, in or
- * out of the trace: the limit keeps room for the largest one
- * (unsteady_elems). */
+ * live-elements limit allows; then reads ahead (above). Units that are
+ * not steady may be gathered on use while the prefetched ones are held, in
+ * or out of the trace: the limit keeps room for them (zs__live_room). */
 zs_status zs__prefetch_issue(zs_model* m) {
   const int depth = m->ctx->config.prefetch_depth;
   if (!m->gathers || !m->trace_valid || !m->trace_ok)
@@ -102,7 +101,7 @@ zs_status zs__prefetch_issue(zs_model* m) {
     if (m->units[v].gather_refs > 0 || !zs__steady(m, v)) continue;
     const size_t cost = zs__prefetch_cost(m, v);
     if (m->max_live_elems > 0 &&
-        m->live_elems + m->unsteady_elems + cost > m->max_live_elems)
+        m->live_elems + zs__live_room(m) + cost > m->max_live_elems)
       break;
     /* never more than `depth` prefetched all-gathers, ties included */
     if (m->prefetches + zs__prefetch_count(m, v) > depth) break;
@@ -157,24 +156,21 @@ void zs__trace_end_step(zs_model* m) {
                                     : 0;
     }
     if (m->trace_steps < ZS__PREFETCH_STEADY) m->trace_steps++;
-    /* Room the live limit keeps for a unit gathered on use: the largest
-     * unit gathered in some step but not steady (a branch taken on some
-     * steps; without this, such a branch gathered beside a prefetched unit
-     * put the gathered peak up to 1.7x over the limit). Units some ranks
-     * may skip are outside the limit; replicated units are never
-     * gathered. */
+    /* Room the live limit keeps for units gathered on use: the most such
+     * units that were not steady were gathered at once in one of the last
+     * ZS__RESERVE_WINDOW steps (a branch taken on some steps, nested
+     * branches; without this room such a branch, gathered beside a
+     * prefetched unit, put the gathered peak up to 1.7x over the limit,
+     * or, with zs__live_make_room, freed and gathered again a prefetched
+     * unit every time it came). A rarer branch finds the room made when
+     * it comes (zs__live_make_room). */
+    m->unsteady_peaks[m->steps_traced % ZS__RESERVE_WINDOW] = m->unsteady_step_peak;
+    m->steps_traced++;
+    m->unsteady_step_peak = m->unsteady_live;
     m->unsteady_elems = 0;
-    for (int i = 0; i < m->nunits; i++) {
-      zs__unit* u = &m->units[i];
-      if (u->seen_this_step) u->gathered_ever = 1;
-      if (!u->gathered_ever || !u->policy.gather_on_use || u->allow_unused ||
-          zs__steady(m, i))
-        continue;
-      size_t need = u->layout.padded; /* with its tie owners, all gathered */
-      for (int k = 0; k < u->nowners; k++)
-        need += m->units[u->owners[k]].layout.padded;
-      if (need > m->unsteady_elems) m->unsteady_elems = need;
-    }
+    for (int k = 0; k < ZS__RESERVE_WINDOW; k++)
+      if (m->unsteady_peaks[k] > m->unsteady_elems)
+        m->unsteady_elems = m->unsteady_peaks[k];
   }
   for (int i = 0; i < m->nunits; i++) m->units[i].seen_this_step = 0;
   m->seen_len = 0;
@@ -187,6 +183,50 @@ void zs__trace_drop_step(zs_model* m) {
   m->seen_len = 0;
   m->trace_pos = 0;
   m->trace_ok = 1;
+}
+
+/* Whether `owner` owns one of `unit`'s tied tensors. */
+static int zs__is_owner(const zs_model* m, int unit, int owner) {
+  for (int k = 0; k < m->units[unit].nowners; k++)
+    if (m->units[unit].owners[k] == owner) return 1;
+  return 0;
+}
+
+void zs__unsteady_note(zs_model* m, int unit) {
+  zs__unit* u = &m->units[unit];
+  if (!u->policy.gather_on_use || u->allow_unused || u->unsteady_held > 0 ||
+      zs__steady(m, unit))
+    return;
+  u->unsteady_held = u->layout.padded;
+  m->unsteady_live += u->unsteady_held;
+  if (m->unsteady_live > m->unsteady_step_peak)
+    m->unsteady_step_peak = m->unsteady_live;
+}
+
+/* Elements the live limit keeps free for units gathered on use: the room
+ * (unsteady_elems) less what such units hold now. */
+size_t zs__live_room(const zs_model* m) {
+  return m->unsteady_elems > m->unsteady_live
+             ? m->unsteady_elems - m->unsteady_live
+             : 0;
+}
+
+void zs__live_make_room(zs_model* m, int unit) {
+  if (m->max_live_elems == 0 || m->prefetches == 0 || m->units[unit].allow_unused)
+    return;
+  if (m->live_elems + zs__prefetch_cost(m, unit) <= m->max_live_elems) return;
+  zs__log(ZS_LOG_INFO,
+          "gather of unit '%s' would take the gathered parameters over "
+          "max_live_elements (%zu): the units prefetched and not yet used "
+          "are freed (gathered again when used)", m->units[unit].name,
+          m->max_live_elems);
+  for (int i = 0; i < m->nunits; i++) {
+    zs__unit* u = &m->units[i];
+    if (!u->prefetch_hold || i == unit || zs__is_owner(m, unit, i)) continue;
+    u->prefetch_hold = 0;
+    m->prefetches--;
+    zs__drop(m, i);
+  }
 }
 
 /* Follows the trace with the user's gather of `unit`; a gather out of

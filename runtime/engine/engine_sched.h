@@ -18,6 +18,20 @@ extern "C" {
  * (each counting against prefetch_depth). */
 size_t zs__prefetch_cost(const zs_model* m, int unit);
 int zs__prefetch_count(const zs_model* m, int unit);
+/* Before the user's gather of `unit`: if it would take the gathered
+ * parameters over max_live_elements, frees the prefetched units not yet
+ * used (but `unit`'s tie owners), so that prefetch never pushes them over
+ * the limit, also for a unit it did not foresee. Depends only on sizes and
+ * prefetch state, the same on every rank. Units some ranks may skip are
+ * outside the limit. */
+void zs__live_make_room(zs_model* m, int unit);
+/* After the user's gather of `unit` (training): a unit gathered on use that
+ * is not steady counts in unsteady_live until freed (zs__drop), and in the
+ * step's peak of them, from which the limit's room is learned. */
+void zs__unsteady_note(zs_model* m, int unit);
+/* Elements prefetch leaves free under the live limit for units gathered on
+ * use that are not steady. */
+size_t zs__live_room(const zs_model* m);
 /* Holds `unit` and the owners of its ties as prefetches (their all-gathers
  * start now). Errors: zs__hold's. */
 zs_status zs__prefetch_one(zs_model* m, int unit);

@@ -248,6 +248,8 @@ void zs__drop(zs_model* m, int unit) {
   zs__dev_free(m->ctx->device, u->params_full);
   u->params_full = NULL;
   if (!u->allow_unused) m->live_elems -= u->layout.padded;
+  m->unsteady_live -= u->unsteady_held;
+  u->unsteady_held = 0;
 }
 
 /* A reference for the user's gather: a prefetch of the unit, if any, is

@@ -361,9 +361,10 @@ typedef struct zs_config {
                                default 2^22 */
   int prefetch_depth;       /* stage 3: units all-gathered ahead, 0..64;
                                default 2 */
-  size_t max_live_elements; /* stage 3: gathered elements prefetch stays
-                               under, keeping room for the largest unit
-                               that is gathered on use (not steady:
+  size_t max_live_elements; /* stage 3: gathered elements prefetch never
+                               pushes the gathered parameters over (room
+                               kept for units gathered on use; unused
+                               prefetches freed if one would pass it:
                                docs/overlap.md); 0 (default): no limit */
   int reshard_after_forward; /* stage 3: 1 (default) frees a unit at its
                                 forward release, 0 keeps it for backward */
