@@ -156,13 +156,13 @@ void zs__trace_end_step(zs_model* m) {
                                     : 0;
     }
     if (m->trace_steps < ZS__PREFETCH_STEADY) m->trace_steps++;
-    /* Room the live limit keeps for units gathered on use: the most such
-     * units that were not steady were gathered at once in one of the last
-     * ZS__RESERVE_WINDOW steps (a branch taken on some steps, nested
-     * branches; without this room such a branch, gathered beside a
-     * prefetched unit, put the gathered peak up to 1.7x over the limit,
-     * or, with zs__live_make_room, freed and gathered again a prefetched
-     * unit every time it came). A rarer branch finds the room made when
+    /* Room the live limit keeps for units gathered on use: the largest
+     * total of units that were not steady held at once in one of the last
+     * ZS__RESERVE_WINDOW steps (a branch taken on some steps, a nested
+     * branch). Without this room such a branch, gathered beside a
+     * prefetched unit, put the gathered peak up to 1.7x over the limit
+     * (or, with zs__live_make_room, freed a prefetched unit to gather it
+     * again each time it came). A rarer branch finds the room made when
      * it comes (zs__live_make_room). */
     m->unsteady_peaks[m->steps_traced % ZS__RESERVE_WINDOW] = m->unsteady_step_peak;
     m->steps_traced++;
