@@ -211,6 +211,19 @@ size_t zs__live_room(const zs_model* m) {
              : 0;
 }
 
+/* Frees the prefetches not yet used (their holds go), but those of `keep`
+ * and of its tie owners; keep -1: all. */
+static void zs__prefetches_free(zs_model* m, int keep) {
+  for (int i = 0; i < m->nunits; i++) {
+    zs__unit* u = &m->units[i];
+    if (!u->prefetch_hold || (keep >= 0 && (i == keep || zs__is_owner(m, keep, i))))
+      continue;
+    u->prefetch_hold = 0;
+    m->prefetches--;
+    zs__drop(m, i);
+  }
+}
+
 void zs__live_make_room(zs_model* m, int unit) {
   if (m->max_live_elems == 0 || m->prefetches == 0 || m->units[unit].allow_unused)
     return;
@@ -220,13 +233,7 @@ void zs__live_make_room(zs_model* m, int unit) {
           "max_live_elements (%zu): the units prefetched and not yet used "
           "are freed (gathered again when used)", m->units[unit].name,
           m->max_live_elems);
-  for (int i = 0; i < m->nunits; i++) {
-    zs__unit* u = &m->units[i];
-    if (!u->prefetch_hold || i == unit || zs__is_owner(m, unit, i)) continue;
-    u->prefetch_hold = 0;
-    m->prefetches--;
-    zs__drop(m, i);
-  }
+  zs__prefetches_free(m, unit);
 }
 
 /* Follows the trace with the user's gather of `unit`; a gather out of
@@ -251,12 +258,6 @@ zs_status zs__trace_follow(zs_model* m, int unit) {
           "%d: prefetch stops for this step and the order is recorded again",
           m->units[unit].name, m->trace_pos);
   m->trace_ok = 0;
-  for (int i = 0; i < m->nunits; i++) {
-    zs__unit* u = &m->units[i];
-    if (!u->prefetch_hold) continue;
-    u->prefetch_hold = 0;
-    m->prefetches--;
-    zs__drop(m, i);
-  }
+  zs__prefetches_free(m, -1);
   return ZS_OK;
 }
