@@ -128,18 +128,6 @@ TEST_F(OverlapTest, BranchOnOddStepsLeavesNothingBehind) {
   }
 }
 
-// The largest gathered size of each step (its phases' peaks), bytes.
-std::vector<size_t> GatheredPeaks(const TrainResult& r) {
-  std::vector<size_t> out;
-  for (const zs_memory_stats& ms : r.step_memory) {
-    size_t q = 0;
-    for (int ph = 0; ph < ZS_PHASE_CAP; ph++)
-      q = std::max(q, ms.phase_peak[ph][ZS_MEM_PARAMS_GATHERED]);
-    out.push_back(q);
-  }
-  return out;
-}
-
 // Prefetch on a model whose path changes every step (the branch unit only
 // on odd steps): the branch is not steady, so it is gathered on use and
 // never prefetched, and the rest is prefetched as on a stable model. After
@@ -256,9 +244,10 @@ TEST_F(OverlapTest, PrefetchUnderTheLiveLimitKeepsPrefetchOffsPeak) {
   for (const Run& run : runs) {
     uint64_t ahead = 0;
     size_t peak = 0;
+    const std::vector<size_t> peaks = GatheredPeaks(run.r);
     for (int s = 2; s < cfg.steps; s++) {
       ahead += run.r.step_prefetched[s];
-      peak = std::max(peak, GatheredPeaks(run.r)[s]);
+      peak = std::max(peak, peaks[s]);
     }
     if (rank_ == 0)
       std::printf("branch stack, stage 3, %d ranks, steps 2-%d, %s: gathered "

@@ -50,14 +50,12 @@ struct Figures {
 Figures Measure(const TrainResult& r, int first) {
   Figures f;
   double wait = 0;
+  const std::vector<size_t> peaks = zstest::GatheredPeaks(r);
   for (size_t s = first; s < r.step_counters.size(); s++) {
     wait += r.step_counters[s].wait_seconds[ZS_COLL_ALL_GATHER];
     f.gathers += (double)r.step_counters[s].calls[ZS_COLL_ALL_GATHER];
     f.prefetched += (double)r.step_prefetched[s];
-    for (int ph = 0; ph < ZS_PHASE_CAP; ph++)
-      f.peak_bytes = std::max(
-          f.peak_bytes,
-          (double)r.step_memory[s].phase_peak[ph][ZS_MEM_PARAMS_GATHERED]);
+    f.peak_bytes = std::max(f.peak_bytes, (double)peaks[s]);
   }
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);

@@ -681,6 +681,17 @@ void ExpectSameTensors(const TrainResult& a, const TrainResult& b,
   }
 }
 
+std::vector<size_t> GatheredPeaks(const TrainResult& r) {
+  std::vector<size_t> out;
+  for (const zs_memory_stats& ms : r.step_memory) {
+    size_t q = 0;
+    for (int ph = 0; ph < ZS_PHASE_CAP; ph++)
+      q = std::max(q, ms.phase_peak[ph][ZS_MEM_PARAMS_GATHERED]);
+    out.push_back(q);
+  }
+  return out;
+}
+
 void ExpectSameTraining(const TrainResult& a, const TrainResult& b,
                         const Model& m, const std::string& what) {
   ExpectSameTensors(a, b, m, what);

@@ -178,6 +178,10 @@ void ExpectSameTensors(const TrainResult& a, const TrainResult& b,
                        const Model& m, const std::string& what);
 
 // ExpectSameTensors, and every step's loss equal.
+// Per optimizer step, the largest gathered-parameters size of its phases
+// (zs_memory_stats.phase_peak[..][ZS_MEM_PARAMS_GATHERED]), bytes.
+std::vector<size_t> GatheredPeaks(const TrainResult& r);
+
 void ExpectSameTraining(const TrainResult& a, const TrainResult& b,
                         const Model& m, const std::string& what);
 
